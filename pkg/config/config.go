@@ -1,0 +1,276 @@
+// Package config is Better Compute's one configuration: every process mode
+// (`serve --roles …`, `dev`, `migrate`, each deployable's own main) reads the
+// same struct from a YAML file, environment overrides and flags, in that order
+// of precedence, and validates it before anything touches the database.
+//
+// A bad configuration fails with INVALID_CONFIG and names the field (as its
+// YAML path, e.g. "server.port") and what was expected.
+//
+// Environment overrides: every field can be set with BC_ and its YAML path in
+// upper snake case (server.shutdownTimeout → BC_SERVER_SHUTDOWN_TIMEOUT). The
+// conventional DATABASE_URL, NATS_URL and OTEL_EXPORTER_OTLP_ENDPOINT are
+// honoured too; the BC_ name wins when both are set.
+package config
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gopkg.in/yaml.v3"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+)
+
+// Config is the whole configuration. The zero value of each field means "use
+// the default", which [Config.Defaults] fills in.
+type Config struct {
+	// Roles this process hosts; empty means [RoleAll].
+	Roles []string `yaml:"roles"`
+	// Database is the PostgreSQL connection.
+	Database Database `yaml:"database"`
+	// NATS is the message bus for pokes and events. Optional: every loop
+	// converges from the database without it.
+	NATS NATS `yaml:"nats"`
+	// Server is the process's listener and lifecycle.
+	Server Server `yaml:"server"`
+	// Log is the process log.
+	Log Log `yaml:"log"`
+	// Telemetry is tracing export.
+	Telemetry Telemetry `yaml:"telemetry"`
+	// Dev configures `better-compute dev` only.
+	Dev Dev `yaml:"dev"`
+}
+
+// Database is the PostgreSQL connection.
+type Database struct {
+	// URL is a postgres:// URL or a libpq key=value DSN. Required by every
+	// mode except dev, which resolves one itself when it is empty.
+	URL string `yaml:"url" env:"DATABASE_URL"`
+	// MaxConns caps the pool; 0 means pgx's default (max(4, CPUs)).
+	MaxConns int `yaml:"maxConns"`
+	// PgBouncer says the URL goes through PgBouncer in transaction mode: no
+	// named prepared statements, and migrations lock with a table row instead
+	// of a session advisory lock.
+	PgBouncer bool `yaml:"pgbouncer"`
+}
+
+// NATS is the message bus.
+type NATS struct {
+	// URL is one or more comma-separated nats:// (or tls://) server URLs.
+	// Empty runs without the bus (polling only); dev embeds a server.
+	URL string `yaml:"url" env:"NATS_URL"`
+}
+
+// Server is the process's listener and lifecycle.
+type Server struct {
+	// Host to listen on; default 0.0.0.0 (dev: 127.0.0.1).
+	Host string `yaml:"host"`
+	// Port serves gRPC, REST, /healthz, /readyz and /metrics (HTTP/1.1 and
+	// h2c on one port). Default 8080; 0 in a test means any free port.
+	Port *int `yaml:"port"`
+	// ShutdownTimeout bounds a graceful stop on SIGINT/SIGTERM; default 15s.
+	ShutdownTimeout Duration `yaml:"shutdownTimeout"`
+	// NoMigrate stops serve from applying migrations at start; it then only
+	// checks the schema and refuses to run behind it.
+	NoMigrate bool `yaml:"noMigrate"`
+}
+
+// Log is the process log.
+type Log struct {
+	// Level is debug, info (default), warn or error.
+	Level string `yaml:"level"`
+	// Format is json (default) or text (dev's default).
+	Format string `yaml:"format"`
+}
+
+// Telemetry is tracing export.
+type Telemetry struct {
+	// OTLPEndpoint, when set, exports traces over OTLP/gRPC to host:port (or
+	// an http(s):// URL). Empty disables tracing export.
+	OTLPEndpoint string `yaml:"otlpEndpoint" env:"OTEL_EXPORTER_OTLP_ENDPOINT"`
+	// ServiceName is the OpenTelemetry service.name; default better-compute.
+	ServiceName string `yaml:"serviceName"`
+}
+
+// Dev configures `better-compute dev`.
+type Dev struct {
+	// DataDir keeps dev's private PostgreSQL cluster, NATS store and first
+	// credential; default ./.data.
+	DataDir string `yaml:"dataDir"`
+}
+
+// Duration is a time.Duration written as "15s", "5m" in YAML and environment.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("expected a duration such as 15s, got %q", n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// Std returns the time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// DefaultPort is the port serve listens on when none is configured.
+const DefaultPort = 8080
+
+// Defaults fills every unset field with its default.
+func (c *Config) Defaults() {
+	c.Server.Host = cmp.Or(c.Server.Host, "0.0.0.0")
+	if c.Server.Port == nil {
+		p := DefaultPort
+		c.Server.Port = &p
+	}
+	c.Server.ShutdownTimeout = cmp.Or(c.Server.ShutdownTimeout, Duration(15*time.Second))
+	c.Log.Level = cmp.Or(c.Log.Level, "info")
+	c.Log.Format = cmp.Or(c.Log.Format, "json")
+	c.Telemetry.ServiceName = cmp.Or(c.Telemetry.ServiceName, "better-compute")
+	c.Dev.DataDir = cmp.Or(c.Dev.DataDir, ".data")
+}
+
+// LoadOptions says where [Load] reads from.
+type LoadOptions struct {
+	// Path of a YAML file; empty reads none. A path that does not exist is an
+	// error.
+	Path string
+	// LookupEnv reads the environment; nil uses os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+}
+
+// Load reads the file, then applies environment overrides. It does not fill
+// defaults or validate: apply flags, then call [Config.Defaults] and
+// [Config.Validate].
+func Load(opts LoadOptions) (*Config, error) {
+	c := &Config{}
+	if opts.Path != "" {
+		b, err := os.ReadFile(opts.Path)
+		if err != nil {
+			return nil, fault.Wrap(err, fault.InvalidConfig, "config", "cannot read the configuration file %q: %v", opts.Path, errors.Unwrap(err))
+		}
+		if err := decodeYAML(b, c); err != nil {
+			return nil, err
+		}
+	}
+	lookup := opts.LookupEnv
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	if err := applyEnv(c, lookup); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Validate checks every field and returns all problems joined, each an
+// INVALID_CONFIG *fault.Error naming its field. Call it after Defaults.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fault.New(fault.InvalidConfig, field, format, args...))
+	}
+	if _, err := ParseRoles(c.Roles); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Database.URL != "" {
+		if err := checkDatabaseURL(c.Database.URL); err != nil {
+			bad("database.url", "%v", err)
+		}
+	}
+	if c.Database.MaxConns < 0 || c.Database.MaxConns > 10000 {
+		bad("database.maxConns", "expected 0 (the default) to 10000, got %d", c.Database.MaxConns)
+	}
+	if c.NATS.URL != "" {
+		for u := range strings.SplitSeq(c.NATS.URL, ",") {
+			if err := checkURL(strings.TrimSpace(u), "nats", "tls", "ws", "wss"); err != nil {
+				bad("nats.url", "%v", err)
+				break
+			}
+		}
+	}
+	if c.Server.Host == "" {
+		bad("server.host", "expected a host or IP address to listen on, got an empty string")
+	}
+	if c.Server.Port != nil && (*c.Server.Port < 0 || *c.Server.Port > 65535) {
+		bad("server.port", "expected a port from 0 to 65535, got %d", *c.Server.Port)
+	}
+	if c.Server.ShutdownTimeout <= 0 {
+		bad("server.shutdownTimeout", "expected a positive duration such as 15s, got %s", c.Server.ShutdownTimeout.Std())
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+		bad("log.level", "expected one of debug, info, warn, error, got %q", c.Log.Level)
+	}
+	if !slices.Contains([]string{"json", "text"}, c.Log.Format) {
+		bad("log.format", "expected json or text, got %q", c.Log.Format)
+	}
+	if e := c.Telemetry.OTLPEndpoint; e != "" {
+		if strings.Contains(e, "://") {
+			if err := checkURL(e, "http", "https"); err != nil {
+				bad("telemetry.otlpEndpoint", "%v", err)
+			}
+		} else if _, _, err := net.SplitHostPort(e); err != nil {
+			bad("telemetry.otlpEndpoint", "expected host:port or an http(s):// URL, got %q", e)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RequireDatabase returns INVALID_CONFIG on database.url when no database is
+// configured, for the modes that cannot resolve one themselves.
+func (c *Config) RequireDatabase() error {
+	if c.Database.URL == "" {
+		return fault.New(fault.InvalidConfig, "database.url", "required: set database.url in the configuration file, or BC_DATABASE_URL or DATABASE_URL")
+	}
+	return nil
+}
+
+func checkDatabaseURL(s string) error {
+	if strings.Contains(s, "://") {
+		u, err := url.Parse(s)
+		if err != nil {
+			return fmt.Errorf("expected a postgres:// URL: %v", errors.Unwrap(err))
+		}
+		if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+			return fmt.Errorf("expected a postgres:// or postgresql:// URL, got scheme %q", u.Scheme)
+		}
+	}
+	if _, err := pgconn.ParseConfig(s); err != nil {
+		return fmt.Errorf("expected a postgres:// URL or key=value DSN: %v", err)
+	}
+	return nil
+}
+
+func checkURL(s string, schemes ...string) error {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("expected a %s://host:port URL, got %q", schemes[0], s)
+	}
+	if !slices.Contains(schemes, u.Scheme) {
+		return fmt.Errorf("expected a URL with scheme %s, got %q", strings.Join(schemes, ", "), u.Scheme)
+	}
+	return nil
+}
+
+// ParsePort parses a --port style value.
+func ParsePort(s string) (int, error) {
+	p, err := strconv.Atoi(s)
+	if err != nil || p < 0 || p > 65535 {
+		return 0, fault.New(fault.InvalidConfig, "server.port", "expected a port from 0 to 65535, got %q", s)
+	}
+	return p, nil
+}

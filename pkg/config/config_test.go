@@ -1,0 +1,265 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "bc.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// fields returns the field of every INVALID_CONFIG fault in err and fails
+// the test on any other kind of error.
+func fields(t *testing.T, err error) []string {
+	t.Helper()
+	var out []string
+	for _, fe := range fault.All(err) {
+		if fe.Code != fault.InvalidConfig {
+			t.Errorf("code = %s, want INVALID_CONFIG (%v)", fe.Code, fe)
+		}
+		out = append(out, fe.Field)
+	}
+	if err != nil && len(out) == 0 {
+		t.Fatalf("error carries no fault: %v", err)
+	}
+	return out
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+
+	t.Run("defaults fill every unset field", func(t *testing.T) {
+		t.Parallel()
+		c, err := config.Load(config.LoadOptions{LookupEnv: env(nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			t.Fatalf("defaults do not validate: %v", err)
+		}
+		if *c.Server.Port != config.DefaultPort || c.Server.Host != "0.0.0.0" || c.Log.Format != "json" || c.Server.ShutdownTimeout.Std() != 15*time.Second {
+			t.Fatalf("unexpected defaults: %+v", c)
+		}
+	})
+
+	t.Run("file, then env override, BC_ name beats the alias", func(t *testing.T) {
+		t.Parallel()
+		p := writeFile(t, `
+roles: [api]
+database:
+  url: postgres://file@db:5432/bc
+  maxConns: 7
+server:
+  port: 9000
+  shutdownTimeout: 3s
+log: {level: debug}
+`)
+		c, err := config.Load(config.LoadOptions{Path: p, LookupEnv: env(map[string]string{
+			"DATABASE_URL":    "postgres://alias@db/bc",
+			"BC_DATABASE_URL": "postgres://env@db/bc",
+			"BC_SERVER_PORT":  "9100",
+			"NATS_URL":        "nats://127.0.0.1:4222",
+			"BC_ROLES":        "api, controllers",
+		})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if c.Database.URL != "postgres://env@db/bc" {
+			t.Errorf("database.url = %q", c.Database.URL)
+		}
+		if *c.Server.Port != 9100 || c.Database.MaxConns != 7 || c.Server.ShutdownTimeout.Std() != 3*time.Second {
+			t.Errorf("port=%d maxConns=%d shutdown=%s", *c.Server.Port, c.Database.MaxConns, c.Server.ShutdownTimeout.Std())
+		}
+		if c.NATS.URL != "nats://127.0.0.1:4222" || c.Log.Level != "debug" {
+			t.Errorf("nats=%q level=%q", c.NATS.URL, c.Log.Level)
+		}
+		if !slices.Equal(c.Roles, []string{"api", "controllers"}) {
+			t.Errorf("roles = %v", c.Roles)
+		}
+	})
+
+	t.Run("the alias applies when the BC_ name is unset", func(t *testing.T) {
+		t.Parallel()
+		c, err := config.Load(config.LoadOptions{LookupEnv: env(map[string]string{"DATABASE_URL": "postgres://alias@db/bc"})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Database.URL != "postgres://alias@db/bc" {
+			t.Errorf("database.url = %q", c.Database.URL)
+		}
+	})
+}
+
+func TestLoadErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		file string
+		env  map[string]string
+		want []string
+	}{
+		{"unknown top-level field", "databse:\n  url: x\n", nil, []string{"databse"}},
+		{"unknown nested field", "server:\n  prot: 80\n", nil, []string{"server.prot"}},
+		{"wrong type", "server:\n  port: eighty\n", nil, []string{"server.port"}},
+		{"bad duration", "server:\n  shutdownTimeout: soon\n", nil, []string{"server.shutdownTimeout"}},
+		{"section is not a mapping", "log: loud\n", nil, []string{"log"}},
+		{"several at once", "log:\n  levl: x\nserver:\n  port: [1]\n", nil, []string{"log.levl", "server.port"}},
+		{"not YAML", "server: [\n", nil, []string{"config"}},
+		{"env integer", "", map[string]string{"BC_SERVER_PORT": "http"}, []string{"server.port"}},
+		{"env bool", "", map[string]string{"BC_DATABASE_PGBOUNCER": "maybe"}, []string{"database.pgbouncer"}},
+		{"env duration", "", map[string]string{"BC_SERVER_SHUTDOWN_TIMEOUT": "10"}, []string{"server.shutdownTimeout"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			opts := config.LoadOptions{LookupEnv: env(tc.env)}
+			if tc.file != "" {
+				opts.Path = writeFile(t, tc.file)
+			}
+			_, err := config.Load(opts)
+			if err == nil {
+				t.Fatal("Load succeeded")
+			}
+			if got := fields(t, err); !slices.Equal(got, tc.want) {
+				t.Fatalf("fields = %v, want %v (%v)", got, tc.want, err)
+			}
+		})
+	}
+
+	t.Run("missing file", func(t *testing.T) {
+		t.Parallel()
+		_, err := config.Load(config.LoadOptions{Path: filepath.Join(t.TempDir(), "nope.yaml")})
+		if got := fields(t, err); !slices.Equal(got, []string{"config"}) {
+			t.Fatalf("fields = %v", got)
+		}
+	})
+}
+
+func TestValidateNamesTheField(t *testing.T) {
+	t.Parallel()
+	port := func(p int) *int { return &p }
+	cases := []struct {
+		name  string
+		mod   func(*config.Config)
+		field string
+	}{
+		{"unknown role", func(c *config.Config) { c.Roles = []string{"api,bogus"} }, "roles"},
+		{"database url scheme", func(c *config.Config) { c.Database.URL = "mysql://db/bc" }, "database.url"},
+		{"database url garbage", func(c *config.Config) { c.Database.URL = "postgres://db:notaport/bc" }, "database.url"},
+		{"max conns", func(c *config.Config) { c.Database.MaxConns = -1 }, "database.maxConns"},
+		{"nats scheme", func(c *config.Config) { c.NATS.URL = "http://127.0.0.1:4222" }, "nats.url"},
+		{"nats second url", func(c *config.Config) { c.NATS.URL = "nats://a:4222,b" }, "nats.url"},
+		{"port range", func(c *config.Config) { c.Server.Port = port(70000) }, "server.port"},
+		{"negative shutdown", func(c *config.Config) { c.Server.ShutdownTimeout = -1 }, "server.shutdownTimeout"},
+		{"log level", func(c *config.Config) { c.Log.Level = "loud" }, "log.level"},
+		{"log format", func(c *config.Config) { c.Log.Format = "xml" }, "log.format"},
+		{"otlp endpoint", func(c *config.Config) { c.Telemetry.OTLPEndpoint = "collector" }, "telemetry.otlpEndpoint"},
+		{"otlp url scheme", func(c *config.Config) { c.Telemetry.OTLPEndpoint = "grpc://collector:4317" }, "telemetry.otlpEndpoint"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := &config.Config{}
+			c.Defaults()
+			tc.mod(c)
+			err := c.Validate()
+			if got := fields(t, err); !slices.Equal(got, []string{tc.field}) {
+				t.Fatalf("fields = %v, want [%s] (%v)", got, tc.field, err)
+			}
+		})
+	}
+
+	t.Run("valid values pass", func(t *testing.T) {
+		t.Parallel()
+		c := &config.Config{
+			Roles:     []string{"api", "controllers,scheduler"},
+			Database:  config.Database{URL: "host=127.0.0.1 dbname=bc"},
+			NATS:      config.NATS{URL: "nats://a:4222, tls://b:4222"},
+			Telemetry: config.Telemetry{OTLPEndpoint: "http://collector:4318"},
+		}
+		c.Defaults()
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("database is required where it cannot be resolved", func(t *testing.T) {
+		t.Parallel()
+		c := &config.Config{}
+		err := c.RequireDatabase()
+		if got := fields(t, err); !slices.Equal(got, []string{"database.url"}) {
+			t.Fatalf("fields = %v", got)
+		}
+	})
+}
+
+func TestParseRoles(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		in   []string
+		want []config.Role
+	}{
+		{nil, []config.Role{config.RoleAll}},
+		{[]string{""}, []config.Role{config.RoleAll}},
+		{[]string{"controllers,api", "api"}, []config.Role{config.RoleAPI, config.RoleControllers}},
+		{[]string{"API", " gateway "}, []config.Role{config.RoleAPI, config.RoleGateway}},
+		{[]string{"api", "all"}, []config.Role{config.RoleAll}},
+		{[]string{"controllers,scheduler,sinks,iam"}, []config.Role{config.RoleControllers, config.RoleScheduler, config.RoleSinks, config.RoleIAM}},
+	}
+	for _, tc := range cases {
+		got, err := config.ParseRoles(tc.in)
+		if err != nil {
+			t.Fatalf("ParseRoles(%q): %v", tc.in, err)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("ParseRoles(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	_, err := config.ParseRoles([]string{"api", "bogus"})
+	fe, ok := fault.As(err)
+	if !ok || fe.Code != fault.InvalidConfig || fe.Field != "roles" {
+		t.Fatalf("unknown role: %v", err)
+	}
+	if !strings.Contains(fe.Message, `"bogus"`) || !strings.Contains(fe.Message, "controllers") {
+		t.Fatalf("message should name the role and the choices: %q", fe.Message)
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"database.url":           "BC_DATABASE_URL",
+		"server.shutdownTimeout": "BC_SERVER_SHUTDOWN_TIMEOUT",
+		"telemetry.otlpEndpoint": "BC_TELEMETRY_OTLP_ENDPOINT",
+		"roles":                  "BC_ROLES",
+	} {
+		if got := config.EnvName(in); got != want {
+			t.Errorf("EnvName(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if len(config.EnvVars()) < 10 {
+		t.Errorf("EnvVars lists too few fields: %v", config.EnvVars())
+	}
+}
