@@ -1,0 +1,57 @@
+package bcd_test
+
+import (
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/bettercompute/bettercompute/agent/bcd"
+)
+
+func TestMain_Commands(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args     []string
+		code     int
+		out, err string
+	}{
+		{[]string{"version"}, 0, "bcd ", ""},
+		{[]string{"node"}, 1, "", "bcd node is not built yet"},
+		{[]string{"bogus"}, 2, "", `unknown command "bogus"`},
+		{nil, 0, "usage: bcd", ""},
+	}
+	for _, tc := range cases {
+		var out, errb bytes.Buffer
+		if code := bcd.Main(tc.args, &out, &errb); code != tc.code {
+			t.Errorf("%v: exit %d, want %d", tc.args, code, tc.code)
+		}
+		if !strings.Contains(out.String(), tc.out) || !strings.Contains(errb.String(), tc.err) {
+			t.Errorf("%v: stdout %q stderr %q", tc.args, out.String(), errb.String())
+		}
+	}
+}
+
+// TestDependencies guards the agent's dependency list: the daemon runs on
+// every node and never links the database driver or control-plane code.
+func TestDependencies(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "github.com/bettercompute/bettercompute/agent/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	forbidden := []string{
+		"github.com/jackc/",
+		"github.com/bettercompute/bettercompute/pkg",
+		"github.com/bettercompute/bettercompute/services",
+		"github.com/pressly/goose",
+		"github.com/nats-io/nats-server",
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, f := range forbidden {
+			if strings.HasPrefix(dep, f) {
+				t.Errorf("the agent depends on %s", dep)
+			}
+		}
+	}
+}

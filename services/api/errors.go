@@ -1,0 +1,147 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+)
+
+// ErrorDomain is the ErrorInfo domain of every Better Compute API error.
+const ErrorDomain = "api.bettercompute"
+
+// Envelope is the REST error body, and what the gRPC status details carry:
+// the stable code, a message and the offending field where there is one.
+type Envelope struct {
+	Code    fault.Code `json:"code"`
+	Message string     `json:"message"`
+	Field   string     `json:"field,omitempty"`
+}
+
+// ToStatus turns an error returned by a handler into the gRPC status the API
+// answers with. A *fault.Error keeps its code, message and field (as an
+// ErrorInfo detail); a status error passes through; anything else is INTERNAL
+// with a generic message, the cause staying in the log.
+func ToStatus(err error) *status.Status {
+	if st, ok := status.FromError(err); ok && !hasFault(err) {
+		return st
+	}
+	fe, ok := fault.As(err)
+	if !ok {
+		fe = fault.New(fault.Internal, "", "internal error")
+	}
+	info, _ := fault.Lookup(fe.Code)
+	st := status.New(info.GRPC, fe.Message)
+	md := map[string]string{}
+	if fe.Field != "" {
+		md["field"] = fe.Field
+	}
+	if withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: string(fe.Code), Domain: ErrorDomain, Metadata: md}); err == nil {
+		return withInfo
+	}
+	return st
+}
+
+func hasFault(err error) bool {
+	_, ok := fault.As(err)
+	return ok
+}
+
+// FromStatus reads the envelope back from a gRPC status: the ErrorInfo when
+// present, else a code derived from the gRPC code.
+func FromStatus(st *status.Status) Envelope {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == ErrorDomain {
+			return Envelope{Code: fault.Code(ei.GetReason()), Message: st.Message(), Field: ei.GetMetadata()["field"]}
+		}
+	}
+	return Envelope{Code: codeFromGRPC(st.Code()), Message: st.Message()}
+}
+
+// codeFromGRPC maps statuses made outside our handlers (the gateway's own
+// decoding errors, deadlines, the transport) onto our codes.
+func codeFromGRPC(c codes.Code) fault.Code {
+	switch c {
+	case codes.InvalidArgument, codes.OutOfRange:
+		return fault.InvalidInput
+	case codes.Unauthenticated:
+		return fault.Unauthenticated
+	case codes.PermissionDenied:
+		return fault.AccessDenied
+	case codes.NotFound:
+		return fault.NotFound
+	case codes.AlreadyExists, codes.Aborted, codes.FailedPrecondition:
+		return fault.Conflict
+	case codes.Unimplemented:
+		return fault.Unsupported
+	case codes.ResourceExhausted:
+		return fault.RateLimited
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return fault.Unavailable
+	}
+	return fault.Internal
+}
+
+// unaryErrors maps every handler error to the envelope's status and logs the
+// unexpected ones.
+func unaryErrors(logger *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if err == nil {
+			return resp, nil
+		}
+		st := ToStatus(err)
+		if FromStatus(st).Code == fault.Internal {
+			logger.ErrorContext(ctx, "request failed", "method", info.FullMethod, "err", err)
+		}
+		return nil, st.Err()
+	}
+}
+
+// writeEnvelope writes the REST error body for a gRPC status.
+func writeEnvelope(w http.ResponseWriter, st *status.Status) {
+	env := FromStatus(st)
+	code := http.StatusInternalServerError
+	if info, ok := fault.Lookup(env.Code); ok {
+		code = info.HTTP
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(env)
+}
+
+// gatewayErrorHandler is grpc-gateway's error handler: the REST envelope.
+func gatewayErrorHandler(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, err error) {
+	st, ok := status.FromError(err)
+	if !ok {
+		st = ToStatus(err)
+	}
+	var herr *runtime.HTTPStatusError
+	if errors.As(err, &herr) {
+		st = routingStatus(herr.HTTPStatus)
+	}
+	writeEnvelope(w, st)
+}
+
+// routingStatus answers a request that matched no method.
+func routingStatus(httpStatus int) *status.Status {
+	switch httpStatus {
+	case http.StatusMethodNotAllowed:
+		return ToStatus(fault.New(fault.Unsupported, "", "every API method is POST /api/compute/{group}/{method}"))
+	default:
+		return ToStatus(fault.New(fault.NotFound, "", "no API method at this path; see /api/compute/openapi.json"))
+	}
+}
+
+func routingErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	writeEnvelope(w, routingStatus(httpStatus))
+}

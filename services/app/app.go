@@ -1,0 +1,360 @@
+// Package app is the composition root of every Better Compute process: it
+// turns one configuration and a list of roles into running services on one
+// port (gRPC and REST over HTTP/1.1 and h2c, plus /healthz, /readyz and
+// /metrics), and stops them cleanly.
+//
+// Only mains (the better-compute CLI and each deployable's thin main) import
+// this package.
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/bettercompute/bettercompute/pkg/bus"
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/health"
+	"github.com/bettercompute/bettercompute/pkg/migrate"
+	"github.com/bettercompute/bettercompute/pkg/telemetry"
+	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/system"
+)
+
+// built lists the roles that have a service in this release. A role named
+// explicitly that is not here fails at start; `all` runs these.
+var built = []config.Role{config.RoleAPI}
+
+// ResolveRoles expands the configured roles into the ones to run. `all` means
+// every built role, and the rest are returned as notBuilt so the caller can
+// say so. A role named explicitly that is not built is an UNSUPPORTED error
+// naming it: a process never runs nothing silently.
+func ResolveRoles(names []string) (run, notBuilt []config.Role, err error) {
+	roles, err := config.ParseRoles(names)
+	if err != nil {
+		return nil, nil, err
+	}
+	if slices.Equal(roles, []config.Role{config.RoleAll}) {
+		for _, r := range config.AllRoles {
+			if slices.Contains(built, r) {
+				run = append(run, r)
+			} else {
+				notBuilt = append(notBuilt, r)
+			}
+		}
+		return run, notBuilt, nil
+	}
+	for _, r := range roles {
+		if !slices.Contains(built, r) {
+			return nil, nil, fault.New(fault.Unsupported, "roles", "role %q is not built yet in this release (built: %s)", r, joinRoles(built))
+		}
+	}
+	return roles, nil, nil
+}
+
+func joinRoles(rs []config.Role) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
+}
+
+// Options are the process-wide dependencies handed to every service.
+type Options struct {
+	// Logger is the one process logger; nil discards.
+	Logger *slog.Logger
+	// Registry receives every metric; nil makes a fresh one.
+	Registry *prometheus.Registry
+}
+
+// App is one running process.
+type App struct {
+	cfg    *config.Config
+	logger *slog.Logger
+	reg    *prometheus.Registry
+	roles  []config.Role
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	ready   atomic.Bool
+	pool    *pgxpool.Pool
+	nc      *nats.Conn
+	api     *api.Server
+	srv     *http.Server
+	ln      net.Listener
+	served  chan struct{}
+	tracing func(context.Context) error
+	checks  []health.Check
+}
+
+// New validates cfg (defaults must already be filled) and resolves the roles.
+// It does no I/O: a bad configuration fails here, before anything touches the
+// database.
+func New(cfg *config.Config, opts Options) (*App, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	roles, notBuilt, err := ResolveRoles(cfg.Roles)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.RequireDatabase(); err != nil {
+		return nil, err
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if len(notBuilt) > 0 {
+		logger.Info("roles not built yet in this release are skipped by `all`", "roles", joinRoles(notBuilt))
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = telemetry.NewRegistry()
+	}
+	return &App{cfg: cfg, logger: logger, reg: reg, roles: roles, tracing: func(context.Context) error { return nil }}, nil
+}
+
+// Roles returns the roles this process runs.
+func (a *App) Roles() []config.Role { return a.roles }
+
+// Start connects to the database (migrating it unless server.noMigrate is
+// set, else refusing a schema behind this binary), connects to the bus when
+// one is configured, builds the roles' services and starts serving. On error
+// everything already started is stopped.
+func (a *App) Start(ctx context.Context) (err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.started || a.stopped {
+		return errors.New("app: Start called twice or after Stop")
+	}
+	a.started = true
+	defer func() {
+		if err != nil {
+			a.stopLocked(context.WithoutCancel(ctx))
+		}
+	}()
+
+	if a.tracing, err = telemetry.SetupTracing(ctx, a.cfg.Telemetry.OTLPEndpoint, a.cfg.Telemetry.ServiceName); err != nil {
+		return err
+	}
+	a.pool, err = db.Open(ctx, db.Config{URL: a.cfg.Database.URL, MaxConns: int32(a.cfg.Database.MaxConns), PgBouncer: a.cfg.Database.PgBouncer})
+	if err != nil {
+		return fault.Wrap(err, fault.Unavailable, "database.url", "cannot reach the database: %v", err)
+	}
+	if err := a.prepareSchema(ctx); err != nil {
+		return err
+	}
+	if a.cfg.NATS.URL != "" {
+		if a.nc, err = bus.Connect(a.cfg.NATS.URL, "better-compute", a.logger); err != nil {
+			return fault.Wrap(err, fault.InvalidConfig, "nats.url", "cannot use the bus: %v", err)
+		}
+	} else {
+		a.logger.Warn("no nats.url configured: running without the bus, polling the database only")
+	}
+	a.checks = a.healthChecks()
+
+	addr := net.JoinHostPort(a.cfg.Server.Host, strconv.Itoa(*a.cfg.Server.Port))
+	if a.ln, err = net.Listen("tcp", addr); err != nil {
+		return fault.Wrap(err, fault.Unavailable, "server.port", "cannot listen on %s: %v", addr, err)
+	}
+	handler, err := a.buildHandler(ctx)
+	if err != nil {
+		return err
+	}
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	a.srv = &http.Server{
+		Handler:           handler,
+		Protocols:         &protocols,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelWarn),
+	}
+	a.served = make(chan struct{})
+	go func() {
+		defer close(a.served)
+		if err := a.srv.Serve(a.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.logger.Error("server stopped", "err", err)
+		}
+	}()
+	a.ready.Store(true)
+	if a.api != nil {
+		a.api.SetServing(true)
+	}
+	a.logger.InfoContext(ctx, "serving", "addr", a.Addr(), "roles", joinRoles(a.roles))
+	return nil
+}
+
+func (a *App) prepareSchema(ctx context.Context) error {
+	if !a.cfg.Server.NoMigrate {
+		m, err := migrate.New(a.pool, migrate.Config{TableLock: a.cfg.Database.PgBouncer, Logger: a.logger})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = m.Close() }()
+		if _, err := m.Up(ctx); err != nil {
+			return err
+		}
+	}
+	current, err := migrate.Check(ctx, a.pool)
+	if err != nil {
+		return err
+	}
+	a.logger.InfoContext(ctx, "database schema", "version", current, "required", migrate.Latest())
+	return nil
+}
+
+func (a *App) healthChecks() []health.Check {
+	pool, nc := a.pool, a.nc
+	checks := []health.Check{
+		{Name: "database", Required: true, Run: func(ctx context.Context) error { return pool.Ping(ctx) }},
+		{Name: "schema", Required: true, Run: func(ctx context.Context) error { _, err := migrate.Check(ctx, pool); return err }},
+	}
+	checks = append(checks, health.Check{Name: "bus", Required: false, Run: func(context.Context) error {
+		switch {
+		case nc == nil:
+			return nil // not configured: polling only, by choice
+		case nc.IsConnected():
+			return nil
+		}
+		return fmt.Errorf("nats %s: polling the database until it is back", nc.Status())
+	}})
+	return checks
+}
+
+func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", a.serveReady)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+
+	if slices.Contains(a.roles, config.RoleAPI) {
+		a.api = api.New(a.logger, api.Services{
+			System: system.New(system.Deps{
+				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
+				RequiredSchemaVersion: migrate.Latest(),
+				Checks:                a.checks,
+			}),
+		})
+		gw, err := a.api.Gateway(ctx, a.dialAddr())
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle(api.Prefix, gw)
+	}
+	grpcSrv := a.api
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if grpcSrv != nil && r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			grpcSrv.GRPC().ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}), nil
+}
+
+func (a *App) serveReady(w http.ResponseWriter, r *http.Request) {
+	rep := health.Report{}
+	if a.ready.Load() {
+		rep = health.Run(r.Context(), a.checks)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if !rep.Ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_ = json.NewEncoder(w).Encode(rep)
+}
+
+// Addr returns the address the process listens on (host:port), or "" before
+// Start.
+func (a *App) Addr() string {
+	if a.ln == nil {
+		return ""
+	}
+	return a.ln.Addr().String()
+}
+
+// dialAddr is Addr with a wildcard host replaced by loopback.
+func (a *App) dialAddr() string {
+	host, port, _ := net.SplitHostPort(a.Addr())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// Stop stops serving (draining requests for up to server.shutdownTimeout),
+// then closes the bus and the database. It tolerates Stop before Start and
+// a second Stop.
+func (a *App) Stop(ctx context.Context) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stopLocked(ctx)
+}
+
+func (a *App) stopLocked(ctx context.Context) {
+	if a.stopped {
+		return
+	}
+	a.stopped = true
+	a.ready.Store(false)
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Server.ShutdownTimeout.Std())
+	defer cancel()
+	if a.srv != nil {
+		if err := a.srv.Shutdown(ctx); err != nil {
+			a.logger.Warn("graceful shutdown timed out; closing connections", "err", err)
+			_ = a.srv.Close()
+		}
+		<-a.served
+	} else if a.ln != nil {
+		_ = a.ln.Close()
+	}
+	if a.api != nil {
+		a.api.Stop()
+	}
+	if a.nc != nil {
+		a.nc.Close()
+	}
+	if a.pool != nil {
+		a.pool.Close()
+	}
+	if err := a.tracing(ctx); err != nil {
+		a.logger.Warn("flush traces", "err", err)
+	}
+}
+
+// Run starts the process, serves until ctx is done, then stops it.
+func Run(ctx context.Context, cfg *config.Config, opts Options) error {
+	a, err := New(cfg, opts)
+	if err != nil {
+		return err
+	}
+	if err := a.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	a.logger.Info("shutting down")
+	a.Stop(context.WithoutCancel(ctx))
+	return nil
+}

@@ -1,0 +1,99 @@
+package cli_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/services/cli"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	root := cli.NewRoot(&out, &errb)
+	root.SetArgs(args)
+	code = cli.Report(&errb, root.ExecuteContext(t.Context()))
+	return code, out.String(), errb.String()
+}
+
+func TestServeRejectsBadInputBeforeStarting(t *testing.T) {
+	t.Setenv("BC_CONFIG", "")
+	t.Setenv("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown role", []string{"serve", "--roles", "bogus"}, cli.ExitConfig, `error: INVALID_CONFIG roles: unknown role "bogus"`},
+		{"unbuilt role", []string{"serve", "--roles", "api,controllers"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "controllers" is not built yet`},
+		{"bad port", []string{"serve", "--port", "70000"}, cli.ExitConfig, "error: INVALID_CONFIG server.port: expected a port from 0 to 65535, got 70000"},
+		{"bad flag", []string{"serve", "--rolez", "api"}, cli.ExitConfig, "unknown flag: --rolez"},
+		{"bad log level", []string{"serve", "--log-level", "loud"}, cli.ExitConfig, "error: INVALID_CONFIG log.level"},
+		{"missing config file", []string{"--config", "/nonexistent/bc.yaml", "serve"}, cli.ExitConfig, "error: INVALID_CONFIG config: cannot read the configuration file"},
+		{"bad migrate action", []string{"migrate", "sideways"}, cli.ExitConfig, `unknown migrate action "sideways"`},
+		{"unreachable database", []string{"serve", "--roles", "api", "--port", "0"}, cli.ExitError, "error: UNAVAILABLE database.url: cannot reach the database"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := run(t, tc.args...)
+			if code != tc.code || !strings.Contains(stderr, tc.want) {
+				t.Fatalf("exit %d, stderr:\n%s\nwant exit %d and %q", code, stderr, tc.code, tc.want)
+			}
+		})
+	}
+}
+
+func TestServeWithoutDatabase(t *testing.T) {
+	t.Setenv("BC_CONFIG", "")
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("BC_DATABASE_URL", "")
+	code, _, stderr := run(t, "serve", "--roles", "api")
+	if code != cli.ExitConfig || !strings.Contains(stderr, "INVALID_CONFIG database.url: required") {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+}
+
+func TestMigrateAndVersion(t *testing.T) {
+	t.Setenv("BC_CONFIG", "")
+	url := pgtest.NewEmptyDB(t)
+
+	code, out, stderr := run(t, "migrate", "status", "--database-url", url)
+	if code != 0 || !strings.Contains(out, "00001_init") || !strings.Contains(out, "pending") {
+		t.Fatalf("status before: exit %d\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = run(t, "migrate", "--database-url", url, "--log-format", "text")
+	if code != 0 || !strings.Contains(out, "applied 1 migration(s); schema is at version 1") {
+		t.Fatalf("up: exit %d\n%s%s", code, out, stderr)
+	}
+	code, out, _ = run(t, "migrate", "up", "--database-url", url)
+	if code != 0 || !strings.Contains(out, "applied 0 migration(s)") {
+		t.Fatalf("second up: exit %d\n%s", code, out)
+	}
+	code, out, _ = run(t, "migrate", "status", "--database-url", url)
+	if code != 0 || strings.Contains(out, "pending") || !strings.Contains(out, "applied") {
+		t.Fatalf("status after: exit %d\n%s", code, out)
+	}
+
+	code, out, _ = run(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "better-compute ") || !strings.Contains(out, "schema 1") {
+		t.Fatalf("version: exit %d %q", code, out)
+	}
+}
+
+func TestDeployableFixesItsRole(t *testing.T) {
+	t.Setenv("BC_CONFIG", "")
+	t.Setenv("DATABASE_URL", "")
+	var out, errb bytes.Buffer
+	cmd := cli.Deployable("gateway", &out, &errb)
+	cmd.SetArgs([]string{"--port", "0"})
+	code := cli.Report(&errb, cmd.ExecuteContext(t.Context()))
+	// The database check comes after roles: the gateway is not built yet.
+	if code != cli.ExitConfig || !strings.Contains(errb.String(), `role "gateway" is not built yet`) {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+}

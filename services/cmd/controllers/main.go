@@ -1,0 +1,14 @@
+// Command controllers is Better Compute's controllers deployable: `better-compute serve
+// --roles controllers` as its own binary, with the same configuration and flags.
+package main
+
+import (
+	"os"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/services/cli"
+)
+
+func main() {
+	os.Exit(cli.MainDeployable(config.RoleControllers, os.Args[1:], os.Stdout, os.Stderr))
+}

@@ -1,0 +1,14 @@
+// Command gateway is Better Compute's gateway deployable: `better-compute serve
+// --roles gateway` as its own binary, with the same configuration and flags.
+package main
+
+import (
+	"os"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/services/cli"
+)
+
+func main() {
+	os.Exit(cli.MainDeployable(config.RoleGateway, os.Args[1:], os.Stdout, os.Stderr))
+}

@@ -1,0 +1,14 @@
+// Command joinservice is Better Compute's joinservice deployable: `better-compute serve
+// --roles joinservice` as its own binary, with the same configuration and flags.
+package main
+
+import (
+	"os"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/services/cli"
+)
+
+func main() {
+	os.Exit(cli.MainDeployable(config.RoleJoinService, os.Args[1:], os.Stdout, os.Stderr))
+}

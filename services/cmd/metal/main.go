@@ -1,0 +1,14 @@
+// Command metal is Better Compute's metal deployable: `better-compute serve
+// --roles metal` as its own binary, with the same configuration and flags.
+package main
+
+import (
+	"os"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/services/cli"
+)
+
+func main() {
+	os.Exit(cli.MainDeployable(config.RoleMetal, os.Args[1:], os.Stdout, os.Stderr))
+}

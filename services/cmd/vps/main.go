@@ -1,0 +1,14 @@
+// Command vps is Better Compute's vps deployable: `better-compute serve
+// --roles vps` as its own binary, with the same configuration and flags.
+package main
+
+import (
+	"os"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/services/cli"
+)
+
+func main() {
+	os.Exit(cli.MainDeployable(config.RoleVPS, os.Args[1:], os.Stdout, os.Stderr))
+}

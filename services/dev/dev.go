@@ -1,0 +1,184 @@
+// Package dev runs the whole control plane on a developer's machine: every
+// built role in one process, an embedded NATS server with JetStream, and
+// PostgreSQL resolved like the test harness does (database.url, else the local
+// server, else a private cluster under dev.dataDir).
+package dev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/natsembed"
+	"github.com/bettercompute/bettercompute/pkg/pglocal"
+	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/app"
+)
+
+// Database is the database dev creates and uses on a resolved server.
+const Database = "bettercompute_dev"
+
+// Env is a running dev environment.
+type Env struct {
+	App      *app.App
+	NATSURL  string
+	Database string
+	stops    []func()
+}
+
+// Start resolves PostgreSQL and NATS as the package comment says and starts
+// every built role. cfg must have defaults filled and be valid; a nil logger
+// discards. Stop the Env when done.
+func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env, err error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	env := &Env{}
+	defer func() {
+		if err != nil {
+			env.Stop(context.WithoutCancel(ctx))
+		}
+	}()
+	dataDir, err := filepath.Abs(cfg.Dev.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("dev data dir: %w", err)
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("dev data dir: %w", err)
+	}
+
+	if cfg.Database.URL == "" {
+		srv, err := pglocal.Resolve(ctx, pglocal.Options{DataDir: filepath.Join(dataDir, "pg"), Logger: logger})
+		if err != nil {
+			return nil, fmt.Errorf("find a PostgreSQL server for dev (set database.url to use another): %w", err)
+		}
+		env.stops = append(env.stops, func() {
+			if err := srv.Stop(); err != nil {
+				logger.Warn("stop private PostgreSQL", "err", err)
+			}
+		})
+		logger.Info("postgres", "source", srv.Source, "dataDir", srv.DataDir)
+		if cfg.Database.URL, err = ensureDatabase(ctx, srv.URL, Database); err != nil {
+			return nil, err
+		}
+	}
+	env.Database = cfg.Database.URL
+
+	if cfg.NATS.URL == "" {
+		ns, err := natsembed.Start(natsembed.Options{Port: -1, StoreDir: filepath.Join(dataDir, "nats"), ServerName: "bc-dev"})
+		if err != nil {
+			return nil, fmt.Errorf("start embedded NATS: %w", err)
+		}
+		env.stops = append(env.stops, func() {
+			if err := ns.Shutdown(); err != nil {
+				logger.Warn("stop embedded NATS", "err", err)
+			}
+		})
+		cfg.NATS.URL = ns.ClientURL()
+	}
+	env.NATSURL = cfg.NATS.URL
+
+	env.App, err = app.New(cfg, app.Options{Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	if err := env.App.Start(ctx); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+// Stop stops the app, then the NATS server and PostgreSQL cluster dev
+// started, in reverse order.
+func (e *Env) Stop(ctx context.Context) {
+	if e.App != nil {
+		e.App.Stop(ctx)
+	}
+	for i := len(e.stops) - 1; i >= 0; i-- {
+		e.stops[i]()
+	}
+	e.stops = nil
+}
+
+// BaseURL is the HTTP base URL of the running app.
+func (e *Env) BaseURL() string { return "http://" + e.App.Addr() }
+
+// Banner is what dev prints once it serves.
+func (e *Env) Banner() string {
+	base := e.BaseURL()
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nBetter Compute dev control plane is up (roles: %s)\n\n", rolesString(e.App.Roles()))
+	fmt.Fprintf(&b, "  REST     %s/api/compute/{group}/{method}   e.g. curl -X POST %s/api/compute/system/version -d '{}'\n", base, base)
+	fmt.Fprintf(&b, "  gRPC     %s (h2c; reflection on)\n", e.App.Addr())
+	fmt.Fprintf(&b, "  OpenAPI  %s%s\n", base, api.OpenAPIPath)
+	fmt.Fprintf(&b, "  health   %s/healthz  %s/readyz\n", base, base)
+	fmt.Fprintf(&b, "  metrics  %s/metrics\n", base)
+	fmt.Fprintf(&b, "  NATS     %s\n", e.NATSURL)
+	fmt.Fprintf(&b, "  Postgres %s\n\n", redact(e.Database))
+	return b.String()
+}
+
+func rolesString(rs []config.Role) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ",")
+}
+
+// Run starts dev, prints the banner to out, serves until ctx is done and
+// stops.
+func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger, out io.Writer) error {
+	env, err := Start(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(out, env.Banner())
+	<-ctx.Done()
+	logger.Info("shutting down")
+	env.Stop(context.WithoutCancel(ctx))
+	return nil
+}
+
+// ensureDatabase creates name on the server at adminURL unless it exists and
+// returns its URL.
+func ensureDatabase(ctx context.Context, adminURL, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return "", fmt.Errorf("connect to %s: %w", redact(adminURL), err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+		return "", fmt.Errorf("look for database %s: %w", name, err)
+	}
+	if !exists {
+		// Another dev starting at the same moment may win the race (42P04).
+		_, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+		var pe *pgconn.PgError
+		if err != nil && (!errors.As(err, &pe) || pe.Code != "42P04") {
+			return "", fmt.Errorf("create database %s: %w", name, err)
+		}
+	}
+	return pglocal.DatabaseURL(adminURL, name)
+}
+
+func redact(u string) string {
+	if i := strings.Index(u, "://"); i >= 0 {
+		if at := strings.LastIndex(u, "@"); at > i {
+			if c := strings.Index(u[i+3:at], ":"); c >= 0 {
+				return u[:i+3+c] + ":xxxxx" + u[at:]
+			}
+		}
+	}
+	return u
+}

@@ -1,0 +1,162 @@
+package dev_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/migrate"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/services/dev"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestDevBootsAndAnswers(t *testing.T) {
+	t.Parallel()
+	port := 0
+	cfg := &config.Config{
+		Database: config.Database{URL: pgtest.NewDB(t)},
+		Server:   config.Server{Host: "127.0.0.1", Port: &port},
+		Dev:      config.Dev{DataDir: t.TempDir()},
+	}
+	cfg.Defaults()
+	env, err := dev.Start(t.Context(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Stop(context.Background())
+
+	if !strings.HasPrefix(env.NATSURL, "nats://127.0.0.1:") {
+		t.Fatalf("dev did not embed NATS: %q", env.NATSURL)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Dev.DataDir, "nats")); err != nil {
+		t.Fatalf("NATS store is not under the data dir: %v", err)
+	}
+	banner := env.Banner()
+	for _, want := range []string{env.BaseURL() + "/readyz", env.BaseURL() + "/api/compute/openapi.json", env.NATSURL, "roles: api"} {
+		if !strings.Contains(banner, want) {
+			t.Errorf("banner lacks %q:\n%s", want, banner)
+		}
+	}
+
+	resp, err := http.Get(env.BaseURL() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	var rep struct {
+		Ready, Degraded bool
+	}
+	if err := json.Unmarshal(body, &rep); err != nil || resp.StatusCode != http.StatusOK || !rep.Ready || rep.Degraded {
+		t.Fatalf("readyz %d %s: the embedded bus must be up too", resp.StatusCode, body)
+	}
+
+	resp, err = http.Post(env.BaseURL()+"/api/compute/system/version", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"requiredSchemaVersion"`) {
+		t.Fatalf("REST version %d %s", resp.StatusCode, body)
+	}
+
+	conn, err := grpc.NewClient(env.App.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	v, err := computev1.NewSystemServiceClient(conn).Version(t.Context(), &computev1.VersionRequest{})
+	if err != nil || v.GetSchemaVersion() != migrate.Latest() {
+		t.Fatalf("gRPC version = %v, %v", v, err)
+	}
+}
+
+// TestDevBinary runs the real better-compute binary: `dev` prints its URLs,
+// serves /readyz, and exits 0 on SIGTERM.
+func TestDevBinary(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "better-compute")
+	build := exec.Command("go", "build", "-o", bin, "github.com/bettercompute/bettercompute/services/cmd/better-compute")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "dev", "--port", "0", "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "BC_DATABASE_URL="+pgtest.NewDB(t), "BC_DEV_DATA_DIR="+t.TempDir(), "BC_CONFIG=")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill() }()
+
+	readyz := regexp.MustCompile(`(http://127\.0\.0\.1:\d+)/readyz`)
+	base := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := readyz.FindStringSubmatch(sc.Text()); m != nil {
+				base <- m[1]
+			}
+		}
+		close(base)
+	}()
+	var url string
+	select {
+	case u, ok := <-base:
+		if !ok {
+			t.Fatalf("dev exited without printing its URLs:\n%s", stderr.String())
+		}
+		url = u
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("dev printed no URLs:\n%s", stderr.String())
+	}
+	resp, err := http.Get(url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("readyz = %d", resp.StatusCode)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("dev exited with %v after SIGTERM:\n%s", err, stderr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("dev did not exit after SIGTERM")
+	}
+	if resp, err := http.Get(url + "/healthz"); err == nil {
+		_ = resp.Body.Close()
+		t.Fatal("still serving after exit")
+	}
+}
