@@ -1,0 +1,61 @@
+# Better Compute — every target works from the root across all modules.
+# `make help` lists them.
+
+SHELL := /bin/bash
+MODULES := proto pkg services agent tools
+GO ?= go
+# go test flags; CI adds nothing, a developer may add -run or -count.
+TESTFLAGS ?=
+BENCHFLAGS ?= -run '^$$' -bench . -benchmem -count 1
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: run
+run: ## run the dev control plane: every role, embedded NATS, local or private PostgreSQL
+	$(GO) run ./services/cmd/better-compute dev
+
+.PHONY: build
+build: ## build every binary into ./bin
+	@mkdir -p bin
+	cd services && $(GO) build -o ../bin/ ./cmd/...
+	cd agent && $(GO) build -o ../bin/ ./cmd/...
+
+.PHONY: test
+test: ## run every module's tests with -race (real PostgreSQL and an embedded NATS server)
+	@set -e; for m in $(MODULES); do \
+		echo "== $$m"; (cd $$m && $(GO) test -race $(TESTFLAGS) ./...); \
+	done
+
+.PHONY: bench
+bench: ## run every module's benchmarks
+	@set -e; for m in $(MODULES); do \
+		echo "== $$m"; (cd $$m && $(GO) test $(BENCHFLAGS) ./...); \
+	done
+
+.PHONY: lint
+lint: ## gofmt, go vet and golangci-lint (pinned in tools/) over every module
+	tools/scripts/lint.sh
+
+.PHONY: proto
+proto: ## lint the .proto files and regenerate Go, gateway and OpenAPI code (offline)
+	tools/scripts/proto.sh
+
+.PHONY: proto-check
+proto-check: ## fail when the committed generated code is stale
+	tools/scripts/proto-check.sh
+
+.PHONY: migrate
+migrate: ## apply database migrations to database.url (DATABASE_URL)
+	$(GO) run ./services/cmd/better-compute migrate up
+
+.PHONY: tidy
+tidy: ## go mod tidy in every module
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
+
+.PHONY: clean
+clean: ## remove build output and the dev data directory
+	rm -rf bin .data
