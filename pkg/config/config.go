@@ -46,6 +46,9 @@ type Config struct {
 	Log Log `yaml:"log"`
 	// Telemetry is tracing export.
 	Telemetry Telemetry `yaml:"telemetry"`
+	// Runtime tunes the reconciler runtime of the controllers and scheduler
+	// roles.
+	Runtime Runtime `yaml:"runtime"`
 	// Dev configures `better-compute dev` only.
 	Dev Dev `yaml:"dev"`
 }
@@ -101,6 +104,28 @@ type Telemetry struct {
 	ServiceName string `yaml:"serviceName"`
 }
 
+// Runtime tunes the reconciler runtime (see pkg/reconcile).
+type Runtime struct {
+	// Heartbeat is how often a worker renews its membership and leases and
+	// rebalances shards; default 2s.
+	Heartbeat Duration `yaml:"heartbeat"`
+	// LeaseTTL is how long a lease or worker row lives unrenewed; default 5
+	// heartbeats, at least 2.
+	LeaseTTL Duration `yaml:"leaseTTL"`
+	// ResyncEvery and ResyncJitter: every worker re-enqueues the keys it owns
+	// every ResyncEvery plus up to ResyncJitter; defaults 5m and 5m.
+	ResyncEvery  Duration `yaml:"resyncEvery"`
+	ResyncJitter Duration `yaml:"resyncJitter"`
+	// Poll is how often the queue is polled while the bus is up; default 2s.
+	// PollBusDown is used while it is down; default 250ms.
+	Poll        Duration `yaml:"poll"`
+	PollBusDown Duration `yaml:"pollBusDown"`
+	// Concurrency bounds runs in flight per process; default 8. Batch bounds
+	// one claim; default 256.
+	Concurrency int `yaml:"concurrency"`
+	Batch       int `yaml:"batch"`
+}
+
 // Dev configures `better-compute dev`.
 type Dev struct {
 	// DataDir keeps dev's private PostgreSQL cluster, NATS store and first
@@ -142,6 +167,15 @@ func (c *Config) Defaults() {
 	c.Log.Format = cmp.Or(c.Log.Format, "json")
 	c.Telemetry.ServiceName = cmp.Or(c.Telemetry.ServiceName, "better-compute")
 	c.Dev.DataDir = cmp.Or(c.Dev.DataDir, ".data")
+	r := &c.Runtime
+	r.Heartbeat = cmp.Or(r.Heartbeat, Duration(2*time.Second))
+	r.LeaseTTL = cmp.Or(r.LeaseTTL, 5*r.Heartbeat)
+	r.ResyncEvery = cmp.Or(r.ResyncEvery, Duration(5*time.Minute))
+	r.ResyncJitter = cmp.Or(r.ResyncJitter, Duration(5*time.Minute))
+	r.Poll = cmp.Or(r.Poll, Duration(2*time.Second))
+	r.PollBusDown = cmp.Or(r.PollBusDown, Duration(250*time.Millisecond))
+	r.Concurrency = cmp.Or(r.Concurrency, 8)
+	r.Batch = cmp.Or(r.Batch, 256)
 }
 
 // LoadOptions says where [Load] reads from.
@@ -226,6 +260,30 @@ func (c *Config) Validate() error {
 		} else if _, _, err := net.SplitHostPort(e); err != nil {
 			bad("telemetry.otlpEndpoint", "expected host:port or an http(s):// URL, got %q", e)
 		}
+	}
+	r := c.Runtime
+	for _, d := range []struct {
+		field string
+		v     Duration
+	}{
+		{"runtime.heartbeat", r.Heartbeat}, {"runtime.leaseTTL", r.LeaseTTL}, {"runtime.resyncEvery", r.ResyncEvery},
+		{"runtime.poll", r.Poll}, {"runtime.pollBusDown", r.PollBusDown},
+	} {
+		if d.v <= 0 {
+			bad(d.field, "expected a positive duration, got %s", d.v.Std())
+		}
+	}
+	if r.ResyncJitter < 0 {
+		bad("runtime.resyncJitter", "expected a duration of 0 or more, got %s", r.ResyncJitter.Std())
+	}
+	if r.Heartbeat > 0 && r.LeaseTTL < 2*r.Heartbeat {
+		bad("runtime.leaseTTL", "expected at least two heartbeats (%s), got %s", (2 * r.Heartbeat).Std(), r.LeaseTTL.Std())
+	}
+	if r.Concurrency < 1 || r.Concurrency > 1024 {
+		bad("runtime.concurrency", "expected 1 to 1024, got %d", r.Concurrency)
+	}
+	if r.Batch < 1 || r.Batch > 10000 {
+		bad("runtime.batch", "expected 1 to 10000, got %d", r.Batch)
 	}
 	return errors.Join(errs...)
 }

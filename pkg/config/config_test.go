@@ -130,6 +130,7 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"env integer", "", map[string]string{"BC_SERVER_PORT": "http"}, []string{"server.port"}},
 		{"env bool", "", map[string]string{"BC_DATABASE_PGBOUNCER": "maybe"}, []string{"database.pgbouncer"}},
 		{"env duration", "", map[string]string{"BC_SERVER_SHUTDOWN_TIMEOUT": "10"}, []string{"server.shutdownTimeout"}},
+		{"env nested camel case", "", map[string]string{"BC_RUNTIME_LEASE_TTL": "soon"}, []string{"runtime.leaseTTL"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -177,6 +178,11 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"log format", func(c *config.Config) { c.Log.Format = "xml" }, "log.format"},
 		{"otlp endpoint", func(c *config.Config) { c.Telemetry.OTLPEndpoint = "collector" }, "telemetry.otlpEndpoint"},
 		{"otlp url scheme", func(c *config.Config) { c.Telemetry.OTLPEndpoint = "grpc://collector:4317" }, "telemetry.otlpEndpoint"},
+		{"lease shorter than two heartbeats", func(c *config.Config) { c.Runtime.LeaseTTL = c.Runtime.Heartbeat }, "runtime.leaseTTL"},
+		{"negative poll", func(c *config.Config) { c.Runtime.Poll = -1 }, "runtime.poll"},
+		{"negative jitter", func(c *config.Config) { c.Runtime.ResyncJitter = -1 }, "runtime.resyncJitter"},
+		{"concurrency", func(c *config.Config) { c.Runtime.Concurrency = 0 }, "runtime.concurrency"},
+		{"batch", func(c *config.Config) { c.Runtime.Batch = 20000 }, "runtime.batch"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -26,8 +26,12 @@ func EnvName(path string) string {
 		if i > 0 {
 			b.WriteByte('_')
 		}
-		for j, r := range part {
-			if j > 0 && unicode.IsUpper(r) {
+		rs := []rune(part)
+		for j, r := range rs {
+			// A word starts at an upper-case letter after a lower-case one
+			// (shutdownTimeout) or at the last capital of an acronym that a
+			// lower-case letter follows (TTLSeconds); leaseTTL → LEASE_TTL.
+			if j > 0 && unicode.IsUpper(r) && (unicode.IsLower(rs[j-1]) || (j+1 < len(rs) && unicode.IsLower(rs[j+1]) && unicode.IsUpper(rs[j-1]))) {
 				b.WriteByte('_')
 			}
 			b.WriteRune(unicode.ToUpper(r))

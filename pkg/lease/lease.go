@@ -1,0 +1,119 @@
+// Package lease holds fenced leases in PostgreSQL: rows in `leases`, never
+// advisory locks, so they work behind PgBouncer in transaction mode.
+//
+// Taking a lease increments its fence. Every write made under a lease checks,
+// in the same statement, that the lease still has the holder and fence the
+// writer took it with and has not expired ([Clause]), so a holder that paused
+// past its lease changes nothing. Lease time is database time: expiry is
+// compared with now() in SQL, never with a process clock.
+package lease
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier runs statements: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Held is a lease as its holder knows it.
+type Held struct {
+	Name  string
+	Fence int64
+}
+
+// Shard returns the name of shard n's lease in membership. The controllers'
+// leases are "shard:<n>", every other membership's "<membership>/shard:<n>"
+// (the scheduler's are "scheduler/shard:<n>").
+func Shard(membership string, n int) string {
+	if membership == "controllers" {
+		return fmt.Sprintf("shard:%d", n)
+	}
+	return fmt.Sprintf("%s/shard:%d", membership, n)
+}
+
+// Singleton returns the name of a shardBy:"none" reconciler's lease.
+func Singleton(name string) string { return "singleton:" + name }
+
+// Acquire takes every named lease that is free or expired for holder, for
+// ttl, incrementing each one's fence, and returns those it took. Leases
+// holder already holds and that have not expired are not touched: renew them.
+func Acquire(ctx context.Context, q Querier, holder string, ttl time.Duration, names []string) ([]Held, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, `
+		INSERT INTO leases AS l (name, holder, fence, acquired_at, expires_at)
+		SELECT n, $2, 1, now(), now() + $3 * interval '1 microsecond' FROM unnest($1::text[]) AS n
+		ON CONFLICT (name) DO UPDATE
+		   SET holder = EXCLUDED.holder, fence = l.fence + 1,
+		       acquired_at = now(), expires_at = EXCLUDED.expires_at
+		 WHERE l.holder IS NULL OR l.expires_at <= now()
+		RETURNING name, fence`, names, holder, ttl.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("acquire leases: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Held])
+}
+
+// Renew extends every held lease that still has holder and its fence and has
+// not expired, and returns those it extended. A lease missing from the result
+// is lost: stop working under it.
+func Renew(ctx context.Context, q Querier, holder string, ttl time.Duration, held []Held) ([]Held, error) {
+	if len(held) == 0 {
+		return nil, nil
+	}
+	names, fences := split(held)
+	rows, err := q.Query(ctx, `
+		UPDATE leases AS l SET expires_at = now() + $4 * interval '1 microsecond'
+		  FROM unnest($1::text[], $2::bigint[]) AS h(name, fence)
+		 WHERE l.name = h.name AND l.fence = h.fence AND l.holder = $3 AND l.expires_at > now()
+		RETURNING l.name, l.fence`, names, fences, holder, ttl.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Held])
+}
+
+// Release gives up held leases so another worker can take them at once. The
+// fence stays: the next holder increments it.
+func Release(ctx context.Context, q Querier, holder string, held []Held) error {
+	if len(held) == 0 {
+		return nil
+	}
+	names, fences := split(held)
+	_, err := q.Exec(ctx, `
+		UPDATE leases AS l SET holder = NULL, expires_at = '-infinity'
+		  FROM unnest($1::text[], $2::bigint[]) AS h(name, fence)
+		 WHERE l.name = h.name AND l.fence = h.fence AND l.holder = $3`, names, fences, holder)
+	if err != nil {
+		return fmt.Errorf("release leases: %w", err)
+	}
+	return nil
+}
+
+func split(held []Held) ([]string, []int64) {
+	names := make([]string, len(held))
+	fences := make([]int64, len(held))
+	for i, h := range held {
+		names[i], fences[i] = h.Name, h.Fence
+	}
+	return names, fences
+}
+
+// Clause returns a boolean SQL expression that is true only while the lease
+// named by parameter $name still has holder $holder and fence $fence and has
+// not expired. Put it in the WHERE of every write made under the lease, with
+// the parameters numbered as given:
+//
+//	UPDATE things SET … WHERE id = $1 AND `+lease.Clause(2, 3, 4)
+func Clause(name, holder, fence int) string {
+	return fmt.Sprintf(`EXISTS (SELECT 1 FROM leases WHERE name = $%d AND holder = $%d AND fence = $%d AND expires_at > now())`, name, holder, fence)
+}
