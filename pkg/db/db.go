@@ -30,6 +30,8 @@ type Config struct {
 	// ApplicationName is reported in pg_stat_activity; empty means
 	// "better-compute".
 	ApplicationName string
+	// Tracer, when set, sees every query (tests count statements with it).
+	Tracer pgx.QueryTracer
 }
 
 // Open builds a pool and checks that the server answers.
@@ -43,6 +45,9 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	if cfg.PgBouncer {
 		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	if cfg.Tracer != nil {
+		pc.ConnConfig.Tracer = cfg.Tracer
 	}
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
 		name := cfg.ApplicationName

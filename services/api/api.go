@@ -9,12 +9,15 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,6 +28,10 @@ import (
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 	"github.com/bettercompute/bettercompute/proto/openapi"
+
+	"github.com/bettercompute/bettercompute/pkg/admission"
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/iam"
 )
 
 // OpenAPIPath serves the generated OpenAPI document.
@@ -36,33 +43,104 @@ const Prefix = "/api/compute/"
 // MaxRequestBytes bounds a request body (REST) or message (gRPC).
 const MaxRequestBytes = 4 << 20
 
-// Services are the API groups this process serves.
-type Services struct {
+// Config is what the API role needs. Zero values are documented per field.
+type Config struct {
+	// Logger is the process logger; nil discards.
+	Logger *slog.Logger
+	// System serves the system group. Required.
 	System computev1.SystemServiceServer
+	// DB is the database pool. Required.
+	DB *pgxpool.Pool
+	// Authorizer makes every decision; nil builds one over DB.
+	Authorizer *authz.Authorizer
+	// Tuning turns the role's knobs; the zero value is production's.
+	Tuning
+	// Methods overrides the method registry, for tests; nil means
+	// [Methods].
+	Methods map[string]Method
+}
+
+// Tuning are the api role's knobs that tests and benchmarks turn. The zero
+// value is production's.
+type Tuning struct {
+	// Now is the clock of authentication, expiry and rate limits; nil means
+	// time.Now.
+	Now func() time.Time
+	// AuthTTL bounds how long an authentication is cached; 0 means 30s.
+	AuthTTL time.Duration
+	// RatePerSecond is each identity's sustained request rate; 0 means 100.
+	RatePerSecond float64
+	// RateBurst is each identity's burst; 0 means 200.
+	RateBurst int
+	// MaxDeadline caps every request's deadline (and is the deadline of
+	// requests without one); 0 means 30s.
+	MaxDeadline time.Duration
 }
 
 // Server is the API role's gRPC server and REST gateway.
 type Server struct {
-	logger *slog.Logger
-	grpc   *grpc.Server
-	health *health.Server
-	conn   *grpc.ClientConn
+	logger  *slog.Logger
+	grpc    *grpc.Server
+	health  *health.Server
+	conn    *grpc.ClientConn
+	methods map[string]Method
+	authn   *iam.Authenticator
+	authz   *authz.Authorizer
+	adm     *admission.Admitter
+	db      *pgxpool.Pool
+	limiter *limiter
+	maxDL   time.Duration
+	now     func() time.Time
 }
 
-// New builds the gRPC server with every service registered. Serve it with
-// [Server.GRPC] and mount [Server.Gateway] once the listener's address is
-// known.
-func New(logger *slog.Logger, svc Services) *Server {
+// New builds the gRPC server with every service registered and checks the
+// method registry: every method served must declare an action from the
+// catalog, or New fails. Serve it with [Server.GRPC] and mount
+// [Server.Gateway] once the listener's address is known.
+func New(cfg Config) (*Server, error) {
+	logger := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	az := cfg.Authorizer
+	if az == nil {
+		az = authz.New(cfg.DB)
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	if cfg.Methods == nil {
+		cfg.Methods = Methods()
+	}
+	s := &Server{
+		logger:  logger,
+		methods: cfg.Methods,
+		authn:   iam.NewAuthenticator(iam.AuthConfig{DB: cfg.DB, TTL: cfg.AuthTTL, Now: now}),
+		authz:   az,
+		adm:     admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger}),
+		db:      cfg.DB,
+		limiter: newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
+		maxDL:   cmp.Or(cfg.MaxDeadline, 30*time.Second),
+		now:     now,
+	}
 	gs := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
-		grpc.ChainUnaryInterceptor(unaryErrors(logger)),
+		grpc.ChainUnaryInterceptor(unaryErrors(logger), s.unaryAuth),
 		grpc.MaxRecvMsgSize(MaxRequestBytes),
 	)
-	computev1.RegisterSystemServiceServer(gs, svc.System)
+	computev1.RegisterSystemServiceServer(gs, cfg.System)
+	computev1.RegisterTenantsServiceServer(gs, &tenants{Server: s})
+	computev1.RegisterIdentitiesServiceServer(gs, &identities{Server: s})
+	computev1.RegisterApiKeysServiceServer(gs, &apiKeys{Server: s})
+	computev1.RegisterPoliciesServiceServer(gs, &policies{Server: s})
+	computev1.RegisterPoolsServiceServer(gs, &pools{Server: s})
+	computev1.RegisterAuditServiceServer(gs, &auditLog{Server: s})
+	if err := CheckMethods(gs, s.methods); err != nil {
+		return nil, err
+	}
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	return &Server{logger: logger, grpc: gs, health: hs}
+	s.grpc, s.health = gs, hs
+	return s, nil
 }
 
 // GRPC returns the gRPC server, to be served over HTTP/2.
@@ -93,13 +171,24 @@ func (s *Server) Gateway(ctx context.Context, addr string) (http.Handler, error)
 	mux := runtime.NewServeMux(
 		runtime.WithErrorHandler(gatewayErrorHandler),
 		runtime.WithRoutingErrorHandler(routingErrorHandler),
+		runtime.WithIncomingHeaderMatcher(headerMatcher),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{EmitUnpopulated: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
 		}),
 	)
-	if err := computev1.RegisterSystemServiceHandler(ctx, mux, conn); err != nil {
-		return nil, fmt.Errorf("register system gateway: %w", err)
+	for name, register := range map[string]func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
+		"system":     computev1.RegisterSystemServiceHandler,
+		"tenants":    computev1.RegisterTenantsServiceHandler,
+		"identities": computev1.RegisterIdentitiesServiceHandler,
+		"apiKeys":    computev1.RegisterApiKeysServiceHandler,
+		"policies":   computev1.RegisterPoliciesServiceHandler,
+		"pools":      computev1.RegisterPoolsServiceHandler,
+		"audit":      computev1.RegisterAuditServiceHandler,
+	} {
+		if err := register(ctx, mux, conn); err != nil {
+			return nil, fmt.Errorf("register %s gateway: %w", name, err)
+		}
 	}
 	h := http.NewServeMux()
 	h.HandleFunc("GET "+OpenAPIPath, func(w http.ResponseWriter, _ *http.Request) {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"regexp"
+	"strings"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -64,6 +66,9 @@ func FromStatus(st *status.Status) Envelope {
 			return Envelope{Code: fault.Code(ei.GetReason()), Message: st.Message(), Field: ei.GetMetadata()["field"]}
 		}
 	}
+	if st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max") {
+		return Envelope{Code: fault.InvalidInput, Message: st.Message()}
+	}
 	return Envelope{Code: codeFromGRPC(st.Code()), Message: st.Message()}
 }
 
@@ -84,7 +89,7 @@ func codeFromGRPC(c codes.Code) fault.Code {
 	case codes.Unimplemented:
 		return fault.Unsupported
 	case codes.ResourceExhausted:
-		return fault.RateLimited
+		return fault.RateLimited // a message over the size limit is answered by grpc-go itself; see FromStatus
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
 		return fault.Unavailable
 	}
@@ -129,7 +134,47 @@ func gatewayErrorHandler(_ context.Context, _ *runtime.ServeMux, _ runtime.Marsh
 	if errors.As(err, &herr) {
 		st = routingStatus(herr.HTTPStatus)
 	}
-	writeEnvelope(w, st)
+	writeEnvelope(w, decodeStatus(st))
+}
+
+var (
+	unknownFieldRE = regexp.MustCompile(`unknown field "([^"]+)"`)
+	badValueRE     = regexp.MustCompile(`invalid value for [a-z0-9]+ field ([A-Za-z0-9_]+)`)
+	badKeyRE       = regexp.MustCompile(`invalid value for [a-z0-9]+ key`)
+)
+
+// decodeStatus turns the gateway's own body-decoding errors (made before any
+// handler runs) into the envelope, naming the field where protojson does.
+func decodeStatus(st *status.Status) *status.Status {
+	if st.Code() != codes.InvalidArgument || hasEnvelope(st) {
+		return st
+	}
+	msg := st.Message()
+	switch {
+	case strings.Contains(msg, "request body too large"):
+		return ToStatus(fault.New(fault.InvalidInput, "", "request body exceeds %d bytes", MaxRequestBytes))
+	case unknownFieldRE.MatchString(msg):
+		f := unknownFieldRE.FindStringSubmatch(msg)[1]
+		return ToStatus(fault.New(fault.InvalidInput, f, "unknown field %q", f))
+	case badValueRE.MatchString(msg):
+		f := badValueRE.FindStringSubmatch(msg)[1]
+		if f == "key" || f == "value" {
+			f = "" // a map entry's: protojson does not name the map
+		}
+		return ToStatus(fault.New(fault.InvalidInput, f, "wrong type or value: %s", strings.TrimPrefix(msg, "proto: ")))
+	case badKeyRE.MatchString(msg):
+		return ToStatus(fault.New(fault.InvalidInput, "", "wrong map key: %s", strings.TrimPrefix(msg, "proto: ")))
+	}
+	return ToStatus(fault.New(fault.InvalidInput, "", "malformed request body: %s", strings.TrimPrefix(msg, "proto: ")))
+}
+
+func hasEnvelope(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == ErrorDomain {
+			return true
+		}
+	}
+	return false
 }
 
 // routingStatus answers a request that matched no method.

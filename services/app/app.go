@@ -22,25 +22,33 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/bus"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/health"
 	"github.com/bettercompute/bettercompute/pkg/migrate"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/telemetry"
+	"github.com/bettercompute/bettercompute/pkg/version"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/system"
 )
 
 // built lists the roles that have a service in this release. A role named
 // explicitly that is not here fails at start; `all` runs these.
-var built = []config.Role{config.RoleAPI}
+var built = []config.Role{config.RoleAPI, config.RoleControllers, config.RoleScheduler}
+
+// runtimeRoles are the roles whose reconcilers run on the reconciler runtime,
+// each a membership of its own.
+var runtimeRoles = []config.Role{config.RoleControllers, config.RoleScheduler}
 
 // ResolveRoles expands the configured roles into the ones to run. `all` means
 // every built role, and the rest are returned as notBuilt so the caller can
@@ -83,6 +91,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Registry receives every metric; nil makes a fresh one.
 	Registry *prometheus.Registry
+	// API tunes the api role (clock, authentication cache, rate limit); the
+	// zero value is production's.
+	API api.Tuning
+	// DBTracer, when set, sees every query of the process's pool.
+	DBTracer pgx.QueryTracer
 }
 
 // App is one running process.
@@ -91,12 +104,14 @@ type App struct {
 	logger *slog.Logger
 	reg    *prometheus.Registry
 	roles  []config.Role
+	opts   Options
 
 	mu      sync.Mutex
 	started bool
 	stopped bool
 	ready   atomic.Bool
 	pool    *pgxpool.Pool
+	runtime *reconcile.Runtime
 	nc      *nats.Conn
 	api     *api.Server
 	srv     *http.Server
@@ -131,7 +146,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	if reg == nil {
 		reg = telemetry.NewRegistry()
 	}
-	return &App{cfg: cfg, logger: logger, reg: reg, roles: roles, tracing: func(context.Context) error { return nil }}, nil
+	return &App{cfg: cfg, logger: logger, reg: reg, roles: roles, opts: opts, tracing: func(context.Context) error { return nil }}, nil
 }
 
 // Roles returns the roles this process runs.
@@ -157,7 +172,7 @@ func (a *App) Start(ctx context.Context) (err error) {
 	if a.tracing, err = telemetry.SetupTracing(ctx, a.cfg.Telemetry.OTLPEndpoint, a.cfg.Telemetry.ServiceName); err != nil {
 		return err
 	}
-	a.pool, err = db.Open(ctx, db.Config{URL: a.cfg.Database.URL, MaxConns: int32(a.cfg.Database.MaxConns), PgBouncer: a.cfg.Database.PgBouncer})
+	a.pool, err = db.Open(ctx, db.Config{URL: a.cfg.Database.URL, MaxConns: int32(a.cfg.Database.MaxConns), PgBouncer: a.cfg.Database.PgBouncer, Tracer: a.opts.DBTracer})
 	if err != nil {
 		return fault.Wrap(err, fault.Unavailable, "database.url", "cannot reach the database: %v", err)
 	}
@@ -172,6 +187,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 		a.logger.Warn("no nats.url configured: running without the bus, polling the database only")
 	}
 	a.checks = a.healthChecks()
+	if err := a.startRuntime(ctx); err != nil {
+		return err
+	}
 
 	addr := net.JoinHostPort(a.cfg.Server.Host, strconv.Itoa(*a.cfg.Server.Port))
 	if a.ln, err = net.Listen("tcp", addr); err != nil {
@@ -224,6 +242,44 @@ func (a *App) prepareSchema(ctx context.Context) error {
 	return nil
 }
 
+// startRuntime runs the reconciler runtime for the runtime roles this process
+// hosts. No product reconciler is registered yet: the runtime's own jobs
+// (the worker janitor, resync) run, and later modules register theirs here.
+func (a *App) startRuntime(ctx context.Context) error {
+	var roles []string
+	for _, r := range runtimeRoles {
+		if slices.Contains(a.roles, r) {
+			roles = append(roles, string(r))
+		}
+	}
+	if len(roles) == 0 {
+		return nil
+	}
+	rc := a.cfg.Runtime
+	rt, err := reconcile.New(a.pool, a.nc, reconcile.Config{
+		Roles:        roles,
+		Heartbeat:    rc.Heartbeat.Std(),
+		LeaseTTL:     rc.LeaseTTL.Std(),
+		ResyncEvery:  rc.ResyncEvery.Std(),
+		ResyncJitter: rc.ResyncJitter.Std(),
+		Poll:         rc.Poll.Std(),
+		PollBusDown:  rc.PollBusDown.Std(),
+		Concurrency:  rc.Concurrency,
+		Batch:        rc.Batch,
+		Logger:       a.logger,
+		Registerer:   a.reg,
+		Version:      version.Get().Version,
+	})
+	if err != nil {
+		return err
+	}
+	if err := rt.Start(ctx); err != nil {
+		return err
+	}
+	a.runtime = rt
+	return nil
+}
+
 func (a *App) healthChecks() []health.Check {
 	pool, nc := a.pool, a.nc
 	checks := []health.Check{
@@ -251,13 +307,20 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 
 	if slices.Contains(a.roles, config.RoleAPI) {
-		a.api = api.New(a.logger, api.Services{
+		az := authz.New(a.pool)
+		var err error
+		a.api, err = api.New(api.Config{
+			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API,
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),
 				Checks:                a.checks,
+				Authorizer:            az,
 			}),
 		})
+		if err != nil {
+			return nil, err
+		}
 		gw, err := a.api.Gateway(ctx, a.dialAddr())
 		if err != nil {
 			return nil, err
@@ -332,6 +395,9 @@ func (a *App) stopLocked(ctx context.Context) {
 	}
 	if a.api != nil {
 		a.api.Stop()
+	}
+	if a.runtime != nil {
+		a.runtime.Stop() // releases its leases so other workers take over at once
 	}
 	if a.nc != nil {
 		a.nc.Close()

@@ -49,16 +49,16 @@ func start(t *testing.T, cfg *config.Config) *app.App {
 func TestResolveRoles(t *testing.T) {
 	t.Parallel()
 	run, notBuilt, err := app.ResolveRoles(nil)
-	if err != nil || !slices.Equal(run, []config.Role{config.RoleAPI}) || !slices.Contains(notBuilt, config.RoleControllers) {
+	if err != nil || !slices.Equal(run, []config.Role{config.RoleAPI, config.RoleControllers, config.RoleScheduler}) || !slices.Contains(notBuilt, config.RoleGateway) {
 		t.Fatalf("all: run=%v notBuilt=%v err=%v", run, notBuilt, err)
 	}
 	if len(run)+len(notBuilt) != len(config.AllRoles) {
 		t.Fatalf("all must account for every role: %v + %v", run, notBuilt)
 	}
 
-	_, _, err = app.ResolveRoles([]string{"api,controllers"})
+	_, _, err = app.ResolveRoles([]string{"api,gateway"})
 	fe, ok := fault.As(err)
-	if !ok || fe.Code != fault.Unsupported || fe.Field != "roles" || !strings.Contains(fe.Message, `"controllers" is not built yet`) {
+	if !ok || fe.Code != fault.Unsupported || fe.Field != "roles" || !strings.Contains(fe.Message, `"gateway" is not built yet`) {
 		t.Fatalf("an explicit unbuilt role must fail naming it: %v", err)
 	}
 
@@ -283,4 +283,44 @@ func do(t *testing.T, req *http.Request) (int, []byte) {
 		t.Fatal(err)
 	}
 	return resp.StatusCode, b
+}
+
+func TestServeRunsTheRuntimeForItsRoles(t *testing.T) {
+	t.Parallel()
+	u := pgtest.NewDB(t)
+	cfg := testConfig(u)
+	cfg.Roles = []string{"controllers", "scheduler"}
+	a := start(t, cfg)
+	pool, err := pgxpool.New(t.Context(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var memberships []string
+	rows, err := pool.Query(t.Context(), `SELECT membership FROM workers WHERE expires_at > now() ORDER BY membership`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var m string
+		_ = rows.Scan(&m)
+		memberships = append(memberships, m)
+	}
+	rows.Close()
+	if !slices.Equal(memberships, []string{"controllers", "scheduler"}) {
+		t.Fatalf("workers = %v, want one per runtime role", memberships)
+	}
+	var janitor string
+	if err := pool.QueryRow(t.Context(), `SELECT holder FROM leases WHERE name = 'singleton:runtime.janitor'`).Scan(&janitor); err != nil || !strings.HasPrefix(janitor, "controllers/") {
+		t.Fatalf("the janitor's lease is held by %q (%v)", janitor, err)
+	}
+	a.Stop(context.Background())
+	var left int
+	_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM workers`).Scan(&left)
+	if left != 0 {
+		t.Fatalf("%d worker rows left after a clean stop", left)
+	}
+	if err := pool.QueryRow(t.Context(), `SELECT coalesce(holder, '') FROM leases WHERE name = 'singleton:runtime.janitor'`).Scan(&janitor); err != nil || janitor != "" {
+		t.Fatalf("a clean stop must release its leases; holder %q (%v)", janitor, err)
+	}
 }

@@ -2,9 +2,11 @@ package cli_test
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/bettercompute/bettercompute/pkg/migrate"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/services/cli"
 )
@@ -30,7 +32,7 @@ func TestServeRejectsBadInputBeforeStarting(t *testing.T) {
 		want string
 	}{
 		{"unknown role", []string{"serve", "--roles", "bogus"}, cli.ExitConfig, `error: INVALID_CONFIG roles: unknown role "bogus"`},
-		{"unbuilt role", []string{"serve", "--roles", "api,controllers"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "controllers" is not built yet`},
+		{"unbuilt role", []string{"serve", "--roles", "api,gateway"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "gateway" is not built yet`},
 		{"bad port", []string{"serve", "--port", "70000"}, cli.ExitConfig, "error: INVALID_CONFIG server.port: expected a port from 0 to 65535, got 70000"},
 		{"bad flag", []string{"serve", "--rolez", "api"}, cli.ExitConfig, "unknown flag: --rolez"},
 		{"bad log level", []string{"serve", "--log-level", "loud"}, cli.ExitConfig, "error: INVALID_CONFIG log.level"},
@@ -67,7 +69,7 @@ func TestMigrateAndVersion(t *testing.T) {
 		t.Fatalf("status before: exit %d\n%s%s", code, out, stderr)
 	}
 	code, out, stderr = run(t, "migrate", "--database-url", url, "--log-format", "text")
-	if code != 0 || !strings.Contains(out, "applied 1 migration(s); schema is at version 1") {
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("applied %d migration(s); schema is at version %d", migrate.Latest(), migrate.Latest())) {
 		t.Fatalf("up: exit %d\n%s%s", code, out, stderr)
 	}
 	code, out, _ = run(t, "migrate", "up", "--database-url", url)
@@ -80,7 +82,7 @@ func TestMigrateAndVersion(t *testing.T) {
 	}
 
 	code, out, _ = run(t, "version")
-	if code != 0 || !strings.HasPrefix(out, "better-compute ") || !strings.Contains(out, "schema 1") {
+	if code != 0 || !strings.HasPrefix(out, "better-compute ") || !strings.Contains(out, fmt.Sprintf("schema %d", migrate.Latest())) {
 		t.Fatalf("version: exit %d %q", code, out)
 	}
 }

@@ -17,7 +17,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/natsembed"
 	"github.com/bettercompute/bettercompute/pkg/pglocal"
 	"github.com/bettercompute/bettercompute/services/api"
@@ -32,7 +34,12 @@ type Env struct {
 	App      *app.App
 	NATSURL  string
 	Database string
-	stops    []func()
+	// Credential is a root API key: made on the first start and kept under
+	// dev.dataDir, shown again by later starts.
+	Credential string
+	// CredentialNew says Credential was made by this start.
+	CredentialNew bool
+	stops         []func()
 }
 
 // Start resolves PostgreSQL and NATS as the package comment says and starts
@@ -94,7 +101,38 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 	if err := env.App.Start(ctx); err != nil {
 		return nil, err
 	}
+	if env.Credential, env.CredentialNew, err = rootCredential(ctx, cfg.Database.URL, filepath.Join(dataDir, CredentialFile)); err != nil {
+		return nil, err
+	}
 	return env, nil
+}
+
+// CredentialFile, under dev.dataDir, keeps the root credential dev made on
+// its first start, so later starts can show it again.
+const CredentialFile = "root-credential"
+
+// rootCredential returns the credential kept at path when it still
+// authenticates against the database, else bootstraps a new one and keeps it
+// there (mode 0600). fresh says it was just made.
+func rootCredential(ctx context.Context, url, path string) (token string, fresh bool, err error) {
+	pool, err := db.Open(ctx, db.Config{URL: url, MaxConns: 2, ApplicationName: "better-compute dev"})
+	if err != nil {
+		return "", false, err
+	}
+	defer pool.Close()
+	if b, err := os.ReadFile(path); err == nil {
+		if kept := strings.TrimSpace(string(b)); bootstrap.Valid(ctx, pool, kept) {
+			return kept, false, nil
+		}
+	}
+	cred, err := bootstrap.Run(ctx, pool)
+	if err != nil {
+		return "", false, err
+	}
+	if err := os.WriteFile(path, []byte(cred.Token+"\n"), 0o600); err != nil {
+		return "", false, fmt.Errorf("keep the root credential: %w", err)
+	}
+	return cred.Token, true, nil
 }
 
 // Stop stops the app, then the NATS server and PostgreSQL cluster dev
@@ -124,6 +162,14 @@ func (e *Env) Banner() string {
 	fmt.Fprintf(&b, "  metrics  %s/metrics\n", base)
 	fmt.Fprintf(&b, "  NATS     %s\n", e.NATSURL)
 	fmt.Fprintf(&b, "  Postgres %s\n\n", redact(e.Database))
+	if e.Credential != "" {
+		state := "kept in " + CredentialFile + " under the data dir"
+		if e.CredentialNew {
+			state = "new; " + state
+		}
+		fmt.Fprintf(&b, "  Root credential (%s):\n    %s\n", state, e.Credential)
+		fmt.Fprintf(&b, "  e.g. curl -X POST %s/api/compute/system/whoAmI -H 'Authorization: Bearer %s' -d '{}'\n\n", base, e.Credential)
+	}
 	return b.String()
 }
 

@@ -160,3 +160,50 @@ func TestDevBinary(t *testing.T) {
 		t.Fatal("still serving after exit")
 	}
 }
+
+func TestDevKeepsItsRootCredential(t *testing.T) {
+	t.Parallel()
+	port := 0
+	dir := t.TempDir()
+	url := pgtest.NewDB(t)
+	startDev := func() *dev.Env {
+		t.Helper()
+		cfg := &config.Config{
+			Database: config.Database{URL: url},
+			Server:   config.Server{Host: "127.0.0.1", Port: &port},
+			Dev:      config.Dev{DataDir: dir},
+		}
+		cfg.Defaults()
+		env, err := dev.Start(t.Context(), cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return env
+	}
+
+	first := startDev()
+	if !first.CredentialNew || !strings.HasPrefix(first.Credential, "bck_") || !strings.Contains(first.Banner(), first.Credential) {
+		t.Fatalf("first start: new=%v %q\n%s", first.CredentialNew, first.Credential, first.Banner())
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, first.BaseURL()+"/api/compute/system/whoAmI", strings.NewReader("{}"))
+	req.Header.Set("Authorization", "Bearer "+first.Credential)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"tenantId":"root"`) {
+		t.Fatalf("whoAmI with the dev credential: %d %s", resp.StatusCode, body)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, dev.CredentialFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("credential file: %v %v", fi, err)
+	}
+	first.Stop(context.Background())
+
+	second := startDev()
+	defer second.Stop(context.Background())
+	if second.CredentialNew || second.Credential != first.Credential || !strings.Contains(second.Banner(), first.Credential) {
+		t.Fatalf("a later start shows the kept credential: new=%v %q", second.CredentialNew, second.Credential)
+	}
+}

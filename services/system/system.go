@@ -1,5 +1,5 @@
 // Package system implements the System API group: what this control plane is
-// (Version) and whether it is healthy (Health).
+// (Version), whether it is healthy (Health) and who is calling (WhoAmI).
 package system
 
 import (
@@ -7,7 +7,10 @@ import (
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/health"
+	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/version"
 )
 
@@ -19,6 +22,14 @@ type Deps struct {
 	RequiredSchemaVersion int64
 	// Checks are the process's health checks, shared with /readyz.
 	Checks []health.Check
+	// Authorizer decides WhoAmI's action; nil answers WhoAmI with
+	// UNSUPPORTED.
+	Authorizer Authorizer
+}
+
+// Authorizer makes one decision.
+type Authorizer interface {
+	Authorize(ctx context.Context, q authz.Querier, p iam.Principal, action authz.Action, res authz.Resource) error
 }
 
 // Service implements computev1.SystemServiceServer.
@@ -60,4 +71,20 @@ func (s *Service) Health(ctx context.Context, _ *computev1.HealthRequest) (*comp
 		resp.Checks = append(resp.Checks, &computev1.HealthCheck{Name: r.Name, Ok: r.OK, Message: r.Message})
 	}
 	return resp, nil
+}
+
+// WhoAmI returns the authenticated caller, once it may see its own tenant
+// (action compute:system:whoami on it).
+func (s *Service) WhoAmI(ctx context.Context, _ *computev1.WhoAmIRequest) (*computev1.WhoAmIResponse, error) {
+	p, ok := iam.PrincipalFrom(ctx)
+	if !ok {
+		return nil, fault.New(fault.Unauthenticated, "authorization", "no credential")
+	}
+	if s.deps.Authorizer == nil {
+		return nil, fault.New(fault.Unsupported, "", "whoAmI is not available in this process")
+	}
+	if err := s.deps.Authorizer.Authorize(ctx, nil, p, authz.SystemWhoAmI, authz.TenantResource(p.TenantID)); err != nil {
+		return nil, err
+	}
+	return &computev1.WhoAmIResponse{IdentityId: p.IdentityID, TenantId: p.TenantID, Kind: p.Kind, Name: p.Name, KeyId: p.KeyID}, nil
 }

@@ -357,6 +357,125 @@ func (x *HealthCheck) GetMessage() string {
 	return ""
 }
 
+// WhoAmIRequest is the (empty) request of SystemService.WhoAmI.
+type WhoAmIRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIRequest) Reset() {
+	*x = WhoAmIRequest{}
+	mi := &file_bettercompute_compute_v1_system_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIRequest) ProtoMessage() {}
+
+func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_system_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
+func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_system_proto_rawDescGZIP(), []int{5}
+}
+
+// WhoAmIResponse describes the caller.
+type WhoAmIResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The identity's id.
+	IdentityId string `protobuf:"bytes,1,opt,name=identity_id,json=identityId,proto3" json:"identity_id,omitempty"`
+	// The identity's tenant.
+	TenantId string `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// "user" or "service".
+	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The identity's name.
+	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// The id of the API key that authenticated the call.
+	KeyId         string `protobuf:"bytes,5,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIResponse) Reset() {
+	*x = WhoAmIResponse{}
+	mi := &file_bettercompute_compute_v1_system_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIResponse) ProtoMessage() {}
+
+func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_system_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
+func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_system_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *WhoAmIResponse) GetIdentityId() string {
+	if x != nil {
+		return x.IdentityId
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
 var File_bettercompute_compute_v1_system_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_system_proto_rawDesc = "" +
@@ -377,14 +496,23 @@ const file_bettercompute_compute_v1_system_proto_rawDesc = "" +
 	"\vHealthCheck\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage*_\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x0f\n" +
+	"\rWhoAmIRequest\"\x8d\x01\n" +
+	"\x0eWhoAmIResponse\x12\x1f\n" +
+	"\videntity_id\x18\x01 \x01(\tR\n" +
+	"identityId\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x15\n" +
+	"\x06key_id\x18\x05 \x01(\tR\x05keyId*_\n" +
 	"\fHealthStatus\x12\x1d\n" +
 	"\x19HEALTH_STATUS_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10HEALTH_STATUS_OK\x10\x01\x12\x1a\n" +
-	"\x16HEALTH_STATUS_DEGRADED\x10\x022\xcc\x01\n" +
+	"\x16HEALTH_STATUS_DEGRADED\x10\x022\xa9\x02\n" +
 	"\rSystemService\x12^\n" +
 	"\aVersion\x12(.bettercompute.compute.v1.VersionRequest\x1a).bettercompute.compute.v1.VersionResponse\x12[\n" +
-	"\x06Health\x12'.bettercompute.compute.v1.HealthRequest\x1a(.bettercompute.compute.v1.HealthResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
+	"\x06Health\x12'.bettercompute.compute.v1.HealthRequest\x1a(.bettercompute.compute.v1.HealthResponse\x12[\n" +
+	"\x06WhoAmI\x12'.bettercompute.compute.v1.WhoAmIRequest\x1a(.bettercompute.compute.v1.WhoAmIResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
 
 var (
 	file_bettercompute_compute_v1_system_proto_rawDescOnce sync.Once
@@ -399,7 +527,7 @@ func file_bettercompute_compute_v1_system_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_compute_v1_system_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bettercompute_compute_v1_system_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_bettercompute_compute_v1_system_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_bettercompute_compute_v1_system_proto_goTypes = []any{
 	(HealthStatus)(0),       // 0: bettercompute.compute.v1.HealthStatus
 	(*VersionRequest)(nil),  // 1: bettercompute.compute.v1.VersionRequest
@@ -407,16 +535,20 @@ var file_bettercompute_compute_v1_system_proto_goTypes = []any{
 	(*HealthRequest)(nil),   // 3: bettercompute.compute.v1.HealthRequest
 	(*HealthResponse)(nil),  // 4: bettercompute.compute.v1.HealthResponse
 	(*HealthCheck)(nil),     // 5: bettercompute.compute.v1.HealthCheck
+	(*WhoAmIRequest)(nil),   // 6: bettercompute.compute.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),  // 7: bettercompute.compute.v1.WhoAmIResponse
 }
 var file_bettercompute_compute_v1_system_proto_depIdxs = []int32{
 	0, // 0: bettercompute.compute.v1.HealthResponse.status:type_name -> bettercompute.compute.v1.HealthStatus
 	5, // 1: bettercompute.compute.v1.HealthResponse.checks:type_name -> bettercompute.compute.v1.HealthCheck
 	1, // 2: bettercompute.compute.v1.SystemService.Version:input_type -> bettercompute.compute.v1.VersionRequest
 	3, // 3: bettercompute.compute.v1.SystemService.Health:input_type -> bettercompute.compute.v1.HealthRequest
-	2, // 4: bettercompute.compute.v1.SystemService.Version:output_type -> bettercompute.compute.v1.VersionResponse
-	4, // 5: bettercompute.compute.v1.SystemService.Health:output_type -> bettercompute.compute.v1.HealthResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
+	6, // 4: bettercompute.compute.v1.SystemService.WhoAmI:input_type -> bettercompute.compute.v1.WhoAmIRequest
+	2, // 5: bettercompute.compute.v1.SystemService.Version:output_type -> bettercompute.compute.v1.VersionResponse
+	4, // 6: bettercompute.compute.v1.SystemService.Health:output_type -> bettercompute.compute.v1.HealthResponse
+	7, // 7: bettercompute.compute.v1.SystemService.WhoAmI:output_type -> bettercompute.compute.v1.WhoAmIResponse
+	5, // [5:8] is the sub-list for method output_type
+	2, // [2:5] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
 	2, // [2:2] is the sub-list for extension extendee
 	0, // [0:2] is the sub-list for field type_name
@@ -433,7 +565,7 @@ func file_bettercompute_compute_v1_system_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_system_proto_rawDesc), len(file_bettercompute_compute_v1_system_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

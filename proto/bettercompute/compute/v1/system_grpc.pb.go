@@ -26,6 +26,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	SystemService_Version_FullMethodName = "/bettercompute.compute.v1.SystemService/Version"
 	SystemService_Health_FullMethodName  = "/bettercompute.compute.v1.SystemService/Health"
+	SystemService_WhoAmI_FullMethodName  = "/bettercompute.compute.v1.SystemService/WhoAmI"
 )
 
 // SystemServiceClient is the client API for SystemService service.
@@ -42,6 +43,11 @@ type SystemServiceClient interface {
 	// Health reports the overall health of the serving process and the result
 	// of each of its dependency checks (database, message bus, ...).
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
+	// WhoAmI returns the authenticated caller: its identity, tenant and the
+	// key it used. It needs a credential and action compute:system:whoami on
+	// the caller's own tenant, and reads nothing else: a cheap way to check a
+	// credential.
+	WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error)
 }
 
 type systemServiceClient struct {
@@ -72,6 +78,16 @@ func (c *systemServiceClient) Health(ctx context.Context, in *HealthRequest, opt
 	return out, nil
 }
 
+func (c *systemServiceClient) WhoAmI(ctx context.Context, in *WhoAmIRequest, opts ...grpc.CallOption) (*WhoAmIResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WhoAmIResponse)
+	err := c.cc.Invoke(ctx, SystemService_WhoAmI_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SystemServiceServer is the server API for SystemService service.
 // All implementations must embed UnimplementedSystemServiceServer
 // for forward compatibility.
@@ -86,6 +102,11 @@ type SystemServiceServer interface {
 	// Health reports the overall health of the serving process and the result
 	// of each of its dependency checks (database, message bus, ...).
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
+	// WhoAmI returns the authenticated caller: its identity, tenant and the
+	// key it used. It needs a credential and action compute:system:whoami on
+	// the caller's own tenant, and reads nothing else: a cheap way to check a
+	// credential.
+	WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error)
 	mustEmbedUnimplementedSystemServiceServer()
 }
 
@@ -101,6 +122,9 @@ func (UnimplementedSystemServiceServer) Version(context.Context, *VersionRequest
 }
 func (UnimplementedSystemServiceServer) Health(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Health not implemented")
+}
+func (UnimplementedSystemServiceServer) WhoAmI(context.Context, *WhoAmIRequest) (*WhoAmIResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WhoAmI not implemented")
 }
 func (UnimplementedSystemServiceServer) mustEmbedUnimplementedSystemServiceServer() {}
 func (UnimplementedSystemServiceServer) testEmbeddedByValue()                       {}
@@ -159,6 +183,24 @@ func _SystemService_Health_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SystemService_WhoAmI_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WhoAmIRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SystemServiceServer).WhoAmI(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SystemService_WhoAmI_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SystemServiceServer).WhoAmI(ctx, req.(*WhoAmIRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SystemService_ServiceDesc is the grpc.ServiceDesc for SystemService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -173,6 +215,10 @@ var SystemService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Health",
 			Handler:    _SystemService_Health_Handler,
+		},
+		{
+			MethodName: "WhoAmI",
+			Handler:    _SystemService_WhoAmI_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,81 @@
+package authz_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestDecide(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	for _, id := range []string{"acme", "acme.ml"} {
+		if _, err := iam.CreateTenant(ctx, db, iam.Tenant{ID: id, ParentID: iam.Parent(id), Name: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put := func(tenant, name, body string) {
+		t.Helper()
+		if _, err := authz.PutPolicy(ctx, db, authz.Policy{TenantID: tenant, Name: name, Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	az := authz.New(db)
+	alice := iam.Principal{IdentityID: "idn_alice", TenantID: "acme", Kind: "user", Name: "alice"}
+	rootP := iam.Principal{IdentityID: "idn_root", TenantID: "root", Kind: "user", Name: "root-admin"}
+	pool := authz.Resource{Type: authz.TypePool, ID: "pool_1", TenantID: "acme.ml", Labels: map[string]string{"env": "prod"}}
+	allowed := func(p iam.Principal, a authz.Action, r authz.Resource) bool {
+		t.Helper()
+		d, err := az.Decide(ctx, nil, p, a, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Allowed
+	}
+
+	if allowed(alice, authz.PoolsGet, pool) || allowed(rootP, authz.PoolsGet, pool) {
+		t.Fatal("no policy must deny")
+	}
+	put("root", "admins", `permit (principal, action, resource) when { principal.tenant == Tenant::"root" };`)
+	if !allowed(rootP, authz.PoolsGet, pool) || allowed(alice, authz.PoolsGet, pool) {
+		t.Fatal("root's policy is for root's own identities")
+	}
+	put("acme", "members", `permit (principal in Tenant::"acme", action, resource in Tenant::"acme");`)
+	if !allowed(alice, authz.PoolsGet, pool) {
+		t.Fatal("acme's policy covers acme.ml's resources")
+	}
+	put("acme.ml", "no-prod-exec", `forbid (principal, action == Action::"compute:nodes:exec", resource) when { resource.labels.env == "prod" };`)
+	if allowed(alice, authz.NodesExec, pool) || allowed(rootP, authz.NodesExec, pool) || !allowed(alice, authz.PoolsGet, pool) {
+		t.Fatal("the forbid denies exec only")
+	}
+	err := az.Authorize(ctx, nil, alice, authz.NodesExec, pool)
+	if fe, ok := fault.As(err); !ok || fe.Code != fault.AccessDenied || !strings.Contains(fe.Message, `Pool::"pool_1"`) {
+		t.Fatalf("Authorize = %v", err)
+	}
+	other := authz.Resource{Type: authz.TypePool, ID: "pool_2", TenantID: "root"}
+	if allowed(alice, authz.PoolsGet, other) {
+		t.Fatal("acme's policy does not reach root's resources")
+	}
+}
+
+func TestParse(t *testing.T) {
+	t.Parallel()
+	_, err := authz.Parse("p", "permit (principal, action, resource);\npermit (principal action, resource);")
+	fe, ok := fault.As(err)
+	if !ok || fe.Code != fault.InvalidInput || fe.Field != "body" || !strings.Contains(fe.Message, "line 2, column") {
+		t.Fatalf("Parse = %v", err)
+	}
+	if _, err := authz.Parse("p", "  "); fault.CodeOf(err) != fault.InvalidInput {
+		t.Fatalf("empty: %v", err)
+	}
+	if err := authz.CheckKnown(authz.PoolsCreate, "compute:bogus"); err == nil || !strings.Contains(err.Error(), "compute:bogus") {
+		t.Fatalf("CheckKnown = %v", err)
+	}
+}

@@ -1,0 +1,115 @@
+// Package authz decides whether a principal may take an action on a resource,
+// with Cedar policies (github.com/cedar-policy/cedar-go) attached to tenants,
+// over the authorization projection: one row per resource giving its type,
+// id, tenant, pool and labels.
+//
+// The Cedar model:
+//
+//   - principal: Identity::"idn_…", a member of Tenant::"<its tenant>", with
+//     attributes tenant (an entity), kind ("user" or "service") and name.
+//   - action: Action::"compute:<group>:<verb>", one of [Catalog].
+//   - resource: <Type>::"<id>" (Pool, Tenant, Identity, ApiKey, Policy, …),
+//     in Tenant::"<its tenant>" (and in Pool::"<pool>" when it has one), with
+//     attributes tenant, labels (a record) and, when set, pool.
+//   - Tenant::"acme.ml" is in Tenant::"acme", which is in Tenant::"root". So
+//     `resource in Tenant::"acme"` covers acme's whole subtree, and so does
+//     `principal in Tenant::"acme"`; `principal.tenant == Tenant::"acme"`
+//     names acme's own members only.
+//
+// A decision evaluates the policies attached to the resource's tenant and to
+// each of its ancestors: Cedar's rules apply (any matching forbid denies;
+// otherwise a matching permit allows; otherwise deny).
+package authz
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Action names one thing a caller may be allowed to do.
+type Action string
+
+// The catalog's actions, one per API verb (later issues add theirs here).
+const (
+	SystemVersion Action = "compute:system:version"
+	SystemHealth  Action = "compute:system:health"
+	SystemWhoAmI  Action = "compute:system:whoami"
+
+	TenantsCreate Action = "compute:tenants:create"
+	TenantsGet    Action = "compute:tenants:get"
+	TenantsList   Action = "compute:tenants:list"
+
+	IdentitiesCreate Action = "compute:identities:create"
+	IdentitiesList   Action = "compute:identities:list"
+	IdentitiesRevoke Action = "compute:identities:revoke"
+
+	APIKeysCreate Action = "compute:api-keys:create"
+	APIKeysList   Action = "compute:api-keys:list"
+	APIKeysRevoke Action = "compute:api-keys:revoke"
+
+	PoliciesPut    Action = "compute:policies:put"
+	PoliciesGet    Action = "compute:policies:get"
+	PoliciesList   Action = "compute:policies:list"
+	PoliciesDelete Action = "compute:policies:delete"
+
+	PoolsCreate Action = "compute:pools:create"
+	PoolsGet    Action = "compute:pools:get"
+	PoolsList   Action = "compute:pools:list"
+	PoolsUpdate Action = "compute:pools:update"
+
+	AuditList Action = "compute:audit:list"
+
+	NodesGet   Action = "compute:nodes:get"
+	NodesList  Action = "compute:nodes:list"
+	NodesDrain Action = "compute:nodes:drain"
+	NodesExec  Action = "compute:nodes:exec"
+
+	CommandsRun  Action = "compute:commands:run"
+	CommandsGet  Action = "compute:commands:get"
+	CommandsList Action = "compute:commands:list"
+
+	JoinTokensCreate Action = "compute:join-tokens:create"
+	JoinTokensList   Action = "compute:join-tokens:list"
+	JoinTokensRevoke Action = "compute:join-tokens:revoke"
+
+	ReservationsCreate Action = "compute:reservations:create"
+	ReservationsGet    Action = "compute:reservations:get"
+	ReservationsList   Action = "compute:reservations:list"
+	ReservationsCancel Action = "compute:reservations:cancel"
+)
+
+// catalog is every action, in a stable order.
+var catalog = []Action{
+	SystemVersion, SystemHealth, SystemWhoAmI,
+	TenantsCreate, TenantsGet, TenantsList,
+	IdentitiesCreate, IdentitiesList, IdentitiesRevoke,
+	APIKeysCreate, APIKeysList, APIKeysRevoke,
+	PoliciesPut, PoliciesGet, PoliciesList, PoliciesDelete,
+	PoolsCreate, PoolsGet, PoolsList, PoolsUpdate,
+	AuditList,
+	NodesGet, NodesList, NodesDrain, NodesExec,
+	CommandsRun, CommandsGet, CommandsList,
+	JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
+	ReservationsCreate, ReservationsGet, ReservationsList, ReservationsCancel,
+}
+
+// Catalog returns every action, in a stable order.
+func Catalog() []Action { return slices.Clone(catalog) }
+
+// Known reports whether a is in the catalog.
+func Known(a Action) bool { return slices.Contains(catalog, a) }
+
+// CheckKnown returns an error naming every action in as that is missing from
+// the catalog.
+func CheckKnown(as ...Action) error {
+	var missing []Action
+	for _, a := range as {
+		if !Known(a) {
+			missing = append(missing, a)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("actions missing from the catalog: %v", missing)
+	}
+	return nil
+}

@@ -1,0 +1,47 @@
+// Package outbox writes events to the transactional outbox: a row per event,
+// in the same transaction as the change it reports, which the outbox relay
+// later publishes to JetStream (stream BC_EVENTS, subject
+// bc.events.<tenant>.<type>, message id = row id).
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Querier runs statements: a pool, a connection or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Event is one committed fact others may care about.
+type Event struct {
+	// TenantID is the tenant the event belongs to.
+	TenantID string
+	// Type is a dotted name, e.g. "pool.created".
+	Type string
+	// Payload is marshalled to JSON; nil is {}.
+	Payload any
+}
+
+// Subject is the JetStream subject of an event.
+func Subject(tenant, typ string) string { return "bc.events." + tenant + "." + typ }
+
+// Write inserts e and returns its id. Call it inside the transaction that
+// makes the change e reports.
+func Write(ctx context.Context, q Querier, e Event) (int64, error) {
+	payload := e.Payload
+	if payload == nil {
+		payload = map[string]any{}
+	}
+	var id int64
+	err := q.QueryRow(ctx, `
+		INSERT INTO outbox (tenant_id, type, subject, payload) VALUES ($1, $2, $3, $4) RETURNING id`,
+		e.TenantID, e.Type, Subject(e.TenantID, e.Type), payload).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("write outbox event %s: %w", e.Type, err)
+	}
+	return id, nil
+}

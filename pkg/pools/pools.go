@@ -1,0 +1,126 @@
+// Package pools stores pools: named sets of capacity in a tenant, each of one
+// class (gpu servers, VPS hosts, or a provider's capacity).
+package pools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+)
+
+// Querier runs statements: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Classes of pool.
+const (
+	ClassGPU      = "gpu"
+	ClassVPSHost  = "vps-host"
+	ClassProvider = "provider"
+)
+
+// Classes lists every class.
+var Classes = []string{ClassGPU, ClassVPSHost, ClassProvider}
+
+// ValidClass reports whether c is a class.
+func ValidClass(c string) bool { return slices.Contains(Classes, c) }
+
+// Pool is one pool.
+type Pool struct {
+	ID          string
+	TenantID    string
+	Name        string
+	Class       string
+	Description string
+	Labels      map[string]string
+	Generation  int64
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+const cols = `id, tenant_id, name, class, description, labels, generation, created_at, updated_at`
+
+func scan(r pgx.Row) (Pool, error) {
+	var p Pool
+	err := r.Scan(&p.ID, &p.TenantID, &p.Name, &p.Class, &p.Description, &p.Labels, &p.Generation, &p.CreatedAt, &p.UpdatedAt)
+	return p, err
+}
+
+// Create inserts p. A name taken in the tenant is CONFLICT on "name".
+func Create(ctx context.Context, q Querier, p Pool) (Pool, error) {
+	if p.Labels == nil {
+		p.Labels = map[string]string{}
+	}
+	out, err := scan(q.QueryRow(ctx, `
+		INSERT INTO pools (id, tenant_id, name, class, description, labels)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING `+cols,
+		p.ID, p.TenantID, p.Name, p.Class, p.Description, p.Labels))
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" {
+		return Pool{}, fault.New(fault.Conflict, "name", "a pool named %q already exists in tenant %s", p.Name, p.TenantID)
+	}
+	if err != nil {
+		return Pool{}, fmt.Errorf("insert pool: %w", err)
+	}
+	return out, nil
+}
+
+// Get reads one pool of tenant; NOT_FOUND otherwise.
+func Get(ctx context.Context, q Querier, tenant, id string) (Pool, error) {
+	p, err := scan(q.QueryRow(ctx, `SELECT `+cols+` FROM pools WHERE tenant_id = $1 AND id = $2`, tenant, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Pool{}, fault.New(fault.NotFound, "id", "pool %q not found in tenant %s", id, tenant)
+	}
+	if err != nil {
+		return Pool{}, fmt.Errorf("read pool %s: %w", id, err)
+	}
+	return p, nil
+}
+
+// List returns up to limit pools of tenant (of one class when class is not
+// empty) with ids after after, in id order.
+func List(ctx context.Context, q Querier, tenant, class, after string, limit int) ([]Pool, error) {
+	rows, err := q.Query(ctx, `SELECT `+cols+` FROM pools
+		WHERE tenant_id = $1 AND ($2 = '' OR class = $2) AND id > $3 ORDER BY id LIMIT $4`, tenant, class, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list pools: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Pool, error) { return scan(r) })
+}
+
+// Update is a change to a pool; nil fields are kept.
+type Update struct {
+	Description *string
+	Labels      map[string]string
+	SetLabels   bool
+}
+
+// Apply changes the pool and bumps its generation.
+func Apply(ctx context.Context, q Querier, tenant, id string, u Update) (Pool, error) {
+	labels := u.Labels
+	if u.SetLabels && labels == nil {
+		labels = map[string]string{}
+	}
+	p, err := scan(q.QueryRow(ctx, `
+		UPDATE pools SET
+			description = coalesce($3, description),
+			labels = CASE WHEN $4 THEN $5::jsonb ELSE labels END,
+			generation = generation + 1, updated_at = now()
+		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Pool{}, fault.New(fault.NotFound, "id", "pool %q not found in tenant %s", id, tenant)
+	}
+	if err != nil {
+		return Pool{}, fmt.Errorf("update pool %s: %w", id, err)
+	}
+	return p, nil
+}

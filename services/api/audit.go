@@ -1,0 +1,69 @@
+package api
+
+import (
+	"context"
+	"strconv"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/audit"
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+)
+
+// auditLog implements computev1.AuditServiceServer.
+type auditLog struct {
+	*Server
+	computev1.UnimplementedAuditServiceServer
+}
+
+func (s *auditLog) List(ctx context.Context, req *computev1.AuditServiceListRequest) (*computev1.AuditServiceListResponse, error) {
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeCursor(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	f := audit.Filter{
+		TenantID: req.GetTenantId(), Actor: req.GetActor(), Action: req.GetAction(),
+		Resource: req.GetResource(), Decision: req.GetDecision(), Limit: size,
+	}
+	if after != "" {
+		if f.BeforeID, err = strconv.ParseInt(after, 10, 64); err != nil {
+			return nil, fault.New(fault.InvalidInput, "pageToken", "not a page token from this API")
+		}
+	}
+	if d := f.Decision; d != "" && d != audit.Allow && d != audit.Deny {
+		return nil, fault.New(fault.InvalidInput, "decision", "expected allow or deny, got %q", d)
+	}
+	if req.StartTime != nil {
+		f.Since = req.GetStartTime().AsTime()
+	}
+	if req.EndTime != nil {
+		f.Until = req.GetEndTime().AsTime()
+	}
+	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
+		return nil, err
+	}
+	rs, err := audit.List(ctx, s.db, f)
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.AuditServiceListResponse{}
+	for _, r := range rs {
+		detail, _ := structpb.NewStruct(r.Detail)
+		out.Records = append(out.Records, &computev1.AuditRecord{
+			Id: strconv.FormatInt(r.ID, 10), Time: ts(r.At), TenantId: r.TenantID, Actor: r.Actor,
+			ActorTenantId: r.ActorTenantID, Action: r.Action, Resource: r.Resource, Decision: r.Decision,
+			RequestId: r.RequestID, Method: r.Method, Detail: detail,
+		})
+	}
+	if len(rs) > 0 {
+		out.NextPageToken = nextCursor(len(rs), size, strconv.FormatInt(rs[len(rs)-1].ID, 10))
+	}
+	return out, nil
+}

@@ -1,0 +1,188 @@
+package api_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/services/api"
+)
+
+func TestGroups(t *testing.T) {
+	t.Parallel()
+	h := setup(t, api.Tuning{})
+	ctx := as(h.root)
+	tenants := computev1.NewTenantsServiceClient(h.conn)
+	idents := computev1.NewIdentitiesServiceClient(h.conn)
+	keys := computev1.NewApiKeysServiceClient(h.conn)
+	pols := computev1.NewPoliciesServiceClient(h.conn)
+	pools := computev1.NewPoolsServiceClient(h.conn)
+	auditLog := computev1.NewAuditServiceClient(h.conn)
+
+	t.Run("tenants create, get and list in pages", func(t *testing.T) {
+		for i := range 5 {
+			if _, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", Id: fmt.Sprintf("t%d", i), Labels: map[string]string{"n": fmt.Sprint(i)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", Id: "t0"})
+		wantCode(t, err, fault.Conflict, "id")
+		if _, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "t0", Id: "t0.child", Name: "Child"}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := tenants.Get(ctx, &computev1.TenantsServiceGetRequest{TenantId: "t0.child"})
+		if err != nil || got.GetTenant().GetParentId() != "t0" || got.GetTenant().GetName() != "Child" {
+			t.Fatalf("get %v %v", got, err)
+		}
+		var seen []string
+		tok := ""
+		for {
+			page, err := tenants.List(ctx, &computev1.TenantsServiceListRequest{TenantId: "root", PageSize: 2, PageToken: tok})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range page.GetTenants() {
+				seen = append(seen, x.GetId())
+			}
+			if tok = page.GetNextPageToken(); tok == "" {
+				break
+			}
+		}
+		if fmt.Sprint(seen) != "[t0 t1 t2 t3 t4]" {
+			t.Fatalf("paged children of root: %v", seen)
+		}
+	})
+
+	var identID string
+	t.Run("identities create, list and revoke", func(t *testing.T) {
+		resp, err := idents.Create(ctx, &computev1.IdentitiesServiceCreateRequest{TenantId: "t1", Name: "deploy-bot", Kind: "service"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		identID = resp.GetIdentity().GetId()
+		_, err = idents.Create(ctx, &computev1.IdentitiesServiceCreateRequest{TenantId: "t1", Name: "deploy-bot"})
+		wantCode(t, err, fault.Conflict, "name")
+		_, err = idents.Create(ctx, &computev1.IdentitiesServiceCreateRequest{TenantId: "t1", Name: "x", Kind: "robot"})
+		wantCode(t, err, fault.InvalidInput, "kind")
+		list, err := idents.List(ctx, &computev1.IdentitiesServiceListRequest{TenantId: "t1"})
+		if err != nil || len(list.GetIdentities()) != 1 || list.GetIdentities()[0].GetKind() != "service" {
+			t.Fatalf("list %v %v", list, err)
+		}
+	})
+
+	t.Run("apiKeys create shows the secret once; list and revoke", func(t *testing.T) {
+		req := &computev1.ApiKeysServiceCreateRequest{TenantId: "t1", IdentityId: identID, Name: "ci", IdempotencyKey: "key-1"}
+		first, err := keys.Create(ctx, req)
+		if err != nil || first.GetSecret() == "" {
+			t.Fatalf("create %v %v", first, err)
+		}
+		replay, err := keys.Create(ctx, req)
+		if err != nil || replay.GetSecret() != "" || replay.GetApiKey().GetId() != first.GetApiKey().GetId() {
+			t.Fatalf("a replay names the key without its secret: %v %v", replay, err)
+		}
+		var stored int
+		if err := h.db.QueryRow(t.Context(), `SELECT count(*) FROM idempotency WHERE response::text LIKE '%' || $1 || '%'`, first.GetSecret()[20:]).Scan(&stored); err != nil || stored != 0 {
+			t.Fatalf("the secret is stored: %d %v", stored, err)
+		}
+		list, err := keys.List(ctx, &computev1.ApiKeysServiceListRequest{TenantId: "t1", IdentityId: identID})
+		if err != nil || len(list.GetApiKeys()) != 1 {
+			t.Fatalf("list %v %v", list, err)
+		}
+		rev, err := keys.Revoke(ctx, &computev1.ApiKeysServiceRevokeRequest{TenantId: "t1", Id: first.GetApiKey().GetId()})
+		if err != nil || rev.GetApiKey().GetRevokeTime() == nil {
+			t.Fatalf("revoke %v %v", rev, err)
+		}
+		_, err = keys.Revoke(ctx, &computev1.ApiKeysServiceRevokeRequest{TenantId: "t2", Id: first.GetApiKey().GetId()})
+		wantCode(t, err, fault.NotFound, "id")
+		rid, err := idents.Revoke(ctx, &computev1.IdentitiesServiceRevokeRequest{TenantId: "t1", Id: identID})
+		if err != nil || rid.GetIdentity().GetRevokeTime() == nil {
+			t.Fatalf("revoke identity %v %v", rid, err)
+		}
+		_, err = keys.Create(ctx, &computev1.ApiKeysServiceCreateRequest{TenantId: "t1", IdentityId: identID})
+		wantCode(t, err, fault.NotFound, "identityId")
+	})
+
+	t.Run("policies put, get, list and delete", func(t *testing.T) {
+		p1, err := pols.Put(ctx, &computev1.PoliciesServicePutRequest{TenantId: "t2", Name: "readers", Body: `permit (principal in Tenant::"t2", action == Action::"compute:pools:get", resource);`})
+		if err != nil || p1.GetPolicy().GetVersion() != 1 {
+			t.Fatalf("put %v %v", p1, err)
+		}
+		p2, err := pols.Put(ctx, &computev1.PoliciesServicePutRequest{TenantId: "t2", Name: "readers", Body: `permit (principal in Tenant::"t2", action in [Action::"compute:pools:get", Action::"compute:pools:list"], resource);`})
+		if err != nil || p2.GetPolicy().GetVersion() != 2 {
+			t.Fatalf("second put %v %v", p2, err)
+		}
+		got, err := pols.Get(ctx, &computev1.PoliciesServiceGetRequest{TenantId: "t2", Name: "readers"})
+		if err != nil || got.GetPolicy().GetBody() != p2.GetPolicy().GetBody() {
+			t.Fatalf("get %v %v", got, err)
+		}
+		list, err := pols.List(ctx, &computev1.PoliciesServiceListRequest{TenantId: "t2"})
+		if err != nil || len(list.GetPolicies()) != 1 {
+			t.Fatalf("list %v %v", list, err)
+		}
+		if _, err := pols.Delete(ctx, &computev1.PoliciesServiceDeleteRequest{TenantId: "t2", Name: "readers"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = pols.Delete(ctx, &computev1.PoliciesServiceDeleteRequest{TenantId: "t2", Name: "readers"})
+		wantCode(t, err, fault.NotFound, "name")
+	})
+
+	t.Run("pools create, get, list by class and update", func(t *testing.T) {
+		code, body := h.rest(t, h.root, "pools/create", `{"tenantId":"t3","name":"hosts","class":"vps-host","labels":{"zone":"a"}}`)
+		if code != http.StatusOK {
+			t.Fatalf("%d %v", code, body)
+		}
+		id := body["pool"].(map[string]any)["id"].(string)
+		if _, err := pools.Create(ctx, &computev1.PoolsServiceCreateRequest{TenantId: "t3", Name: "gpus", Class: "gpu"}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "t3", Id: id})
+		if err != nil || got.GetPool().GetClass() != "vps-host" || got.GetPool().GetLabels()["zone"] != "a" {
+			t.Fatalf("get %v %v", got, err)
+		}
+		_, err = pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "t4", Id: id})
+		wantCode(t, err, fault.NotFound, "id")
+		list, err := pools.List(ctx, &computev1.PoolsServiceListRequest{TenantId: "t3", Class: "gpu"})
+		if err != nil || len(list.GetPools()) != 1 || list.GetPools()[0].GetName() != "gpus" {
+			t.Fatalf("list %v %v", list, err)
+		}
+		up, err := pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{
+			TenantId: "t3", Id: id, Description: "hosts in zone b", Labels: map[string]string{"zone": "b"},
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"description", "labels"}},
+		})
+		if err != nil || up.GetPool().GetGeneration() != 2 || up.GetPool().GetLabels()["zone"] != "b" {
+			t.Fatalf("update %v %v", up, err)
+		}
+		var labels string
+		if err := h.db.QueryRow(t.Context(), `SELECT labels->>'zone' FROM authz_projection WHERE type = 'Pool' AND id = $1`, id).Scan(&labels); err != nil || labels != "b" {
+			t.Fatalf("the projection follows the labels: %q %v", labels, err)
+		}
+		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"class"}}})
+		wantCode(t, err, fault.InvalidInput, "updateMask")
+	})
+
+	t.Run("audit lists with filters and pages", func(t *testing.T) {
+		all, err := auditLog.List(ctx, &computev1.AuditServiceListRequest{TenantId: "t3", Action: "compute:pools:create"})
+		if err != nil || len(all.GetRecords()) != 2 {
+			t.Fatalf("filtered %v %v", all, err)
+		}
+		r := all.GetRecords()[0]
+		if r.GetDecision() != "allow" || r.GetActorTenantId() != "root" || r.GetMethod() != computev1.PoolsService_Create_FullMethodName {
+			t.Fatalf("record %v", r)
+		}
+		page1, err := auditLog.List(ctx, &computev1.AuditServiceListRequest{TenantId: "t3", PageSize: 2})
+		if err != nil || len(page1.GetRecords()) != 2 || page1.GetNextPageToken() == "" {
+			t.Fatalf("page 1 %v %v", page1, err)
+		}
+		page2, err := auditLog.List(ctx, &computev1.AuditServiceListRequest{TenantId: "t3", PageSize: 2, PageToken: page1.GetNextPageToken()})
+		if err != nil || len(page2.GetRecords()) != 1 || page2.GetRecords()[0].GetAction() != "compute:pools:create" {
+			t.Fatalf("page 2 %v %v", page2, err)
+		}
+		_, err = auditLog.List(ctx, &computev1.AuditServiceListRequest{TenantId: "t3", Decision: "maybe"})
+		wantCode(t, err, fault.InvalidInput, "decision")
+	})
+}

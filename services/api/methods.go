@@ -1,0 +1,87 @@
+package api
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/authz"
+)
+
+// Method is what the API knows about one RPC before its handler runs.
+type Method struct {
+	// Action is the catalog action the method is authorized as.
+	Action authz.Action
+	// Anonymous methods need no credential (version, health). They still
+	// declare an action, so the catalog names everything the API does.
+	Anonymous bool
+}
+
+// APIPackage is the proto package whose services must all be registered.
+const APIPackage = "bettercompute.compute.v1"
+
+var methods = map[string]Method{
+	computev1.SystemService_Version_FullMethodName: {Action: authz.SystemVersion, Anonymous: true},
+	computev1.SystemService_Health_FullMethodName:  {Action: authz.SystemHealth, Anonymous: true},
+	computev1.SystemService_WhoAmI_FullMethodName:  {Action: authz.SystemWhoAmI},
+
+	computev1.TenantsService_Create_FullMethodName: {Action: authz.TenantsCreate},
+	computev1.TenantsService_Get_FullMethodName:    {Action: authz.TenantsGet},
+	computev1.TenantsService_List_FullMethodName:   {Action: authz.TenantsList},
+
+	computev1.IdentitiesService_Create_FullMethodName: {Action: authz.IdentitiesCreate},
+	computev1.IdentitiesService_List_FullMethodName:   {Action: authz.IdentitiesList},
+	computev1.IdentitiesService_Revoke_FullMethodName: {Action: authz.IdentitiesRevoke},
+
+	computev1.ApiKeysService_Create_FullMethodName: {Action: authz.APIKeysCreate},
+	computev1.ApiKeysService_List_FullMethodName:   {Action: authz.APIKeysList},
+	computev1.ApiKeysService_Revoke_FullMethodName: {Action: authz.APIKeysRevoke},
+
+	computev1.PoliciesService_Put_FullMethodName:    {Action: authz.PoliciesPut},
+	computev1.PoliciesService_Get_FullMethodName:    {Action: authz.PoliciesGet},
+	computev1.PoliciesService_List_FullMethodName:   {Action: authz.PoliciesList},
+	computev1.PoliciesService_Delete_FullMethodName: {Action: authz.PoliciesDelete},
+
+	computev1.PoolsService_Create_FullMethodName: {Action: authz.PoolsCreate},
+	computev1.PoolsService_Get_FullMethodName:    {Action: authz.PoolsGet},
+	computev1.PoolsService_List_FullMethodName:   {Action: authz.PoolsList},
+	computev1.PoolsService_Update_FullMethodName: {Action: authz.PoolsUpdate},
+
+	computev1.AuditService_List_FullMethodName: {Action: authz.AuditList},
+}
+
+// Methods returns the method registry: every RPC of the API by full gRPC
+// method name ("/bettercompute.compute.v1.PoolsService/Create").
+func Methods() map[string]Method { return maps.Clone(methods) }
+
+// CheckMethods fails unless every method gs serves from [APIPackage] is in
+// the registry with an action from the catalog. It runs at start, so a
+// method cannot ship without an authorization action.
+func CheckMethods(gs *grpc.Server, registry map[string]Method) error {
+	var problems []string
+	for svc, info := range gs.GetServiceInfo() {
+		if !strings.HasPrefix(svc, APIPackage+".") {
+			continue
+		}
+		for _, m := range info.Methods {
+			full := "/" + svc + "/" + m.Name
+			entry, ok := registry[full]
+			switch {
+			case !ok || entry.Action == "":
+				problems = append(problems, full+" declares no action")
+			case !authz.Known(entry.Action):
+				problems = append(problems, fmt.Sprintf("%s declares action %q, which is missing from the catalog", full, entry.Action))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		slices.Sort(problems)
+		return fmt.Errorf("api method registry: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}

@@ -1,0 +1,168 @@
+package api
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/admission"
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/iam"
+	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
+)
+
+// pools implements computev1.PoolsServiceServer.
+type pools struct {
+	*Server
+	computev1.UnimplementedPoolsServiceServer
+}
+
+func poolPB(p poolstore.Pool) *computev1.Pool {
+	return &computev1.Pool{
+		Id: p.ID, TenantId: p.TenantID, Name: p.Name, Class: p.Class, Description: p.Description,
+		Labels: p.Labels, Generation: p.Generation, CreateTime: ts(p.CreatedAt), UpdateTime: ts(p.UpdatedAt),
+	}
+}
+
+func poolResource(p poolstore.Pool) *authz.Resource {
+	return &authz.Resource{Type: authz.TypePool, ID: p.ID, TenantID: p.TenantID, PoolID: p.ID, Labels: p.Labels}
+}
+
+// MaxDescription bounds a pool's description.
+const MaxDescription = 1024
+
+func (s *pools) Create(ctx context.Context, req *computev1.PoolsServiceCreateRequest) (*computev1.PoolsServiceCreateResponse, error) {
+	if err := validName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := required("class", req.GetClass()); err != nil {
+		return nil, err
+	}
+	if !poolstore.ValidClass(req.GetClass()) {
+		return nil, fault.New(fault.InvalidInput, "class", "expected one of %s, got %q", strings.Join(poolstore.Classes, ", "), req.GetClass())
+	}
+	if len(req.GetDescription()) > MaxDescription {
+		return nil, fault.New(fault.InvalidInput, "description", "at most %d bytes", MaxDescription)
+	}
+	if err := validLabels(req.GetLabels()); err != nil {
+		return nil, err
+	}
+	out := &computev1.PoolsServiceCreateResponse{}
+	_, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: authz.Resource{Type: authz.TypePool, TenantID: req.GetTenantId(), Labels: req.GetLabels()},
+		NewID:    func() string { return iam.NewID("pool") },
+		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+			p, err := poolstore.Create(ctx, tx, poolstore.Pool{
+				ID: id, TenantID: req.GetTenantId(), Name: req.GetName(), Class: req.GetClass(),
+				Description: req.GetDescription(), Labels: req.GetLabels(),
+			})
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			return outcome(&computev1.PoolsServiceCreateResponse{Pool: poolPB(p)}, "pool.created", poolResource(p))
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (s *pools) Get(ctx context.Context, req *computev1.PoolsServiceGetRequest) (*computev1.PoolsServiceGetResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetId(), "id")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
+		return nil, err
+	}
+	p, err := poolstore.Get(ctx, s.db, req.GetTenantId(), req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &computev1.PoolsServiceGetResponse{Pool: poolPB(p)}, nil
+}
+
+func (s *pools) List(ctx context.Context, req *computev1.PoolsServiceListRequest) (*computev1.PoolsServiceListResponse, error) {
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeCursor(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetClass() != "" && !poolstore.ValidClass(req.GetClass()) {
+		return nil, fault.New(fault.InvalidInput, "class", "expected one of %s, got %q", strings.Join(poolstore.Classes, ", "), req.GetClass())
+	}
+	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
+		return nil, err
+	}
+	ps, err := poolstore.List(ctx, s.db, req.GetTenantId(), req.GetClass(), after, size)
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.PoolsServiceListResponse{}
+	for _, p := range ps {
+		out.Pools = append(out.Pools, poolPB(p))
+	}
+	if len(ps) > 0 {
+		out.NextPageToken = nextCursor(len(ps), size, ps[len(ps)-1].ID)
+	}
+	return out, nil
+}
+
+func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateRequest) (*computev1.PoolsServiceUpdateResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	if len(req.GetUpdateMask().GetPaths()) == 0 {
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels)")
+	}
+	var u poolstore.Update
+	for _, path := range req.GetUpdateMask().GetPaths() {
+		switch path {
+		case "description":
+			if len(req.GetDescription()) > MaxDescription {
+				return nil, fault.New(fault.InvalidInput, "description", "at most %d bytes", MaxDescription)
+			}
+			d := req.GetDescription()
+			u.Description = &d
+		case "labels":
+			if err := validLabels(req.GetLabels()); err != nil {
+				return nil, err
+			}
+			u.Labels, u.SetLabels = req.GetLabels(), true
+		default:
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels can)", path)
+		}
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetId(), "id")
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.PoolsServiceUpdateResponse{}
+	err = s.mutate(ctx, admission.Mutation{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: res,
+		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+			p, err := poolstore.Apply(ctx, tx, req.GetTenantId(), req.GetId(), u)
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			return outcome(&computev1.PoolsServiceUpdateResponse{Pool: poolPB(p)}, "pool.updated", poolResource(p))
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -1,0 +1,101 @@
+package api
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/admission"
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/iam"
+)
+
+// tenants implements computev1.TenantsServiceServer.
+type tenants struct {
+	*Server
+	computev1.UnimplementedTenantsServiceServer
+}
+
+func tenantPB(t iam.Tenant) *computev1.Tenant {
+	return &computev1.Tenant{Id: t.ID, ParentId: t.ParentID, Name: t.Name, Labels: t.Labels, CreateTime: ts(t.CreatedAt)}
+}
+
+func (s *tenants) Create(ctx context.Context, req *computev1.TenantsServiceCreateRequest) (*computev1.TenantsServiceCreateResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	if !iam.ValidTenantID(req.GetId()) || !iam.ChildOf(req.GetId(), req.GetTenantId()) {
+		return nil, fault.New(fault.InvalidInput, "id", "%q is not a child id of %s: expected %s", req.GetId(), req.GetTenantId(), childExample(req.GetTenantId()))
+	}
+	if err := validLabels(req.GetLabels()); err != nil {
+		return nil, err
+	}
+	name := req.GetName()
+	if name == "" {
+		name = req.GetId()[strings.LastIndexByte(req.GetId(), '.')+1:]
+	}
+	out := &computev1.TenantsServiceCreateResponse{}
+	_, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: authz.Resource{Type: authz.TypeTenant, ID: req.GetId(), TenantID: req.GetId(), Labels: req.GetLabels()},
+		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+			t, err := iam.CreateTenant(ctx, tx, iam.Tenant{ID: id, ParentID: req.GetTenantId(), Name: name, Labels: req.GetLabels()})
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			return outcome(&computev1.TenantsServiceCreateResponse{Tenant: tenantPB(t)}, "tenant.created", nil)
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func childExample(parent string) string {
+	if parent == iam.RootTenant {
+		return "a segment such as \"acme\" (lowercase letters, digits, inner hyphens)"
+	}
+	return parent + ".<segment>"
+}
+
+func (s *tenants) Get(ctx context.Context, req *computev1.TenantsServiceGetRequest) (*computev1.TenantsServiceGetResponse, error) {
+	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
+		return nil, err
+	}
+	t, err := iam.GetTenant(ctx, s.db, req.GetTenantId())
+	if err != nil {
+		return nil, err
+	}
+	return &computev1.TenantsServiceGetResponse{Tenant: tenantPB(t)}, nil
+}
+
+func (s *tenants) List(ctx context.Context, req *computev1.TenantsServiceListRequest) (*computev1.TenantsServiceListResponse, error) {
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeCursor(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
+		return nil, err
+	}
+	ts, err := iam.ListTenants(ctx, s.db, req.GetTenantId(), after, size)
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.TenantsServiceListResponse{}
+	for _, t := range ts {
+		out.Tenants = append(out.Tenants, tenantPB(t))
+	}
+	if len(ts) > 0 {
+		out.NextPageToken = nextCursor(len(ts), size, ts[len(ts)-1].ID)
+	}
+	return out, nil
+}
