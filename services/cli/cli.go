@@ -129,6 +129,8 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		newServe(g, stderr),
 		newDev(g, stdout, stderr),
 		newProbe(stdout),
+		newAPI(stdout, stderr),
+		newBootstrap(g, stdout, stderr),
 	)
 	return root
 }
