@@ -3,3 +3,18 @@ module github.com/bettercompute/bettercompute/agent
 go 1.26.0
 
 replace github.com/bettercompute/bettercompute/proto => ../proto
+
+require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/bettercompute/bettercompute/proto v0.0.0
+	google.golang.org/grpc v1.85.0
+)
+
+require (
+	github.com/google/uuid v1.6.0 // indirect
+	golang.org/x/net v0.61.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)

@@ -1,40 +1,74 @@
-// Package bcd is the node daemon's command line: `bcd node`, `bcd join`,
-// `bcd site` and `bcd ramdisk`. This release has only `bcd version`; the others
-// answer that they are not built yet rather than pretending to run.
+// Package bcd is the node daemon's command line: `bcd join` redeems a join
+// token for the node's identity, `bcd node` holds the node's session with
+// the control plane; `bcd site` and `bcd ramdisk` answer that they are not
+// built yet rather than pretending to run.
+//
+// Every flag can also be set in the environment as BCD_<FLAG> (upper case,
+// dashes as underscores: --joinservice-key is BCD_JOINSERVICE_KEY); a flag
+// on the command line wins.
 //
 // The agent stays light: it never imports pgx or the control plane's packages
 // (a test guards its dependency list).
 package bcd
 
 import (
+	"cmp"
+	"context"
+	"crypto/x509"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strings"
+	"syscall"
+
+	"github.com/bettercompute/bettercompute/agent/inventory"
+	"github.com/bettercompute/bettercompute/agent/join"
+	"github.com/bettercompute/bettercompute/agent/session"
+	"github.com/bettercompute/bettercompute/agent/state"
 )
 
 // Version is set at link time (-X .../agent/bcd.Version=v0.1.0).
 var Version = ""
 
+// DefaultRoot is where bcd keeps its state unless --root says otherwise.
+const DefaultRoot = "/var/lib/bcd"
+
 // notBuilt are the subcommands later releases add.
 var notBuilt = map[string]string{
-	"node":    "run the node daemon (session, desired state, commands)",
-	"join":    "join this server to a control plane with a join token",
 	"site":    "run the site agent (PXE, image cache, BMC access)",
 	"ramdisk": "run the commissioning agent",
 }
 
 // Main runs bcd with args (without the program name) and returns the exit
-// code.
+// code. SIGINT and SIGTERM stop `bcd node`.
 func Main(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return Run(ctx, args, stdout, stderr)
+}
+
+// Run is Main under ctx: `bcd node` runs until ctx ends.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
 		return 0
 	}
+	var err error
 	switch cmd := args[0]; {
 	case cmd == "version":
 		fmt.Fprintf(stdout, "bcd %s (%s)\n", version(), runtime.Version())
 		return 0
+	case cmd == "join":
+		err = runJoin(ctx, args[1:], stdout, stderr)
+	case cmd == "node":
+		err = runNode(ctx, args[1:], stderr)
 	case notBuilt[cmd] != "":
 		fmt.Fprintf(stderr, "error: UNSUPPORTED: bcd %s is not built yet in this release\n", cmd)
 		return 1
@@ -43,13 +77,159 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "error: %v\n", err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "error: %v\n", err)
+		return 1
+	}
 }
 
+// usageError is a mistake in the command line (exit code 2).
+type usageError struct{ error }
+
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: bcd <command>\n\ncommands:\n  version   print the version")
-	for _, c := range []string{"join", "node", "site", "ramdisk"} {
+	fmt.Fprintln(w, `usage: bcd <command> [flags]
+
+commands:
+  version   print the version
+  join      join this server to a control plane with a join token
+  node      run the node daemon (session, inventory, certificate renewal)`)
+	for _, c := range []string{"site", "ramdisk"} {
 		fmt.Fprintf(w, "  %-9s %s (not built yet)\n", c, notBuilt[c])
 	}
+	fmt.Fprintln(w, "\nflags can be set as BCD_<FLAG> environment variables; `bcd <command> -h` lists them")
+}
+
+// flags is a FlagSet whose string flags default to BCD_* variables.
+type flags struct{ *flag.FlagSet }
+
+func newFlags(name string, stderr io.Writer) flags {
+	fs := flag.NewFlagSet("bcd "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return flags{fs}
+}
+
+func (f flags) str(name, def, help string) *string {
+	env := "BCD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	if v, ok := os.LookupEnv(env); ok {
+		def = v
+	}
+	return f.String(name, def, help+" ($"+env+")")
+}
+
+func (f flags) parse(args []string) error {
+	if err := f.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if f.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments %q", f.Args())}
+	}
+	return nil
+}
+
+func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("join", stderr)
+	token := f.str("token", "", "join token bcjt_<id>.<secret> (prefer the environment: flags show in ps)")
+	gateway := f.str("gateway", "", "gateway host:port")
+	root := f.str("root", DefaultRoot, "state directory")
+	keyFile := f.str("joinservice-key", "", "joinservice's HPKE public key: PEM PUBLIC KEY (X25519) or 32 bytes hex/base64 (default <root>/joinservice.pub)")
+	keyID := f.str("joinservice-key-id", "", "id of that key (default: the PEM's Key-Id header, else derived from the key)")
+	caFile := f.str("ca", "", "PEM CA certificates that sign the gateway's certificate (default: the system's roots)")
+	serverName := f.str("server-name", "", "name on the gateway's certificate (default: the host of --gateway)")
+	nvml := f.str("nvml", inventory.BackendReal, "NVML backend: real or mock")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	if *token == "" || *gateway == "" {
+		return usageError{errors.New("--token and --gateway are required")}
+	}
+	store, err := state.Open(*root)
+	if err != nil {
+		return err
+	}
+	if *keyFile == "" {
+		*keyFile = filepath.Join(*root, "joinservice.pub")
+	}
+	b, err := os.ReadFile(*keyFile)
+	if err != nil {
+		return fmt.Errorf("joinservice key: %w", err)
+	}
+	pub, pemID, err := join.ParsePublicKey(b)
+	if err != nil {
+		return err
+	}
+	var roots *x509.CertPool
+	if *caFile != "" {
+		pemCA, err := os.ReadFile(*caFile)
+		if err != nil {
+			return fmt.Errorf("ca: %w", err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pemCA) {
+			return fmt.Errorf("ca: no certificates in %s", *caFile)
+		}
+	}
+	inv, err := inventory.Open(inventory.Config{Backend: *nvml})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = inv.Close() }()
+	id, err := join.Join(ctx, join.Config{
+		Gateway: *gateway, ServerName: *serverName, RootCAs: roots, Token: *token,
+		JoinserviceKey: pub, JoinserviceKeyID: cmp.Or(*keyID, pemID), State: store, Claims: inv,
+	})
+	if err != nil {
+		return err
+	}
+	leaf, err := id.Leaf()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "joined as %s (certificate valid until %s); state in %s\n", id.NodeID, leaf.NotAfter.UTC().Format("2006-01-02 15:04:05Z"), store.Root())
+	return nil
+}
+
+func runNode(ctx context.Context, args []string, stderr io.Writer) error {
+	f := newFlags("node", stderr)
+	gateway := f.str("gateway", "", "gateway host:port")
+	root := f.str("root", DefaultRoot, "state directory (written by bcd join)")
+	serverName := f.str("server-name", "", "name on the gateway's certificate (default: the host of --gateway)")
+	nvml := f.str("nvml", inventory.BackendReal, "NVML backend: real or mock")
+	bootID := f.str("boot-id", "", "boot id (default: /proc/sys/kernel/random/boot_id)")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	if *gateway == "" {
+		return usageError{errors.New("--gateway is required")}
+	}
+	store, err := state.Open(*root)
+	if err != nil {
+		return err
+	}
+	boot, err := state.BootID(*bootID)
+	if err != nil {
+		return err
+	}
+	inv, err := inventory.Open(inventory.Config{Backend: *nvml})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = inv.Close() }()
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	return session.Run(ctx, session.Config{
+		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
+		BootID: boot, AgentVersion: version(), Logger: logger,
+	})
 }
 
 func version() string {

@@ -17,7 +17,12 @@ func TestMain_Commands(t *testing.T) {
 		out, err string
 	}{
 		{[]string{"version"}, 0, "bcd ", ""},
-		{[]string{"node"}, 1, "", "bcd node is not built yet"},
+		{[]string{"site"}, 1, "", "bcd site is not built yet"},
+		{[]string{"ramdisk"}, 1, "", "bcd ramdisk is not built yet"},
+		{[]string{"node"}, 2, "", "--gateway is required"},
+		{[]string{"join", "--gateway", "x:1"}, 2, "", "--token and --gateway are required"},
+		{[]string{"node", "--bogus"}, 2, "", "flag provided but not defined"},
+		{[]string{"join", "-h"}, 0, "", "-joinservice-key"},
 		{[]string{"bogus"}, 2, "", `unknown command "bogus"`},
 		{nil, 0, "usage: bcd", ""},
 	}

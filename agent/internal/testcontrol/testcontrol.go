@@ -1,0 +1,367 @@
+// Package testcontrol is a fake control plane for the agent's tests: a real
+// gRPC NodeService over real TLS with its own test CA. Join opens the
+// HPKE-sealed token with its private key and signs a SPIFFE certificate;
+// Renew and Session require the node certificate (mutual TLS). Tests watch
+// what the agent sends through channels and can close sessions.
+package testcontrol
+
+import (
+	"context"
+	"crypto/ecdh"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/hpke"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"math/big"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/bettercompute/bettercompute/agent/join"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// TrustDomain is the fake control plane's SPIFFE trust domain.
+const TrustDomain = "test.bettercompute"
+
+// ServerName is the DNS name on the gateway certificate (besides 127.0.0.1).
+const ServerName = "gateway.test"
+
+// Hello is a Hello as the fake gateway saw it, with the serial of the client
+// certificate that carried it.
+type Hello struct {
+	*agentv1.Hello
+	// Serial is the client certificate's serial number.
+	Serial *big.Int
+}
+
+// Server is the fake control plane. Set the exported knobs before the
+// agent calls.
+type Server struct {
+	agentv1.UnimplementedNodeServiceServer
+
+	// Addr is the listener's 127.0.0.1:port.
+	Addr string
+	// CA signs the gateway and node certificates.
+	CA *x509.Certificate
+	// Bundle is the trust bundle (the CA), DER.
+	Bundle [][]byte
+	// Token is the join token Join accepts.
+	Token string
+	// PublicKey is the HPKE (X25519) public key, raw; KeyID its id.
+	PublicKey []byte
+	// KeyID is join.KeyID(PublicKey).
+	KeyID string
+
+	// Hellos receives every Hello (buffered).
+	Hellos chan Hello
+	// Reports receives every InventoryReport (buffered).
+	Reports chan *agentv1.InventoryReport
+	// Renewed receives every certificate Renew issued (buffered).
+	Renewed chan *x509.Certificate
+	// Heartbeats counts heartbeats.
+	Heartbeats atomic.Int64
+	// Joins counts successful joins.
+	Joins atomic.Int64
+
+	caKey   *ecdsa.PrivateKey
+	hpkeKey hpke.PrivateKey
+
+	mu          sync.Mutex
+	joinTTL     func() (notBefore, notAfter time.Time)
+	heartbeatMS uint32
+	nextNode    int
+	epoch       int64
+	sessions    map[chan struct{}]bool
+}
+
+// Option changes how New builds the fake control plane.
+type Option func(*options)
+
+type options struct{ gatewayPath string }
+
+// WithGatewayPath sets the path of the gateway certificate's SPIFFE id
+// (default "/gateway/gw-test"); "" leaves the SPIFFE id out.
+func WithGatewayPath(p string) Option { return func(o *options) { o.gatewayPath = p } }
+
+// New starts a fake control plane on 127.0.0.1 and stops it with the test.
+func New(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	o := options{gatewayPath: "/gateway/gw-test"}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	hk, err := hpke.DHKEM(ecdh.X25519()).GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{
+		CA: ca, Bundle: [][]byte{caDER}, Token: "bcjt_test.secret",
+		PublicKey: hk.PublicKey().Bytes(), KeyID: join.KeyID(hk.PublicKey().Bytes()),
+		Hellos: make(chan Hello, 100), Reports: make(chan *agentv1.InventoryReport, 100), Renewed: make(chan *x509.Certificate, 100),
+		caKey: caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]bool{},
+	}
+
+	gwKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gwURIs []*url.URL
+	if o.gatewayPath != "" {
+		gwURIs = []*url.URL{{Scheme: "spiffe", Host: TrustDomain, Path: o.gatewayPath}}
+	}
+	gwDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		DNSNames:     []string{ServerName},
+		URIs:         gwURIs,
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}, ca, &gwKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	tlsCfg := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{{Certificate: [][]byte{gwDER}, PrivateKey: gwKey}},
+		ClientAuth:   tls.VerifyClientCertIfGiven, // Join comes without one
+		ClientCAs:    pool,
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Addr = lis.Addr().String()
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)))
+	agentv1.RegisterNodeServiceServer(gs, s)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return s
+}
+
+// RootCAs is the CA as a pool, for the agent's join.
+func (s *Server) RootCAs() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(s.CA)
+	return p
+}
+
+// SetJoinValidity makes Join issue certificates valid from notBefore to
+// notAfter, computed at each join (by default: now to now+24h).
+func (s *Server) SetJoinValidity(f func() (notBefore, notAfter time.Time)) {
+	s.mu.Lock()
+	s.joinTTL = f
+	s.mu.Unlock()
+}
+
+// KickSessions ends every open session from the server side and reports
+// how many it ended.
+func (s *Server) KickSessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for ch := range s.sessions {
+		close(ch)
+		delete(s.sessions, ch)
+		n++
+	}
+	return n
+}
+
+// Join implements agentv1.NodeServiceServer.
+func (s *Server) Join(_ context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
+	if req.GetJoinserviceKeyId() != s.KeyID {
+		return nil, status.Error(codes.InvalidArgument, "unknown joinservice key")
+	}
+	r, err := hpke.NewRecipient(req.GetEncapsulatedKey(), s.hpkeKey, hpke.HKDFSHA256(), hpke.AES128GCM(), []byte(join.Info))
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "bad encapsulated key")
+	}
+	tok, err := r.Open(nil, req.GetSealedToken())
+	if err != nil || string(tok) != s.Token {
+		return nil, status.Error(codes.Unauthenticated, "invalid join token")
+	}
+	csr, err := x509.ParseCertificateRequest(req.GetCsr())
+	if err != nil || csr.CheckSignature() != nil {
+		return nil, status.Error(codes.InvalidArgument, "bad CSR")
+	}
+	if len(req.GetClaims().GetGpus()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "no GPUs claimed")
+	}
+	s.mu.Lock()
+	s.nextNode++
+	nodeID := fmt.Sprintf("node_%d", s.nextNode)
+	nb, na := time.Now(), time.Now().Add(24*time.Hour)
+	if s.joinTTL != nil {
+		nb, na = s.joinTTL()
+	}
+	s.mu.Unlock()
+	der, err := s.issue(nodeID, csr.PublicKey, nb, na)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	s.Joins.Add(1)
+	return &agentv1.JoinResponse{NodeId: nodeID, CertificateChain: [][]byte{der}, TrustBundle: s.Bundle, SpiffeId: spiffeID(nodeID).String()}, nil
+}
+
+// Renew implements agentv1.NodeServiceServer: a 24-hour certificate for the
+// CSR's key, which must be the caller's.
+func (s *Server) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
+	leaf, nodeID, err := clientNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	csr, err := x509.ParseCertificateRequest(req.GetCsr())
+	if err != nil || csr.CheckSignature() != nil {
+		return nil, status.Error(codes.InvalidArgument, "bad CSR")
+	}
+	if pk, ok := csr.PublicKey.(*ecdsa.PublicKey); !ok || !pk.Equal(leaf.PublicKey) {
+		return nil, status.Error(codes.PermissionDenied, "CSR key is not the node key")
+	}
+	der, err := s.issue(nodeID, csr.PublicKey, time.Now(), time.Now().Add(24*time.Hour))
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	c, _ := x509.ParseCertificate(der)
+	s.Renewed <- c
+	return &agentv1.RenewResponse{CertificateChain: [][]byte{der}, TrustBundle: s.Bundle}, nil
+}
+
+// Session implements agentv1.NodeServiceServer: Hello (matching the
+// certificate's node id) first, then Welcome and an InventoryRequest for all
+// sections; heartbeats are counted and reports passed on until the session
+// is kicked or the node goes away.
+func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
+	leaf, nodeID, err := clientNode(stream.Context())
+	if err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return status.Error(codes.FailedPrecondition, "Hello must come first")
+	}
+	if hello.GetNodeId() != nodeID {
+		return status.Error(codes.PermissionDenied, "certificate is for another node")
+	}
+	s.Hellos <- Hello{Hello: hello, Serial: leaf.SerialNumber}
+	kick := make(chan struct{})
+	s.mu.Lock()
+	s.epoch++
+	epoch, hb := s.epoch, s.heartbeatMS
+	s.sessions[kick] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.sessions, kick)
+		s.mu.Unlock()
+	}()
+	if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Welcome{Welcome: &agentv1.Welcome{SessionEpoch: epoch, HeartbeatIntervalMs: hb, GatewayId: "gw-test"}}}); err != nil {
+		return err
+	}
+	if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_InventoryRequest{InventoryRequest: &agentv1.InventoryRequest{}}}); err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			switch {
+			case m.GetHeartbeat() != nil:
+				s.Heartbeats.Add(1)
+			case m.GetInventory() != nil:
+				s.Reports <- m.GetInventory()
+			}
+		}
+	}()
+	select {
+	case <-kick:
+		return status.Error(codes.Unavailable, "session closed by the test")
+	case err := <-errc:
+		return err
+	}
+}
+
+func (s *Server) issue(nodeID string, pub any, notBefore, notAfter time.Time) ([]byte, error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 64))
+	if err != nil {
+		return nil, err
+	}
+	return x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial,
+		NotBefore:    notBefore,
+		NotAfter:     notAfter,
+		URIs:         []*url.URL{spiffeID(nodeID)},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, s.CA, pub, s.caKey)
+}
+
+func spiffeID(nodeID string) *url.URL {
+	return &url.URL{Scheme: "spiffe", Host: TrustDomain, Path: "/node/" + nodeID}
+}
+
+// clientNode returns the verified client certificate and the node id in its
+// SPIFFE id.
+func clientNode(ctx context.Context) (*x509.Certificate, string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, "", status.Error(codes.Unauthenticated, "no peer")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 {
+		return nil, "", status.Error(codes.Unauthenticated, "a node certificate is required")
+	}
+	leaf := ti.State.VerifiedChains[0][0]
+	for _, u := range leaf.URIs {
+		if u.Scheme == "spiffe" && u.Host == TrustDomain {
+			if id, ok := strings.CutPrefix(u.Path, "/node/"); ok && id != "" {
+				return leaf, id, nil
+			}
+		}
+	}
+	return nil, "", status.Error(codes.PermissionDenied, "not a node certificate")
+}

@@ -1,0 +1,309 @@
+// Package inventory reports a node's hardware: its GPUs through NVML
+// (github.com/NVIDIA/go-nvml), the driver and CUDA versions, and host facts
+// (hostname, kernel, machine id, system serial).
+//
+// The NVML backend is chosen by configuration: BackendReal loads
+// libnvidia-ml.so, BackendMock is go-nvml's simulated DGX H200 (eight H200
+// GPUs, fresh UUIDs per Collector) for tests and simulated fleets.
+package inventory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// Backends selectable in Config.Backend.
+const (
+	// BackendReal is the NVIDIA driver's libnvidia-ml.so.
+	BackendReal = "real"
+	// BackendMock is go-nvml's mock DGX H200: eight H200 GPUs.
+	BackendMock = "mock"
+)
+
+// Sections a report can cover (InventoryRequest.sections).
+const (
+	// SectionGPUs is the GPU list.
+	SectionGPUs = "gpus"
+	// SectionHost is the host facts, driver and CUDA versions.
+	SectionHost = "host"
+)
+
+// ErrNVMLUnavailable is returned by Open when the real backend is selected
+// and the NVML library cannot be loaded or initialised (no driver, no GPU).
+var ErrNVMLUnavailable = errors.New("NVML not available")
+
+// Config selects the backend and overrides host facts. The zero value is the
+// real NVML library and the machine's own host facts.
+type Config struct {
+	// Backend is BackendReal (the default when empty) or BackendMock.
+	Backend string
+	// Hostname overrides os.Hostname (simulated nodes set their own).
+	Hostname string
+	// MachineID overrides /etc/machine-id.
+	MachineID string
+	// SystemSerial overrides /sys/class/dmi/id/product_serial.
+	SystemSerial string
+}
+
+// Collector reads inventory from one NVML backend. Its methods are safe for
+// concurrent use; Close releases the backend.
+type Collector struct {
+	cfg  Config
+	mu   sync.Mutex // serialises NVML calls and Close
+	lib  nvml.Interface
+	open bool
+}
+
+// Open initialises the backend cfg selects. For BackendReal without a usable
+// libnvidia-ml.so it returns an error wrapping ErrNVMLUnavailable.
+func Open(cfg Config) (*Collector, error) {
+	switch cfg.Backend {
+	case "", BackendReal:
+		return New(nvml.New(), cfg)
+	case BackendMock:
+		return New(NewMock(), cfg)
+	default:
+		return nil, fmt.Errorf("inventory: unknown NVML backend %q (want %q or %q)", cfg.Backend, BackendReal, BackendMock)
+	}
+}
+
+// New initialises lib, any NVML implementation, and returns a Collector over
+// it. cfg.Backend is ignored.
+func New(lib nvml.Interface, cfg Config) (c *Collector, err error) {
+	defer func() {
+		// go-nvml panics on some symbol lookups when the library is
+		// half-loaded; turn that into the same clear error.
+		if r := recover(); r != nil {
+			c, err = nil, fmt.Errorf("%w: %v", ErrNVMLUnavailable, r)
+		}
+	}()
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w: init: %s (is the NVIDIA driver installed? libnvidia-ml.so must be loadable)", ErrNVMLUnavailable, nvml.ErrorString(ret))
+	}
+	return &Collector{cfg: cfg, lib: lib, open: true}, nil
+}
+
+// Close shuts the backend down. It is safe to call more than once.
+func (c *Collector) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		return nil
+	}
+	c.open = false
+	if ret := c.lib.Shutdown(); ret != nvml.SUCCESS {
+		return fmt.Errorf("inventory: nvml shutdown: %s", nvml.ErrorString(ret))
+	}
+	return nil
+}
+
+// Report returns the sections asked for (SectionGPUs, SectionHost; empty
+// means all). Unknown sections are ignored.
+func (c *Collector) Report(ctx context.Context, sections []string) (*agentv1.InventoryReport, error) {
+	want := map[string]bool{}
+	for _, s := range sections {
+		want[s] = true
+	}
+	all := len(sections) == 0
+	r := &agentv1.InventoryReport{}
+	if all || want[SectionGPUs] {
+		gpus, err := c.GPUs(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r.Sections = append(r.Sections, SectionGPUs)
+		r.Gpus = gpus
+	}
+	if all || want[SectionHost] {
+		h, err := c.Host(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r.Sections = append(r.Sections, SectionHost)
+		r.Host = h
+	}
+	return r, nil
+}
+
+// Claims returns the hardware claims a node presents when it joins:
+// hostname, machine id, system serial (empty when unreadable) and GPUs.
+func (c *Collector) Claims(ctx context.Context) (*agentv1.HardwareClaims, error) {
+	gpus, err := c.GPUs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	host, err := c.hostname()
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.HardwareClaims{
+		Hostname:     host,
+		MachineId:    firstNonEmpty(c.cfg.MachineID, readTrim("/etc/machine-id"), readTrim("/var/lib/dbus/machine-id")),
+		SystemSerial: firstNonEmpty(c.cfg.SystemSerial, readTrim("/sys/class/dmi/id/product_serial")),
+		Gpus:         gpus,
+	}, nil
+}
+
+// Host returns the host facts with the driver and CUDA versions.
+func (c *Collector) Host(_ context.Context) (*agentv1.Host, error) {
+	host, err := c.hostname()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		return nil, errors.New("inventory: collector closed")
+	}
+	driver, ret := c.lib.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("inventory: driver version: %s", nvml.ErrorString(ret))
+	}
+	cuda, ret := c.lib.SystemGetCudaDriverVersion()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("inventory: CUDA version: %s", nvml.ErrorString(ret))
+	}
+	return &agentv1.Host{
+		Hostname:      host,
+		Kernel:        readTrim("/proc/sys/kernel/osrelease"),
+		DriverVersion: driver,
+		CudaVersion:   fmt.Sprintf("%d.%d", cuda/1000, cuda%1000/10),
+	}, nil
+}
+
+// GPUs returns every GPU by index. A GPU whose identity cannot be read fails
+// the call; one whose health queries fail is reported unhealthy with the
+// reason.
+func (c *Collector) GPUs(ctx context.Context) ([]*agentv1.GPU, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		return nil, errors.New("inventory: collector closed")
+	}
+	n, ret := c.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("inventory: device count: %s", nvml.ErrorString(ret))
+	}
+	gpus := make([]*agentv1.GPU, 0, n)
+	for i := range n {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		d, ret := c.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("inventory: gpu %d: handle: %s", i, nvml.ErrorString(ret))
+		}
+		g, err := gpu(d, i)
+		if err != nil {
+			return nil, fmt.Errorf("inventory: gpu %d: %w", i, err)
+		}
+		gpus = append(gpus, g)
+	}
+	return gpus, nil
+}
+
+// gpu reads one device. Identity (UUID, name, memory, PCI) must be readable;
+// serial and MIG mode are optional (not every board supports them); health
+// comes from the pending page retirement and row remapping status.
+func gpu(d nvml.Device, index int) (*agentv1.GPU, error) {
+	g := &agentv1.GPU{Index: uint32(index), Healthy: true}
+	var ret nvml.Return
+	if g.Uuid, ret = d.GetUUID(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("uuid: %s", nvml.ErrorString(ret))
+	}
+	if g.Model, ret = d.GetName(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("name: %s", nvml.ErrorString(ret))
+	}
+	mem, ret := d.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("memory: %s", nvml.ErrorString(ret))
+	}
+	g.MemoryBytes = mem.Total
+	pci, ret := d.GetPciInfo()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("pci info: %s", nvml.ErrorString(ret))
+	}
+	g.PciBusId = busID(pci)
+	if s, ret := d.GetSerial(); ret == nvml.SUCCESS {
+		g.Serial = s
+	}
+	if cur, _, ret := d.GetMigMode(); ret == nvml.SUCCESS {
+		g.MigEnabled = cur == nvml.DEVICE_MIG_ENABLE
+	}
+	var reasons []string
+	switch pending, ret := d.GetRetiredPagesPendingStatus(); {
+	case ret == nvml.SUCCESS && pending == nvml.FEATURE_ENABLED:
+		reasons = append(reasons, "retired pages pending (reset required)")
+	case ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED:
+		reasons = append(reasons, "retired pages query failed: "+nvml.ErrorString(ret))
+	}
+	switch _, _, pending, failed, ret := d.GetRemappedRows(); {
+	case ret == nvml.SUCCESS && failed:
+		reasons = append(reasons, "row remapping failed")
+	case ret == nvml.SUCCESS && pending:
+		reasons = append(reasons, "row remapping pending (reset required)")
+	case ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED:
+		reasons = append(reasons, "remapped rows query failed: "+nvml.ErrorString(ret))
+	}
+	if len(reasons) > 0 {
+		g.Healthy = false
+		g.HealthReason = strings.Join(reasons, "; ")
+	}
+	return g, nil
+}
+
+// busID formats the PCI address as "0000:18:00.0": NVML's BusId string
+// carries an eight-digit domain ("00000000:18:00.0"), shortened here.
+func busID(p nvml.PciInfo) string {
+	b := make([]byte, 0, len(p.BusId))
+	for _, c := range p.BusId {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	s := strings.ToLower(string(b))
+	if s == "" {
+		return fmt.Sprintf("%04x:%02x:%02x.0", p.Domain, p.Bus, p.Device)
+	}
+	if dom, rest, ok := strings.Cut(s, ":"); ok && len(dom) == 8 && strings.HasPrefix(dom, "0000") {
+		return dom[4:] + ":" + rest
+	}
+	return s
+}
+
+func (c *Collector) hostname() (string, error) {
+	if c.cfg.Hostname != "" {
+		return c.cfg.Hostname, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("inventory: hostname: %w", err)
+	}
+	return h, nil
+}
+
+func readTrim(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func firstNonEmpty(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}

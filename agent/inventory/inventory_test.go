@@ -1,0 +1,162 @@
+package inventory_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/bettercompute/bettercompute/agent/inventory"
+)
+
+func TestMock_ReportsEightH200(t *testing.T) {
+	t.Parallel()
+	c, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock, Hostname: "sim-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+
+	r, err := c.Report(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(r.GetSections(), ","); got != "gpus,host" {
+		t.Errorf("sections %q", got)
+	}
+	if len(r.GetGpus()) != 8 {
+		t.Fatalf("%d GPUs, want 8", len(r.GetGpus()))
+	}
+	seen := map[string]bool{}
+	for i, g := range r.GetGpus() {
+		if g.GetIndex() != uint32(i) || !strings.HasPrefix(g.GetUuid(), "GPU-") || !strings.Contains(g.GetModel(), "H200") {
+			t.Errorf("gpu %d: %v", i, g)
+		}
+		if g.GetMemoryBytes() < 140<<30 || g.GetSerial() == "" || !g.GetHealthy() || g.GetMigEnabled() {
+			t.Errorf("gpu %d: %v", i, g)
+		}
+		if want := "0000:0" + string(rune('0'+i)) + ":00.0"; g.GetPciBusId() != want {
+			t.Errorf("gpu %d: bus id %q, want %q", i, g.GetPciBusId(), want)
+		}
+		if seen[g.GetUuid()] {
+			t.Errorf("duplicate uuid %s", g.GetUuid())
+		}
+		seen[g.GetUuid()] = true
+	}
+	h := r.GetHost()
+	if h.GetHostname() != "sim-1" || h.GetDriverVersion() != "550.54.15" || h.GetCudaVersion() != "12.4" {
+		t.Errorf("host %v", h)
+	}
+}
+
+func TestReport_Sections(t *testing.T) {
+	t.Parallel()
+	c, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	r, err := c.Report(context.Background(), []string{inventory.SectionHost, "bogus"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.GetGpus()) != 0 || r.GetHost() == nil || len(r.GetSections()) != 1 {
+		t.Errorf("report %v", r)
+	}
+}
+
+func TestClaims_UseOverrides(t *testing.T) {
+	t.Parallel()
+	c, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock, Hostname: "h", MachineID: "m", SystemSerial: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	cl, err := c.Claims(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.GetHostname() != "h" || cl.GetMachineId() != "m" || cl.GetSystemSerial() != "s" || len(cl.GetGpus()) != 8 {
+		t.Errorf("claims %v", cl)
+	}
+}
+
+func TestGPU_UnhealthyWhenRowRemappingFailed(t *testing.T) {
+	t.Parallel()
+	lib := inventory.NewMock()
+	d := lib.Devices[3].(*server.Device)
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return 0, 1, false, true, nvml.SUCCESS }
+	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+	c, err := inventory.New(lib, inventory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	gpus, err := c.GPUs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range gpus {
+		if want := i != 3; g.GetHealthy() != want {
+			t.Errorf("gpu %d healthy=%v, want %v (%s)", i, g.GetHealthy(), want, g.GetHealthReason())
+		}
+	}
+	if r := gpus[3].GetHealthReason(); r != "row remapping failed" {
+		t.Errorf("reason %q", r)
+	}
+}
+
+func TestGPU_IdentityFailureFails(t *testing.T) {
+	t.Parallel()
+	lib := inventory.NewMock()
+	lib.Devices[0].(*server.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	c, err := inventory.New(lib, inventory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if _, err := c.GPUs(context.Background()); err == nil || !strings.Contains(err.Error(), "gpu 0: uuid") {
+		t.Errorf("err %v", err)
+	}
+}
+
+// TestReal_WithoutDriver runs on machines without libnvidia-ml.so (CI, dev
+// boxes): selecting the real backend must fail clearly, not panic.
+func TestReal_WithoutDriver(t *testing.T) {
+	t.Parallel()
+	c, err := inventory.Open(inventory.Config{Backend: inventory.BackendReal})
+	if err == nil {
+		_ = c.Close()
+		t.Skip("NVML is available on this machine")
+	}
+	if !errors.Is(err, inventory.ErrNVMLUnavailable) || !strings.Contains(err.Error(), "NVML not available") {
+		t.Errorf("err %v, want ErrNVMLUnavailable", err)
+	}
+}
+
+func TestOpen_UnknownBackend(t *testing.T) {
+	t.Parallel()
+	if _, err := inventory.Open(inventory.Config{Backend: "fake"}); err == nil {
+		t.Error("no error for an unknown backend")
+	}
+}
+
+func TestClose_Twice(t *testing.T) {
+	t.Parallel()
+	c, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GPUs(context.Background()); err == nil {
+		t.Error("GPUs after Close succeeded")
+	}
+}

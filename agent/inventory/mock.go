@@ -1,0 +1,45 @@
+package inventory
+
+import (
+	"crypto/sha256"
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+// NewMock returns go-nvml's simulated DGX H200 (eight H200 GPUs, driver
+// 550.54.15, CUDA 12.4) with the queries the mock leaves out filled in: a
+// board serial derived from each GPU's UUID, the PCI bus id in PciInfo, and
+// healthy page-retirement and row-remapping status. Every call makes new
+// GPU UUIDs, so simulated nodes differ. Tests may change the returned
+// devices' mock functions (for example to make a GPU unhealthy).
+func NewMock() *server.Server {
+	s := dgxh200.New()
+	for _, d := range s.Devices {
+		dev, ok := d.(*server.Device)
+		if !ok {
+			continue
+		}
+		sum := sha256.Sum256([]byte(dev.UUID))
+		serial := fmt.Sprintf("MOCK%012X", sum[:6])
+		dev.GetSerialFunc = func() (string, nvml.Return) { return serial, nvml.SUCCESS }
+		dev.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+			p := nvml.PciInfo{PciDeviceId: dev.Config.PciDeviceId, Bus: uint32(dev.Index)}
+			for i, c := range []byte(dev.PciBusID) {
+				if i < len(p.BusId)-1 {
+					p.BusId[i] = int8(c)
+				}
+			}
+			return p, nvml.SUCCESS
+		}
+		dev.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
+			return nvml.FEATURE_DISABLED, nvml.SUCCESS
+		}
+		dev.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+			return 0, 0, false, false, nvml.SUCCESS
+		}
+	}
+	return s
+}

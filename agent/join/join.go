@@ -1,0 +1,203 @@
+// Package join redeems a join token for a node identity: it seals the token
+// to joinservice's HPKE key, sends a CSR for the node key with the node's
+// hardware claims to the gateway's NodeService.Join (TLS without a client
+// certificate), and stores the node id, certificate chain and trust bundle.
+//
+// # Sealing
+//
+// The token is sealed with HPKE (RFC 9180, Go's crypto/hpke) in base mode
+// with the suite DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-128-GCM
+// (KEM 0x0020, KDF 0x0001, AEAD 0x0001), the info string Info
+// ("bettercompute join v1") and no additional authenticated data.
+// JoinRequest.encapsulated_key is the encapsulated key, sealed_token the
+// ciphertext, joinservice_key_id the key id (KeyID of the public key unless
+// configured). joinservice opens it with
+//
+//	r, _ := hpke.NewRecipient(enc, priv, hpke.HKDFSHA256(), hpke.AES128GCM(), []byte(join.Info))
+//	token, err := r.Open(nil, sealed)
+package join
+
+import (
+	"context"
+	"crypto/ecdh"
+	"crypto/hpke"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/bettercompute/bettercompute/agent/state"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// Info is the HPKE info string that binds a sealed token to its purpose.
+const Info = "bettercompute join v1"
+
+// Claimer collects the hardware claims a node presents (an
+// *inventory.Collector).
+type Claimer interface {
+	Claims(ctx context.Context) (*agentv1.HardwareClaims, error)
+}
+
+// Config is one join. Gateway, Token, JoinserviceKey, State and Claims are
+// required.
+type Config struct {
+	// Gateway is the gateway's host:port.
+	Gateway string
+	// ServerName is the name the gateway's certificate must carry (a DNS or
+	// IP SAN). Empty means the host of Gateway.
+	ServerName string
+	// RootCAs verify the gateway's certificate; nil means the system roots.
+	RootCAs *x509.CertPool
+	// Token is the join token, bcjt_<id>.<secret>.
+	Token string
+	// JoinserviceKey is joinservice's X25519 public key, 32 raw bytes.
+	JoinserviceKey []byte
+	// JoinserviceKeyID names that key; empty means KeyID(JoinserviceKey).
+	JoinserviceKeyID string
+	// State is where the node key is read (or created) and the identity
+	// stored.
+	State *state.Store
+	// Claims collects the hardware claims.
+	Claims Claimer
+	// Timeout bounds the Join call; zero means 30 seconds.
+	Timeout time.Duration
+}
+
+// Join redeems cfg.Token: it seals it, sends a CSR for the node key and the
+// hardware claims to NodeService.Join, checks the answer (the certificate
+// is for the node key, chains to the returned trust bundle and names the
+// returned node id) and stores it.
+func Join(ctx context.Context, cfg Config) (state.Identity, error) {
+	if cfg.Gateway == "" || cfg.Token == "" || cfg.State == nil || cfg.Claims == nil {
+		return state.Identity{}, errors.New("join: gateway, token, state and claims are required")
+	}
+	keyID := cfg.JoinserviceKeyID
+	if keyID == "" {
+		keyID = KeyID(cfg.JoinserviceKey)
+	}
+	enc, sealed, err := Seal(cfg.JoinserviceKey, cfg.Token)
+	if err != nil {
+		return state.Identity{}, err
+	}
+	key, err := cfg.State.Key()
+	if err != nil {
+		return state.Identity{}, err
+	}
+	csr, err := cfg.State.CSR()
+	if err != nil {
+		return state.Identity{}, err
+	}
+	claims, err := cfg.Claims.Claims(ctx)
+	if err != nil {
+		return state.Identity{}, fmt.Errorf("join: hardware claims: %w", err)
+	}
+	serverName := cfg.ServerName
+	if serverName == "" {
+		serverName = hostOf(cfg.Gateway)
+	}
+	creds := credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs, ServerName: serverName})
+	conn, err := grpc.NewClient(cfg.Gateway, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return state.Identity{}, fmt.Errorf("join: dial %s: %w", cfg.Gateway, err)
+	}
+	defer func() { _ = conn.Close() }()
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := agentv1.NewNodeServiceClient(conn).Join(cctx, &agentv1.JoinRequest{
+		SealedToken:      sealed,
+		EncapsulatedKey:  enc,
+		JoinserviceKeyId: keyID,
+		Csr:              csr,
+		Claims:           claims,
+	})
+	if err != nil {
+		return state.Identity{}, fmt.Errorf("join: %w", err)
+	}
+	id := state.Identity{NodeID: resp.GetNodeId(), Chain: resp.GetCertificateChain(), Bundle: resp.GetTrustBundle()}
+	if id.NodeID == "" || len(id.Chain) == 0 || len(id.Bundle) == 0 {
+		return state.Identity{}, errors.New("join: the answer lacks a node id, certificate or trust bundle")
+	}
+	if err := id.Verify(key); err != nil {
+		return state.Identity{}, fmt.Errorf("join: %w", err)
+	}
+	if err := cfg.State.SaveIdentity(id); err != nil {
+		return state.Identity{}, err
+	}
+	return id, nil
+}
+
+// Seal seals token to pub, joinservice's raw X25519 public key, with the
+// suite in the package documentation. It returns the encapsulated key and
+// the ciphertext.
+func Seal(pub []byte, token string) (enc, ct []byte, err error) {
+	pk, err := hpke.DHKEM(ecdh.X25519()).NewPublicKey(pub)
+	if err != nil {
+		return nil, nil, fmt.Errorf("join: joinservice key: %w", err)
+	}
+	enc, s, err := hpke.NewSender(pk, hpke.HKDFSHA256(), hpke.AES128GCM(), []byte(Info))
+	if err != nil {
+		return nil, nil, fmt.Errorf("join: seal: %w", err)
+	}
+	ct, err = s.Seal(nil, []byte(token))
+	if err != nil {
+		return nil, nil, fmt.Errorf("join: seal: %w", err)
+	}
+	return enc, ct, nil
+}
+
+// KeyID is the default id of a joinservice key: the first 16 hex digits of
+// the SHA-256 of its raw 32 bytes.
+func KeyID(pub []byte) string {
+	sum := sha256.Sum256(pub)
+	return hex.EncodeToString(sum[:8])
+}
+
+// ParsePublicKey reads joinservice's public key from a file's contents: a
+// PEM "PUBLIC KEY" block (PKIX, X25519), or the 32 raw bytes in base64 or
+// hex on one line. A PEM header "Key-Id" names the key; otherwise keyID is
+// empty.
+func ParsePublicKey(data []byte) (pub []byte, keyID string, err error) {
+	if blk, _ := pem.Decode(data); blk != nil {
+		if blk.Type != "PUBLIC KEY" {
+			return nil, "", fmt.Errorf("join: joinservice key: PEM %q, want PUBLIC KEY", blk.Type)
+		}
+		k, err := x509.ParsePKIXPublicKey(blk.Bytes)
+		if err != nil {
+			return nil, "", fmt.Errorf("join: joinservice key: %w", err)
+		}
+		ek, ok := k.(*ecdh.PublicKey)
+		if !ok || ek.Curve() != ecdh.X25519() {
+			return nil, "", fmt.Errorf("join: joinservice key: %T is not an X25519 key", k)
+		}
+		return ek.Bytes(), blk.Headers["Key-Id"], nil
+	}
+	s := strings.TrimSpace(string(data))
+	for _, dec := range []func(string) ([]byte, error){hex.DecodeString, base64.StdEncoding.DecodeString, base64.RawURLEncoding.DecodeString} {
+		if b, err := dec(s); err == nil && len(b) == 32 {
+			return b, "", nil
+		}
+	}
+	return nil, "", errors.New("join: joinservice key: want a PEM PUBLIC KEY or 32 bytes in hex or base64")
+}
+
+func hostOf(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
+}

@@ -1,0 +1,98 @@
+package session
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bettercompute/bettercompute/agent/state"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// RenewAt is when a certificate is due for renewal: when less than a third
+// of its lifetime (NotBefore to NotAfter) is left.
+func RenewAt(leaf *x509.Certificate) time.Time {
+	return leaf.NotAfter.Add(-leaf.NotAfter.Sub(leaf.NotBefore) / 3)
+}
+
+// renewLoop renews the certificate whenever it is due, retrying failures
+// with back-off, until ctx ends. It runs independently of sessions, so a
+// renewal is neither lost nor repeated across reconnects.
+func (r *runner) renewLoop(ctx context.Context) {
+	b := backoff{min: r.cfg.MinBackoff, max: r.cfg.MaxBackoff}
+	for {
+		_, cert, _ := r.current()
+		if !sleep(ctx, time.Until(RenewAt(cert.Leaf))) {
+			return
+		}
+		err := r.renew(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			_, fresh, _ := r.current()
+			if time.Until(RenewAt(fresh.Leaf)) > 0 {
+				b.reset()
+				continue
+			}
+			// A certificate due at once would make us ask again and again.
+			d := b.next()
+			r.log.WarnContext(ctx, "renewed certificate is already due for renewal", "expires", fresh.Leaf.NotAfter, "retry_in", d)
+			if !sleep(ctx, d) {
+				return
+			}
+			continue
+		}
+		d := b.next()
+		if time.Now().After(cert.Leaf.NotAfter) {
+			r.log.ErrorContext(ctx, "node certificate expired; renewal needs a valid one, run bcd join again", "err", err, "retry_in", d)
+		} else {
+			r.log.WarnContext(ctx, "certificate renewal failed", "err", err, "retry_in", d, "expires", cert.Leaf.NotAfter)
+		}
+		if !sleep(ctx, d) {
+			return
+		}
+	}
+}
+
+// renew asks NodeService.Renew for a certificate for the same key, checks
+// it, stores it and switches new connections to it.
+func (r *runner) renew(ctx context.Context) error {
+	csr, err := r.cfg.State.CSR()
+	if err != nil {
+		return err
+	}
+	conn, err := r.dial()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := agentv1.NewNodeServiceClient(conn).Renew(cctx, &agentv1.RenewRequest{Csr: csr})
+	if err != nil {
+		return fmt.Errorf("session: renew: %w", err)
+	}
+	old, _, _ := r.current()
+	id := state.Identity{NodeID: old.NodeID, Chain: resp.GetCertificateChain(), Bundle: resp.GetTrustBundle()}
+	if len(id.Bundle) == 0 {
+		id.Bundle = old.Bundle
+	}
+	if len(id.Chain) == 0 {
+		return errors.New("session: renew: no certificate in the answer")
+	}
+	if err := id.Verify(r.key); err != nil {
+		return fmt.Errorf("session: renew: %w", err)
+	}
+	if err := r.cfg.State.SaveIdentity(id); err != nil {
+		return err
+	}
+	if err := r.setIdentity(id); err != nil {
+		return err
+	}
+	_, cert, _ := r.current()
+	r.log.InfoContext(ctx, "certificate renewed", "expires", cert.Leaf.NotAfter, "renew_at", RenewAt(cert.Leaf))
+	return nil
+}

@@ -1,0 +1,348 @@
+// Package session is the node's side of NodeService.Session: it dials the
+// gateway over mutual TLS with the node certificate, says Hello, waits for
+// Welcome, heartbeats at the interval the Welcome sets, answers inventory
+// requests, and reconnects with jittered exponential back-off until its
+// context ends. Alongside, it renews the node certificate through
+// NodeService.Renew once less than a third of its lifetime is left.
+//
+// The gateway is authenticated by standard TLS server verification against
+// the node's trust bundle: its certificate must chain to the bundle, carry
+// the server-auth extended key usage and name Config.ServerName (by default
+// the host of Config.Gateway) in a DNS or IP SAN. It must also carry the
+// SPIFFE id spiffe://<trust-domain>/gateway/<name>, in the node's own trust
+// domain, so that no other certificate of the CA can pose as a gateway.
+package session
+
+import (
+	"cmp"
+	"context"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/bettercompute/bettercompute/agent/state"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// Inventory answers inventory requests (an *inventory.Collector).
+type Inventory interface {
+	Report(ctx context.Context, sections []string) (*agentv1.InventoryReport, error)
+}
+
+// Config is one node's session. Gateway, State, Inventory and BootID are
+// required; zero durations take the defaults noted.
+type Config struct {
+	// Gateway is the gateway's host:port.
+	Gateway string
+	// ServerName is the name the gateway's certificate must carry; empty
+	// means the host of Gateway.
+	ServerName string
+	// State holds the node key and identity (the node must have joined);
+	// renewed certificates are stored there.
+	State *state.Store
+	// Inventory answers InventoryRequests.
+	Inventory Inventory
+	// BootID identifies this boot (state.BootID).
+	BootID string
+	// AgentVersion goes into Hello.
+	AgentVersion string
+	// Logger logs reconnects and renewals; nil means slog.Default().
+	Logger *slog.Logger
+	// MinBackoff is the first reconnect delay; 0.5 s by default. Delays
+	// double up to MaxBackoff, are jittered by ±50 %, and start over after a
+	// session that was welcomed.
+	MinBackoff time.Duration
+	// MaxBackoff caps the reconnect delay; 30 s by default.
+	MaxBackoff time.Duration
+	// WelcomeTimeout bounds the wait for Welcome after Hello; 30 s by
+	// default.
+	WelcomeTimeout time.Duration
+	// DefaultHeartbeat is used when a Welcome names no interval; 10 s by
+	// default.
+	DefaultHeartbeat time.Duration
+}
+
+// Run holds the node's session until ctx ends, reconnecting forever, and
+// renews the certificate in the background. It returns an error only when
+// it cannot start (a missing or inconsistent identity); it returns nil once
+// ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Gateway == "" || cfg.State == nil || cfg.Inventory == nil || cfg.BootID == "" {
+		return errors.New("session: gateway, state, inventory and boot id are required")
+	}
+	cfg.ServerName = cmp.Or(cfg.ServerName, hostOf(cfg.Gateway))
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 500*time.Millisecond)
+	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, 30*time.Second), cfg.MinBackoff)
+	cfg.WelcomeTimeout = cmp.Or(cfg.WelcomeTimeout, 30*time.Second)
+	cfg.DefaultHeartbeat = cmp.Or(cfg.DefaultHeartbeat, 10*time.Second)
+
+	key, err := cfg.State.Key()
+	if err != nil {
+		return err
+	}
+	id, err := cfg.State.Identity()
+	if err != nil {
+		return err
+	}
+	if err := id.Verify(key); err != nil {
+		return fmt.Errorf("session: %w", err)
+	}
+	journalID, err := cfg.State.JournalID()
+	if err != nil {
+		return err
+	}
+	r := &runner{cfg: cfg, key: key, journalID: journalID, log: cfg.Logger.With("node", id.NodeID)}
+	if err := r.setIdentity(id); err != nil {
+		return err
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { r.renewLoop(ctx) })
+	r.sessionLoop(ctx)
+	wg.Wait()
+	return nil
+}
+
+// runner is one Run: the current identity (swapped on renewal) and the loops.
+type runner struct {
+	cfg       Config
+	key       *ecdsa.PrivateKey
+	journalID string
+	log       *slog.Logger
+
+	mu   sync.Mutex
+	id   state.Identity
+	cert *tls.Certificate
+	pool *x509.CertPool
+}
+
+func (r *runner) setIdentity(id state.Identity) error {
+	leaf, err := id.Leaf()
+	if err != nil {
+		return err
+	}
+	pool, err := id.Pool()
+	if err != nil {
+		return err
+	}
+	cert := &tls.Certificate{Certificate: id.Chain, PrivateKey: r.key, Leaf: leaf}
+	r.mu.Lock()
+	r.id, r.cert, r.pool = id, cert, pool
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *runner) current() (state.Identity, *tls.Certificate, *x509.CertPool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.id, r.cert, r.pool
+}
+
+// dial opens a client connection authenticated with the current
+// certificate and verifying the gateway against the current trust bundle.
+func (r *runner) dial() (*grpc.ClientConn, error) {
+	_, _, pool := r.current()
+	creds := credentials.NewTLS(&tls.Config{
+		MinVersion: tls.VersionTLS12,
+		RootCAs:    pool,
+		ServerName: r.cfg.ServerName,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			_, c, _ := r.current()
+			return c, nil
+		},
+		VerifyConnection: r.verifyGateway,
+	})
+	conn, err := grpc.NewClient(r.cfg.Gateway, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("session: dial %s: %w", r.cfg.Gateway, err)
+	}
+	return conn, nil
+}
+
+// verifyGateway runs after the standard chain and name verification: the
+// gateway's certificate must name a gateway of the node's trust domain.
+func (r *runner) verifyGateway(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("session: the gateway sent no certificate")
+	}
+	_, own, _ := r.current()
+	td := ""
+	for _, u := range own.Leaf.URIs {
+		if u.Scheme == "spiffe" {
+			td = u.Host
+		}
+	}
+	for _, u := range cs.PeerCertificates[0].URIs {
+		if u.Scheme == "spiffe" && u.Host == td && strings.HasPrefix(u.Path, "/gateway/") && len(u.Path) > len("/gateway/") {
+			return nil
+		}
+	}
+	return fmt.Errorf("session: the gateway's certificate has no SPIFFE id spiffe://%s/gateway/<name>", td)
+}
+
+// sessionLoop runs sessions until ctx ends, backing off between them.
+func (r *runner) sessionLoop(ctx context.Context) {
+	b := backoff{min: r.cfg.MinBackoff, max: r.cfg.MaxBackoff}
+	for {
+		welcomed, err := r.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if welcomed {
+			b.reset()
+		}
+		d := b.next()
+		r.log.WarnContext(ctx, "session ended; reconnecting", "err", err, "in", d)
+		if !sleep(ctx, d) {
+			return
+		}
+	}
+}
+
+// session runs one session; welcomed reports whether the gateway accepted
+// it.
+func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
+	conn, err := r.dial()
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = conn.Close() }()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := agentv1.NewNodeServiceClient(conn).Session(sctx)
+	if err != nil {
+		return false, fmt.Errorf("session: open: %w", err)
+	}
+	id, _, _ := r.current()
+	if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Hello{Hello: &agentv1.Hello{
+		NodeId:       id.NodeID,
+		BootId:       r.cfg.BootID,
+		JournalId:    r.journalID,
+		AgentVersion: r.cfg.AgentVersion,
+	}}}); err != nil {
+		return false, fmt.Errorf("session: hello: %w", err)
+	}
+
+	msgs := make(chan *agentv1.SessionResponse)
+	recvErr := make(chan error, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel (deferred later, run first) ends Recv
+	defer cancel()
+	wg.Go(func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-sctx.Done():
+				return
+			}
+		}
+	})
+
+	timer := time.NewTimer(r.cfg.WelcomeTimeout)
+	defer timer.Stop()
+	var welcome *agentv1.Welcome
+	select {
+	case m := <-msgs:
+		if welcome = m.GetWelcome(); welcome == nil {
+			return false, fmt.Errorf("session: got %T before Welcome", m.GetBody())
+		}
+	case err := <-recvErr:
+		return false, fmt.Errorf("session: waiting for Welcome: %w", err)
+	case <-timer.C:
+		return false, errors.New("session: no Welcome in time")
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	interval := time.Duration(welcome.GetHeartbeatIntervalMs()) * time.Millisecond
+	if interval <= 0 {
+		interval = r.cfg.DefaultHeartbeat
+	}
+	r.log.InfoContext(ctx, "session established", "gateway", welcome.GetGatewayId(), "epoch", welcome.GetSessionEpoch(), "heartbeat", interval)
+
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	var seq uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return true, ctx.Err()
+		case err := <-recvErr:
+			return true, fmt.Errorf("session: %w", err)
+		case <-ticker.C:
+			seq++
+			if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{Sequence: seq}}}); err != nil {
+				return true, fmt.Errorf("session: heartbeat: %w", err)
+			}
+		case m := <-msgs:
+			switch b := m.GetBody().(type) {
+			case *agentv1.SessionResponse_InventoryRequest:
+				rep, err := r.cfg.Inventory.Report(sctx, b.InventoryRequest.GetSections())
+				if err != nil {
+					// Say nothing rather than a partial report; the
+					// control plane asks again on the next session.
+					r.log.ErrorContext(ctx, "inventory", "err", err)
+					continue
+				}
+				if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}}); err != nil {
+					return true, fmt.Errorf("session: inventory: %w", err)
+				}
+			default:
+				r.log.WarnContext(ctx, "ignoring unexpected session message", "type", fmt.Sprintf("%T", b))
+			}
+		}
+	}
+}
+
+// backoff is exponential back-off with ±50 % jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// next returns the next delay: the current step jittered uniformly over
+// [step/2, step·3/2), capped at max; the step doubles each call.
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	}
+	step := b.cur
+	b.cur = min(b.cur*2, b.max)
+	return min(step/2+rand.N(step+1), b.max)
+}
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func hostOf(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
+}
