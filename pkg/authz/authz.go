@@ -27,7 +27,11 @@ const (
 	TypeAPIKey   = "ApiKey"
 	TypePolicy   = "Policy"
 	TypePool     = "Pool"
-	TypeAudit    = "AuditLog"
+	// TypeNode is a node; its projection row carries its pool and labels.
+	TypeNode = "Node"
+	// TypeJoinToken is a join token, in its pool.
+	TypeJoinToken = "JoinToken"
+	TypeAudit     = "AuditLog"
 )
 
 // Resource is what a decision knows about the resource acted on: a row of

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,8 +50,32 @@ type Config struct {
 	// Runtime tunes the reconciler runtime of the controllers and scheduler
 	// roles.
 	Runtime Runtime `yaml:"runtime"`
+	// JoinService is the node CA and join-token redemption: the joinservice
+	// role, and the gateway that hosts it in this release.
+	JoinService JoinService `yaml:"joinService"`
 	// Dev configures `better-compute dev` only.
 	Dev Dev `yaml:"dev"`
+}
+
+// JoinService configures the node CA and joinservice's HPKE key. Keys come
+// from files, or, for development, are generated once into KeyDir.
+type JoinService struct {
+	// TrustDomain is the SPIFFE trust domain of node and gateway
+	// certificates (spiffe://<trustDomain>/node/<id>); default
+	// bettercompute.local.
+	TrustDomain string `yaml:"trustDomain"`
+	// CACertFile and CAKeyFile are the node CA's certificate (PEM, optionally
+	// followed by its chain to a root) and private key (PEM). Set both, or
+	// neither and KeyDir.
+	CACertFile string `yaml:"caCertFile"`
+	CAKeyFile  string `yaml:"caKeyFile"`
+	// HPKEKeyFile is joinservice's X25519 private key (PEM PKCS#8), to which
+	// daemons seal join tokens. Unset uses KeyDir.
+	HPKEKeyFile string `yaml:"hpkeKeyFile"`
+	// KeyDir, for development, is where a CA and an HPKE key are generated
+	// once and reused when the files above are unset; dev sets
+	// <dev.dataDir>/pki.
+	KeyDir string `yaml:"keyDir"`
 }
 
 // Database is the PostgreSQL connection.
@@ -167,6 +192,7 @@ func (c *Config) Defaults() {
 	c.Log.Format = cmp.Or(c.Log.Format, "json")
 	c.Telemetry.ServiceName = cmp.Or(c.Telemetry.ServiceName, "better-compute")
 	c.Dev.DataDir = cmp.Or(c.Dev.DataDir, ".data")
+	c.JoinService.TrustDomain = cmp.Or(c.JoinService.TrustDomain, "bettercompute.local")
 	r := &c.Runtime
 	r.Heartbeat = cmp.Or(r.Heartbeat, Duration(2*time.Second))
 	r.LeaseTTL = cmp.Or(r.LeaseTTL, 5*r.Heartbeat)
@@ -284,6 +310,34 @@ func (c *Config) Validate() error {
 	}
 	if r.Batch < 1 || r.Batch > 10000 {
 		bad("runtime.batch", "expected 1 to 10000, got %d", r.Batch)
+	}
+	js := c.JoinService
+	if !trustDomainRE.MatchString(js.TrustDomain) {
+		bad("joinService.trustDomain", "expected a SPIFFE trust domain (lowercase letters, digits, '.', '-', '_'), got %q", js.TrustDomain)
+	}
+	if (js.CACertFile == "") != (js.CAKeyFile == "") {
+		field := "joinService.caKeyFile"
+		if js.CACertFile == "" {
+			field = "joinService.caCertFile"
+		}
+		bad(field, "set caCertFile and caKeyFile together")
+	}
+	return errors.Join(errs...)
+}
+
+var trustDomainRE = regexp.MustCompile(`^[a-z0-9._-]{1,255}$`)
+
+// RequireJoinServiceKeys returns INVALID_CONFIG naming the field when the
+// node CA or the HPKE key has no source (files, or keyDir), for the roles
+// that hold them (joinservice, and the gateway hosting it).
+func (c *Config) RequireJoinServiceKeys() error {
+	js := c.JoinService
+	var errs []error
+	if js.KeyDir == "" && js.CACertFile == "" {
+		errs = append(errs, fault.New(fault.InvalidConfig, "joinService.caCertFile", "required: the node CA's certificate and key files (or joinService.keyDir to generate them, for development)"))
+	}
+	if js.KeyDir == "" && js.HPKEKeyFile == "" {
+		errs = append(errs, fault.New(fault.InvalidConfig, "joinService.hpkeKeyFile", "required: joinservice's HPKE key file (or joinService.keyDir to generate one, for development)"))
 	}
 	return errors.Join(errs...)
 }

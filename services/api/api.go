@@ -133,6 +133,8 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterPoliciesServiceServer(gs, &policies{Server: s})
 	computev1.RegisterPoolsServiceServer(gs, &pools{Server: s})
 	computev1.RegisterAuditServiceServer(gs, &auditLog{Server: s})
+	computev1.RegisterJoinTokensServiceServer(gs, &joinTokens{Server: s})
+	computev1.RegisterNodesServiceServer(gs, &nodes{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -185,6 +187,8 @@ func (s *Server) Gateway(ctx context.Context, addr string) (http.Handler, error)
 		"policies":   computev1.RegisterPoliciesServiceHandler,
 		"pools":      computev1.RegisterPoolsServiceHandler,
 		"audit":      computev1.RegisterAuditServiceHandler,
+		"joinTokens": computev1.RegisterJoinTokensServiceHandler,
+		"nodes":      computev1.RegisterNodesServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)

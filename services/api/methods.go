@@ -53,6 +53,13 @@ var methods = map[string]Method{
 	computev1.PoolsService_Update_FullMethodName: {Action: authz.PoolsUpdate},
 
 	computev1.AuditService_List_FullMethodName: {Action: authz.AuditList},
+
+	computev1.JoinTokensService_Create_FullMethodName: {Action: authz.JoinTokensCreate},
+	computev1.JoinTokensService_List_FullMethodName:   {Action: authz.JoinTokensList},
+	computev1.JoinTokensService_Revoke_FullMethodName: {Action: authz.JoinTokensRevoke},
+
+	computev1.NodesService_Get_FullMethodName:  {Action: authz.NodesGet},
+	computev1.NodesService_List_FullMethodName: {Action: authz.NodesList},
 }
 
 // Methods returns the method registry: every RPC of the API by full gRPC

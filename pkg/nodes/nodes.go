@@ -1,0 +1,240 @@
+// Package nodes stores nodes — the GPU servers (and VPS hosts) joined to a
+// pool — and their devices.
+//
+// A node is inserted "adopting" by joinservice, with shard = shard.Of(id);
+// the lifecycle controller adopts it. A node presenting a hardware key that
+// is already known takes back its old id when its join token allows it
+// ([Reclaim]).
+package nodes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/shard"
+)
+
+// Querier runs statements: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// States of a node.
+const (
+	StateAdopting = "adopting"
+	StateAdopted  = "adopted"
+	StateDraining = "draining"
+	StateDrained  = "drained"
+	StateFailed   = "failed"
+	StateRetired  = "retired"
+)
+
+// States lists every state.
+var States = []string{StateAdopting, StateAdopted, StateDraining, StateDrained, StateFailed, StateRetired}
+
+// Node is one node.
+type Node struct {
+	ID                 string
+	TenantID           string
+	PoolID             string
+	State              string
+	Shard              int
+	Labels             map[string]string
+	Hostname           string
+	HardwareKey        string
+	JoinTokenID        string
+	Generation         int64
+	ObservedGeneration int64
+	BootID             string
+	JournalID          string
+	SessionEpoch       int64
+	GatewayID          string
+	LastSeenAt         *time.Time
+	CreatedAt          time.Time
+	UpdatedAt          time.Time
+	// Devices are filled by [Get] and [List].
+	Devices []Device
+}
+
+// Device is one device of a node (a GPU).
+type Device struct {
+	ID           string // the GPU's UUID
+	Kind         string
+	Index        int
+	Model        string
+	Serial       string
+	MemoryBytes  int64
+	PCIBusID     string
+	MIGEnabled   bool
+	Healthy      bool
+	HealthReason string
+	// MissingSince is set once the device stopped being reported.
+	MissingSince *time.Time
+}
+
+const cols = `id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, coalesce(join_token_id, ''),
+	generation, observed_generation, boot_id, journal_id, session_epoch, gateway_id, last_seen_at, created_at, updated_at`
+
+func scan(r pgx.Row) (Node, error) {
+	var n Node
+	err := r.Scan(&n.ID, &n.TenantID, &n.PoolID, &n.State, &n.Shard, &n.Labels, &n.Hostname, &n.HardwareKey, &n.JoinTokenID,
+		&n.Generation, &n.ObservedGeneration, &n.BootID, &n.JournalID, &n.SessionEpoch, &n.GatewayID, &n.LastSeenAt,
+		&n.CreatedAt, &n.UpdatedAt)
+	return n, err
+}
+
+// ErrHardwareTaken is wrapped by [Create]'s CONFLICT when a node with the
+// same hardware key exists.
+var ErrHardwareTaken = errors.New("a node with this hardware key exists")
+
+// Create inserts n as adopting in shard shard.Of(n.ID). A hardware key
+// already in use is CONFLICT on "claims" wrapping [ErrHardwareTaken].
+func Create(ctx context.Context, q Querier, n Node) (Node, error) {
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	out, err := scan(q.QueryRow(ctx, `
+		INSERT INTO nodes (id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, join_token_id)
+		VALUES ($1, $2, $3, 'adopting', $4, $5, $6, $7, nullif($8, '')) RETURNING `+cols,
+		n.ID, n.TenantID, n.PoolID, shard.Of(n.ID), n.Labels, n.Hostname, n.HardwareKey, n.JoinTokenID))
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "nodes_hardware_key_key" {
+		return Node{}, fault.Wrap(ErrHardwareTaken, fault.Conflict, "claims", "this hardware has already joined; join with a token that allows reclaim to take its node back")
+	}
+	if err != nil {
+		return Node{}, fmt.Errorf("insert node: %w", err)
+	}
+	return out, nil
+}
+
+// ByHardwareKey returns the node with hardware key key, locked for update,
+// and whether there is one.
+func ByHardwareKey(ctx context.Context, q Querier, key string) (Node, bool, error) {
+	n, err := scan(q.QueryRow(ctx, `SELECT `+cols+` FROM nodes WHERE hardware_key = $1 FOR UPDATE`, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Node{}, false, nil
+	}
+	if err != nil {
+		return Node{}, false, fmt.Errorf("read node by hardware key: %w", err)
+	}
+	return n, true, nil
+}
+
+// Reclaim hands node id back to re-joining hardware: it moves to pool with
+// labels, becomes adopting again, and forgets its session and boot.
+func Reclaim(ctx context.Context, q Querier, id, pool, hostname, tokenID string, labels map[string]string) (Node, error) {
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	n, err := scan(q.QueryRow(ctx, `
+		UPDATE nodes SET pool_id = $2, hostname = $3, join_token_id = $4, labels = $5, state = 'adopting',
+			boot_id = '', journal_id = '', gateway_id = '', updated_at = now()
+		WHERE id = $1 RETURNING `+cols, id, pool, hostname, tokenID, labels))
+	if err != nil {
+		return Node{}, fmt.Errorf("reclaim node %s: %w", id, err)
+	}
+	return n, nil
+}
+
+// Lookup reads a node by id alone (no tenant), for joinservice and the
+// gateway; NOT_FOUND otherwise.
+func Lookup(ctx context.Context, q Querier, id string) (Node, error) {
+	n, err := scan(q.QueryRow(ctx, `SELECT `+cols+` FROM nodes WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Node{}, fault.New(fault.NotFound, "id", "node %q not found", id)
+	}
+	if err != nil {
+		return Node{}, fmt.Errorf("read node %s: %w", id, err)
+	}
+	return n, nil
+}
+
+// Get reads one node of tenant with its devices; NOT_FOUND on "id"
+// otherwise.
+func Get(ctx context.Context, q Querier, tenant, id string) (Node, error) {
+	n, err := scan(q.QueryRow(ctx, `SELECT `+cols+` FROM nodes WHERE tenant_id = $1 AND id = $2`, tenant, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Node{}, fault.New(fault.NotFound, "id", "node %q not found in tenant %s", id, tenant)
+	}
+	if err != nil {
+		return Node{}, fmt.Errorf("read node %s: %w", id, err)
+	}
+	ns := []Node{n}
+	if err := withDevices(ctx, q, ns); err != nil {
+		return Node{}, err
+	}
+	return ns[0], nil
+}
+
+// Filter selects nodes of a tenant.
+type Filter struct {
+	// TenantID is required.
+	TenantID string
+	// PoolID, State: only nodes with this pool or state, when set.
+	PoolID string
+	State  string
+	// Labels: only nodes carrying every one of these labels.
+	Labels map[string]string
+}
+
+// List returns up to limit nodes matching f with ids after after, in id
+// order, with their devices.
+func List(ctx context.Context, q Querier, f Filter, after string, limit int) ([]Node, error) {
+	labels := f.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	rows, err := q.Query(ctx, `SELECT `+cols+` FROM nodes
+		WHERE tenant_id = $1 AND ($2 = '' OR pool_id = $2) AND ($3 = '' OR state = $3) AND labels @> $4
+		AND id > $5 ORDER BY id LIMIT $6`, f.TenantID, f.PoolID, f.State, labels, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	ns, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Node, error) { return scan(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	if err := withDevices(ctx, q, ns); err != nil {
+		return nil, err
+	}
+	return ns, nil
+}
+
+// withDevices fills the devices of ns with one query.
+func withDevices(ctx context.Context, q Querier, ns []Node) error {
+	if len(ns) == 0 {
+		return nil
+	}
+	ids := make([]string, len(ns))
+	at := make(map[string]int, len(ns))
+	for i, n := range ns {
+		ids[i], at[n.ID] = n.ID, i
+	}
+	rows, err := q.Query(ctx, `SELECT node_id, id, kind, index, model, serial, memory_bytes, pci_bus_id, mig_enabled,
+		healthy, health_reason, missing_since FROM devices WHERE node_id = ANY($1) ORDER BY node_id, index, id`, ids)
+	if err != nil {
+		return fmt.Errorf("list devices: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var node string
+		var d Device
+		if err := rows.Scan(&node, &d.ID, &d.Kind, &d.Index, &d.Model, &d.Serial, &d.MemoryBytes, &d.PCIBusID,
+			&d.MIGEnabled, &d.Healthy, &d.HealthReason, &d.MissingSince); err != nil {
+			return fmt.Errorf("list devices: %w", err)
+		}
+		ns[at[node]].Devices = append(ns[at[node]].Devices, d)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("list devices: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,88 @@
+package api
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
+)
+
+// nodes implements computev1.NodesServiceServer.
+type nodes struct {
+	*Server
+	computev1.UnimplementedNodesServiceServer
+}
+
+func nodePB(n nodestore.Node) *computev1.Node {
+	out := &computev1.Node{
+		Id: n.ID, TenantId: n.TenantID, PoolId: n.PoolID, State: n.State, Labels: n.Labels, Hostname: n.Hostname,
+		LastSeenAt: tsp(n.LastSeenAt), SessionEpoch: n.SessionEpoch, GatewayId: n.GatewayID,
+		Generation: n.Generation, ObservedGeneration: n.ObservedGeneration,
+		CreateTime: ts(n.CreatedAt), UpdateTime: ts(n.UpdatedAt),
+	}
+	for _, d := range n.Devices {
+		out.Devices = append(out.Devices, &computev1.Device{
+			Id: d.ID, Kind: d.Kind, Index: int32(d.Index), Model: d.Model, Serial: d.Serial, MemoryBytes: d.MemoryBytes,
+			PciBusId: d.PCIBusID, MigEnabled: d.MIGEnabled, Healthy: d.Healthy, HealthReason: d.HealthReason,
+			MissingSince: tsp(d.MissingSince),
+		})
+	}
+	return out
+}
+
+func (s *nodes) Get(ctx context.Context, req *computev1.NodesServiceGetRequest) (*computev1.NodesServiceGetResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetId(), "id")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
+		return nil, err
+	}
+	n, err := nodestore.Get(ctx, s.db, req.GetTenantId(), req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &computev1.NodesServiceGetResponse{Node: nodePB(n)}, nil
+}
+
+func (s *nodes) List(ctx context.Context, req *computev1.NodesServiceListRequest) (*computev1.NodesServiceListResponse, error) {
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeCursor(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	if st := req.GetState(); st != "" && !slices.Contains(nodestore.States, st) {
+		return nil, fault.New(fault.InvalidInput, "state", "expected one of %s, got %q", strings.Join(nodestore.States, ", "), st)
+	}
+	if err := validLabels(req.GetLabels()); err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
+		return nil, err
+	}
+	ns, err := nodestore.List(ctx, s.db, nodestore.Filter{
+		TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), State: req.GetState(), Labels: req.GetLabels(),
+	}, after, size)
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.NodesServiceListResponse{}
+	for _, n := range ns {
+		out.Nodes = append(out.Nodes, nodePB(n))
+	}
+	if len(ns) > 0 {
+		out.NextPageToken = nextCursor(len(ns), size, ns[len(ns)-1].ID)
+	}
+	return out, nil
+}
