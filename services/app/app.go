@@ -39,6 +39,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/telemetry"
 	"github.com/bettercompute/bettercompute/pkg/version"
 	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/inventory"
 	"github.com/bettercompute/bettercompute/services/system"
 )
 
@@ -243,8 +244,8 @@ func (a *App) prepareSchema(ctx context.Context) error {
 }
 
 // startRuntime runs the reconciler runtime for the runtime roles this process
-// hosts. No product reconciler is registered yet: the runtime's own jobs
-// (the worker janitor, resync) run, and later modules register theirs here.
+// hosts: the runtime's own jobs (the worker janitor, resync) and, for the
+// controllers, the inventory controller. Later modules register theirs here.
 func (a *App) startRuntime(ctx context.Context) error {
 	var roles []string
 	for _, r := range runtimeRoles {
@@ -272,6 +273,13 @@ func (a *App) startRuntime(ctx context.Context) error {
 	})
 	if err != nil {
 		return err
+	}
+	if slices.Contains(roles, reconcile.RoleControllers) {
+		for _, r := range inventory.Reconcilers() {
+			if err := rt.Register(r); err != nil {
+				return err
+			}
+		}
 	}
 	if err := rt.Start(ctx); err != nil {
 		return err

@@ -1,0 +1,407 @@
+// Package gateway is the `gateway` role: it terminates the node daemons'
+// mutual-TLS connections and holds their Session streams in memory.
+//
+// A gateway holds no CA and no signing key. It checks each client
+// certificate's chain (against the trust bundle), its revocation, and that
+// its SPIFFE ID (spiffe://<trust-domain>/node/<id>) names the node in Hello;
+// it relays Join and Renew to joinservice; it bumps the node's session epoch
+// on every new session (so an older session, here or on another gateway, is
+// superseded and its late messages are ignored); it asks for inventory after
+// Hello and hands reports to the inventory controller through the work queue;
+// and it writes liveness for all its sessions in one statement per interval.
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
+)
+
+// InventoryKind is the work-queue kind the gateway enqueues when a node
+// reports inventory.
+const InventoryKind = "inventory"
+
+// Joiner is joinservice as the gateway sees it.
+type Joiner interface {
+	Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error)
+	Renew(ctx context.Context, chain []*x509.Certificate, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error)
+}
+
+// Config configures a Gateway.
+type Config struct {
+	// ID names this gateway in nodes.gateway_id; required.
+	ID string
+	// DB is the pool; required.
+	DB *pgxpool.Pool
+	// Joiner handles Join and Renew; required.
+	Joiner Joiner
+	// Revoked reports whether a certificate serial (lowercase hex) is
+	// revoked; nil means none is.
+	Revoked func(ctx context.Context, serial string) (bool, error)
+	// TrustDomain the node SPIFFE IDs must be in; required.
+	TrustDomain string
+	// Poker wakes the inventory controller after a report; nil means the
+	// controller polls.
+	Poker *workqueue.Poker
+	// HeartbeatInterval is what Welcome asks of nodes; default 10s.
+	HeartbeatInterval time.Duration
+	// LivenessInterval is how often liveness is written; default 5s.
+	LivenessInterval time.Duration
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// Gateway implements agentv1.NodeServiceServer.
+type Gateway struct {
+	agentv1.UnimplementedNodeServiceServer
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*session // by node id
+	stop     chan struct{}
+	done     chan struct{}
+	started  bool
+}
+
+type session struct {
+	nodeID string
+	epoch  int64
+	seen   bool // a message arrived since the last liveness write
+	cancel context.CancelCauseFunc
+}
+
+// errSuperseded ends a session that a newer one of the same node replaced.
+var errSuperseded = errors.New("superseded by a newer session of this node")
+
+// New returns a gateway; call Start to begin writing liveness.
+func New(cfg Config) (*Gateway, error) {
+	switch {
+	case cfg.ID == "":
+		return nil, errors.New("gateway: no ID")
+	case cfg.DB == nil:
+		return nil, errors.New("gateway: no DB")
+	case cfg.Joiner == nil:
+		return nil, errors.New("gateway: no Joiner")
+	case cfg.TrustDomain == "":
+		return nil, errors.New("gateway: no trust domain")
+	}
+	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, 10*time.Second)
+	cfg.LivenessInterval = cmp.Or(cfg.LivenessInterval, 5*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Gateway{cfg: cfg, log: cfg.Logger, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// Start runs the liveness writer until Stop.
+func (g *Gateway) Start() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.started {
+		return
+	}
+	g.started = true
+	go g.livenessLoop()
+}
+
+// Stop ends every session and the liveness writer, after a last write.
+// It tolerates Stop before Start and a second Stop.
+func (g *Gateway) Stop() {
+	g.mu.Lock()
+	started := g.started
+	select {
+	case <-g.stop:
+		g.mu.Unlock()
+		return
+	default:
+		close(g.stop)
+	}
+	for _, s := range g.sessions {
+		s.cancel(errors.New("gateway stopping"))
+	}
+	g.mu.Unlock()
+	if started {
+		<-g.done
+	}
+}
+
+// Sessions returns how many sessions the gateway holds.
+func (g *Gateway) Sessions() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.sessions)
+}
+
+// Join relays to joinservice. It is the one method callable without a
+// client certificate.
+func (g *Gateway) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
+	return g.cfg.Joiner.Join(ctx, req)
+}
+
+// Renew relays to joinservice with the caller's verified chain.
+func (g *Gateway) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
+	chain, _, err := g.verifiedNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return g.cfg.Joiner.Renew(ctx, chain, req)
+}
+
+// verifiedNode returns the caller's verified chain and node id, checking the
+// SPIFFE ID and revocation.
+func (g *Gateway) verifiedNode(ctx context.Context) ([]*x509.Certificate, string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, "", status.Error(codes.Unauthenticated, "no peer")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+		return nil, "", status.Error(codes.Unauthenticated, "a node certificate is required")
+	}
+	chain := ti.State.VerifiedChains[0]
+	leaf := chain[0]
+	id, err := x509svid.IDFromCert(leaf)
+	if err != nil {
+		return nil, "", status.Errorf(codes.Unauthenticated, "certificate has no SPIFFE ID: %v", err)
+	}
+	nodeID, ok := strings.CutPrefix(id.Path(), "/node/")
+	if id.TrustDomain().Name() != g.cfg.TrustDomain || !ok || nodeID == "" || strings.Contains(nodeID, "/") {
+		return nil, "", status.Errorf(codes.PermissionDenied, "%s is not a node identity of %s", id, g.cfg.TrustDomain)
+	}
+	if g.cfg.Revoked != nil {
+		revoked, err := g.cfg.Revoked(ctx, leaf.SerialNumber.Text(16))
+		if err != nil {
+			return nil, "", status.Errorf(codes.Unavailable, "revocation check: %v", err)
+		}
+		if revoked {
+			return nil, "", status.Error(codes.PermissionDenied, "certificate revoked")
+		}
+	}
+	return chain, nodeID, nil
+}
+
+// Session holds one node's stream. See the package comment.
+func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
+	ctx := stream.Context()
+	_, certNode, err := g.verifiedNode(ctx)
+	if err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return status.Error(codes.FailedPrecondition, "the first message of a session must be Hello")
+	}
+	if hello.GetNodeId() != certNode {
+		return status.Errorf(codes.PermissionDenied, "certificate is for %s, Hello says %s", certNode, hello.GetNodeId())
+	}
+
+	var epoch int64
+	err = g.cfg.DB.QueryRow(ctx, `
+		UPDATE nodes SET session_epoch = session_epoch + 1, gateway_id = $2, boot_id = $3, journal_id = $4,
+		       last_seen_at = now()
+		 WHERE id = $1
+		RETURNING session_epoch`, certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId()).Scan(&epoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return status.Errorf(codes.NotFound, "node %s does not exist", certNode)
+	}
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "open session: %v", err)
+	}
+
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel}
+	g.mu.Lock()
+	select {
+	case <-g.stop:
+		g.mu.Unlock()
+		return status.Error(codes.Unavailable, "gateway stopping")
+	default:
+	}
+	if old, ok := g.sessions[certNode]; ok {
+		old.cancel(errSuperseded)
+	}
+	g.sessions[certNode] = s
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		if g.sessions[certNode] == s {
+			delete(g.sessions, certNode)
+		}
+		g.mu.Unlock()
+	}()
+	log := g.log.With("node", certNode, "epoch", epoch)
+	log.InfoContext(ctx, "session opened", "boot", hello.GetBootId(), "journal", hello.GetJournalId(), "agent", hello.GetAgentVersion())
+
+	if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Welcome{Welcome: &agentv1.Welcome{
+		SessionEpoch: epoch, HeartbeatIntervalMs: uint32(g.cfg.HeartbeatInterval.Milliseconds()), GatewayId: g.cfg.ID,
+	}}}); err != nil {
+		return err
+	}
+	if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_InventoryRequest{InventoryRequest: &agentv1.InventoryRequest{}}}); err != nil {
+		return err
+	}
+
+	msgs := make(chan *agentv1.SessionRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-sctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-sctx.Done():
+			cause := context.Cause(sctx)
+			log.InfoContext(ctx, "session closed", "cause", cause)
+			if errors.Is(cause, errSuperseded) {
+				return status.Error(codes.Aborted, errSuperseded.Error())
+			}
+			return status.FromContextError(sctx.Err()).Err()
+		case err := <-recvErr:
+			log.InfoContext(ctx, "session ended", "err", err)
+			return nil
+		case m := <-msgs:
+			g.markSeen(s)
+			if inv := m.GetInventory(); inv != nil {
+				if err := g.storeInventory(sctx, s, inv); err != nil {
+					log.WarnContext(ctx, "store inventory", "err", err)
+				}
+			}
+		}
+	}
+}
+
+func (g *Gateway) markSeen(s *session) {
+	g.mu.Lock()
+	s.seen = true
+	g.mu.Unlock()
+}
+
+// storeInventory keeps the latest report, if the session is still the
+// node's current one, and enqueues the inventory controller.
+func (g *Gateway) storeInventory(ctx context.Context, s *session, inv *agentv1.InventoryReport) error {
+	report, err := protojson.Marshal(inv)
+	if err != nil {
+		return err
+	}
+	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO node_inventory (node_id, session_epoch, report, received_at)
+			SELECT id, session_epoch, $3, now() FROM nodes WHERE id = $1 AND session_epoch = $2
+			ON CONFLICT (node_id) DO UPDATE
+			   SET session_epoch = EXCLUDED.session_epoch, report = EXCLUDED.report, received_at = now()`,
+			s.nodeID, s.epoch, json.RawMessage(report))
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return nil // a newer session owns the node: ignore this late report
+		}
+		return q.Enqueue(ctx, InventoryKind, s.nodeID)
+	})
+}
+
+func (g *Gateway) livenessLoop() {
+	defer close(g.done)
+	t := time.NewTicker(g.cfg.LivenessInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = g.FlushLiveness(ctx)
+			cancel()
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), g.cfg.LivenessInterval)
+			if err := g.FlushLiveness(ctx); err != nil {
+				g.log.Warn("write liveness", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// FlushLiveness writes last_seen_at for every session heard from since the
+// last write, and finds every session a newer session of the same node has
+// superseded (its epoch is no longer the node's), in one statement; it closes
+// the superseded ones.
+func (g *Gateway) FlushLiveness(ctx context.Context) error {
+	g.mu.Lock()
+	ids := make([]string, 0, len(g.sessions))
+	epochs := make([]int64, 0, len(g.sessions))
+	seen := make([]bool, 0, len(g.sessions))
+	for _, s := range g.sessions {
+		ids = append(ids, s.nodeID)
+		epochs = append(epochs, s.epoch)
+		seen = append(seen, s.seen)
+		s.seen = false
+	}
+	g.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := g.cfg.DB.Query(ctx, `
+		WITH s AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bool[]) AS s(id, epoch, seen)),
+		     u AS (
+			UPDATE nodes n SET last_seen_at = now()
+			  FROM s WHERE n.id = s.id AND n.session_epoch = s.epoch AND s.seen
+			RETURNING n.id)
+		SELECT s.id, s.epoch FROM s LEFT JOIN nodes n ON n.id = s.id
+		 WHERE n.session_epoch IS DISTINCT FROM s.epoch`, ids, epochs, seen)
+	if err != nil {
+		return fmt.Errorf("liveness: %w", err)
+	}
+	type staleSession struct {
+		ID    string
+		Epoch int64
+	}
+	stale, err := pgx.CollectRows(rows, pgx.RowToStructByPos[staleSession])
+	if err != nil {
+		return fmt.Errorf("liveness: %w", err)
+	}
+	g.mu.Lock()
+	for _, st := range stale {
+		if s, ok := g.sessions[st.ID]; ok && s.epoch == st.Epoch {
+			s.cancel(errSuperseded)
+		}
+	}
+	g.mu.Unlock()
+	return nil
+}

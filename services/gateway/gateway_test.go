@@ -1,0 +1,382 @@
+package gateway_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"net"
+	"net/url"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/shard"
+	"github.com/bettercompute/bettercompute/services/gateway"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const trustDomain = "test.bettercompute"
+
+// testCA issues certificates for the test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newCA(t *testing.T) *testCA {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &testCA{cert: cert, key: key, pool: pool}
+}
+
+var serial atomic.Int64
+
+func (ca *testCA) issue(t *testing.T, spiffe string, dns string, notAfter time.Time) tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(100 + serial.Add(1)),
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: notAfter,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+	}
+	if spiffe != "" {
+		u, _ := url.Parse(spiffe)
+		tmpl.URIs = []*url.URL{u}
+	}
+	if dns != "" {
+		tmpl.DNSNames = []string{dns}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+}
+
+func (ca *testCA) node(t *testing.T, id string) tls.Certificate {
+	return ca.issue(t, "spiffe://"+trustDomain+"/node/"+id, "", time.Now().Add(time.Hour))
+}
+
+// joiner answers Join with a fixed response; Renew echoes the chain's node.
+type joiner struct{ renewedFor atomic.Value }
+
+func (j *joiner) Join(context.Context, *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
+	return &agentv1.JoinResponse{NodeId: "node_joined"}, nil
+}
+
+func (j *joiner) Renew(_ context.Context, chain []*x509.Certificate, _ *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
+	j.renewedFor.Store(chain[0].URIs[0].String())
+	return &agentv1.RenewResponse{}, nil
+}
+
+type fixture struct {
+	ca      *testCA
+	db      *pgxpool.Pool
+	gw      *gateway.Gateway
+	addr    string
+	joiner  *joiner
+	revoked map[string]bool
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}}
+	f.gw, f.addr = f.serve(t, "gw-1")
+	return f
+}
+
+// serve runs a gateway over mTLS on a free port.
+func (f *fixture) serve(t *testing.T, id string) (*gateway.Gateway, string) {
+	t.Helper()
+	gw, err := gateway.New(gateway.Config{
+		ID: id, DB: f.db, Joiner: f.joiner, TrustDomain: trustDomain,
+		Revoked: func(_ context.Context, serial string) (bool, error) { return f.revoked[serial], nil },
+		// Liveness is flushed by hand in tests.
+		LivenessInterval: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw.Start()
+	srvCert := f.ca.issue(t, "", "gateway.test", time.Now().Add(time.Hour))
+	creds := credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{srvCert},
+		ClientCAs:    f.ca.pool,
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		MinVersion:   tls.VersionTLS13,
+	})
+	gs := grpc.NewServer(grpc.Creds(creds))
+	agentv1.RegisterNodeServiceServer(gs, gw)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(func() { gw.Stop(); gs.Stop() })
+	return gw, ln.Addr().String()
+}
+
+func (f *fixture) addNode(t *testing.T, id string) {
+	t.Helper()
+	_, err := f.db.Exec(t.Context(), `
+		INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_test', 'root', 'test', 'gpu') ON CONFLICT DO NOTHING;`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.db.Exec(t.Context(), `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key) VALUES ($1, 'root', 'pool_test', 'adopting', $2, $1)`, id, shard.Of(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) client(t *testing.T, addr string, cert *tls.Certificate) agentv1.NodeServiceClient {
+	t.Helper()
+	cfg := &tls.Config{RootCAs: f.ca.pool, ServerName: "gateway.test", MinVersion: tls.VersionTLS13}
+	if cert != nil {
+		cfg.Certificates = []tls.Certificate{*cert}
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return agentv1.NewNodeServiceClient(conn)
+}
+
+func hello(id string) *agentv1.SessionRequest {
+	return &agentv1.SessionRequest{Body: &agentv1.SessionRequest_Hello{Hello: &agentv1.Hello{NodeId: id, BootId: "boot-1", JournalId: "journal-1", AgentVersion: "test"}}}
+}
+
+func inventory() *agentv1.SessionRequest {
+	return &agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: &agentv1.InventoryReport{
+		Sections: []string{"gpus"}, Gpus: []*agentv1.GPU{{Index: 0, Uuid: "GPU-1", Model: "NVIDIA H200", Healthy: true}},
+	}}}
+}
+
+// open starts a session and returns the stream after Welcome and the
+// inventory request.
+func open(t *testing.T, c agentv1.NodeServiceClient, id string) (agentv1.NodeService_SessionClient, *agentv1.Welcome) {
+	t.Helper()
+	stream, err := c.Session(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(hello(id)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("no Welcome: %v", err)
+	}
+	w := m.GetWelcome()
+	if w == nil {
+		t.Fatalf("first message %v", m)
+	}
+	m, err = stream.Recv()
+	if err != nil || m.GetInventoryRequest() == nil {
+		t.Fatalf("no inventory request: %v %v", m, err)
+	}
+	return stream, w
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestSession(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.addNode(t, "node_a")
+	cert := f.ca.node(t, "node_a")
+	c := f.client(t, f.addr, &cert)
+
+	stream, w := open(t, c, "node_a")
+	if w.GetSessionEpoch() != 1 || w.GetGatewayId() != "gw-1" || w.GetHeartbeatIntervalMs() == 0 {
+		t.Fatalf("welcome %v", w)
+	}
+	var gw, boot string
+	_ = f.db.QueryRow(t.Context(), `SELECT gateway_id, boot_id FROM nodes WHERE id = 'node_a'`).Scan(&gw, &boot)
+	if gw != "gw-1" || boot != "boot-1" {
+		t.Fatalf("routing not recorded: gateway %q boot %q", gw, boot)
+	}
+
+	if err := stream.Send(inventory()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the report to be stored and the controller enqueued", func() bool {
+		var n int
+		_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM node_inventory i JOIN work_queue w ON w.kind = 'inventory' AND w.key = i.node_id WHERE i.node_id = 'node_a' AND i.report->'gpus'->0->>'uuid' = 'GPU-1'`).Scan(&n)
+		return n == 1
+	})
+
+	// Liveness: one write for every session heard from.
+	if _, err := f.db.Exec(t.Context(), `UPDATE nodes SET last_seen_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{Sequence: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "liveness to be written", func() bool {
+		if err := f.gw.FlushLiveness(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		var fresh bool
+		_ = f.db.QueryRow(t.Context(), `SELECT last_seen_at > now() - interval '1 minute' FROM nodes WHERE id = 'node_a'`).Scan(&fresh)
+		return fresh
+	})
+}
+
+func TestSessionRefusesBadIdentities(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.addNode(t, "node_a")
+	f.addNode(t, "node_b")
+
+	expect := func(t *testing.T, c agentv1.NodeServiceClient, id string, want codes.Code) {
+		t.Helper()
+		stream, err := c.Session(t.Context())
+		if err == nil {
+			err = stream.Send(hello(id))
+		}
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if status.Code(err) != want {
+			t.Fatalf("session as %s: %v, want %s", id, err, want)
+		}
+	}
+
+	t.Run("a certificate for A saying Hello as B", func(t *testing.T) {
+		cert := f.ca.node(t, "node_a")
+		expect(t, f.client(t, f.addr, &cert), "node_b", codes.PermissionDenied)
+	})
+	t.Run("no certificate", func(t *testing.T) {
+		expect(t, f.client(t, f.addr, nil), "node_a", codes.Unauthenticated)
+	})
+	t.Run("a revoked certificate", func(t *testing.T) {
+		cert := f.ca.node(t, "node_a")
+		f.revoked[cert.Leaf.SerialNumber.Text(16)] = true
+		expect(t, f.client(t, f.addr, &cert), "node_a", codes.PermissionDenied)
+	})
+	t.Run("another trust domain", func(t *testing.T) {
+		cert := f.ca.issue(t, "spiffe://evil.example/node/node_a", "", time.Now().Add(time.Hour))
+		expect(t, f.client(t, f.addr, &cert), "node_a", codes.PermissionDenied)
+	})
+	t.Run("not a node identity", func(t *testing.T) {
+		cert := f.ca.issue(t, "spiffe://"+trustDomain+"/gateway/gw-1", "", time.Now().Add(time.Hour))
+		expect(t, f.client(t, f.addr, &cert), "node_a", codes.PermissionDenied)
+	})
+	t.Run("an expired certificate fails the handshake", func(t *testing.T) {
+		cert := f.ca.issue(t, "spiffe://"+trustDomain+"/node/node_a", "", time.Now().Add(-time.Minute))
+		expect(t, f.client(t, f.addr, &cert), "node_a", codes.Unavailable)
+	})
+	t.Run("a node that does not exist", func(t *testing.T) {
+		cert := f.ca.node(t, "node_gone")
+		expect(t, f.client(t, f.addr, &cert), "node_gone", codes.NotFound)
+	})
+	t.Run("Join needs no certificate; Renew does", func(t *testing.T) {
+		c := f.client(t, f.addr, nil)
+		if r, err := c.Join(t.Context(), &agentv1.JoinRequest{}); err != nil || r.GetNodeId() != "node_joined" {
+			t.Fatalf("join: %v %v", r, err)
+		}
+		if _, err := c.Renew(t.Context(), &agentv1.RenewRequest{}); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("renew without a certificate: %v", err)
+		}
+		cert := f.ca.node(t, "node_a")
+		if _, err := f.client(t, f.addr, &cert).Renew(t.Context(), &agentv1.RenewRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.joiner.renewedFor.Load(); got != "spiffe://"+trustDomain+"/node/node_a" {
+			t.Fatalf("renew relayed for %v", got)
+		}
+	})
+}
+
+func TestNewerSessionSupersedesOlder(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.addNode(t, "node_a")
+	cert := f.ca.node(t, "node_a")
+
+	t.Run("on the same gateway the older stream is closed", func(t *testing.T) {
+		c := f.client(t, f.addr, &cert)
+		old, w1 := open(t, c, "node_a")
+		_, w2 := open(t, c, "node_a")
+		if w2.GetSessionEpoch() != w1.GetSessionEpoch()+1 {
+			t.Fatalf("epochs %d then %d", w1.GetSessionEpoch(), w2.GetSessionEpoch())
+		}
+		if _, err := old.Recv(); status.Code(err) != codes.Aborted {
+			t.Fatalf("the older session got %v, want Aborted", err)
+		}
+		eventually(t, "one session", func() bool { return f.gw.Sessions() == 1 })
+	})
+
+	t.Run("on another gateway the older session's late messages are ignored", func(t *testing.T) {
+		gw2, addr2 := f.serve(t, "gw-2")
+		old, _ := open(t, f.client(t, f.addr, &cert), "node_a")
+		_, wNew := open(t, f.client(t, addr2, &cert), "node_a")
+		if _, err := f.db.Exec(t.Context(), `DELETE FROM node_inventory; DELETE FROM work_queue`); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Send(inventory()); err != nil {
+			t.Fatal(err)
+		}
+		// The old gateway learns of the newer session at its next liveness
+		// write and closes the stream; the late report changed nothing.
+		if err := f.gw.FlushLiveness(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := old.Recv(); status.Code(err) != codes.Aborted && !errors.Is(err, context.Canceled) {
+			t.Fatalf("the superseded session got %v", err)
+		}
+		var n int
+		_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM node_inventory`).Scan(&n)
+		if n != 0 {
+			t.Fatal("a superseded session's report was stored")
+		}
+		var gw string
+		var epoch int64
+		_ = f.db.QueryRow(t.Context(), `SELECT gateway_id, session_epoch FROM nodes WHERE id = 'node_a'`).Scan(&gw, &epoch)
+		if gw != "gw-2" || epoch != wNew.GetSessionEpoch() || gw2.Sessions() != 1 {
+			t.Fatalf("routing %s epoch %d", gw, epoch)
+		}
+	})
+}
