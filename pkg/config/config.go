@@ -53,6 +53,8 @@ type Config struct {
 	// JoinService is the node CA and join-token redemption: the joinservice
 	// role, and the gateway that hosts it in this release.
 	JoinService JoinService `yaml:"joinService"`
+	// Gateway configures the gateway role.
+	Gateway Gateway `yaml:"gateway"`
 	// Dev configures `better-compute dev` only.
 	Dev Dev `yaml:"dev"`
 }
@@ -76,6 +78,27 @@ type JoinService struct {
 	// once and reused when the files above are unset; dev sets
 	// <dev.dataDir>/pki.
 	KeyDir string `yaml:"keyDir"`
+}
+
+// Gateway configures the gateway role: node daemons' sessions over mutual
+// TLS, on a listener of its own.
+type Gateway struct {
+	// Listen is the daemons' host:port. Empty means ":8443" when the gateway
+	// role is asked for by name, and that `all` runs no gateway (dev sets
+	// 127.0.0.1:8443).
+	Listen string `yaml:"listen"`
+	// ID names the gateway in nodes.gateway_id and its SPIFFE ID; default
+	// the host name.
+	ID string `yaml:"id"`
+	// Hosts are the DNS names and IPs daemons dial, put in the serving
+	// certificate; default the host name, localhost and 127.0.0.1.
+	Hosts []string `yaml:"hosts"`
+	// HeartbeatInterval is what daemons are asked to heartbeat at; default
+	// 10s.
+	HeartbeatInterval Duration `yaml:"heartbeatInterval"`
+	// LivenessInterval is how often liveness is written, one statement for
+	// all sessions; default 5s.
+	LivenessInterval Duration `yaml:"livenessInterval"`
 }
 
 // Database is the PostgreSQL connection.
@@ -193,6 +216,14 @@ func (c *Config) Defaults() {
 	c.Telemetry.ServiceName = cmp.Or(c.Telemetry.ServiceName, "better-compute")
 	c.Dev.DataDir = cmp.Or(c.Dev.DataDir, ".data")
 	c.JoinService.TrustDomain = cmp.Or(c.JoinService.TrustDomain, "bettercompute.local")
+	host, _ := os.Hostname()
+	host = strings.ToLower(cmp.Or(host, "gateway"))
+	c.Gateway.ID = cmp.Or(c.Gateway.ID, host)
+	if len(c.Gateway.Hosts) == 0 {
+		c.Gateway.Hosts = []string{host, "localhost", "127.0.0.1"}
+	}
+	c.Gateway.HeartbeatInterval = cmp.Or(c.Gateway.HeartbeatInterval, Duration(10*time.Second))
+	c.Gateway.LivenessInterval = cmp.Or(c.Gateway.LivenessInterval, Duration(5*time.Second))
 	r := &c.Runtime
 	r.Heartbeat = cmp.Or(r.Heartbeat, Duration(2*time.Second))
 	r.LeaseTTL = cmp.Or(r.LeaseTTL, 5*r.Heartbeat)
@@ -287,6 +318,20 @@ func (c *Config) Validate() error {
 			bad("telemetry.otlpEndpoint", "expected host:port or an http(s):// URL, got %q", e)
 		}
 	}
+	if l := c.Gateway.Listen; l != "" {
+		if _, port, err := net.SplitHostPort(l); err != nil || port == "" {
+			bad("gateway.listen", "expected host:port (such as :8443), got %q", l)
+		}
+	}
+	if !gatewayIDRE.MatchString(c.Gateway.ID) {
+		bad("gateway.id", "expected lower-case letters, digits, dots and dashes, got %q", c.Gateway.ID)
+	}
+	if c.Gateway.HeartbeatInterval <= 0 {
+		bad("gateway.heartbeatInterval", "expected a positive duration, got %s", c.Gateway.HeartbeatInterval.Std())
+	}
+	if c.Gateway.LivenessInterval <= 0 {
+		bad("gateway.livenessInterval", "expected a positive duration, got %s", c.Gateway.LivenessInterval.Std())
+	}
 	r := c.Runtime
 	for _, d := range []struct {
 		field string
@@ -324,6 +369,8 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+var gatewayIDRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,62}$`)
 
 var trustDomainRE = regexp.MustCompile(`^[a-z0-9._-]{1,255}$`)
 

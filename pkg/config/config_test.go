@@ -183,6 +183,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"negative jitter", func(c *config.Config) { c.Runtime.ResyncJitter = -1 }, "runtime.resyncJitter"},
 		{"concurrency", func(c *config.Config) { c.Runtime.Concurrency = 0 }, "runtime.concurrency"},
 		{"batch", func(c *config.Config) { c.Runtime.Batch = 20000 }, "runtime.batch"},
+		{"gateway listen", func(c *config.Config) { c.Gateway.Listen = "8443" }, "gateway.listen"},
+		{"gateway id", func(c *config.Config) { c.Gateway.ID = "GW 1" }, "gateway.id"},
+		{"gateway liveness", func(c *config.Config) { c.Gateway.LivenessInterval = -1 }, "gateway.livenessInterval"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

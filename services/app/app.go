@@ -45,7 +45,7 @@ import (
 
 // built lists the roles that have a service in this release. A role named
 // explicitly that is not here fails at start; `all` runs these.
-var built = []config.Role{config.RoleAPI, config.RoleControllers, config.RoleScheduler}
+var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleControllers, config.RoleScheduler}
 
 // runtimeRoles are the roles whose reconcilers run on the reconciler runtime,
 // each a membership of its own.
@@ -113,6 +113,7 @@ type App struct {
 	ready   atomic.Bool
 	pool    *pgxpool.Pool
 	runtime *reconcile.Runtime
+	gateway *gatewayServer
 	nc      *nats.Conn
 	api     *api.Server
 	srv     *http.Server
@@ -135,6 +136,21 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 	if err := cfg.RequireDatabase(); err != nil {
 		return nil, err
+	}
+	if slices.Contains(roles, config.RoleGateway) {
+		switch {
+		case cfg.Gateway.Listen != "":
+		case slices.Equal(cfg.Roles, nil) || slices.Contains(cfg.Roles, string(config.RoleAll)):
+			// `all` runs a gateway only where one is configured.
+			roles = slices.DeleteFunc(roles, func(r config.Role) bool { return r == config.RoleGateway })
+		default:
+			cfg.Gateway.Listen = ":8443"
+		}
+	}
+	if slices.Contains(roles, config.RoleGateway) {
+		if err := cfg.RequireJoinServiceKeys(); err != nil {
+			return nil, err
+		}
 	}
 	logger := opts.Logger
 	if logger == nil {
@@ -190,6 +206,11 @@ func (a *App) Start(ctx context.Context) (err error) {
 	a.checks = a.healthChecks()
 	if err := a.startRuntime(ctx); err != nil {
 		return err
+	}
+	if slices.Contains(a.roles, config.RoleGateway) {
+		if err := a.startGateway(ctx); err != nil {
+			return err
+		}
 	}
 
 	addr := net.JoinHostPort(a.cfg.Server.Host, strconv.Itoa(*a.cfg.Server.Port))
@@ -403,6 +424,9 @@ func (a *App) stopLocked(ctx context.Context) {
 	}
 	if a.api != nil {
 		a.api.Stop()
+	}
+	if a.gateway != nil {
+		a.gateway.stop(ctx)
 	}
 	if a.runtime != nil {
 		a.runtime.Stop() // releases its leases so other workers take over at once

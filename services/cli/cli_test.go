@@ -32,7 +32,7 @@ func TestServeRejectsBadInputBeforeStarting(t *testing.T) {
 		want string
 	}{
 		{"unknown role", []string{"serve", "--roles", "bogus"}, cli.ExitConfig, `error: INVALID_CONFIG roles: unknown role "bogus"`},
-		{"unbuilt role", []string{"serve", "--roles", "api,gateway"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "gateway" is not built yet`},
+		{"unbuilt role", []string{"serve", "--roles", "api,metal"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "metal" is not built yet`},
 		{"bad port", []string{"serve", "--port", "70000"}, cli.ExitConfig, "error: INVALID_CONFIG server.port: expected a port from 0 to 65535, got 70000"},
 		{"bad flag", []string{"serve", "--rolez", "api"}, cli.ExitConfig, "unknown flag: --rolez"},
 		{"bad log level", []string{"serve", "--log-level", "loud"}, cli.ExitConfig, "error: INVALID_CONFIG log.level"},
@@ -91,11 +91,11 @@ func TestDeployableFixesItsRole(t *testing.T) {
 	t.Setenv("BC_CONFIG", "")
 	t.Setenv("DATABASE_URL", "")
 	var out, errb bytes.Buffer
-	cmd := cli.Deployable("gateway", &out, &errb)
+	cmd := cli.Deployable("vps", &out, &errb)
 	cmd.SetArgs([]string{"--port", "0"})
 	code := cli.Report(&errb, cmd.ExecuteContext(t.Context()))
-	// The database check comes after roles: the gateway is not built yet.
-	if code != cli.ExitConfig || !strings.Contains(errb.String(), `role "gateway" is not built yet`) {
+	// The database check comes after roles: vps is not built yet.
+	if code != cli.ExitConfig || !strings.Contains(errb.String(), `role "vps" is not built yet`) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 }

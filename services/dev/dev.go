@@ -6,6 +6,7 @@ package dev
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -39,7 +40,10 @@ type Env struct {
 	Credential string
 	// CredentialNew says Credential was made by this start.
 	CredentialNew bool
-	stops         []func()
+	// JoinKeyFile and CAFile are what `bcd join` needs: joinservice's public
+	// key and the node CA's bundle.
+	JoinKeyFile, CAFile string
+	stops               []func()
 }
 
 // Start resolves PostgreSQL and NATS as the package comment says and starts
@@ -94,6 +98,16 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 	}
 	env.NATSURL = cfg.NATS.URL
 
+	// The gateway, with a node CA and joinservice key made once under the
+	// data dir, so nodes can join the dev control plane.
+	js := &cfg.JoinService
+	if js.CACertFile == "" && js.HPKEKeyFile == "" && js.KeyDir == "" {
+		js.KeyDir = filepath.Join(dataDir, "pki")
+	}
+	if cfg.Gateway.Listen == "" {
+		cfg.Gateway.Listen = DefaultGatewayListen
+	}
+
 	env.App, err = app.New(cfg, app.Options{Logger: logger})
 	if err != nil {
 		return nil, err
@@ -101,10 +115,44 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 	if err := env.App.Start(ctx); err != nil {
 		return nil, err
 	}
+	if env.JoinKeyFile, env.CAFile, err = writeJoinFiles(env.App, filepath.Join(dataDir, "pki")); err != nil {
+		return nil, err
+	}
 	if env.Credential, env.CredentialNew, err = rootCredential(ctx, cfg.Database.URL, filepath.Join(dataDir, CredentialFile)); err != nil {
 		return nil, err
 	}
 	return env, nil
+}
+
+// DefaultGatewayListen is where dev's gateway listens unless configured.
+const DefaultGatewayListen = "127.0.0.1:8443"
+
+// writeJoinFiles writes what `bcd join` needs to trust and reach this control
+// plane: joinservice's public key and the node CA's bundle.
+func writeJoinFiles(a *app.App, dir string) (keyFile, caFile string, err error) {
+	js := a.JoinService()
+	if js == nil {
+		return "", "", nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", err
+	}
+	pub, err := js.Key().PublicKeyPEM()
+	if err != nil {
+		return "", "", err
+	}
+	keyFile, caFile = filepath.Join(dir, "joinservice.pub"), filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(keyFile, pub, 0o644); err != nil {
+		return "", "", err
+	}
+	var bundle []byte
+	for _, der := range js.CA().TrustBundle() {
+		bundle = append(bundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	if err := os.WriteFile(caFile, bundle, 0o644); err != nil {
+		return "", "", err
+	}
+	return keyFile, caFile, nil
 }
 
 // CredentialFile, under dev.dataDir, keeps the root credential dev made on
@@ -161,6 +209,10 @@ func (e *Env) Banner() string {
 	fmt.Fprintf(&b, "  health   %s/healthz  %s/readyz\n", base, base)
 	fmt.Fprintf(&b, "  metrics  %s/metrics\n", base)
 	fmt.Fprintf(&b, "  NATS     %s\n", e.NATSURL)
+	if gw := e.App.GatewayAddr(); gw != "" {
+		fmt.Fprintf(&b, "  Gateway  %s (mTLS); join a node with\n", gw)
+		fmt.Fprintf(&b, "           bcd join --gateway %s --token <joinTokens.create> --joinservice-key %s --ca %s --root DIR\n", gw, e.JoinKeyFile, e.CAFile)
+	}
 	fmt.Fprintf(&b, "  Postgres %s\n\n", redact(e.Database))
 	if e.Credential != "" {
 		state := "kept in " + CredentialFile + " under the data dir"

@@ -35,6 +35,7 @@ func TestDevBootsAndAnswers(t *testing.T) {
 		Database: config.Database{URL: pgtest.NewDB(t)},
 		Server:   config.Server{Host: "127.0.0.1", Port: &port},
 		Dev:      config.Dev{DataDir: t.TempDir()},
+		Gateway:  config.Gateway{Listen: "127.0.0.1:0"},
 	}
 	cfg.Defaults()
 	env, err := dev.Start(t.Context(), cfg, nil)
@@ -100,7 +101,7 @@ func TestDevBinary(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	cmd := exec.Command(bin, "dev", "--port", "0", "--log-level", "warn")
-	cmd.Env = append(os.Environ(), "BC_DATABASE_URL="+pgtest.NewDB(t), "BC_DEV_DATA_DIR="+t.TempDir(), "BC_CONFIG=")
+	cmd.Env = append(os.Environ(), "BC_DATABASE_URL="+pgtest.NewDB(t), "BC_DEV_DATA_DIR="+t.TempDir(), "BC_CONFIG=", "BC_GATEWAY_LISTEN=127.0.0.1:0")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -172,6 +173,7 @@ func TestDevKeepsItsRootCredential(t *testing.T) {
 			Database: config.Database{URL: url},
 			Server:   config.Server{Host: "127.0.0.1", Port: &port},
 			Dev:      config.Dev{DataDir: dir},
+			Gateway:  config.Gateway{Listen: "127.0.0.1:0"},
 		}
 		cfg.Defaults()
 		env, err := dev.Start(t.Context(), cfg, nil)

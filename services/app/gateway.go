@@ -1,0 +1,118 @@
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/nodeca"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/services/gateway"
+	"github.com/bettercompute/bettercompute/services/joinservice"
+)
+
+// gatewayServer is the gateway role's listener.
+type gatewayServer struct {
+	gw   *gateway.Gateway
+	js   *joinservice.Service
+	grpc *grpc.Server
+	ln   net.Listener
+	done chan struct{}
+}
+
+// startGateway runs the gateway role: daemon sessions over mutual TLS on
+// gateway.listen, with joinservice constructed in the same process from the
+// shared configuration (this release's host for Join and Renew).
+func (a *App) startGateway(context.Context) error {
+	js, err := joinservice.Open(a.cfg.JoinService, a.pool, a.logger)
+	if err != nil {
+		return err
+	}
+	gc := a.cfg.Gateway
+	ca := js.CA()
+	cert, err := ca.ServingCertificate(gc.ID, gc.Hosts, 0)
+	if err != nil {
+		return fmt.Errorf("gateway serving certificate: %w", err)
+	}
+	gw, err := gateway.New(gateway.Config{
+		ID: gc.ID, DB: a.pool, Joiner: js, TrustDomain: ca.TrustDomain().Name(),
+		Revoked: func(ctx context.Context, serial string) (bool, error) {
+			return nodeca.RevokedSerial(ctx, a.pool, serial)
+		},
+		Poker:             &workqueue.Poker{NC: a.nc},
+		HeartbeatInterval: gc.HeartbeatInterval.Std(),
+		LivenessInterval:  gc.LivenessInterval.Std(),
+		Logger:            a.logger.With("role", "gateway"),
+	})
+	if err != nil {
+		return err
+	}
+	creds := credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{cert},
+		ClientCAs:    ca.Pool(),
+		// Join is the one call made without a client certificate; every
+		// other method checks the verified chain itself.
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		MinVersion: tls.VersionTLS13,
+	})
+	gs := grpc.NewServer(grpc.Creds(creds),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	agentv1.RegisterNodeServiceServer(gs, gw)
+	ln, err := net.Listen("tcp", gc.Listen)
+	if err != nil {
+		return fault.Wrap(err, fault.Unavailable, "gateway.listen", "cannot listen on %s: %v", gc.Listen, err)
+	}
+	g := &gatewayServer{gw: gw, js: js, grpc: gs, ln: ln, done: make(chan struct{})}
+	gw.Start()
+	go func() {
+		defer close(g.done)
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			a.logger.Error("gateway stopped", "err", err)
+		}
+	}()
+	a.gateway = g
+	a.logger.Info("gateway serving", "addr", ln.Addr().String(), "id", gc.ID, "trustDomain", ca.TrustDomain().Name())
+	return nil
+}
+
+// stop ends every session, then the listener.
+func (g *gatewayServer) stop(ctx context.Context) {
+	g.gw.Stop()
+	stopped := make(chan struct{})
+	go func() { g.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		g.grpc.Stop()
+	}
+	<-g.done
+}
+
+// GatewayAddr returns the gateway's listen address, or "" when the process
+// runs no gateway.
+func (a *App) GatewayAddr() string {
+	if a.gateway == nil {
+		return ""
+	}
+	return a.gateway.ln.Addr().String()
+}
+
+// JoinService returns the in-process joinservice of the gateway role, or nil.
+func (a *App) JoinService() *joinservice.Service {
+	if a.gateway == nil {
+		return nil
+	}
+	return a.gateway.js
+}

@@ -1,0 +1,162 @@
+package dev_test
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bettercompute/bettercompute/agent/inventory"
+	"github.com/bettercompute/bettercompute/agent/join"
+	"github.com/bettercompute/bettercompute/agent/session"
+	"github.com/bettercompute/bettercompute/agent/state"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/services/dev"
+)
+
+// call posts a JSON body to an API method with the root credential and
+// decodes the answer into out, failing the test on any error.
+func call(t *testing.T, env *dev.Env, method string, body, out any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, env.BaseURL()+"/api/compute/"+method, strings.NewReader(string(b)))
+	req.Header.Set("Authorization", "Bearer "+env.Credential)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %s", method, resp.StatusCode, raw)
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		t.Fatalf("%s: %v: %s", method, err, raw)
+	}
+}
+
+// TestNodeJoinsEndToEnd runs the real agent against the real dev control
+// plane: join → certificate → session → inventory → devices → adopted,
+// visible in nodes.get.
+func TestNodeJoinsEndToEnd(t *testing.T) {
+	t.Parallel()
+	port := 0
+	cfg := &config.Config{
+		Database: config.Database{URL: pgtest.NewDB(t)},
+		Server:   config.Server{Host: "127.0.0.1", Port: &port},
+		Dev:      config.Dev{DataDir: t.TempDir()},
+		Gateway:  config.Gateway{Listen: "127.0.0.1:0", HeartbeatInterval: config.Duration(200 * time.Millisecond), LivenessInterval: config.Duration(200 * time.Millisecond)},
+		Runtime:  config.Runtime{PollBusDown: config.Duration(50 * time.Millisecond)},
+	}
+	cfg.Defaults()
+	env, err := dev.Start(t.Context(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Stop(context.Background())
+
+	var pool struct{ Pool struct{ ID string } }
+	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": "h200", "class": "gpu", "idempotencyKey": "e2e-pool"}, &pool)
+	var tok struct{ Token string }
+	call(t, env, "joinTokens/create", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "uses": 1, "idempotencyKey": "e2e-token"}, &tok)
+	if !strings.HasPrefix(tok.Token, "bcjt_") {
+		t.Fatalf("token %q", tok.Token)
+	}
+
+	// What an operator copies to the server: joinservice's key and the CA.
+	keyPEM, err := os.ReadFile(env.JoinKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, keyID, err := join.ParsePublicKey(keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(env.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		t.Fatal("no CA in " + env.CAFile)
+	}
+	_, gwPort, _ := net.SplitHostPort(env.App.GatewayAddr())
+	gateway := net.JoinHostPort("127.0.0.1", gwPort)
+
+	st, err := state.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock, Hostname: "gpu-host-1", MachineID: "e2e-machine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = inv.Close() }()
+	id, err := join.Join(t.Context(), join.Config{
+		Gateway: gateway, RootCAs: roots, Token: tok.Token,
+		JoinserviceKey: pub, JoinserviceKeyID: keyID, State: st, Claims: inv,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := id.Leaf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(leaf.URIs[0].String(), "/node/"+id.NodeID) || time.Until(leaf.NotAfter) < 23*time.Hour {
+		t.Fatalf("certificate %v until %s", leaf.URIs, leaf.NotAfter)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- session.Run(ctx, session.Config{Gateway: gateway, State: st, Inventory: inv, BootID: "e2e-boot", AgentVersion: "e2e", MinBackoff: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	type node struct {
+		State        string
+		SessionEpoch string
+		GatewayID    string
+		LastSeenAt   string
+		Devices      []struct {
+			ID, Model string
+			Healthy   bool
+		}
+	}
+	var got struct{ Node node }
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id.NodeID}, &got)
+		if got.Node.State == "adopted" && len(got.Node.Devices) == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node never adopted with its GPUs: %+v", got.Node)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n := got.Node
+	if n.SessionEpoch != "1" || n.GatewayID != cfg.Gateway.ID || n.LastSeenAt == "" {
+		t.Fatalf("session not visible: %+v", n)
+	}
+	for _, d := range n.Devices {
+		if !strings.HasPrefix(d.ID, "GPU-") || !strings.HasPrefix(d.Model, "NVIDIA H200") || !d.Healthy {
+			t.Fatalf("device %+v", d)
+		}
+	}
+}
