@@ -86,15 +86,15 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 	if keyID == "" {
 		keyID = KeyID(cfg.JoinserviceKey)
 	}
-	enc, sealed, err := Seal(cfg.JoinserviceKey, cfg.Token)
-	if err != nil {
-		return state.Identity{}, err
-	}
 	key, err := cfg.State.Key()
 	if err != nil {
 		return state.Identity{}, err
 	}
 	csr, err := cfg.State.CSR()
+	if err != nil {
+		return state.Identity{}, err
+	}
+	enc, sealed, err := Seal(cfg.JoinserviceKey, cfg.Token, csr)
 	if err != nil {
 		return state.Identity{}, err
 	}
@@ -142,9 +142,9 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 }
 
 // Seal seals token to pub, joinservice's raw X25519 public key, with the
-// suite in the package documentation. It returns the encapsulated key and
-// the ciphertext.
-func Seal(pub []byte, token string) (enc, ct []byte, err error) {
+// suite in the package documentation, bound to csr (the DER CSR sent beside
+// it; see [AAD]). It returns the encapsulated key and the ciphertext.
+func Seal(pub []byte, token string, csr []byte) (enc, ct []byte, err error) {
 	pk, err := hpke.DHKEM(ecdh.X25519()).NewPublicKey(pub)
 	if err != nil {
 		return nil, nil, fmt.Errorf("join: joinservice key: %w", err)
@@ -153,11 +153,19 @@ func Seal(pub []byte, token string) (enc, ct []byte, err error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("join: seal: %w", err)
 	}
-	ct, err = s.Seal(nil, []byte(token))
+	ct, err = s.Seal(AAD(csr), []byte(token))
 	if err != nil {
 		return nil, nil, fmt.Errorf("join: seal: %w", err)
 	}
 	return enc, ct, nil
+}
+
+// AAD is the additional authenticated data of the sealed token: SHA-256 of
+// the DER CSR. It binds the token to the node's key, so a gateway relaying
+// the Join cannot swap in a CSR for a key of its own.
+func AAD(csr []byte) []byte {
+	h := sha256.Sum256(csr)
+	return h[:]
 }
 
 // KeyID is the default id of a joinservice key: the first 16 hex digits of

@@ -120,7 +120,8 @@ func TestSeal_OpensWithTheRecipientKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub := priv.PublicKey().Bytes()
-	enc, ct, err := join.Seal(pub, "bcjt_abc.def")
+	csr := []byte("the CSR")
+	enc, ct, err := join.Seal(pub, "bcjt_abc.def", csr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,16 +129,21 @@ func TestSeal_OpensWithTheRecipientKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := r.Open(nil, ct)
+	got, err := r.Open(join.AAD(csr), ct)
 	if err != nil || string(got) != "bcjt_abc.def" {
 		t.Fatalf("open: %q, %v", got, err)
 	}
+	// The CSR is bound: a relay that swaps it cannot open the token.
+	r3, _ := hpke.NewRecipient(enc, priv, hpke.HKDFSHA256(), hpke.AES128GCM(), []byte("bettercompute join v1"))
+	if _, err := r3.Open(join.AAD([]byte("another CSR")), ct); err == nil {
+		t.Error("opened for another CSR")
+	}
 	// The info string is bound: another purpose cannot open it.
 	r2, _ := hpke.NewRecipient(enc, priv, hpke.HKDFSHA256(), hpke.AES128GCM(), []byte("something else"))
-	if _, err := r2.Open(nil, ct); err == nil {
+	if _, err := r2.Open(join.AAD(csr), ct); err == nil {
 		t.Error("opened under another info string")
 	}
-	if _, _, err := join.Seal([]byte("short"), "t"); err == nil {
+	if _, _, err := join.Seal([]byte("short"), "t", nil); err == nil {
 		t.Error("sealed to a malformed key")
 	}
 }

@@ -64,15 +64,15 @@ func (j *joiner) join(t *testing.T, token, serial string) (string, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sealed, err := sender.Seal(nil, []byte(token))
-	if err != nil {
-		t.Fatal(err)
-	}
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := sender.Seal(joinservice.SealAAD(csr), []byte(token))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,9 +117,9 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	case req.GetClaims() == nil:
 		return nil, fault.New(fault.InvalidInput, "claims", "required: the node's hardware claims")
 	}
-	plain, err := s.key.Open(req.GetEncapsulatedKey(), req.GetSealedToken())
+	plain, err := s.key.Open(req.GetEncapsulatedKey(), req.GetSealedToken(), req.GetCsr())
 	if err != nil {
-		return nil, fault.Wrap(err, fault.Unauthenticated, "sealedToken", "the join token cannot be opened with joinservice's key %s", s.key.ID())
+		return nil, fault.Wrap(err, fault.Unauthenticated, "sealedToken", "the join token cannot be opened with joinservice's key %s for this CSR", s.key.ID())
 	}
 	csr, err := nodeca.ParseCSR(req.GetCsr())
 	if err != nil {

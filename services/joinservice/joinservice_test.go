@@ -106,7 +106,7 @@ func (f *fixture) token(t *testing.T, tok jointoken.Token) string {
 }
 
 // seal seals token to pub the way bcd does.
-func seal(t *testing.T, pub []byte, token string) (enc, sealed []byte) {
+func seal(t *testing.T, pub []byte, token string, csr []byte) (enc, sealed []byte) {
 	t.Helper()
 	pk, err := ecdh.X25519().NewPublicKey(pub)
 	if err != nil {
@@ -120,7 +120,7 @@ func seal(t *testing.T, pub []byte, token string) (enc, sealed []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sealed, err = s.Seal(nil, []byte(token)); err != nil {
+	if sealed, err = s.Seal(joinservice.SealAAD(csr), []byte(token)); err != nil {
 		t.Fatal(err)
 	}
 	return enc, sealed
@@ -157,8 +157,9 @@ func claims(serial string, n int) *agentv1.HardwareClaims {
 // serial, for key k.
 func (f *fixture) request(t *testing.T, token, serial string, k crypto.Signer) *agentv1.JoinRequest {
 	t.Helper()
-	enc, sealed := seal(t, f.key.PublicKey(), token)
-	return &agentv1.JoinRequest{SealedToken: sealed, EncapsulatedKey: enc, JoinserviceKeyId: f.key.ID(), Csr: csrFor(t, k), Claims: claims(serial, 8)}
+	csr := csrFor(t, k)
+	enc, sealed := seal(t, f.key.PublicKey(), token, csr)
+	return &agentv1.JoinRequest{SealedToken: sealed, EncapsulatedKey: enc, JoinserviceKeyId: f.key.ID(), Csr: csr, Claims: claims(serial, 8)}
 }
 
 func wantFault(t *testing.T, err error, code fault.Code, field string) {
@@ -296,14 +297,21 @@ func TestJoinRefusals(t *testing.T) {
 		{name: "no sealed token", token: good, edit: func(r *agentv1.JoinRequest) { r.SealedToken = nil }, code: fault.InvalidInput, field: "sealedToken"},
 		{name: "no encapsulated key", token: good, edit: func(r *agentv1.JoinRequest) { r.EncapsulatedKey = nil }, code: fault.InvalidInput, field: "encapsulatedKey"},
 		{name: "token sealed to another key", token: good, edit: func(r *agentv1.JoinRequest) {
-			r.EncapsulatedKey, r.SealedToken = seal(t, otherKey.PublicKey(), good)
+			r.EncapsulatedKey, r.SealedToken = seal(t, otherKey.PublicKey(), good, r.Csr)
 		}, code: fault.Unauthenticated, field: "sealedToken"},
 		{name: "token sealed to another key id", token: good, edit: func(r *agentv1.JoinRequest) {
-			r.EncapsulatedKey, r.SealedToken = seal(t, otherKey.PublicKey(), good)
+			r.EncapsulatedKey, r.SealedToken = seal(t, otherKey.PublicKey(), good, r.Csr)
 			r.JoinserviceKeyId = otherKey.ID()
 		}, code: fault.InvalidInput, field: "joinserviceKeyId"},
-		{name: "CSR with a bad signature", token: good, edit: func(r *agentv1.JoinRequest) { r.Csr[len(r.Csr)-3] ^= 0xff }, code: fault.InvalidInput, field: "csr"},
-		{name: "CSR missing", token: good, edit: func(r *agentv1.JoinRequest) { r.Csr = nil }, code: fault.InvalidInput, field: "csr"},
+		{name: "CSR with a bad signature", token: good, edit: func(r *agentv1.JoinRequest) {
+			r.Csr[len(r.Csr)-3] ^= 0xff
+			r.EncapsulatedKey, r.SealedToken = seal(t, f.key.PublicKey(), good, r.Csr)
+		}, code: fault.InvalidInput, field: "csr"},
+		{name: "CSR missing", token: good, edit: func(r *agentv1.JoinRequest) {
+			r.Csr = nil
+			r.EncapsulatedKey, r.SealedToken = seal(t, f.key.PublicKey(), good, r.Csr)
+		}, code: fault.InvalidInput, field: "csr"},
+		{name: "CSR swapped by a relaying gateway", token: good, edit: func(r *agentv1.JoinRequest) { r.Csr = csrFor(t, newKey(t)) }, code: fault.Unauthenticated, field: "sealedToken"},
 		{name: "claims missing", token: good, edit: func(r *agentv1.JoinRequest) { r.Claims = nil }, code: fault.InvalidInput, field: "claims"},
 		{name: "claims without a machine id", token: good, edit: func(r *agentv1.JoinRequest) { r.Claims.MachineId = "" }, code: fault.InvalidInput, field: "claims.machineId"},
 		{name: "duplicate GPU UUIDs", token: good, edit: func(r *agentv1.JoinRequest) { r.Claims.Gpus[1].Uuid = r.Claims.Gpus[0].Uuid }, code: fault.InvalidInput, field: "claims.gpus"},

@@ -134,11 +134,20 @@ func (k *Key) MarshalPEM() ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
 
-// Open decrypts a sealed token.
-func (k *Key) Open(enc, sealed []byte) ([]byte, error) {
+// Open decrypts a token sealed for the CSR csr (see [SealAAD]).
+func (k *Key) Open(enc, sealed, csr []byte) ([]byte, error) {
 	r, err := hpke.NewRecipient(enc, k.hpke, hpke.HKDFSHA256(), hpke.AES128GCM(), []byte(HPKEInfo))
 	if err != nil {
 		return nil, err
 	}
-	return r.Open(nil, sealed)
+	return r.Open(SealAAD(csr), sealed)
+}
+
+// SealAAD is the additional authenticated data a join token is sealed with:
+// the SHA-256 of the DER CSR sent beside it. It binds the token to the node's
+// key, so a gateway relaying a Join cannot swap in a CSR for a key of its own
+// and get the node's certificate.
+func SealAAD(csr []byte) []byte {
+	h := sha256.Sum256(csr)
+	return h[:]
 }

@@ -213,7 +213,7 @@ func (s *Server) Join(_ context.Context, req *agentv1.JoinRequest) (*agentv1.Joi
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "bad encapsulated key")
 	}
-	tok, err := r.Open(nil, req.GetSealedToken())
+	tok, err := r.Open(join.AAD(req.GetCsr()), req.GetSealedToken())
 	if err != nil || string(tok) != s.Token {
 		return nil, status.Error(codes.Unauthenticated, "invalid join token")
 	}
