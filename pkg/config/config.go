@@ -176,6 +176,10 @@ type Runtime struct {
 
 // Dev configures `better-compute dev`.
 type Dev struct {
+	// SimNodes is how many simulated node daemons (the real agent with a
+	// mock DGX H200) dev joins to a pool "sim" in the root tenant, so the
+	// control plane has a live fleet; default 3, 0 for none.
+	SimNodes *int `yaml:"simNodes"`
 	// DataDir keeps dev's private PostgreSQL cluster, NATS store and first
 	// credential; default ./.data.
 	DataDir string `yaml:"dataDir"`
@@ -215,6 +219,10 @@ func (c *Config) Defaults() {
 	c.Log.Format = cmp.Or(c.Log.Format, "json")
 	c.Telemetry.ServiceName = cmp.Or(c.Telemetry.ServiceName, "better-compute")
 	c.Dev.DataDir = cmp.Or(c.Dev.DataDir, ".data")
+	if c.Dev.SimNodes == nil {
+		n := 3
+		c.Dev.SimNodes = &n
+	}
 	c.JoinService.TrustDomain = cmp.Or(c.JoinService.TrustDomain, "bettercompute.local")
 	host, _ := os.Hostname()
 	host = strings.ToLower(cmp.Or(host, "gateway"))
@@ -317,6 +325,9 @@ func (c *Config) Validate() error {
 		} else if _, _, err := net.SplitHostPort(e); err != nil {
 			bad("telemetry.otlpEndpoint", "expected host:port or an http(s):// URL, got %q", e)
 		}
+	}
+	if n := c.Dev.SimNodes; n != nil && (*n < 0 || *n > 100000) {
+		bad("dev.simNodes", "expected 0 to 100000, got %d", *n)
 	}
 	if l := c.Gateway.Listen; l != "" {
 		if _, port, err := net.SplitHostPort(l); err != nil || port == "" {

@@ -167,12 +167,14 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags, stderr io.Writer) e
 
 func newDev(g *globals, stdout, stderr io.Writer) *cobra.Command {
 	f := &serveFlags{}
+	var simNodes int
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run every role in one process with an embedded NATS server and a local PostgreSQL",
 		Long: "dev runs the whole control plane on this machine. PostgreSQL is database.url when set, else the " +
 			"local server at 127.0.0.1:5432, else a private cluster under dev.dataDir (./.data); NATS is nats.url " +
-			"when set, else an embedded server storing under dev.dataDir.",
+			"when set, else an embedded server storing under dev.dataDir. The gateway listens on gateway.listen " +
+			"(127.0.0.1:8443) with a node CA under dev.dataDir/pki, and --sim-nodes simulated daemons join a pool \"sim\".",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.load()
@@ -180,6 +182,9 @@ func newDev(g *globals, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			f.apply(cmd, cfg)
+			if cmd.Flags().Changed("sim-nodes") {
+				cfg.Dev.SimNodes = &simNodes
+			}
 			if cfg.Server.Host == "" {
 				cfg.Server.Host = "127.0.0.1"
 			}
@@ -194,6 +199,7 @@ func newDev(g *globals, stdout, stderr io.Writer) *cobra.Command {
 		},
 	}
 	f.register(cmd, true)
+	cmd.Flags().IntVar(&simNodes, "sim-nodes", 3, "simulated node daemons (mock DGX H200) to join to the pool \"sim\"; 0 for none (dev.simNodes)")
 	return cmd
 }
 

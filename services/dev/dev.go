@@ -19,6 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bettercompute/bettercompute/pkg/bootstrap"
+	"github.com/bettercompute/bettercompute/agent/sim"
+
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/natsembed"
@@ -43,6 +45,8 @@ type Env struct {
 	// JoinKeyFile and CAFile are what `bcd join` needs: joinservice's public
 	// key and the node CA's bundle.
 	JoinKeyFile, CAFile string
+	// Fleet is the simulated fleet (dev.simNodes), or nil.
+	Fleet *sim.Fleet
 	stops               []func()
 }
 
@@ -121,6 +125,11 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 	if env.Credential, env.CredentialNew, err = rootCredential(ctx, cfg.Database.URL, filepath.Join(dataDir, CredentialFile)); err != nil {
 		return nil, err
 	}
+	if n := *cfg.Dev.SimNodes; n > 0 && env.App.GatewayAddr() != "" {
+		if env.Fleet, err = startFleet(ctx, env, filepath.Join(dataDir, "sim"), n, logger); err != nil {
+			return nil, fmt.Errorf("simulated fleet: %w", err)
+		}
+	}
 	return env, nil
 }
 
@@ -186,6 +195,9 @@ func rootCredential(ctx context.Context, url, path string) (token string, fresh 
 // Stop stops the app, then the NATS server and PostgreSQL cluster dev
 // started, in reverse order.
 func (e *Env) Stop(ctx context.Context) {
+	if e.Fleet != nil {
+		e.Fleet.Stop()
+	}
 	if e.App != nil {
 		e.App.Stop(ctx)
 	}
@@ -212,6 +224,9 @@ func (e *Env) Banner() string {
 	if gw := e.App.GatewayAddr(); gw != "" {
 		fmt.Fprintf(&b, "  Gateway  %s (mTLS); join a node with\n", gw)
 		fmt.Fprintf(&b, "           bcd join --gateway %s --token <joinTokens.create> --joinservice-key %s --ca %s --root DIR\n", gw, e.JoinKeyFile, e.CAFile)
+	}
+	if e.Fleet != nil {
+		fmt.Fprintf(&b, "  Fleet    %d simulated nodes (mock DGX H200) in pool \"sim\": better-compute api nodes.list tenantId=root\n", len(e.Fleet.Nodes()))
 	}
 	fmt.Fprintf(&b, "  Postgres %s\n\n", redact(e.Database))
 	if e.Credential != "" {

@@ -51,7 +51,7 @@ func TestDevBootsAndAnswers(t *testing.T) {
 		t.Fatalf("NATS store is not under the data dir: %v", err)
 	}
 	banner := env.Banner()
-	for _, want := range []string{env.BaseURL() + "/readyz", env.BaseURL() + "/api/compute/openapi.json", env.NATSURL, "roles: api"} {
+	for _, want := range []string{env.BaseURL() + "/readyz", env.BaseURL() + "/api/compute/openapi.json", env.NATSURL, "roles: api", "3 simulated nodes"} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("banner lacks %q:\n%s", want, banner)
 		}
@@ -88,6 +88,34 @@ func TestDevBootsAndAnswers(t *testing.T) {
 	v, err := computev1.NewSystemServiceClient(conn).Version(t.Context(), &computev1.VersionRequest{})
 	if err != nil || v.GetSchemaVersion() != migrate.Latest() {
 		t.Fatalf("gRPC version = %v, %v", v, err)
+	}
+
+	// The simulated fleet joins through the real gateway and is adopted.
+	if len(env.Fleet.Nodes()) != 3 {
+		t.Fatalf("fleet %v", env.Fleet.Nodes())
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var list struct {
+			Nodes []struct {
+				State   string
+				Devices []struct{ ID string }
+			}
+		}
+		call(t, env, "nodes/list", map[string]any{"tenantId": "root"}, &list)
+		adopted := 0
+		for _, n := range list.Nodes {
+			if n.State == "adopted" && len(n.Devices) == 8 {
+				adopted++
+			}
+		}
+		if adopted == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the simulated fleet was not adopted: %+v", list)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

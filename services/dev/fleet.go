@@ -1,0 +1,84 @@
+package dev
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/bettercompute/bettercompute/agent/join"
+	"github.com/bettercompute/bettercompute/agent/sim"
+)
+
+// startFleet joins n simulated nodes to the pool "sim" of the root tenant,
+// through the API as an operator would: create the pool (idempotent), mint a
+// token for the nodes that have not joined yet, and run them.
+func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.Logger) (*sim.Fleet, error) {
+	var pool struct{ Pool struct{ ID string } }
+	if err := env.call(ctx, "pools/create", map[string]any{
+		"tenantId": "root", "name": "sim", "class": "gpu", "idempotencyKey": "dev-sim-pool",
+		"description": "simulated nodes started by better-compute dev",
+	}, &pool); err != nil {
+		return nil, err
+	}
+	var tok struct{ Token string }
+	if err := env.call(ctx, "joinTokens/create", map[string]any{
+		"tenantId": "root", "poolId": pool.Pool.ID, "name": "dev-sim", "uses": n, "reclaim": true,
+		"idempotencyKey": fmt.Sprintf("dev-sim-%d", time.Now().UnixNano()),
+	}, &tok); err != nil {
+		return nil, err
+	}
+	keyPEM, err := os.ReadFile(env.JoinKeyFile)
+	if err != nil {
+		return nil, err
+	}
+	pub, keyID, err := join.ParsePublicKey(keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	caPEM, err := os.ReadFile(env.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	_, port, _ := net.SplitHostPort(env.App.GatewayAddr())
+	return sim.Start(ctx, sim.Config{
+		Gateway: net.JoinHostPort("127.0.0.1", port), RootCAs: roots, Token: tok.Token,
+		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: root,
+		Logger: logger.With("component", "sim"),
+	}, n)
+}
+
+// call posts body to an API method with the root credential.
+func (e *Env) call(ctx context.Context, method string, body, out any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.BaseURL()+"/api/compute/"+method, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+e.Credential)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", method, raw)
+	}
+	return json.Unmarshal(raw, out)
+}
