@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 	"github.com/bettercompute/bettercompute/agent/sim"
+	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
@@ -47,7 +47,7 @@ type Env struct {
 	JoinKeyFile, CAFile string
 	// Fleet is the simulated fleet (dev.simNodes), or nil.
 	Fleet *sim.Fleet
-	stops               []func()
+	stops []func()
 }
 
 // Start resolves PostgreSQL and NATS as the package comment says and starts
