@@ -1,0 +1,141 @@
+package dev_test
+
+import (
+	"context"
+	"crypto/x509"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bettercompute/bettercompute/agent/join"
+	"github.com/bettercompute/bettercompute/agent/sim"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/natstest"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/services/dev"
+)
+
+// freePort returns a port nothing listens on now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	return ln.Addr().String()
+}
+
+// chaosEnv starts a dev control plane on db, dataDir and the gateway address
+// gw, with no fleet of its own and the bus at natsURL.
+func chaosEnv(t *testing.T, db, dataDir, gw, natsURL string) *dev.Env {
+	t.Helper()
+	port, none := 0, 0
+	cfg := &config.Config{
+		Database: config.Database{URL: db},
+		NATS:     config.NATS{URL: natsURL},
+		Server:   config.Server{Host: "127.0.0.1", Port: &port},
+		Dev:      config.Dev{DataDir: dataDir, SimNodes: &none},
+		Gateway:  config.Gateway{Listen: gw, HeartbeatInterval: config.Duration(100 * time.Millisecond), LivenessInterval: config.Duration(100 * time.Millisecond)},
+		Runtime:  config.Runtime{PollBusDown: config.Duration(50 * time.Millisecond)},
+	}
+	cfg.Defaults()
+	env, err := dev.Start(t.Context(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// fleet joins n simulated nodes to env through its gateway.
+func fleet(t *testing.T, env *dev.Env, n int) *sim.Fleet {
+	t.Helper()
+	var pool struct{ Pool struct{ ID string } }
+	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": "chaos", "class": "gpu", "idempotencyKey": "chaos-pool"}, &pool)
+	var tok struct{ Token string }
+	call(t, env, "joinTokens/create", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "uses": n, "idempotencyKey": "chaos-token"}, &tok)
+	keyPEM, _ := os.ReadFile(env.JoinKeyFile)
+	pub, keyID, err := join.ParsePublicKey(keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, _ := os.ReadFile(env.CAFile)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	f, err := sim.Start(t.Context(), sim.Config{
+		Gateway: env.App.GatewayAddr(), RootCAs: roots, Token: tok.Token,
+		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: t.TempDir(), Prefix: "chaos",
+	}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Stop)
+	return f
+}
+
+// waitSessions waits until every node holds a session of at least epoch and
+// was seen after since.
+func waitSessions(t *testing.T, db *pgxpool.Pool, n int, epoch int64, since time.Time, what string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var live int
+		err := db.QueryRow(t.Context(), `SELECT count(*) FROM nodes WHERE session_epoch >= $1 AND last_seen_at > $2`, epoch, since).Scan(&live)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if live == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d of %d nodes live", what, live, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestChaosGatewayRestartAndLostBus(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	dbURL := pgtest.NewDB(t)
+	db, err := pgxpool.New(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ns := natstest.New(t)
+	dataDir, gw := t.TempDir(), freePort(t)
+
+	first := chaosEnv(t, dbURL, dataDir, gw, ns.URL())
+	f := fleet(t, first, n)
+	waitSessions(t, db, n, 1, time.Now().Add(-time.Minute), "the fleet joining")
+
+	t.Run("with the bus stopped nodes stay connected and live", func(t *testing.T) {
+		ns.Stop()
+		since := time.Now()
+		waitSessions(t, db, n, 1, since, "liveness without the bus")
+		var epochs int64
+		_ = db.QueryRow(t.Context(), `SELECT max(session_epoch) FROM nodes`).Scan(&epochs)
+		if epochs != 1 {
+			t.Fatalf("sessions were reopened (epoch %d): losing the bus must not drop nodes", epochs)
+		}
+		ns.Restart()
+	})
+
+	t.Run("restart the gateway and every node reconnects", func(t *testing.T) {
+		first.Stop(context.Background())
+		second := chaosEnv(t, dbURL, dataDir, gw, ns.URL())
+		defer second.Stop(context.Background())
+		since := time.Now()
+		waitSessions(t, db, n, 2, since, "every node reconnecting to the restarted gateway")
+		var gateways int
+		_ = db.QueryRow(t.Context(), `SELECT count(DISTINCT gateway_id) FROM nodes`).Scan(&gateways)
+		if gateways != 1 || len(f.Nodes()) != n {
+			t.Fatalf("gateways %d, nodes %v", gateways, f.Nodes())
+		}
+	})
+}
