@@ -71,6 +71,10 @@ type Config struct {
 	// DefaultHeartbeat is used when a Welcome names no interval; 10 s by
 	// default.
 	DefaultHeartbeat time.Duration
+	// OnSession, when set, is called with true when the gateway welcomes a
+	// session and with false when that session ends (simulators count
+	// sessions with it).
+	OnSession func(up bool)
 }
 
 // Run holds the node's session until ctx ends, reconnecting forever, and
@@ -275,6 +279,10 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 		interval = r.cfg.DefaultHeartbeat
 	}
 	r.log.InfoContext(ctx, "session established", "gateway", welcome.GetGatewayId(), "epoch", welcome.GetSessionEpoch(), "heartbeat", interval)
+	if r.cfg.OnSession != nil {
+		r.cfg.OnSession(true)
+		defer r.cfg.OnSession(false)
+	}
 
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()

@@ -45,6 +45,9 @@ type Config struct {
 	JoinConcurrency int
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// OnSession, when set, is called by every node with true when its
+	// session is established and false when it ends (see session.Config).
+	OnSession func(up bool)
 }
 
 // Fleet is a running fleet.
@@ -100,7 +103,7 @@ func Start(ctx context.Context, cfg Config, n int) (*Fleet, error) {
 			err := session.Run(runCtx, session.Config{
 				Gateway: cfg.Gateway, ServerName: cfg.ServerName, State: stores[i], Inventory: invs[i],
 				BootID: fmt.Sprintf("%s-boot-%04d-%d", cfg.Prefix, i, time.Now().UnixNano()), AgentVersion: "sim",
-				Logger: cfg.Logger,
+				Logger: cfg.Logger, OnSession: cfg.OnSession,
 			})
 			if err != nil {
 				cfg.Logger.Warn("simulated node stopped", "node", id.NodeID, "err", err)
