@@ -57,9 +57,12 @@ type Node struct {
 	JournalID          string
 	SessionEpoch       int64
 	GatewayID          string
-	LastSeenAt         *time.Time
-	CreatedAt          time.Time
-	UpdatedAt          time.Time
+	// SpecError says why the node's desired state could not be computed;
+	// empty when it could.
+	SpecError  string
+	LastSeenAt *time.Time
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 	// Devices are filled by [Get] and [List].
 	Devices []Device
 }
@@ -81,12 +84,12 @@ type Device struct {
 }
 
 const cols = `id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, coalesce(join_token_id, ''),
-	generation, observed_generation, boot_id, journal_id, session_epoch, gateway_id, last_seen_at, created_at, updated_at`
+	generation, observed_generation, boot_id, journal_id, session_epoch, gateway_id, coalesce(spec_error, ''), last_seen_at, created_at, updated_at`
 
 func scan(r pgx.Row) (Node, error) {
 	var n Node
 	err := r.Scan(&n.ID, &n.TenantID, &n.PoolID, &n.State, &n.Shard, &n.Labels, &n.Hostname, &n.HardwareKey, &n.JoinTokenID,
-		&n.Generation, &n.ObservedGeneration, &n.BootID, &n.JournalID, &n.SessionEpoch, &n.GatewayID, &n.LastSeenAt,
+		&n.Generation, &n.ObservedGeneration, &n.BootID, &n.JournalID, &n.SessionEpoch, &n.GatewayID, &n.SpecError, &n.LastSeenAt,
 		&n.CreatedAt, &n.UpdatedAt)
 	return n, err
 }
@@ -237,4 +240,30 @@ func withDevices(ctx context.Context, q Querier, ns []Node) error {
 		return fmt.Errorf("list devices: %w", err)
 	}
 	return nil
+}
+
+// Spec is a node's desired state as stored.
+type Spec struct {
+	// JSON is the proto3 JSON of bettercompute.agent.v1.NodeSpec; "{}"
+	// before the first computation.
+	JSON               []byte
+	Generation         int64
+	ObservedGeneration int64
+	// Error says why the latest computation failed; empty when it did not.
+	Error string
+}
+
+// GetSpec reads the desired state of node id of tenant; NOT_FOUND on "id"
+// otherwise.
+func GetSpec(ctx context.Context, q Querier, tenant, id string) (Spec, error) {
+	var s Spec
+	err := q.QueryRow(ctx, `SELECT spec::text, generation, observed_generation, coalesce(spec_error, '')
+		FROM nodes WHERE tenant_id = $1 AND id = $2`, tenant, id).Scan(&s.JSON, &s.Generation, &s.ObservedGeneration, &s.Error)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Spec{}, fault.New(fault.NotFound, "id", "node %q not found in tenant %s", id, tenant)
+	}
+	if err != nil {
+		return Spec{}, fmt.Errorf("read spec of node %s: %w", id, err)
+	}
+	return s, nil
 }

@@ -58,8 +58,9 @@ var methods = map[string]Method{
 	computev1.JoinTokensService_List_FullMethodName:   {Action: authz.JoinTokensList},
 	computev1.JoinTokensService_Revoke_FullMethodName: {Action: authz.JoinTokensRevoke},
 
-	computev1.NodesService_Get_FullMethodName:  {Action: authz.NodesGet},
-	computev1.NodesService_List_FullMethodName: {Action: authz.NodesList},
+	computev1.NodesService_Get_FullMethodName:     {Action: authz.NodesGet},
+	computev1.NodesService_List_FullMethodName:    {Action: authz.NodesList},
+	computev1.NodesService_GetSpec_FullMethodName: {Action: authz.NodesGet},
 }
 
 // Methods returns the method registry: every RPC of the API by full gRPC

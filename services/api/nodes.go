@@ -2,8 +2,12 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
@@ -22,7 +26,7 @@ func nodePB(n nodestore.Node) *computev1.Node {
 	out := &computev1.Node{
 		Id: n.ID, TenantId: n.TenantID, PoolId: n.PoolID, State: n.State, Labels: n.Labels, Hostname: n.Hostname,
 		LastSeenAt: tsp(n.LastSeenAt), SessionEpoch: n.SessionEpoch, GatewayId: n.GatewayID,
-		Generation: n.Generation, ObservedGeneration: n.ObservedGeneration,
+		Generation: n.Generation, ObservedGeneration: n.ObservedGeneration, SpecError: n.SpecError,
 		CreateTime: ts(n.CreatedAt), UpdateTime: ts(n.UpdatedAt),
 	}
 	for _, d := range n.Devices {
@@ -85,4 +89,28 @@ func (s *nodes) List(ctx context.Context, req *computev1.NodesServiceListRequest
 		out.NextPageToken = nextCursor(len(ns), size, ns[len(ns)-1].ID)
 	}
 	return out, nil
+}
+
+func (s *nodes) GetSpec(ctx context.Context, req *computev1.NodesServiceGetSpecRequest) (*computev1.NodesServiceGetSpecResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetId(), "id")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
+		return nil, err
+	}
+	sp, err := nodestore.GetSpec(ctx, s.db, req.GetTenantId(), req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	spec := &structpb.Struct{}
+	if err := protojson.Unmarshal(sp.JSON, spec); err != nil {
+		return nil, fmt.Errorf("decode spec of %s: %w", req.GetId(), err)
+	}
+	return &computev1.NodesServiceGetSpecResponse{
+		Spec: spec, Generation: sp.Generation, ObservedGeneration: sp.ObservedGeneration, SpecError: sp.Error,
+	}, nil
 }

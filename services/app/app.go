@@ -40,6 +40,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/version"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/inventory"
+	"github.com/bettercompute/bettercompute/services/nodespec"
 	"github.com/bettercompute/bettercompute/services/system"
 )
 
@@ -266,7 +267,7 @@ func (a *App) prepareSchema(ctx context.Context) error {
 
 // startRuntime runs the reconciler runtime for the runtime roles this process
 // hosts: the runtime's own jobs (the worker janitor, resync) and, for the
-// controllers, the inventory controller. Later modules register theirs here.
+// controllers, the inventory and nodespec controllers. Later modules register theirs here.
 func (a *App) startRuntime(ctx context.Context) error {
 	var roles []string
 	for _, r := range runtimeRoles {
@@ -300,6 +301,11 @@ func (a *App) startRuntime(ctx context.Context) error {
 			if err := rt.Register(r); err != nil {
 				return err
 			}
+		}
+		// The nodespec controller; delivery (poking the node's gateway after
+		// a generation change) is wired through nodespec.Config.Changed.
+		if err := rt.Register(nodespec.Reconciler(nodespec.Config{})); err != nil {
+			return err
 		}
 	}
 	if err := rt.Start(ctx); err != nil {

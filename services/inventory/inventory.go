@@ -21,6 +21,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
@@ -64,7 +65,7 @@ func keys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, err
 }
 
 func run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
-	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
+	err := rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var raw []byte
 		var state string
 		var prev []Condition
@@ -104,9 +105,14 @@ func run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcil
 		}
 		// A pool with no acceptance checks adopts a node once its inventory
 		// is in (the commands release adds diag.nvml acceptance).
+		// Adoption invalidates the node's desired state in the same
+		// transaction: the nodespec controller's first spec is generation 1.
 		next := state
 		if state == "adopting" {
 			next = "adopted"
+			if err := nodespec.Invalidate(ctx, q, nodeID); err != nil {
+				return err
+			}
 		}
 		if _, err := tx.Exec(ctx, `UPDATE nodes SET conditions = $2, state = $3, updated_at = now() WHERE id = $1`, nodeID, b, next); err != nil {
 			return fmt.Errorf("update node: %w", err)

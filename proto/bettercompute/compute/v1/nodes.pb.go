@@ -9,6 +9,7 @@ package computev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -56,7 +57,11 @@ type Node struct {
 	// When it first joined.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When its record last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// Why its desired state could not be computed (e.g. two modules set the
+	// same site field to different values); empty when it could. The last
+	// good spec and its generation stay in force meanwhile.
+	SpecError     string `protobuf:"bytes,15,opt,name=spec_error,json=specError,proto3" json:"spec_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +192,13 @@ func (x *Node) GetUpdateTime() *timestamppb.Timestamp {
 		return x.UpdateTime
 	}
 	return nil
+}
+
+func (x *Node) GetSpecError() string {
+	if x != nil {
+		return x.SpecError
+	}
+	return ""
 }
 
 // Device is one device of a node.
@@ -572,11 +584,143 @@ func (x *NodesServiceListResponse) GetNextPageToken() string {
 	return ""
 }
 
+// NodesServiceGetSpecRequest names a node.
+type NodesServiceGetSpecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant. Required.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The node. Required.
+	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceGetSpecRequest) Reset() {
+	*x = NodesServiceGetSpecRequest{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceGetSpecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceGetSpecRequest) ProtoMessage() {}
+
+func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceGetSpecRequest.ProtoReflect.Descriptor instead.
+func (*NodesServiceGetSpecRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *NodesServiceGetSpecRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *NodesServiceGetSpecRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// NodesServiceGetSpecResponse is a node's desired state.
+type NodesServiceGetSpecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The desired state: the proto3 JSON of bettercompute.agent.v1.NodeSpec
+	// (sections identity, site, runtime, devices, mig, instances, health,
+	// agent); empty before the node is adopted.
+	Spec *structpb.Struct `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// The generation of spec (adoption writes 1; it grows only when the spec
+	// changes).
+	Generation int64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The highest generation the node reported applied.
+	ObservedGeneration int64 `protobuf:"varint,3,opt,name=observed_generation,json=observedGeneration,proto3" json:"observed_generation,omitempty"`
+	// Why the latest desired state could not be computed; empty when it
+	// could. spec and generation are then the last good ones.
+	SpecError     string `protobuf:"bytes,4,opt,name=spec_error,json=specError,proto3" json:"spec_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceGetSpecResponse) Reset() {
+	*x = NodesServiceGetSpecResponse{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceGetSpecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceGetSpecResponse) ProtoMessage() {}
+
+func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceGetSpecResponse.ProtoReflect.Descriptor instead.
+func (*NodesServiceGetSpecResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *NodesServiceGetSpecResponse) GetSpec() *structpb.Struct {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *NodesServiceGetSpecResponse) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *NodesServiceGetSpecResponse) GetObservedGeneration() int64 {
+	if x != nil {
+		return x.ObservedGeneration
+	}
+	return 0
+}
+
+func (x *NodesServiceGetSpecResponse) GetSpecError() string {
+	if x != nil {
+		return x.SpecError
+	}
+	return ""
+}
+
 var File_bettercompute_compute_v1_nodes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x86\x05\n" +
+	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa5\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -598,7 +742,9 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\vcreate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x1a9\n" +
+	"updateTime\x12\x1d\n" +
+	"\n" +
+	"spec_error\x18\x0f \x01(\tR\tspecError\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd2\x02\n" +
@@ -635,10 +781,22 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"x\n" +
 	"\x18NodesServiceListResponse\x124\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.NodeR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xe9\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"I\n" +
+	"\x1aNodesServiceGetSpecRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\xba\x01\n" +
+	"\x1bNodesServiceGetSpecResponse\x12+\n" +
+	"\x04spec\x18\x01 \x01(\v2\x17.google.protobuf.StructR\x04spec\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x03R\n" +
+	"generation\x12/\n" +
+	"\x13observed_generation\x18\x03 \x01(\x03R\x12observedGeneration\x12\x1d\n" +
+	"\n" +
+	"spec_error\x18\x04 \x01(\tR\tspecError2\xe1\x02\n" +
 	"\fNodesService\x12j\n" +
 	"\x03Get\x120.bettercompute.compute.v1.NodesServiceGetRequest\x1a1.bettercompute.compute.v1.NodesServiceGetResponse\x12m\n" +
-	"\x04List\x121.bettercompute.compute.v1.NodesServiceListRequest\x1a2.bettercompute.compute.v1.NodesServiceListResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
+	"\x04List\x121.bettercompute.compute.v1.NodesServiceListRequest\x1a2.bettercompute.compute.v1.NodesServiceListResponse\x12v\n" +
+	"\aGetSpec\x124.bettercompute.compute.v1.NodesServiceGetSpecRequest\x1a5.bettercompute.compute.v1.NodesServiceGetSpecResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
 
 var (
 	file_bettercompute_compute_v1_nodes_proto_rawDescOnce sync.Once
@@ -652,37 +810,43 @@ func file_bettercompute_compute_v1_nodes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_nodes_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
-	(*Node)(nil),                     // 0: bettercompute.compute.v1.Node
-	(*Device)(nil),                   // 1: bettercompute.compute.v1.Device
-	(*NodesServiceGetRequest)(nil),   // 2: bettercompute.compute.v1.NodesServiceGetRequest
-	(*NodesServiceGetResponse)(nil),  // 3: bettercompute.compute.v1.NodesServiceGetResponse
-	(*NodesServiceListRequest)(nil),  // 4: bettercompute.compute.v1.NodesServiceListRequest
-	(*NodesServiceListResponse)(nil), // 5: bettercompute.compute.v1.NodesServiceListResponse
-	nil,                              // 6: bettercompute.compute.v1.Node.LabelsEntry
-	nil,                              // 7: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),    // 8: google.protobuf.Timestamp
+	(*Node)(nil),                        // 0: bettercompute.compute.v1.Node
+	(*Device)(nil),                      // 1: bettercompute.compute.v1.Device
+	(*NodesServiceGetRequest)(nil),      // 2: bettercompute.compute.v1.NodesServiceGetRequest
+	(*NodesServiceGetResponse)(nil),     // 3: bettercompute.compute.v1.NodesServiceGetResponse
+	(*NodesServiceListRequest)(nil),     // 4: bettercompute.compute.v1.NodesServiceListRequest
+	(*NodesServiceListResponse)(nil),    // 5: bettercompute.compute.v1.NodesServiceListResponse
+	(*NodesServiceGetSpecRequest)(nil),  // 6: bettercompute.compute.v1.NodesServiceGetSpecRequest
+	(*NodesServiceGetSpecResponse)(nil), // 7: bettercompute.compute.v1.NodesServiceGetSpecResponse
+	nil,                                 // 8: bettercompute.compute.v1.Node.LabelsEntry
+	nil,                                 // 9: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),       // 10: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),             // 11: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
-	6,  // 0: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	8,  // 0: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
 	1,  // 1: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	8,  // 2: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	8,  // 3: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	8,  // 4: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
-	8,  // 5: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	10, // 2: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	10, // 3: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	10, // 4: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	10, // 5: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
 	0,  // 6: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	7,  // 7: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	9,  // 7: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
 	0,  // 8: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	2,  // 9: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	4,  // 10: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	3,  // 11: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	5,  // 12: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 9: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	2,  // 10: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	4,  // 11: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	6,  // 12: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	3,  // 13: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	5,  // 14: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	7,  // 15: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	13, // [13:16] is the sub-list for method output_type
+	10, // [10:13] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }
@@ -696,7 +860,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_nodes_proto_rawDesc), len(file_bettercompute_compute_v1_nodes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

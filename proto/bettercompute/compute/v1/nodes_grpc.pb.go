@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NodesService_Get_FullMethodName  = "/bettercompute.compute.v1.NodesService/Get"
-	NodesService_List_FullMethodName = "/bettercompute.compute.v1.NodesService/List"
+	NodesService_Get_FullMethodName     = "/bettercompute.compute.v1.NodesService/Get"
+	NodesService_List_FullMethodName    = "/bettercompute.compute.v1.NodesService/List"
+	NodesService_GetSpec_FullMethodName = "/bettercompute.compute.v1.NodesService/GetSpec"
 )
 
 // NodesServiceClient is the client API for NodesService service.
@@ -35,6 +36,10 @@ type NodesServiceClient interface {
 	// List pages through the nodes of tenant_id, in id order, filtered by
 	// pool, state and labels. Action compute:nodes:list on tenant_id.
 	List(ctx context.Context, in *NodesServiceListRequest, opts ...grpc.CallOption) (*NodesServiceListResponse, error)
+	// GetSpec reads a node's desired state: the merged NodeSpec the
+	// nodespec controller computed, its generation and how far the node has
+	// applied it. Action compute:nodes:get on the node.
+	GetSpec(ctx context.Context, in *NodesServiceGetSpecRequest, opts ...grpc.CallOption) (*NodesServiceGetSpecResponse, error)
 }
 
 type nodesServiceClient struct {
@@ -65,6 +70,16 @@ func (c *nodesServiceClient) List(ctx context.Context, in *NodesServiceListReque
 	return out, nil
 }
 
+func (c *nodesServiceClient) GetSpec(ctx context.Context, in *NodesServiceGetSpecRequest, opts ...grpc.CallOption) (*NodesServiceGetSpecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesServiceGetSpecResponse)
+	err := c.cc.Invoke(ctx, NodesService_GetSpec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodesServiceServer is the server API for NodesService service.
 // All implementations must embed UnimplementedNodesServiceServer
 // for forward compatibility.
@@ -77,6 +92,10 @@ type NodesServiceServer interface {
 	// List pages through the nodes of tenant_id, in id order, filtered by
 	// pool, state and labels. Action compute:nodes:list on tenant_id.
 	List(context.Context, *NodesServiceListRequest) (*NodesServiceListResponse, error)
+	// GetSpec reads a node's desired state: the merged NodeSpec the
+	// nodespec controller computed, its generation and how far the node has
+	// applied it. Action compute:nodes:get on the node.
+	GetSpec(context.Context, *NodesServiceGetSpecRequest) (*NodesServiceGetSpecResponse, error)
 	mustEmbedUnimplementedNodesServiceServer()
 }
 
@@ -92,6 +111,9 @@ func (UnimplementedNodesServiceServer) Get(context.Context, *NodesServiceGetRequ
 }
 func (UnimplementedNodesServiceServer) List(context.Context, *NodesServiceListRequest) (*NodesServiceListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedNodesServiceServer) GetSpec(context.Context, *NodesServiceGetSpecRequest) (*NodesServiceGetSpecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSpec not implemented")
 }
 func (UnimplementedNodesServiceServer) mustEmbedUnimplementedNodesServiceServer() {}
 func (UnimplementedNodesServiceServer) testEmbeddedByValue()                      {}
@@ -150,6 +172,24 @@ func _NodesService_List_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodesService_GetSpec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesServiceGetSpecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodesServiceServer).GetSpec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodesService_GetSpec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodesServiceServer).GetSpec(ctx, req.(*NodesServiceGetSpecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodesService_ServiceDesc is the grpc.ServiceDesc for NodesService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -164,6 +204,10 @@ var NodesService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _NodesService_List_Handler,
+		},
+		{
+			MethodName: "GetSpec",
+			Handler:    _NodesService_GetSpec_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

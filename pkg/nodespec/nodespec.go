@@ -1,0 +1,29 @@
+// Package nodespec is the entry point to a node's desired state for code
+// that changes it: [Invalidate] enqueues the nodespec controller for a node
+// in the caller's transaction, so the change and the work it implies commit
+// together. The controller itself, the contributor contract and the merge
+// live in services/nodespec (they need the generated NodeSpec, which pkg does
+// not import).
+package nodespec
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+)
+
+// Kind is the nodespec controller's kind in the work queue; its keys are
+// node ids.
+const Kind = "nodespec"
+
+// Invalidate says node nodeID's desired state may have changed: it enqueues
+// (nodespec, nodeID) in q's transaction, poked after commit. Nothing is
+// recomputed or pushed yet; the controller recomputes the spec and bumps the
+// generation only if it changed, so invalidating too often is harmless.
+func Invalidate(ctx context.Context, q *reconcile.Queue, nodeID string) error {
+	if err := q.Enqueue(ctx, Kind, nodeID); err != nil {
+		return fmt.Errorf("invalidate spec of %s: %w", nodeID, err)
+	}
+	return nil
+}

@@ -1,0 +1,294 @@
+package nodespec_test
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/db"
+	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/shard"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/services/inventory"
+	"github.com/bettercompute/bettercompute/services/nodespec"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// env is a controllers runtime with the inventory and nodespec controllers
+// on a database with pool_a and node_1 (adopting) in it.
+type env struct {
+	pool *pgxpool.Pool
+	rt   *reconcile.Runtime
+	mu   sync.Mutex
+	// changed records the Changed hook's calls: generations by node.
+	changed map[string][]int64
+}
+
+// setup registers reg (Builtin when nil) and, with state "adopted", adopts
+// node_1 directly.
+func setup(t *testing.T, reg *nodespec.Registry, state string) *env {
+	t.Helper()
+	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers}, Heartbeat: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{pool: pool, rt: rt, changed: map[string][]int64{}}
+	rs := append(inventory.Reconcilers(), nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: func(_ context.Context, node string, gen int64) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.changed[node] = append(e.changed[node], gen)
+	}}))
+	for _, r := range rs {
+		if err := rt.Register(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(rt.Stop)
+	e.exec(t, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'root', 'a', 'gpu')`)
+	e.exec(t, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key, labels, state) VALUES ('node_1', 'root', 'pool_a', $1, 'hw1', '{"rack":"r1"}', $2)`,
+		shard.Of("node_1"), state)
+	return e
+}
+
+func (e *env) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	if _, err := e.pool.Exec(t.Context(), sql, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// change runs sql and invalidates node_1 in one transaction, as a module
+// changing desired state does.
+func (e *env) change(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	err := reconcile.InTx(t.Context(), e.pool, nil, func(tx pgx.Tx, q *reconcile.Queue) error {
+		if sql != "" {
+			if _, err := tx.Exec(t.Context(), sql, args...); err != nil {
+				return err
+			}
+		}
+		return desired.Invalidate(t.Context(), q, "node_1")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) tick(t *testing.T, kind string) reconcile.TickResult {
+	t.Helper()
+	tr, err := e.rt.Jobs()[kind].Tick(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Failed > 0 {
+		var last string
+		_ = e.pool.QueryRow(t.Context(), `SELECT coalesce(last_error, '') FROM work_queue WHERE kind = $1`, kind).Scan(&last)
+		t.Fatalf("%s failed: %s", kind, last)
+	}
+	return tr
+}
+
+// spec reads node_1's spec, generation and spec error.
+func (e *env) spec(t *testing.T) (*agentv1.NodeSpec, int64, string) {
+	t.Helper()
+	var raw []byte
+	var gen int64
+	var specErr string
+	err := e.pool.QueryRow(t.Context(), `SELECT spec::text, generation, coalesce(spec_error, '') FROM nodes WHERE id = 'node_1'`).Scan(&raw, &gen, &specErr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s agentv1.NodeSpec
+	if err := protojson.Unmarshal(raw, &s); err != nil {
+		t.Fatalf("stored spec %s: %v", raw, err)
+	}
+	return &s, gen, specErr
+}
+
+func (e *env) calls(node string) []int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]int64(nil), e.changed[node]...)
+}
+
+func TestAdoptionWritesGenerationOne(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, "adopting")
+
+	// An adopting node has no desired state yet.
+	e.change(t, "")
+	e.tick(t, nodespec.Kind)
+	if _, gen, _ := e.spec(t); gen != 0 {
+		t.Fatalf("adopting node has generation %d", gen)
+	}
+
+	// Inventory adopts the node and invalidates it in the same transaction.
+	b, err := protojson.Marshal(&agentv1.InventoryReport{Sections: []string{"gpus"}, Gpus: []*agentv1.GPU{{Uuid: "GPU-0", Healthy: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(t, `INSERT INTO node_inventory (node_id, session_epoch, report) VALUES ('node_1', 1, $1)`, json.RawMessage(b))
+	if err := workqueue.Enqueue(t.Context(), e.pool, inventory.Kind, "node_1"); err != nil {
+		t.Fatal(err)
+	}
+	e.tick(t, inventory.Kind)
+	if tr := e.tick(t, nodespec.Kind); tr.Done != 1 {
+		t.Fatalf("adoption enqueued no nodespec work: %+v", tr)
+	}
+	spec, gen, _ := e.spec(t)
+	want := &agentv1.NodeIdentity{NodeId: "node_1", TenantId: "root", PoolId: "pool_a", Labels: map[string]string{"rack": "r1"}}
+	if gen != 1 || !proto.Equal(spec.GetIdentity(), want) {
+		t.Fatalf("after adoption: generation %d, spec %v", gen, spec)
+	}
+	if got := e.calls("node_1"); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("Changed calls %v, want [1]", got)
+	}
+}
+
+func TestGenerationMovesOnlyOnChange(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, "adopted")
+	e.change(t, "")
+	e.tick(t, nodespec.Kind)
+	_, gen, _ := e.spec(t)
+	if gen != 1 {
+		t.Fatalf("first spec: generation %d", gen)
+	}
+
+	steps := []struct {
+		name  string
+		sql   string
+		gen   int64
+		check func(*agentv1.NodeSpec) bool
+	}{
+		{"identical recomputation does not bump", "", 1, nil},
+		{"a pool site setting bumps once", `UPDATE pools SET site = '{"ntpServers": {"values": ["ntp1"]}, "logLevel": "debug"}' WHERE id = 'pool_a'`, 2,
+			func(s *agentv1.NodeSpec) bool {
+				return s.GetSite().GetLogLevel() == "debug" && len(s.GetSite().GetNtpServers().GetValues()) == 1
+			}},
+		{"the same setting written again does not bump", `UPDATE pools SET site = '{"logLevel": "debug", "ntpServers": {"values": ["ntp1"]}}' WHERE id = 'pool_a'`, 2, nil},
+		{"a pool health setting bumps once", `UPDATE pools SET health = '{"checkInterval": "30s", "diagnosticsLevel": "quick"}' WHERE id = 'pool_a'`, 3,
+			func(s *agentv1.NodeSpec) bool { return s.GetHealth().GetCheckInterval().AsDuration() == 30*time.Second }},
+		{"a node label bumps once", `UPDATE nodes SET labels = '{"rack":"r2"}' WHERE id = 'node_1'`, 4,
+			func(s *agentv1.NodeSpec) bool { return s.GetIdentity().GetLabels()["rack"] == "r2" }},
+		{"replacing the labels bumps once", `UPDATE nodes SET labels = '{"b":"2","a":"1"}' WHERE id = 'node_1'`, 5, nil},
+		{"the same labels written in another order do not bump", `UPDATE nodes SET labels = '{"a":"1","b":"2"}' WHERE id = 'node_1'`, 5, nil},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			// Invalidate twice: the key runs once and recomputes twice at
+			// most, and the generation still moves at most once.
+			e.change(t, st.sql)
+			e.change(t, "")
+			e.tick(t, nodespec.Kind)
+			e.change(t, "")
+			e.tick(t, nodespec.Kind)
+			spec, gen, specErr := e.spec(t)
+			if gen != st.gen || specErr != "" {
+				t.Fatalf("generation %d (%q), want %d", gen, specErr, st.gen)
+			}
+			if st.check != nil && !st.check(spec) {
+				t.Fatalf("spec %v", spec)
+			}
+		})
+	}
+	var want []int64
+	for g := int64(1); g <= 5; g++ {
+		want = append(want, g)
+	}
+	if got := e.calls("node_1"); !slices.Equal(got, want) {
+		t.Fatalf("Changed calls %v, want %v", got, want)
+	}
+}
+
+func TestConflictIsReportedWithoutBump(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	metalNTP := "ntp-metal"
+	reg := nodespec.Builtin()
+	err := reg.Register("metal", func(context.Context, reconcile.Querier, nodespec.Node) (*agentv1.NodeSpec, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return &agentv1.NodeSpec{Site: &agentv1.SiteSettings{NtpServers: list(metalNTP), Gateways: list("gw-metal:8443")}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Register("metal", nil); err == nil {
+		t.Fatal("a module registered twice must fail")
+	}
+	e := setup(t, reg, "adopted")
+	e.exec(t, `UPDATE pools SET site = '{"logLevel": "warn"}' WHERE id = 'pool_a'`)
+	e.change(t, "")
+	e.tick(t, nodespec.Kind)
+	spec, gen, specErr := e.spec(t)
+	if gen != 1 || specErr != "" || spec.GetSite().GetLogLevel() != "warn" || spec.GetSite().GetNtpServers().GetValues()[0] != "ntp-metal" {
+		t.Fatalf("fields of two modules merge: generation %d (%q), %v", gen, specErr, spec)
+	}
+
+	e.change(t, `UPDATE pools SET site = '{"logLevel": "warn", "ntpServers": {"values": ["ntp-pool"]}}' WHERE id = 'pool_a'`)
+	e.tick(t, nodespec.Kind)
+	spec, gen, specErr = e.spec(t)
+	if gen != 1 || !strings.Contains(specErr, "site.ntp_servers") || !strings.Contains(specErr, `"pool"`) || !strings.Contains(specErr, `"metal"`) {
+		t.Fatalf("conflict: generation %d, spec error %q", gen, specErr)
+	}
+	if spec.GetSite().GetNtpServers().GetValues()[0] != "ntp-metal" {
+		t.Fatalf("the last good spec must stay: %v", spec)
+	}
+
+	// Agreeing resolves it: the error clears and the generation moves once.
+	mu.Lock()
+	metalNTP = "ntp-pool"
+	mu.Unlock()
+	e.change(t, "")
+	e.tick(t, nodespec.Kind)
+	if _, gen, specErr = e.spec(t); gen != 2 || specErr != "" {
+		t.Fatalf("resolved: generation %d, spec error %q", gen, specErr)
+	}
+	if got := e.calls("node_1"); len(got) != 2 {
+		t.Fatalf("Changed calls %v", got)
+	}
+}
+
+func TestResyncFindsAdoptedNodes(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, "adopted")
+	e.exec(t, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key) VALUES ('node_2', 'root', 'pool_a', $1, 'hw2')`, shard.Of("node_2"))
+	if err := e.rt.Heartbeat(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.Resync(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := e.pool.Query(t.Context(), `SELECT key FROM work_queue WHERE kind = $1 ORDER BY key`, nodespec.Kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(keys) != 1 || keys[0] != "node_1" {
+		t.Fatalf("resynced %v %v, want only the adopted node_1", keys, err)
+	}
+	e.tick(t, nodespec.Kind)
+	if _, gen, _ := e.spec(t); gen != 1 {
+		t.Fatalf("generation %d after resync", gen)
+	}
+}
