@@ -21,6 +21,69 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// SectionState is where a section stands.
+type SectionState int32
+
+const (
+	// SECTION_STATE_UNSPECIFIED is never sent.
+	SectionState_SECTION_STATE_UNSPECIFIED SectionState = 0
+	// SECTION_STATE_CONVERGED means the node matches the section.
+	SectionState_SECTION_STATE_CONVERGED SectionState = 1
+	// SECTION_STATE_PROGRESSING means the node is applying the section.
+	SectionState_SECTION_STATE_PROGRESSING SectionState = 2
+	// SECTION_STATE_FAILED means applying failed and will be retried.
+	SectionState_SECTION_STATE_FAILED SectionState = 3
+	// SECTION_STATE_FAILED_TERMINAL means applying failed and retrying cannot
+	// help (the section is unsupported here, or invalid); the generation still
+	// counts as observed.
+	SectionState_SECTION_STATE_FAILED_TERMINAL SectionState = 4
+)
+
+// Enum value maps for SectionState.
+var (
+	SectionState_name = map[int32]string{
+		0: "SECTION_STATE_UNSPECIFIED",
+		1: "SECTION_STATE_CONVERGED",
+		2: "SECTION_STATE_PROGRESSING",
+		3: "SECTION_STATE_FAILED",
+		4: "SECTION_STATE_FAILED_TERMINAL",
+	}
+	SectionState_value = map[string]int32{
+		"SECTION_STATE_UNSPECIFIED":     0,
+		"SECTION_STATE_CONVERGED":       1,
+		"SECTION_STATE_PROGRESSING":     2,
+		"SECTION_STATE_FAILED":          3,
+		"SECTION_STATE_FAILED_TERMINAL": 4,
+	}
+)
+
+func (x SectionState) Enum() *SectionState {
+	p := new(SectionState)
+	*p = x
+	return p
+}
+
+func (x SectionState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SectionState) Descriptor() protoreflect.EnumDescriptor {
+	return file_bettercompute_agent_v1_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (SectionState) Type() protoreflect.EnumType {
+	return &file_bettercompute_agent_v1_agent_proto_enumTypes[0]
+}
+
+func (x SectionState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SectionState.Descriptor instead.
+func (SectionState) EnumDescriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
 // JoinRequest redeems a join token.
 type JoinRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -364,6 +427,7 @@ type SessionRequest struct {
 	//	*SessionRequest_Hello
 	//	*SessionRequest_Heartbeat
 	//	*SessionRequest_Inventory
+	//	*SessionRequest_Observed
 	Body          isSessionRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -433,6 +497,15 @@ func (x *SessionRequest) GetInventory() *InventoryReport {
 	return nil
 }
 
+func (x *SessionRequest) GetObserved() *Observed {
+	if x != nil {
+		if x, ok := x.Body.(*SessionRequest_Observed); ok {
+			return x.Observed
+		}
+	}
+	return nil
+}
+
 type isSessionRequest_Body interface {
 	isSessionRequest_Body()
 }
@@ -452,11 +525,158 @@ type SessionRequest_Inventory struct {
 	Inventory *InventoryReport `protobuf:"bytes,3,opt,name=inventory,proto3,oneof"`
 }
 
+type SessionRequest_Observed struct {
+	// observed reports how far the node converged on its desired state.
+	Observed *Observed `protobuf:"bytes,4,opt,name=observed,proto3,oneof"`
+}
+
 func (*SessionRequest_Hello) isSessionRequest_Body() {}
 
 func (*SessionRequest_Heartbeat) isSessionRequest_Body() {}
 
 func (*SessionRequest_Inventory) isSessionRequest_Body() {}
+
+func (*SessionRequest_Observed) isSessionRequest_Body() {}
+
+// Observed is the node's convergence on a desired-state generation.
+type Observed struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// generation is the desired-state generation the sections below were
+	// converged against.
+	Generation int64 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	// observed_generation is the highest generation every section of which
+	// converged or failed terminally; the control plane keeps the maximum it
+	// was told, so a late report cannot lower it.
+	ObservedGeneration int64 `protobuf:"varint,2,opt,name=observed_generation,json=observedGeneration,proto3" json:"observed_generation,omitempty"`
+	// sections is the status of each section of the spec.
+	Sections      []*SectionStatus `protobuf:"bytes,3,rep,name=sections,proto3" json:"sections,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Observed) Reset() {
+	*x = Observed{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Observed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Observed) ProtoMessage() {}
+
+func (x *Observed) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Observed.ProtoReflect.Descriptor instead.
+func (*Observed) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Observed) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Observed) GetObservedGeneration() int64 {
+	if x != nil {
+		return x.ObservedGeneration
+	}
+	return 0
+}
+
+func (x *Observed) GetSections() []*SectionStatus {
+	if x != nil {
+		return x.Sections
+	}
+	return nil
+}
+
+// SectionStatus is how one NodeSpec section stands on the node.
+type SectionStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// section is the NodeSpec field name ("devices", "site", …).
+	Section string `protobuf:"bytes,1,opt,name=section,proto3" json:"section,omitempty"`
+	// state is where the section stands.
+	State SectionState `protobuf:"varint,2,opt,name=state,proto3,enum=bettercompute.agent.v1.SectionState" json:"state,omitempty"`
+	// reason explains a failure, or what a section not built yet would do.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// generation is the desired-state generation this status is for.
+	Generation    int64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SectionStatus) Reset() {
+	*x = SectionStatus{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SectionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SectionStatus) ProtoMessage() {}
+
+func (x *SectionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SectionStatus.ProtoReflect.Descriptor instead.
+func (*SectionStatus) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SectionStatus) GetSection() string {
+	if x != nil {
+		return x.Section
+	}
+	return ""
+}
+
+func (x *SectionStatus) GetState() SectionState {
+	if x != nil {
+		return x.State
+	}
+	return SectionState_SECTION_STATE_UNSPECIFIED
+}
+
+func (x *SectionStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SectionStatus) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
 
 // Hello opens a session.
 type Hello struct {
@@ -478,7 +698,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +710,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +723,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Hello) GetNodeId() string {
@@ -552,7 +772,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +784,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +797,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Heartbeat) GetSequence() uint64 {
@@ -602,7 +822,7 @@ type InventoryReport struct {
 
 func (x *InventoryReport) Reset() {
 	*x = InventoryReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +834,7 @@ func (x *InventoryReport) String() string {
 func (*InventoryReport) ProtoMessage() {}
 
 func (x *InventoryReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +847,7 @@ func (x *InventoryReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryReport.ProtoReflect.Descriptor instead.
 func (*InventoryReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *InventoryReport) GetSections() []string {
@@ -668,7 +888,7 @@ type Host struct {
 
 func (x *Host) Reset() {
 	*x = Host{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +900,7 @@ func (x *Host) String() string {
 func (*Host) ProtoMessage() {}
 
 func (x *Host) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +913,7 @@ func (x *Host) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Host.ProtoReflect.Descriptor instead.
 func (*Host) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Host) GetHostname() string {
@@ -751,7 +971,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +983,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +996,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -852,6 +1072,7 @@ type SessionResponse struct {
 	//
 	//	*SessionResponse_Welcome
 	//	*SessionResponse_InventoryRequest
+	//	*SessionResponse_DesiredState
 	Body          isSessionResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -859,7 +1080,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1092,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1105,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SessionResponse) GetBody() isSessionResponse_Body {
@@ -912,6 +1133,15 @@ func (x *SessionResponse) GetInventoryRequest() *InventoryRequest {
 	return nil
 }
 
+func (x *SessionResponse) GetDesiredState() *DesiredState {
+	if x != nil {
+		if x, ok := x.Body.(*SessionResponse_DesiredState); ok {
+			return x.DesiredState
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Body interface {
 	isSessionResponse_Body()
 }
@@ -926,9 +1156,72 @@ type SessionResponse_InventoryRequest struct {
 	InventoryRequest *InventoryRequest `protobuf:"bytes,2,opt,name=inventory_request,json=inventoryRequest,proto3,oneof"`
 }
 
+type SessionResponse_DesiredState struct {
+	// desired_state is the node's full desired state at a generation; sent
+	// after Welcome when the node is behind, and whenever it changes.
+	DesiredState *DesiredState `protobuf:"bytes,3,opt,name=desired_state,json=desiredState,proto3,oneof"`
+}
+
 func (*SessionResponse_Welcome) isSessionResponse_Body() {}
 
 func (*SessionResponse_InventoryRequest) isSessionResponse_Body() {}
+
+func (*SessionResponse_DesiredState) isSessionResponse_Body() {}
+
+// DesiredState is the node's full desired state.
+type DesiredState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// generation increases whenever spec changes.
+	Generation int64 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	// spec is the whole desired state; sections left unset are empty.
+	Spec          *NodeSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DesiredState) Reset() {
+	*x = DesiredState{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DesiredState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DesiredState) ProtoMessage() {}
+
+func (x *DesiredState) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
+func (*DesiredState) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DesiredState) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *DesiredState) GetSpec() *NodeSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
 
 // Welcome accepts a session.
 type Welcome struct {
@@ -946,7 +1239,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1251,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1264,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Welcome) GetSessionEpoch() int64 {
@@ -1006,7 +1299,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1311,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1324,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *InventoryRequest) GetSections() []string {
@@ -1045,7 +1338,7 @@ var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\"\xdb\x01\n" +
+	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a%bettercompute/agent/v1/nodespec.proto\"\xdb\x01\n" +
 	"\vJoinRequest\x12!\n" +
 	"\fsealed_token\x18\x01 \x01(\fR\vsealedToken\x12)\n" +
 	"\x10encapsulated_key\x18\x02 \x01(\fR\x0fencapsulatedKey\x12,\n" +
@@ -1067,12 +1360,26 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\"_\n" +
 	"\rRenewResponse\x12+\n" +
 	"\x11certificate_chain\x18\x01 \x03(\fR\x10certificateChain\x12!\n" +
-	"\ftrust_bundle\x18\x02 \x03(\fR\vtrustBundle\"\xdb\x01\n" +
+	"\ftrust_bundle\x18\x02 \x03(\fR\vtrustBundle\"\x9b\x02\n" +
 	"\x0eSessionRequest\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12G\n" +
-	"\tinventory\x18\x03 \x01(\v2'.bettercompute.agent.v1.InventoryReportH\x00R\tinventoryB\x06\n" +
-	"\x04body\"\xae\x01\n" +
+	"\tinventory\x18\x03 \x01(\v2'.bettercompute.agent.v1.InventoryReportH\x00R\tinventory\x12>\n" +
+	"\bobserved\x18\x04 \x01(\v2 .bettercompute.agent.v1.ObservedH\x00R\bobservedB\x06\n" +
+	"\x04body\"\x9e\x01\n" +
+	"\bObserved\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x12/\n" +
+	"\x13observed_generation\x18\x02 \x01(\x03R\x12observedGeneration\x12A\n" +
+	"\bsections\x18\x03 \x03(\v2%.bettercompute.agent.v1.SectionStatusR\bsections\"\x9d\x01\n" +
+	"\rSectionStatus\x12\x18\n" +
+	"\asection\x18\x01 \x01(\tR\asection\x12:\n" +
+	"\x05state\x18\x02 \x01(\x0e2$.bettercompute.agent.v1.SectionStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x03R\n" +
+	"generation\"\xae\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x1d\n" +
@@ -1102,18 +1409,30 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vmig_enabled\x18\a \x01(\bR\n" +
 	"migEnabled\x12\x18\n" +
 	"\ahealthy\x18\b \x01(\bR\ahealthy\x12#\n" +
-	"\rhealth_reason\x18\t \x01(\tR\fhealthReason\"\xaf\x01\n" +
+	"\rhealth_reason\x18\t \x01(\tR\fhealthReason\"\xfc\x01\n" +
 	"\x0fSessionResponse\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12W\n" +
-	"\x11inventory_request\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRequestH\x00R\x10inventoryRequestB\x06\n" +
-	"\x04body\"\x81\x01\n" +
+	"\x11inventory_request\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRequestH\x00R\x10inventoryRequest\x12K\n" +
+	"\rdesired_state\x18\x03 \x01(\v2$.bettercompute.agent.v1.DesiredStateH\x00R\fdesiredStateB\x06\n" +
+	"\x04body\"d\n" +
+	"\fDesiredState\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x03R\n" +
+	"generation\x124\n" +
+	"\x04spec\x18\x02 \x01(\v2 .bettercompute.agent.v1.NodeSpecR\x04spec\"\x81\x01\n" +
 	"\aWelcome\x12#\n" +
 	"\rsession_epoch\x18\x01 \x01(\x03R\fsessionEpoch\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\rR\x13heartbeatIntervalMs\x12\x1d\n" +
 	"\n" +
 	"gateway_id\x18\x03 \x01(\tR\tgatewayId\".\n" +
 	"\x10InventoryRequest\x12\x1a\n" +
-	"\bsections\x18\x01 \x03(\tR\bsections2\x96\x02\n" +
+	"\bsections\x18\x01 \x03(\tR\bsections*\xa6\x01\n" +
+	"\fSectionState\x12\x1d\n" +
+	"\x19SECTION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17SECTION_STATE_CONVERGED\x10\x01\x12\x1d\n" +
+	"\x19SECTION_STATE_PROGRESSING\x10\x02\x12\x18\n" +
+	"\x14SECTION_STATE_FAILED\x10\x03\x12!\n" +
+	"\x1dSECTION_STATE_FAILED_TERMINAL\x10\x042\x96\x02\n" +
 	"\vNodeService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
 	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse\x12^\n" +
@@ -1131,44 +1450,55 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_agent_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
-	(*JoinRequest)(nil),      // 0: bettercompute.agent.v1.JoinRequest
-	(*HardwareClaims)(nil),   // 1: bettercompute.agent.v1.HardwareClaims
-	(*JoinResponse)(nil),     // 2: bettercompute.agent.v1.JoinResponse
-	(*RenewRequest)(nil),     // 3: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),    // 4: bettercompute.agent.v1.RenewResponse
-	(*SessionRequest)(nil),   // 5: bettercompute.agent.v1.SessionRequest
-	(*Hello)(nil),            // 6: bettercompute.agent.v1.Hello
-	(*Heartbeat)(nil),        // 7: bettercompute.agent.v1.Heartbeat
-	(*InventoryReport)(nil),  // 8: bettercompute.agent.v1.InventoryReport
-	(*Host)(nil),             // 9: bettercompute.agent.v1.Host
-	(*GPU)(nil),              // 10: bettercompute.agent.v1.GPU
-	(*SessionResponse)(nil),  // 11: bettercompute.agent.v1.SessionResponse
-	(*Welcome)(nil),          // 12: bettercompute.agent.v1.Welcome
-	(*InventoryRequest)(nil), // 13: bettercompute.agent.v1.InventoryRequest
+	(SectionState)(0),        // 0: bettercompute.agent.v1.SectionState
+	(*JoinRequest)(nil),      // 1: bettercompute.agent.v1.JoinRequest
+	(*HardwareClaims)(nil),   // 2: bettercompute.agent.v1.HardwareClaims
+	(*JoinResponse)(nil),     // 3: bettercompute.agent.v1.JoinResponse
+	(*RenewRequest)(nil),     // 4: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),    // 5: bettercompute.agent.v1.RenewResponse
+	(*SessionRequest)(nil),   // 6: bettercompute.agent.v1.SessionRequest
+	(*Observed)(nil),         // 7: bettercompute.agent.v1.Observed
+	(*SectionStatus)(nil),    // 8: bettercompute.agent.v1.SectionStatus
+	(*Hello)(nil),            // 9: bettercompute.agent.v1.Hello
+	(*Heartbeat)(nil),        // 10: bettercompute.agent.v1.Heartbeat
+	(*InventoryReport)(nil),  // 11: bettercompute.agent.v1.InventoryReport
+	(*Host)(nil),             // 12: bettercompute.agent.v1.Host
+	(*GPU)(nil),              // 13: bettercompute.agent.v1.GPU
+	(*SessionResponse)(nil),  // 14: bettercompute.agent.v1.SessionResponse
+	(*DesiredState)(nil),     // 15: bettercompute.agent.v1.DesiredState
+	(*Welcome)(nil),          // 16: bettercompute.agent.v1.Welcome
+	(*InventoryRequest)(nil), // 17: bettercompute.agent.v1.InventoryRequest
+	(*NodeSpec)(nil),         // 18: bettercompute.agent.v1.NodeSpec
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
-	1,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.HardwareClaims
-	10, // 1: bettercompute.agent.v1.HardwareClaims.gpus:type_name -> bettercompute.agent.v1.GPU
-	6,  // 2: bettercompute.agent.v1.SessionRequest.hello:type_name -> bettercompute.agent.v1.Hello
-	7,  // 3: bettercompute.agent.v1.SessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	8,  // 4: bettercompute.agent.v1.SessionRequest.inventory:type_name -> bettercompute.agent.v1.InventoryReport
-	9,  // 5: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
-	10, // 6: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
-	12, // 7: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
-	13, // 8: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	0,  // 9: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	3,  // 10: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	5,  // 11: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
-	2,  // 12: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	4,  // 13: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	11, // 14: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	2,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.HardwareClaims
+	13, // 1: bettercompute.agent.v1.HardwareClaims.gpus:type_name -> bettercompute.agent.v1.GPU
+	9,  // 2: bettercompute.agent.v1.SessionRequest.hello:type_name -> bettercompute.agent.v1.Hello
+	10, // 3: bettercompute.agent.v1.SessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	11, // 4: bettercompute.agent.v1.SessionRequest.inventory:type_name -> bettercompute.agent.v1.InventoryReport
+	7,  // 5: bettercompute.agent.v1.SessionRequest.observed:type_name -> bettercompute.agent.v1.Observed
+	8,  // 6: bettercompute.agent.v1.Observed.sections:type_name -> bettercompute.agent.v1.SectionStatus
+	0,  // 7: bettercompute.agent.v1.SectionStatus.state:type_name -> bettercompute.agent.v1.SectionState
+	12, // 8: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
+	13, // 9: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
+	16, // 10: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
+	17, // 11: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	15, // 12: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
+	18, // 13: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
+	1,  // 14: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	4,  // 15: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	6,  // 16: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
+	3,  // 17: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	5,  // 18: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	14, // 19: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
+	17, // [17:20] is the sub-list for method output_type
+	14, // [14:17] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -1176,27 +1506,31 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
+	file_bettercompute_agent_v1_nodespec_proto_init()
 	file_bettercompute_agent_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*SessionRequest_Hello)(nil),
 		(*SessionRequest_Heartbeat)(nil),
 		(*SessionRequest_Inventory)(nil),
+		(*SessionRequest_Observed)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_InventoryRequest)(nil),
+		(*SessionResponse_DesiredState)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   14,
+			NumEnums:      1,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_bettercompute_agent_v1_agent_proto_goTypes,
 		DependencyIndexes: file_bettercompute_agent_v1_agent_proto_depIdxs,
+		EnumInfos:         file_bettercompute_agent_v1_agent_proto_enumTypes,
 		MessageInfos:      file_bettercompute_agent_v1_agent_proto_msgTypes,
 	}.Build()
 	File_bettercompute_agent_v1_agent_proto = out.File
