@@ -39,6 +39,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/telemetry"
 	"github.com/bettercompute/bettercompute/pkg/version"
 	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/inventory"
 	"github.com/bettercompute/bettercompute/services/nodespec"
 	"github.com/bettercompute/bettercompute/services/system"
@@ -115,6 +116,7 @@ type App struct {
 	pool    *pgxpool.Pool
 	runtime *reconcile.Runtime
 	gateway *gatewayServer
+	localGW atomic.Pointer[gateway.Gateway] // for in-process delivery
 	nc      *nats.Conn
 	api     *api.Server
 	srv     *http.Server
@@ -302,9 +304,11 @@ func (a *App) startRuntime(ctx context.Context) error {
 				return err
 			}
 		}
-		// The nodespec controller; delivery (poking the node's gateway after
-		// a generation change) is wired through nodespec.Config.Changed.
-		if err := rt.Register(nodespec.Reconciler(nodespec.Config{})); err != nil {
+		// The nodespec controller pokes the gateway holding the node after
+		// a generation change: directly when it is in this process, over the
+		// bus otherwise. Gateways also resync from the database, so a lost
+		// poke only delays delivery.
+		if err := rt.Register(nodespec.Reconciler(nodespec.Config{Changed: a.specChanged})); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -23,6 +26,7 @@ import (
 
 // gatewayServer is the gateway role's listener.
 type gatewayServer struct {
+	sub  *nats.Subscription
 	gw   *gateway.Gateway
 	js   *joinservice.Service
 	grpc *grpc.Server
@@ -76,6 +80,21 @@ func (a *App) startGateway(context.Context) error {
 	}
 	g := &gatewayServer{gw: gw, js: js, grpc: gs, ln: ln, done: make(chan struct{})}
 	gw.Start()
+	a.localGW.Store(gw)
+	if a.nc != nil {
+		// Pokes from nodespec controllers in other processes.
+		sub, err := a.nc.Subscribe(SpecPokePrefix+"*", func(m *nats.Msg) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := gw.Deliver(ctx, strings.TrimPrefix(m.Subject, SpecPokePrefix)); err != nil {
+				a.logger.Warn("deliver desired state", "err", err)
+			}
+		})
+		if err != nil {
+			a.logger.Warn("no spec pokes; delivery relies on the database resync", "err", err)
+		}
+		g.sub = sub
+	}
 	go func() {
 		defer close(g.done)
 		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -89,6 +108,9 @@ func (a *App) startGateway(context.Context) error {
 
 // stop ends every session, then the listener.
 func (g *gatewayServer) stop(ctx context.Context) {
+	if g.sub != nil {
+		_ = g.sub.Unsubscribe()
+	}
 	g.gw.Stop()
 	stopped := make(chan struct{})
 	go func() { g.grpc.GracefulStop(); close(stopped) }()
@@ -98,6 +120,23 @@ func (g *gatewayServer) stop(ctx context.Context) {
 		g.grpc.Stop()
 	}
 	<-g.done
+}
+
+// SpecPokePrefix starts the subject of a desired-state poke:
+// bc.nodespec.<node id>, sent after a generation change.
+const SpecPokePrefix = "bc.nodespec."
+
+// specChanged is the nodespec controller's hook: deliver in process when this
+// process runs the gateway, and poke other gateways over the bus.
+func (a *App) specChanged(ctx context.Context, nodeID string, _ int64) {
+	if gw := a.localGW.Load(); gw != nil {
+		if err := gw.Deliver(ctx, nodeID); err != nil {
+			a.logger.Warn("deliver desired state", "node", nodeID, "err", err)
+		}
+	}
+	if a.nc != nil && a.nc.IsConnected() {
+		_ = a.nc.Publish(SpecPokePrefix+nodeID, nil)
+	}
 }
 
 // GatewayAddr returns the gateway's listen address, or "" when the process

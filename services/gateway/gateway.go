@@ -90,6 +90,17 @@ type session struct {
 	epoch  int64
 	seen   bool // a message arrived since the last liveness write
 	cancel context.CancelCauseFunc
+
+	sendMu    sync.Mutex // a gRPC stream takes one sender at a time
+	stream    agentv1.NodeService_SessionServer
+	delivered int64 // the highest desired-state generation sent
+}
+
+// send sends m on the session's stream.
+func (s *session) send(m *agentv1.SessionResponse) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.stream.Send(m)
 }
 
 // errSuperseded ends a session that a newer one of the same node replaced.
@@ -236,7 +247,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel}
+	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, stream: stream, delivered: hello.GetObservedGeneration()}
 	g.mu.Lock()
 	select {
 	case <-g.stop:
@@ -259,13 +270,17 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	log := g.log.With("node", certNode, "epoch", epoch)
 	log.InfoContext(ctx, "session opened", "boot", hello.GetBootId(), "journal", hello.GetJournalId(), "agent", hello.GetAgentVersion())
 
-	if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Welcome{Welcome: &agentv1.Welcome{
+	if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Welcome{Welcome: &agentv1.Welcome{
 		SessionEpoch: epoch, HeartbeatIntervalMs: uint32(g.cfg.HeartbeatInterval.Milliseconds()), GatewayId: g.cfg.ID,
 	}}}); err != nil {
 		return err
 	}
-	if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_InventoryRequest{InventoryRequest: &agentv1.InventoryRequest{}}}); err != nil {
+	if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_InventoryRequest{InventoryRequest: &agentv1.InventoryRequest{}}}); err != nil {
 		return err
+	}
+	// A node behind its generation gets the full spec right after Welcome.
+	if err := g.deliver(sctx, s); err != nil {
+		log.WarnContext(ctx, "deliver desired state", "err", err)
 	}
 
 	msgs := make(chan *agentv1.SessionRequest)
@@ -301,6 +316,11 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 			if inv := m.GetInventory(); inv != nil {
 				if err := g.storeInventory(sctx, s, inv); err != nil {
 					log.WarnContext(ctx, "store inventory", "err", err)
+				}
+			}
+			if obs := m.GetObserved(); obs != nil {
+				if err := g.storeObserved(sctx, s, obs); err != nil {
+					log.WarnContext(ctx, "store observed generation", "err", err)
 				}
 			}
 		}
@@ -352,6 +372,9 @@ func (g *Gateway) livenessLoop() {
 			ctx, cancel := context.WithTimeout(context.Background(), g.cfg.LivenessInterval)
 			if err := g.FlushLiveness(ctx); err != nil {
 				g.log.Warn("write liveness", "err", err)
+			}
+			if err := g.Resync(ctx); err != nil {
+				g.log.Warn("resync desired state", "err", err)
 			}
 			cancel()
 		}

@@ -380,3 +380,111 @@ func TestNewerSessionSupersedesOlder(t *testing.T) {
 		}
 	})
 }
+
+func TestDesiredStateDeliveryAndObserved(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.addNode(t, "node_a")
+	spec := `{"identity": {"nodeId": "node_a"}, "site": {"logLevel": "debug"}}`
+	if _, err := f.db.Exec(t.Context(), `UPDATE nodes SET state = 'adopted', generation = 2, spec = $1 WHERE id = 'node_a'`, spec); err != nil {
+		t.Fatal(err)
+	}
+	cert := f.ca.node(t, "node_a")
+	stream, _ := open(t, f.client(t, f.addr, &cert), "node_a")
+
+	recvDesired := func(t *testing.T) *agentv1.DesiredState {
+		t.Helper()
+		m, err := stream.Recv()
+		if err != nil || m.GetDesiredState() == nil {
+			t.Fatalf("want a DesiredState, got %v %v", m, err)
+		}
+		return m.GetDesiredState()
+	}
+	ds := recvDesired(t)
+	if ds.GetGeneration() != 2 || ds.GetSpec().GetSite().GetLogLevel() != "debug" || ds.GetSpec().GetIdentity().GetNodeId() != "node_a" {
+		t.Fatalf("a node behind gets its full spec after Welcome: %v", ds)
+	}
+
+	observed := func(t *testing.T, gen, obs int64, state agentv1.SectionState) {
+		t.Helper()
+		err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Observed{Observed: &agentv1.Observed{
+			Generation: gen, ObservedGeneration: obs,
+			Sections: []*agentv1.SectionStatus{{Section: "site", State: state, Generation: gen}},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func() (obs int64, events int) {
+		_ = f.db.QueryRow(t.Context(), `SELECT observed_generation FROM nodes WHERE id = 'node_a'`).Scan(&obs)
+		_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE type = 'node.converged'`).Scan(&events)
+		return obs, events
+	}
+	observed(t, 2, 2, agentv1.SectionState_SECTION_STATE_CONVERGED)
+	eventually(t, "the observed generation and a node.converged event", func() bool { o, e := stored(); return o == 2 && e == 1 })
+
+	t.Run("a late report cannot lower the observed generation", func(t *testing.T) {
+		observed(t, 1, 1, agentv1.SectionState_SECTION_STATE_CONVERGED)
+		if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the late report to be processed", func() bool {
+			var status string
+			_ = f.db.QueryRow(t.Context(), `SELECT section_status->0->>'generation' FROM nodes WHERE id = 'node_a'`).Scan(&status)
+			return status == "1"
+		})
+		if o, _ := stored(); o != 2 {
+			t.Fatalf("observed generation went back to %d", o)
+		}
+	})
+
+	t.Run("a change reaches the node by the database resync, without any poke", func(t *testing.T) {
+		if _, err := f.db.Exec(t.Context(), `UPDATE nodes SET generation = 3, spec = '{"site": {"logLevel": "info"}}' WHERE id = 'node_a'`); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.gw.Resync(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if ds := recvDesired(t); ds.GetGeneration() != 3 || ds.GetSpec().GetSite().GetLogLevel() != "info" {
+			t.Fatalf("resync sent %v", ds)
+		}
+		// Sent once: a second resync or a poke sends nothing new.
+		if err := f.gw.Resync(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.gw.Deliver(t.Context(), "node_a"); err != nil {
+			t.Fatal(err)
+		}
+		observed(t, 3, 2, agentv1.SectionState_SECTION_STATE_FAILED)
+		eventually(t, "a node.convergence_failed event", func() bool {
+			var n int
+			_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE type = 'node.convergence_failed'`).Scan(&n)
+			return n == 1
+		})
+	})
+
+	t.Run("a node that reconnects up to date is sent nothing", func(t *testing.T) {
+		c := f.client(t, f.addr, &cert)
+		s2, err := c.Session(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := hello("node_a")
+		h.GetHello().ObservedGeneration = 3
+		if err := s2.Send(h); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // Welcome, InventoryRequest
+			if _, err := s2.Recv(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s2.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := s2.Recv()
+		if m.GetDesiredState() != nil {
+			t.Fatalf("an up-to-date node was sent %v (%v)", m, err)
+		}
+	})
+}

@@ -1,0 +1,152 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/outbox"
+)
+
+// Deliver sends node's desired state to it if this gateway holds its
+// session and the node has not been sent its current generation. The
+// nodespec controller's change hook calls it (in process, or through a poke
+// over the bus); the liveness tick calls it for every node behind, so a lost
+// call only delays delivery.
+func (g *Gateway) Deliver(ctx context.Context, nodeID string) error {
+	g.mu.Lock()
+	s, ok := g.sessions[nodeID]
+	g.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return g.deliver(ctx, s)
+}
+
+// deliver sends the stored spec when its generation is ahead of what the
+// session was sent (or, after Welcome, of what the node reported).
+func (g *Gateway) deliver(ctx context.Context, s *session) error {
+	var gen int64
+	var raw []byte
+	err := g.cfg.DB.QueryRow(ctx, `SELECT generation, spec FROM nodes WHERE id = $1 AND session_epoch = $2`, s.nodeID, s.epoch).Scan(&gen, &raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // superseded
+	}
+	if err != nil {
+		return fmt.Errorf("read desired state: %w", err)
+	}
+	g.mu.Lock()
+	behind := gen > s.delivered
+	g.mu.Unlock()
+	if gen < 1 || !behind {
+		return nil // not adopted yet, or already sent
+	}
+	var spec agentv1.NodeSpec
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, &spec); err != nil {
+		return fmt.Errorf("decode desired state of %s: %w", s.nodeID, err)
+	}
+	if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_DesiredState{
+		DesiredState: &agentv1.DesiredState{Generation: gen, Spec: &spec},
+	}}); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	s.delivered = max(s.delivered, gen)
+	g.mu.Unlock()
+	return nil
+}
+
+// Resync sends their desired state to every session whose node is ahead of
+// what was sent. The liveness loop calls it every interval.
+func (g *Gateway) Resync(ctx context.Context) error {
+	g.mu.Lock()
+	ids := make([]string, 0, len(g.sessions))
+	delivered := make([]int64, 0, len(g.sessions))
+	for _, s := range g.sessions {
+		ids = append(ids, s.nodeID)
+		delivered = append(delivered, s.delivered)
+	}
+	g.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	return g.redeliver(ctx, ids, delivered)
+}
+
+// redeliver finds, in one statement, every session whose node's generation is
+// ahead of what was sent, and sends them their desired state: delivery
+// without the bus.
+func (g *Gateway) redeliver(ctx context.Context, ids []string, delivered []int64) error {
+	rows, err := g.cfg.DB.Query(ctx, `
+		SELECT n.id FROM nodes n JOIN unnest($1::text[], $2::bigint[]) AS s(id, delivered) ON s.id = n.id
+		 WHERE n.generation > s.delivered`, ids, delivered)
+	if err != nil {
+		return fmt.Errorf("find nodes behind: %w", err)
+	}
+	behind, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range behind {
+		errs = append(errs, g.Deliver(ctx, id))
+	}
+	return errors.Join(errs...)
+}
+
+// storeObserved records how far the node converged: the database keeps the
+// highest observed generation reported, so a late report cannot lower it;
+// section status is the latest report's. A report that reaches the current
+// generation is a node.converged event; one with a failed section is
+// node.convergence_failed.
+func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Observed) error {
+	sections := make([]map[string]any, 0, len(obs.GetSections()))
+	failed := false
+	for _, st := range obs.GetSections() {
+		state := st.GetState().String()
+		if st.GetState() == agentv1.SectionState_SECTION_STATE_FAILED || st.GetState() == agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
+			failed = true
+		}
+		sections = append(sections, map[string]any{
+			"section": st.GetSection(), "state": state, "reason": st.GetReason(), "generation": st.GetGeneration(),
+		})
+	}
+	status, err := json.Marshal(sections)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		var tenant string
+		var gen, observed int64
+		err := tx.QueryRow(ctx, `
+			UPDATE nodes SET observed_generation = greatest(observed_generation, $2), section_status = $3, updated_at = now()
+			 WHERE id = $1 AND session_epoch = $4
+			RETURNING tenant_id, generation, observed_generation`,
+			s.nodeID, obs.GetObservedGeneration(), status, s.epoch).Scan(&tenant, &gen, &observed)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // a superseded session's late report
+		}
+		if err != nil {
+			return err
+		}
+		event := ""
+		switch {
+		case failed:
+			event = "node.convergence_failed"
+		case observed >= gen && obs.GetObservedGeneration() == gen:
+			event = "node.converged"
+		}
+		if event == "" {
+			return nil
+		}
+		payload := map[string]any{"nodeId": s.nodeID, "generation": gen, "observedGeneration": observed, "sections": sections}
+		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: event, Payload: payload})
+		return err
+	})
+}
