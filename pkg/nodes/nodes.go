@@ -60,6 +60,8 @@ type Node struct {
 	// SpecError says why the node's desired state could not be computed;
 	// empty when it could.
 	SpecError  string
+	// Sections is the node's last per-section convergence report.
+	Sections []SectionStatus
 	LastSeenAt *time.Time
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
@@ -83,14 +85,27 @@ type Device struct {
 	MissingSince *time.Time
 }
 
+// SectionStatus is one section's convergence as the node last reported it.
+type SectionStatus struct {
+	Section    string `json:"section"`
+	State      string `json:"state"`
+	Reason     string `json:"reason"`
+	Generation int64  `json:"generation"`
+}
+
+// Schedulable reports whether placement may book the node's devices: it is
+// adopted and has applied desired state.
+func (n Node) Schedulable() bool { return n.State == StateAdopted && n.ObservedGeneration >= 1 }
+
 const cols = `id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, coalesce(join_token_id, ''),
-	generation, observed_generation, boot_id, journal_id, session_epoch, gateway_id, coalesce(spec_error, ''), last_seen_at, created_at, updated_at`
+	generation, observed_generation, boot_id, journal_id, session_epoch, gateway_id, coalesce(spec_error, ''), last_seen_at, created_at, updated_at,
+	CASE WHEN jsonb_typeof(section_status) = 'array' THEN section_status ELSE '[]' END`
 
 func scan(r pgx.Row) (Node, error) {
 	var n Node
 	err := r.Scan(&n.ID, &n.TenantID, &n.PoolID, &n.State, &n.Shard, &n.Labels, &n.Hostname, &n.HardwareKey, &n.JoinTokenID,
 		&n.Generation, &n.ObservedGeneration, &n.BootID, &n.JournalID, &n.SessionEpoch, &n.GatewayID, &n.SpecError, &n.LastSeenAt,
-		&n.CreatedAt, &n.UpdatedAt)
+		&n.CreatedAt, &n.UpdatedAt, &n.Sections)
 	return n, err
 }
 

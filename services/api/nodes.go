@@ -27,7 +27,10 @@ func nodePB(n nodestore.Node) *computev1.Node {
 		Id: n.ID, TenantId: n.TenantID, PoolId: n.PoolID, State: n.State, Labels: n.Labels, Hostname: n.Hostname,
 		LastSeenAt: tsp(n.LastSeenAt), SessionEpoch: n.SessionEpoch, GatewayId: n.GatewayID,
 		Generation: n.Generation, ObservedGeneration: n.ObservedGeneration, SpecError: n.SpecError,
-		CreateTime: ts(n.CreatedAt), UpdateTime: ts(n.UpdatedAt),
+		CreateTime: ts(n.CreatedAt), UpdateTime: ts(n.UpdatedAt), Schedulable: n.Schedulable(),
+	}
+	for _, st := range n.Sections {
+		out.Sections = append(out.Sections, &computev1.SectionStatus{Section: st.Section, State: st.State, Reason: st.Reason, Generation: st.Generation})
 	}
 	for _, d := range n.Devices {
 		out.Devices = append(out.Devices, &computev1.Device{

@@ -13,6 +13,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
@@ -118,12 +119,15 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 			}
 			return err
 		}
+		var tenant string
 		err = tx.QueryRow(ctx, `UPDATE nodes SET spec = $2::jsonb, generation = generation + 1, spec_error = NULL, updated_at = now()
-			WHERE id = $1 RETURNING generation`, nodeID, string(want)).Scan(&bumped)
+			WHERE id = $1 RETURNING generation, tenant_id`, nodeID, string(want)).Scan(&bumped, &tenant)
 		if err != nil {
 			return fmt.Errorf("store spec: %w", err)
 		}
-		return nil
+		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: "node.spec.changed",
+			Payload: map[string]any{"nodeId": nodeID, "generation": bumped}})
+		return err
 	})
 	if err != nil {
 		return reconcile.Done, err

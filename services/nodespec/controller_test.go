@@ -218,6 +218,15 @@ func TestGenerationMovesOnlyOnChange(t *testing.T) {
 	if got := e.calls("node_1"); !slices.Equal(got, want) {
 		t.Fatalf("Changed calls %v, want %v", got, want)
 	}
+	// Each bump wrote one node.spec.changed event in its transaction.
+	rows, err := e.pool.Query(t.Context(), `SELECT (payload->>'generation')::bigint FROM outbox WHERE type = 'node.spec.changed' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || !slices.Equal(events, want) {
+		t.Fatalf("node.spec.changed events %v (%v), want %v", events, err, want)
+	}
 }
 
 func TestConflictIsReportedWithoutBump(t *testing.T) {

@@ -61,7 +61,12 @@ type Node struct {
 	// Why its desired state could not be computed (e.g. two modules set the
 	// same site field to different values); empty when it could. The last
 	// good spec and its generation stay in force meanwhile.
-	SpecError     string `protobuf:"bytes,15,opt,name=spec_error,json=specError,proto3" json:"spec_error,omitempty"`
+	SpecError string `protobuf:"bytes,15,opt,name=spec_error,json=specError,proto3" json:"spec_error,omitempty"`
+	// Per-section convergence on the node, as it last reported.
+	Sections []*SectionStatus `protobuf:"bytes,16,rep,name=sections,proto3" json:"sections,omitempty"`
+	// Whether placement may book its devices: the node is adopted and has
+	// applied desired state (observed_generation >= 1).
+	Schedulable   bool `protobuf:"varint,17,opt,name=schedulable,proto3" json:"schedulable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -201,6 +206,96 @@ func (x *Node) GetSpecError() string {
 	return ""
 }
 
+func (x *Node) GetSections() []*SectionStatus {
+	if x != nil {
+		return x.Sections
+	}
+	return nil
+}
+
+func (x *Node) GetSchedulable() bool {
+	if x != nil {
+		return x.Schedulable
+	}
+	return false
+}
+
+// SectionStatus is how one section of a node's desired state stands on the
+// node.
+type SectionStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The NodeSpec section: identity, site, runtime, devices, mig, instances,
+	// health or agent.
+	Section string `protobuf:"bytes,1,opt,name=section,proto3" json:"section,omitempty"`
+	// SECTION_STATE_CONVERGED, _PROGRESSING, _FAILED (retried) or
+	// _FAILED_TERMINAL (counts as observed).
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// Why it failed, or what a section not built yet would do.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The generation the status is for.
+	Generation    int64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SectionStatus) Reset() {
+	*x = SectionStatus{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SectionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SectionStatus) ProtoMessage() {}
+
+func (x *SectionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SectionStatus.ProtoReflect.Descriptor instead.
+func (*SectionStatus) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SectionStatus) GetSection() string {
+	if x != nil {
+		return x.Section
+	}
+	return ""
+}
+
+func (x *SectionStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *SectionStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SectionStatus) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // Device is one device of a node.
 type Device struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -232,7 +327,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +339,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +352,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Device) GetId() string {
@@ -350,7 +445,7 @@ type NodesServiceGetRequest struct {
 
 func (x *NodesServiceGetRequest) Reset() {
 	*x = NodesServiceGetRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -362,7 +457,7 @@ func (x *NodesServiceGetRequest) String() string {
 func (*NodesServiceGetRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -375,7 +470,7 @@ func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodesServiceGetRequest) GetTenantId() string {
@@ -403,7 +498,7 @@ type NodesServiceGetResponse struct {
 
 func (x *NodesServiceGetResponse) Reset() {
 	*x = NodesServiceGetResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -415,7 +510,7 @@ func (x *NodesServiceGetResponse) String() string {
 func (*NodesServiceGetResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -428,7 +523,7 @@ func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NodesServiceGetResponse) GetNode() *Node {
@@ -459,7 +554,7 @@ type NodesServiceListRequest struct {
 
 func (x *NodesServiceListRequest) Reset() {
 	*x = NodesServiceListRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +566,7 @@ func (x *NodesServiceListRequest) String() string {
 func (*NodesServiceListRequest) ProtoMessage() {}
 
 func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +579,7 @@ func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NodesServiceListRequest) GetTenantId() string {
@@ -542,7 +637,7 @@ type NodesServiceListResponse struct {
 
 func (x *NodesServiceListResponse) Reset() {
 	*x = NodesServiceListResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +649,7 @@ func (x *NodesServiceListResponse) String() string {
 func (*NodesServiceListResponse) ProtoMessage() {}
 
 func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +662,7 @@ func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NodesServiceListResponse) GetNodes() []*Node {
@@ -597,7 +692,7 @@ type NodesServiceGetSpecRequest struct {
 
 func (x *NodesServiceGetSpecRequest) Reset() {
 	*x = NodesServiceGetSpecRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +704,7 @@ func (x *NodesServiceGetSpecRequest) String() string {
 func (*NodesServiceGetSpecRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +717,7 @@ func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NodesServiceGetSpecRequest) GetTenantId() string {
@@ -660,7 +755,7 @@ type NodesServiceGetSpecResponse struct {
 
 func (x *NodesServiceGetSpecResponse) Reset() {
 	*x = NodesServiceGetSpecResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -672,7 +767,7 @@ func (x *NodesServiceGetSpecResponse) String() string {
 func (*NodesServiceGetSpecResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -685,7 +780,7 @@ func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodesServiceGetSpecResponse) GetSpec() *structpb.Struct {
@@ -720,7 +815,7 @@ var File_bettercompute_compute_v1_nodes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa5\x05\n" +
+	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x06\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -744,10 +839,19 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\vupdate_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12\x1d\n" +
 	"\n" +
-	"spec_error\x18\x0f \x01(\tR\tspecError\x1a9\n" +
+	"spec_error\x18\x0f \x01(\tR\tspecError\x12C\n" +
+	"\bsections\x18\x10 \x03(\v2'.bettercompute.compute.v1.SectionStatusR\bsections\x12 \n" +
+	"\vschedulable\x18\x11 \x01(\bR\vschedulable\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd2\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"w\n" +
+	"\rSectionStatus\x12\x18\n" +
+	"\asection\x18\x01 \x01(\tR\asection\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x03R\n" +
+	"generation\"\xd2\x02\n" +
 	"\x06Device\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
@@ -810,43 +914,45 @@ func file_bettercompute_compute_v1_nodes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_nodes_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
 	(*Node)(nil),                        // 0: bettercompute.compute.v1.Node
-	(*Device)(nil),                      // 1: bettercompute.compute.v1.Device
-	(*NodesServiceGetRequest)(nil),      // 2: bettercompute.compute.v1.NodesServiceGetRequest
-	(*NodesServiceGetResponse)(nil),     // 3: bettercompute.compute.v1.NodesServiceGetResponse
-	(*NodesServiceListRequest)(nil),     // 4: bettercompute.compute.v1.NodesServiceListRequest
-	(*NodesServiceListResponse)(nil),    // 5: bettercompute.compute.v1.NodesServiceListResponse
-	(*NodesServiceGetSpecRequest)(nil),  // 6: bettercompute.compute.v1.NodesServiceGetSpecRequest
-	(*NodesServiceGetSpecResponse)(nil), // 7: bettercompute.compute.v1.NodesServiceGetSpecResponse
-	nil,                                 // 8: bettercompute.compute.v1.Node.LabelsEntry
-	nil,                                 // 9: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),       // 10: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),             // 11: google.protobuf.Struct
+	(*SectionStatus)(nil),               // 1: bettercompute.compute.v1.SectionStatus
+	(*Device)(nil),                      // 2: bettercompute.compute.v1.Device
+	(*NodesServiceGetRequest)(nil),      // 3: bettercompute.compute.v1.NodesServiceGetRequest
+	(*NodesServiceGetResponse)(nil),     // 4: bettercompute.compute.v1.NodesServiceGetResponse
+	(*NodesServiceListRequest)(nil),     // 5: bettercompute.compute.v1.NodesServiceListRequest
+	(*NodesServiceListResponse)(nil),    // 6: bettercompute.compute.v1.NodesServiceListResponse
+	(*NodesServiceGetSpecRequest)(nil),  // 7: bettercompute.compute.v1.NodesServiceGetSpecRequest
+	(*NodesServiceGetSpecResponse)(nil), // 8: bettercompute.compute.v1.NodesServiceGetSpecResponse
+	nil,                                 // 9: bettercompute.compute.v1.Node.LabelsEntry
+	nil,                                 // 10: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),       // 11: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),             // 12: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
-	8,  // 0: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
-	1,  // 1: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	10, // 2: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	10, // 3: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	10, // 4: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
-	10, // 5: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
-	0,  // 6: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	9,  // 7: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	0,  // 8: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	11, // 9: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
-	2,  // 10: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	4,  // 11: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	6,  // 12: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
-	3,  // 13: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	5,  // 14: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	7,  // 15: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	9,  // 0: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	2,  // 1: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
+	11, // 2: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	11, // 3: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	11, // 4: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	1,  // 5: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
+	11, // 6: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	0,  // 7: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
+	10, // 8: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	0,  // 9: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
+	12, // 10: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	3,  // 11: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	5,  // 12: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	7,  // 13: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	4,  // 14: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	6,  // 15: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	8,  // 16: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }
@@ -860,7 +966,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_nodes_proto_rawDesc), len(file_bettercompute_compute_v1_nodes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
