@@ -59,9 +59,9 @@ type Node struct {
 	GatewayID          string
 	// SpecError says why the node's desired state could not be computed;
 	// empty when it could.
-	SpecError  string
+	SpecError string
 	// Sections is the node's last per-section convergence report.
-	Sections []SectionStatus
+	Sections   []SectionStatus
 	LastSeenAt *time.Time
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
