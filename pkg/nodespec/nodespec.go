@@ -9,8 +9,12 @@ package nodespec
 import (
 	"context"
 	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
 // Kind is the nodespec controller's kind in the work queue; its keys are
@@ -24,6 +28,30 @@ const Kind = "nodespec"
 func Invalidate(ctx context.Context, q *reconcile.Queue, nodeID string) error {
 	if err := q.Enqueue(ctx, Kind, nodeID); err != nil {
 		return fmt.Errorf("invalidate spec of %s: %w", nodeID, err)
+	}
+	return nil
+}
+
+// InvalidatePool invalidates every node of pool that has desired state (is
+// past adopting), in tx, in one statement per thousand nodes. No poke is
+// sent: the controllers' poll or resync picks the keys up.
+func InvalidatePool(ctx context.Context, tx workqueue.Querier, poolID string) error {
+	rows, err := tx.Query(ctx, `SELECT id FROM nodes WHERE pool_id = $1 AND state <> 'adopting'`, poolID)
+	if err != nil {
+		return fmt.Errorf("invalidate pool %s: %w", poolID, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("invalidate pool %s: %w", poolID, err)
+	}
+	items := make([]workqueue.Item, len(ids))
+	for i, id := range ids {
+		items[i] = workqueue.Item{Kind: Kind, Key: id}
+	}
+	for chunk := range slices.Chunk(items, 1000) {
+		if err := workqueue.EnqueueMany(ctx, tx, chunk); err != nil {
+			return fmt.Errorf("invalidate pool %s: %w", poolID, err)
+		}
 	}
 	return nil
 }

@@ -102,6 +102,17 @@ type Update struct {
 	Description *string
 	Labels      map[string]string
 	SetLabels   bool
+	// Site and Health, when set, replace the pool's NodeSpec site and health
+	// sections (proto3 JSON, validated by the caller).
+	Site, Health []byte
+}
+
+func nullJSON(b []byte) *string {
+	if b == nil {
+		return nil
+	}
+	s := string(b)
+	return &s
 }
 
 // Apply changes the pool and bumps its generation.
@@ -114,8 +125,9 @@ func Apply(ctx context.Context, q Querier, tenant, id string, u Update) (Pool, e
 		UPDATE pools SET
 			description = coalesce($3, description),
 			labels = CASE WHEN $4 THEN $5::jsonb ELSE labels END,
+			site = coalesce($6::jsonb, site), health = coalesce($7::jsonb, health),
 			generation = generation + 1, updated_at = now()
-		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels))
+		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels, nullJSON(u.Site), nullJSON(u.Health)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Pool{}, fault.New(fault.NotFound, "id", "pool %q not found in tenant %s", id, tenant)
 	}

@@ -5,13 +5,18 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 )
 
@@ -120,12 +125,28 @@ func (s *pools) List(ctx context.Context, req *computev1.PoolsServiceListRequest
 	return out, nil
 }
 
+// specSection validates a NodeSpec section given as JSON and returns its
+// canonical proto3 JSON; a nil struct clears the section.
+func specSection(st *structpb.Struct, into proto.Message, field string) ([]byte, error) {
+	if st == nil {
+		return []byte("{}"), nil
+	}
+	raw, err := protojson.Marshal(st)
+	if err != nil {
+		return nil, fault.New(fault.InvalidInput, field, "not JSON: %v", err)
+	}
+	if err := protojson.Unmarshal(raw, into); err != nil {
+		return nil, fault.New(fault.InvalidInput, field, "not a valid %s section: %v", field, err)
+	}
+	return protojson.Marshal(into)
+}
+
 func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateRequest) (*computev1.PoolsServiceUpdateResponse, error) {
 	if err := required("id", req.GetId()); err != nil {
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health)")
 	}
 	var u poolstore.Update
 	for _, path := range req.GetUpdateMask().GetPaths() {
@@ -141,8 +162,20 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				return nil, err
 			}
 			u.Labels, u.SetLabels = req.GetLabels(), true
+		case "site":
+			b, err := specSection(req.GetSite(), &agentv1.SiteSettings{}, "site")
+			if err != nil {
+				return nil, err
+			}
+			u.Site = b
+		case "health":
+			b, err := specSection(req.GetHealth(), &agentv1.HealthSettings{}, "health")
+			if err != nil {
+				return nil, err
+			}
+			u.Health = b
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetId(), "id")
@@ -157,6 +190,13 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			p, err := poolstore.Apply(ctx, tx, req.GetTenantId(), req.GetId(), u)
 			if err != nil {
 				return admission.Outcome{}, err
+			}
+			if u.Site != nil || u.Health != nil {
+				// Every node of the pool gets a new desired state, in this
+				// transaction.
+				if err := nodespec.InvalidatePool(ctx, tx, p.ID); err != nil {
+					return admission.Outcome{}, err
+				}
 			}
 			return outcome(&computev1.PoolsServiceUpdateResponse{Pool: poolPB(p)}, "pool.updated", poolResource(p))
 		},

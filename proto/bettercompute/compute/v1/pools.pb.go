@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -519,8 +520,18 @@ type PoolsServiceUpdateRequest struct {
 	Description string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Which fields to change: "description", "labels". Required.
-	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	// Which fields to change: "description", "labels", "site", "health".
+	// Required.
+	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	// The site settings every node of the pool gets (the NodeSpec "site"
+	// section as JSON: gateways, ntpServers, dnsServers, httpProxy, noProxy,
+	// otlpEndpoint, logLevel), when update_mask names "site". Changing it
+	// recomputes every node's desired state.
+	Site *structpb.Struct `protobuf:"bytes,6,opt,name=site,proto3" json:"site,omitempty"`
+	// The health settings (the NodeSpec "health" section as JSON), when
+	// update_mask names "health". Changing it recomputes every node's desired
+	// state.
+	Health        *structpb.Struct `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,6 +601,20 @@ func (x *PoolsServiceUpdateRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
 	return nil
 }
 
+func (x *PoolsServiceUpdateRequest) GetSite() *structpb.Struct {
+	if x != nil {
+		return x.Site
+	}
+	return nil
+}
+
+func (x *PoolsServiceUpdateRequest) GetHealth() *structpb.Struct {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
 // PoolsServiceUpdateResponse is the changed pool.
 type PoolsServiceUpdateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -640,7 +665,7 @@ var File_bettercompute_compute_v1_pools_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/pools.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x03\n" +
+	"$bettercompute/compute/v1/pools.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x03\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -683,14 +708,16 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xbb\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x99\x03\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12 \n" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\x12W\n" +
 	"\x06labels\x18\x04 \x03(\v2?.bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntryR\x06labels\x12;\n" +
 	"\vupdate_mask\x18\x05 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
-	"updateMask\x1a9\n" +
+	"updateMask\x12+\n" +
+	"\x04site\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x04site\x12/\n" +
+	"\x06health\x18\a \x01(\v2\x17.google.protobuf.StructR\x06health\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
@@ -730,6 +757,7 @@ var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	nil,                                // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
 	(*timestamppb.Timestamp)(nil),      // 12: google.protobuf.Timestamp
 	(*fieldmaskpb.FieldMask)(nil),      // 13: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),            // 14: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_pools_proto_depIdxs = []int32{
 	9,  // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
@@ -741,20 +769,22 @@ var file_bettercompute_compute_v1_pools_proto_depIdxs = []int32{
 	0,  // 6: bettercompute.compute.v1.PoolsServiceListResponse.pools:type_name -> bettercompute.compute.v1.Pool
 	11, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
 	13, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	0,  // 9: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
-	1,  // 10: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
-	3,  // 11: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
-	5,  // 12: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
-	7,  // 13: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
-	2,  // 14: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
-	4,  // 15: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
-	6,  // 16: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
-	8,  // 17: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	14, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
+	14, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
+	0,  // 11: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
+	1,  // 12: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
+	3,  // 13: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
+	5,  // 14: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
+	7,  // 15: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
+	2,  // 16: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
+	4,  // 17: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
+	6,  // 18: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
+	8,  // 19: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_pools_proto_init() }
