@@ -1,7 +1,8 @@
 // Package session is the node's side of NodeService.Session: it dials the
 // gateway over mutual TLS with the node certificate, says Hello, waits for
 // Welcome, heartbeats at the interval the Welcome sets, answers inventory
-// requests, and reconnects with jittered exponential back-off until its
+// requests, converges on every DesiredState it receives (package converge)
+// and reports how far it got (Observed), and reconnects with jittered exponential back-off until its
 // context ends. Alongside, it renews the node certificate through
 // NodeService.Renew once less than a third of its lifetime is left.
 //
@@ -11,6 +12,15 @@
 // the host of Config.Gateway) in a DNS or IP SAN. It must also carry the
 // SPIFFE id spiffe://<trust-domain>/gateway/<name>, in the node's own trust
 // domain, so that no other certificate of the CA can pose as a gateway.
+//
+// Desired state is converged on its own goroutine, so heartbeats never wait
+// for it. States that arrive while one is being applied are coalesced: only
+// the newest is applied next. After each converge the node sends
+// Observed{generation, observed_generation, sections}; the newest desired
+// state is also re-converged every ReconvergeInterval (a failed section is
+// retried, drift is repaired) and Observed is sent again when it changed.
+// Hello carries the persisted observed generation, so after a restart the
+// control plane knows whether to send the full spec again.
 package session
 
 import (
@@ -30,7 +40,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/bettercompute/bettercompute/agent/converge"
+	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
@@ -75,6 +88,9 @@ type Config struct {
 	// session and with false when that session ends (simulators count
 	// sessions with it).
 	OnSession func(up bool)
+	// ReconvergeInterval is how often the newest desired state is converged
+	// again (retrying failed sections); one minute by default.
+	ReconvergeInterval time.Duration
 }
 
 // Run holds the node's session until ctx ends, reconnecting forever, and
@@ -91,6 +107,7 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, 30*time.Second), cfg.MinBackoff)
 	cfg.WelcomeTimeout = cmp.Or(cfg.WelcomeTimeout, 30*time.Second)
 	cfg.DefaultHeartbeat = cmp.Or(cfg.DefaultHeartbeat, 10*time.Second)
+	cfg.ReconvergeInterval = cmp.Or(cfg.ReconvergeInterval, time.Minute)
 
 	key, err := cfg.State.Key()
 	if err != nil {
@@ -107,13 +124,22 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	r := &runner{cfg: cfg, key: key, journalID: journalID, log: cfg.Logger.With("node", id.NodeID)}
+	log := cfg.Logger.With("node", id.NodeID)
+	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Logger: log})
+	if err != nil {
+		return fmt.Errorf("session: %w", err)
+	}
+	r := &runner{
+		cfg: cfg, key: key, journalID: journalID, log: log, conv: conv,
+		desiredReady: make(chan struct{}, 1), resultReady: make(chan struct{}, 1),
+	}
 	if err := r.setIdentity(id); err != nil {
 		return err
 	}
 
 	var wg sync.WaitGroup
 	wg.Go(func() { r.renewLoop(ctx) })
+	wg.Go(func() { r.convergeLoop(ctx) })
 	r.sessionLoop(ctx)
 	wg.Wait()
 	return nil
@@ -130,6 +156,15 @@ type runner struct {
 	id   state.Identity
 	cert *tls.Certificate
 	pool *x509.CertPool
+
+	conv *converge.Converger
+	// desiredReady signals a new desired state in desired; resultReady a
+	// new Observed in result (both buffered, one slot: coalescing).
+	desiredReady, resultReady chan struct{}
+	slotMu                    sync.Mutex
+	desired                   *agentv1.DesiredState
+	highestGen                int64 // highest generation received this run
+	result                    *agentv1.Observed
 }
 
 func (r *runner) setIdentity(id state.Identity) error {
@@ -231,10 +266,11 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 	}
 	id, _, _ := r.current()
 	if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Hello{Hello: &agentv1.Hello{
-		NodeId:       id.NodeID,
-		BootId:       r.cfg.BootID,
-		JournalId:    r.journalID,
-		AgentVersion: r.cfg.AgentVersion,
+		NodeId:             id.NodeID,
+		BootId:             r.cfg.BootID,
+		JournalId:          r.journalID,
+		AgentVersion:       r.cfg.AgentVersion,
+		ObservedGeneration: r.conv.ObservedGeneration(),
 	}}}); err != nil {
 		return false, fmt.Errorf("session: hello: %w", err)
 	}
@@ -298,8 +334,19 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 			if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{Sequence: seq}}}); err != nil {
 				return true, fmt.Errorf("session: heartbeat: %w", err)
 			}
+		case <-r.resultReady:
+			o := r.takeResult()
+			if o == nil {
+				continue
+			}
+			if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Observed{Observed: o}}); err != nil {
+				r.putBackResult(o) // the next session reports it
+				return true, fmt.Errorf("session: observed: %w", err)
+			}
 		case m := <-msgs:
 			switch b := m.GetBody().(type) {
+			case *agentv1.SessionResponse_DesiredState:
+				r.offerDesired(ctx, b.DesiredState)
 			case *agentv1.SessionResponse_InventoryRequest:
 				rep, err := r.cfg.Inventory.Report(sctx, b.InventoryRequest.GetSections())
 				if err != nil {
@@ -353,4 +400,114 @@ func hostOf(addr string) string {
 		return h
 	}
 	return addr
+}
+
+// gpuUUIDs reads the GPU UUIDs from the inventory, for the devices section.
+func gpuUUIDs(inv Inventory) func(ctx context.Context) ([]string, error) {
+	return func(ctx context.Context) ([]string, error) {
+		rep, err := inv.Report(ctx, []string{inventory.SectionGPUs})
+		if err != nil {
+			return nil, err
+		}
+		uuids := make([]string, 0, len(rep.GetGpus()))
+		for _, g := range rep.GetGpus() {
+			uuids = append(uuids, g.GetUuid())
+		}
+		return uuids, nil
+	}
+}
+
+// offerDesired hands ds to the converge loop, replacing any state it has
+// not started on. A state older than one already received or observed is
+// ignored (generations only grow).
+func (r *runner) offerDesired(ctx context.Context, ds *agentv1.DesiredState) {
+	r.slotMu.Lock()
+	floor := max(r.highestGen, r.conv.ObservedGeneration())
+	if ds.GetGeneration() < floor {
+		r.slotMu.Unlock()
+		r.log.WarnContext(ctx, "ignoring an older desired state", "generation", ds.GetGeneration(), "have", floor)
+		return
+	}
+	r.highestGen = ds.GetGeneration()
+	r.desired = ds
+	r.slotMu.Unlock()
+	select {
+	case r.desiredReady <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) takeDesired() *agentv1.DesiredState {
+	r.slotMu.Lock()
+	defer r.slotMu.Unlock()
+	ds := r.desired
+	r.desired = nil
+	return ds
+}
+
+// publish makes o the next Observed to send, replacing an unsent one.
+func (r *runner) publish(o *agentv1.Observed) {
+	r.slotMu.Lock()
+	r.result = o
+	r.slotMu.Unlock()
+	select {
+	case r.resultReady <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) takeResult() *agentv1.Observed {
+	r.slotMu.Lock()
+	defer r.slotMu.Unlock()
+	o := r.result
+	r.result = nil
+	return o
+}
+
+// putBackResult re-queues o unless a newer result was published meanwhile.
+func (r *runner) putBackResult(o *agentv1.Observed) {
+	r.slotMu.Lock()
+	if r.result == nil {
+		r.result = o
+	}
+	r.slotMu.Unlock()
+	select {
+	case r.resultReady <- struct{}{}:
+	default:
+	}
+}
+
+// convergeLoop converges the newest desired state whenever one arrives and
+// every ReconvergeInterval, and publishes each result; a periodic result
+// identical to the last one is not published again.
+func (r *runner) convergeLoop(ctx context.Context) {
+	tick := time.NewTicker(r.cfg.ReconvergeInterval)
+	defer tick.Stop()
+	var latest *agentv1.DesiredState
+	var last *agentv1.Observed
+	for {
+		periodic := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.desiredReady:
+			ds := r.takeDesired()
+			if ds == nil {
+				continue
+			}
+			latest = ds
+		case <-tick.C:
+			if latest == nil {
+				continue
+			}
+			periodic = true
+		}
+		sections, observed := r.conv.Converge(ctx, latest)
+		o := &agentv1.Observed{Generation: latest.GetGeneration(), ObservedGeneration: observed, Sections: sections}
+		if periodic && proto.Equal(o, last) {
+			continue
+		}
+		last = o
+		r.publish(o)
+	}
 }

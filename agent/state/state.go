@@ -241,6 +241,12 @@ func readCerts(path string) ([][]byte, error) {
 	return ders, nil
 }
 
+// WriteAtomic writes data to path atomically (see writeAtomic): other
+// packages of bcd use it for their files under the root.
+func WriteAtomic(path string, data []byte, mode os.FileMode) error {
+	return writeAtomic(path, data, mode)
+}
+
 // writeAtomic writes data to a temporary file beside path, syncs it and
 // renames it over path, then syncs the directory.
 func writeAtomic(path string, data []byte, mode os.FileMode) (err error) {

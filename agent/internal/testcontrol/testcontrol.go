@@ -73,6 +73,8 @@ type Server struct {
 	Reports chan *agentv1.InventoryReport
 	// Renewed receives every certificate Renew issued (buffered).
 	Renewed chan *x509.Certificate
+	// Observed receives every Observed report (buffered).
+	Observed chan *agentv1.Observed
 	// Heartbeats counts heartbeats.
 	Heartbeats atomic.Int64
 	// Joins counts successful joins.
@@ -86,7 +88,8 @@ type Server struct {
 	heartbeatMS uint32
 	nextNode    int
 	epoch       int64
-	sessions    map[chan struct{}]bool
+	sessions    map[chan struct{}]chan *agentv1.DesiredState
+	desired     *agentv1.DesiredState
 }
 
 // Option changes how New builds the fake control plane.
@@ -131,7 +134,8 @@ func New(t testing.TB, opts ...Option) *Server {
 		CA: ca, Bundle: [][]byte{caDER}, Token: "bcjt_test.secret",
 		PublicKey: hk.PublicKey().Bytes(), KeyID: join.KeyID(hk.PublicKey().Bytes()),
 		Hellos: make(chan Hello, 100), Reports: make(chan *agentv1.InventoryReport, 100), Renewed: make(chan *x509.Certificate, 100),
-		caKey: caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]bool{},
+		Observed: make(chan *agentv1.Observed, 100),
+		caKey:    caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.DesiredState{},
 	}
 
 	gwKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -188,6 +192,18 @@ func (s *Server) SetJoinValidity(f func() (notBefore, notAfter time.Time)) {
 	s.mu.Lock()
 	s.joinTTL = f
 	s.mu.Unlock()
+}
+
+// SetDesired makes ds the node's desired state, as the gateway would: it is
+// sent at once on every open session, and after Welcome on every later
+// session whose Hello reports an observed generation below ds's.
+func (s *Server) SetDesired(ds *agentv1.DesiredState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.desired = ds
+	for _, ch := range s.sessions {
+		ch <- ds
+	}
 }
 
 // KickSessions ends every open session from the server side and reports
@@ -265,8 +281,9 @@ func (s *Server) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv1
 
 // Session implements agentv1.NodeServiceServer: Hello (matching the
 // certificate's node id) first, then Welcome and an InventoryRequest for all
-// sections; heartbeats are counted and reports passed on until the session
-// is kicked or the node goes away.
+// sections, then the desired state (SetDesired) when the Hello is behind it;
+// heartbeats are counted, reports and Observed passed on, and desired states
+// set meanwhile sent, until the session is kicked or the node goes away.
 func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
 	leaf, nodeID, err := clientNode(stream.Context())
 	if err != nil {
@@ -285,10 +302,11 @@ func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
 	}
 	s.Hellos <- Hello{Hello: hello, Serial: leaf.SerialNumber}
 	kick := make(chan struct{})
+	send := make(chan *agentv1.DesiredState, 100)
 	s.mu.Lock()
 	s.epoch++
-	epoch, hb := s.epoch, s.heartbeatMS
-	s.sessions[kick] = true
+	epoch, hb, desired := s.epoch, s.heartbeatMS, s.desired
+	s.sessions[kick] = send
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -300,6 +318,11 @@ func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
 	}
 	if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_InventoryRequest{InventoryRequest: &agentv1.InventoryRequest{}}}); err != nil {
 		return err
+	}
+	if desired != nil && hello.GetObservedGeneration() < desired.GetGeneration() {
+		if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_DesiredState{DesiredState: desired}}); err != nil {
+			return err
+		}
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -314,14 +337,22 @@ func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
 				s.Heartbeats.Add(1)
 			case m.GetInventory() != nil:
 				s.Reports <- m.GetInventory()
+			case m.GetObserved() != nil:
+				s.Observed <- m.GetObserved()
 			}
 		}
 	}()
-	select {
-	case <-kick:
-		return status.Error(codes.Unavailable, "session closed by the test")
-	case err := <-errc:
-		return err
+	for {
+		select {
+		case <-kick:
+			return status.Error(codes.Unavailable, "session closed by the test")
+		case err := <-errc:
+			return err
+		case ds := <-send:
+			if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_DesiredState{DesiredState: ds}}); err != nil {
+				return err
+			}
+		}
 	}
 }
 

@@ -1,0 +1,288 @@
+// Package converge converges a node on its desired state (a DesiredState:
+// a NodeSpec at a generation). Each NodeSpec section has one Handler with an
+// idempotent Plan, computed from what is on the node now and the desired
+// section, and an Apply that carries the plan out. The Converger runs every
+// handler and reports one SectionStatus per section, plus the observed
+// generation: the desired generation once every section converged or failed
+// terminally, else the previous one. It persists that number so a restarted
+// daemon tells the control plane (Hello.observed_generation) how far it got.
+//
+// All disk I/O happens under the state root (state.Store.Root()):
+//
+//	observed_generation   the last fully observed generation, decimal
+//	cdi/bettercompute.json CDI-style spec: one device per reservation, with
+//	                      exactly the GPU UUIDs exposed to it (devices)
+//	site.json             NTP, DNS, proxy, OTLP endpoint, log level (site)
+//	health.json           health-check intervals and thresholds (health)
+//
+// Files are written atomically and only when their content changes, so
+// applying the same desired state twice is a no-op.
+package converge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/bettercompute/bettercompute/agent/state"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// ObservedGenerationFile is the file, under the root, that holds the last
+// fully observed generation.
+const ObservedGenerationFile = "observed_generation"
+
+// Current is what a handler's Plan sees of the node: its id, its GPUs and
+// the files under the root.
+type Current struct {
+	// Root is the state root; handlers read and write only under it.
+	Root string
+	// NodeID is the node's own id.
+	NodeID string
+	// GPUs is the set of GPU UUIDs in the node's inventory.
+	GPUs map[string]bool
+}
+
+// ReadFile returns the content of rel (a path under Root), or nil when the
+// file does not exist.
+func (c Current) ReadFile(rel string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(c.Root, rel))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return b, err
+}
+
+// Action is one file change under the root: write Data to Path, or remove
+// Path when Remove is set.
+type Action struct {
+	// Path is relative to the root.
+	Path string
+	// Data is the file's new content.
+	Data []byte
+	// Remove removes the file instead.
+	Remove bool
+}
+
+// String describes the action.
+func (a Action) String() string {
+	if a.Remove {
+		return "remove " + a.Path
+	}
+	return fmt.Sprintf("write %s (%d bytes)", a.Path, len(a.Data))
+}
+
+// Plan is what a handler would do to converge its section. An empty plan
+// with no Failure and no Terminal means the section has converged.
+type Plan struct {
+	// Actions are the changes Apply makes; none when the node already
+	// matches.
+	Actions []Action
+	// Failure, when set, makes the section FAILED (retried) even after
+	// Actions are applied: e.g. a GPU the section names is not on the node.
+	Failure string
+	// Terminal, when set, makes the section FAILED_TERMINAL: retrying
+	// cannot help (invalid or unsupported). Actions are still applied.
+	Terminal string
+}
+
+// Handler converges one NodeSpec section.
+type Handler interface {
+	// Section is the NodeSpec field name ("devices", "site", …).
+	Section() string
+	// Plan compares the node (cur) with the desired spec's section. It only
+	// reads; planning again after Apply returns an empty plan.
+	Plan(cur Current, desired *agentv1.NodeSpec) (Plan, error)
+	// Apply carries p out.
+	Apply(ctx context.Context, cur Current, p Plan) error
+}
+
+// Config sets up a Converger.
+type Config struct {
+	// Root is the state root (state.Store.Root()).
+	Root string
+	// NodeID is the node's own id.
+	NodeID string
+	// GPUs returns the UUIDs of the node's GPUs (from its inventory); it is
+	// called on every Converge. Nil means the node has no GPUs.
+	GPUs func(ctx context.Context) ([]string, error)
+	// Logger logs section failures; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Converger runs every section's handler against a desired state. Converge
+// must not be called concurrently; ObservedGeneration and Health may be
+// called from any goroutine.
+type Converger struct {
+	cfg      Config
+	handlers []Handler
+	observed atomic.Int64
+	health   *healthHandler
+	mu       sync.Mutex // serialises Converge
+}
+
+// New returns a Converger for the node, loading the persisted observed
+// generation and health settings from the root.
+func New(cfg Config) (*Converger, error) {
+	if cfg.Root == "" || cfg.NodeID == "" {
+		return nil, errors.New("converge: root and node id are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Converger{cfg: cfg, health: &healthHandler{}}
+	c.handlers = []Handler{
+		identityHandler{},
+		siteHandler{},
+		unsupported{section: "runtime", would: planRuntime},
+		devicesHandler{},
+		unsupported{section: "mig", would: planMig},
+		unsupported{section: "instances", would: planInstances},
+		c.health,
+		unsupported{section: "agent", would: planAgent},
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.Root, ObservedGenerationFile))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("converge: %w", err)
+	default:
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("converge: %s: bad generation %q", ObservedGenerationFile, strings.TrimSpace(string(b)))
+		}
+		c.observed.Store(n)
+	}
+	if err := c.health.load(cfg.Root); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Handlers are the section handlers in NodeSpec field order.
+func (c *Converger) Handlers() []Handler { return c.handlers }
+
+// ObservedGeneration is the last fully observed generation (0 before any).
+func (c *Converger) ObservedGeneration() int64 { return c.observed.Load() }
+
+// Health returns the health settings last applied (zero before any); the
+// daemon's health checks read their intervals here.
+func (c *Converger) Health() Health { return c.health.current() }
+
+// Converge plans and applies every section of ds and returns the status of
+// each section (all with ds's generation) and the observed generation: ds's
+// generation when every section converged or failed terminally, else the
+// previous one. It never lowers the observed generation. A nil spec has
+// every section empty.
+func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*agentv1.SectionStatus, int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	gen := ds.GetGeneration()
+	spec := ds.GetSpec()
+	if spec == nil {
+		spec = &agentv1.NodeSpec{}
+	}
+	cur := Current{Root: c.cfg.Root, NodeID: c.cfg.NodeID, GPUs: map[string]bool{}}
+	var gpuErr error
+	if c.cfg.GPUs != nil {
+		uuids, err := c.cfg.GPUs(ctx)
+		if err != nil {
+			gpuErr = fmt.Errorf("reading the GPU inventory: %w", err)
+		}
+		for _, u := range uuids {
+			cur.GPUs[u] = true
+		}
+	}
+
+	out := make([]*agentv1.SectionStatus, 0, len(c.handlers))
+	complete := true
+	for _, h := range c.handlers {
+		st := &agentv1.SectionStatus{Section: h.Section(), Generation: gen}
+		state, reason := c.run(ctx, h, cur, spec)
+		if h.Section() == "devices" && gpuErr != nil && state == agentv1.SectionState_SECTION_STATE_FAILED {
+			reason = reason + " (" + gpuErr.Error() + ")"
+		}
+		st.State, st.Reason = state, reason
+		if state != agentv1.SectionState_SECTION_STATE_CONVERGED && state != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
+			complete = false
+			c.cfg.Logger.WarnContext(ctx, "section not converged", "section", h.Section(), "generation", gen, "reason", reason)
+		}
+		out = append(out, st)
+	}
+	if complete && gen > c.observed.Load() {
+		path := filepath.Join(c.cfg.Root, ObservedGenerationFile)
+		if err := state.WriteAtomic(path, []byte(strconv.FormatInt(gen, 10)+"\n"), 0o644); err != nil {
+			// Not advancing is safe: the control plane sends the spec again.
+			c.cfg.Logger.ErrorContext(ctx, "persisting the observed generation", "err", err)
+		} else {
+			c.observed.Store(gen)
+		}
+	}
+	return out, c.observed.Load()
+}
+
+// run plans and applies one section.
+func (c *Converger) run(ctx context.Context, h Handler, cur Current, spec *agentv1.NodeSpec) (agentv1.SectionState, string) {
+	p, err := h.Plan(cur, spec)
+	if err != nil {
+		return agentv1.SectionState_SECTION_STATE_FAILED, "planning: " + err.Error()
+	}
+	if len(p.Actions) > 0 {
+		if err := h.Apply(ctx, cur, p); err != nil {
+			return agentv1.SectionState_SECTION_STATE_FAILED, "applying: " + err.Error()
+		}
+	}
+	switch {
+	case p.Terminal != "":
+		return agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL, p.Terminal
+	case p.Failure != "":
+		return agentv1.SectionState_SECTION_STATE_FAILED, p.Failure
+	}
+	return agentv1.SectionState_SECTION_STATE_CONVERGED, ""
+}
+
+// applyFiles carries out file actions under root.
+func applyFiles(root string, actions []Action) error {
+	for _, a := range actions {
+		path := filepath.Join(root, a.Path)
+		if a.Remove {
+			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		if err := state.WriteAtomic(path, a.Data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fileAction returns the action that makes rel hold data (nil: absent), or
+// none when it already does.
+func fileAction(cur Current, rel string, data []byte) ([]Action, error) {
+	have, err := cur.ReadFile(rel)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case data == nil && have == nil:
+		return nil, nil
+	case data == nil:
+		return []Action{{Path: rel, Remove: true}}, nil
+	case have != nil && string(have) == string(data):
+		return nil, nil
+	}
+	return []Action{{Path: rel, Data: data}}, nil
+}

@@ -1,0 +1,384 @@
+package converge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// Files the handlers keep under the root.
+const (
+	// CDISpecFile is the devices handler's CDI-style spec.
+	CDISpecFile = "cdi/bettercompute.json"
+	// SiteFile is the site handler's settings.
+	SiteFile = "site.json"
+	// HealthFile is the health handler's settings.
+	HealthFile = "health.json"
+	// CDIKind is the CDI kind of the devices the spec names.
+	CDIKind = "bettercompute.com/gpu"
+)
+
+// empty reports whether a section is unset or has nothing set.
+func empty(m proto.Message) bool { return m == nil || proto.Size(m) == 0 }
+
+func marshal(v any) []byte {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		panic(err) // plain structs of strings and numbers always marshal
+	}
+	return append(b, '\n')
+}
+
+// identityHandler checks that the spec is for this node; it changes
+// nothing on disk.
+type identityHandler struct{}
+
+func (identityHandler) Section() string { return "identity" }
+
+func (identityHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
+	id := d.GetIdentity()
+	if id == nil || id.GetNodeId() == cur.NodeID {
+		return Plan{}, nil
+	}
+	return Plan{Terminal: fmt.Sprintf("the spec is for node %q, this node is %q", id.GetNodeId(), cur.NodeID)}, nil
+}
+
+func (identityHandler) Apply(context.Context, Current, Plan) error { return nil }
+
+// CDISpec is the devices handler's file: CDI's layout (cdiVersion, kind,
+// devices with containerEdits), one device per reservation, named by the
+// reservation id, exposing its GPUs through NVIDIA_VISIBLE_DEVICES.
+type CDISpec struct {
+	CDIVersion string      `json:"cdiVersion"`
+	Kind       string      `json:"kind"`
+	Devices    []CDIDevice `json:"devices"`
+}
+
+// CDIDevice is one reservation's device.
+type CDIDevice struct {
+	Name           string            `json:"name"`
+	ContainerEdits CDIContainerEdits `json:"containerEdits"`
+}
+
+// CDIContainerEdits are the edits CDI makes to a container.
+type CDIContainerEdits struct {
+	Env []string `json:"env"`
+}
+
+// devicesHandler writes CDISpecFile with exactly the exposed GPUs per
+// reservation (sorted by reservation, UUIDs in spec order) and removes it
+// when the section is empty. A GPU not in the inventory is left out and
+// makes the section FAILED, so the GPUs that are there, and the removal of
+// GPUs taken away, still take effect; the next converge retries.
+type devicesHandler struct{}
+
+func (devicesHandler) Section() string { return "devices" }
+
+func (devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
+	sec := d.GetDevices()
+	if len(sec.GetAssignments()) == 0 {
+		acts, err := fileAction(cur, CDISpecFile, nil)
+		return Plan{Actions: acts}, err
+	}
+	var terminal, missing []string
+	seenRsv, seenGPU := map[string]bool{}, map[string]string{}
+	spec := CDISpec{CDIVersion: "0.6.0", Kind: CDIKind}
+	asg := slices.Clone(sec.GetAssignments())
+	slices.SortStableFunc(asg, func(a, b *agentv1.DeviceAssignment) int {
+		return strings.Compare(a.GetReservationId(), b.GetReservationId())
+	})
+	for _, a := range asg {
+		rsv := a.GetReservationId()
+		switch {
+		case rsv == "":
+			terminal = append(terminal, "an assignment has no reservation id")
+			continue
+		case seenRsv[rsv]:
+			terminal = append(terminal, fmt.Sprintf("reservation %s is assigned twice", rsv))
+			continue
+		}
+		seenRsv[rsv] = true
+		var uuids []string
+		for _, u := range a.GetGpuUuids() {
+			if other, ok := seenGPU[u]; ok {
+				terminal = append(terminal, fmt.Sprintf("GPU %s is assigned to both %s and %s", u, other, rsv))
+				continue
+			}
+			seenGPU[u] = rsv
+			if !cur.GPUs[u] {
+				missing = append(missing, u)
+				continue
+			}
+			uuids = append(uuids, u)
+		}
+		if len(uuids) == 0 {
+			continue
+		}
+		spec.Devices = append(spec.Devices, CDIDevice{Name: rsv, ContainerEdits: CDIContainerEdits{
+			Env: []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")},
+		}})
+	}
+	var data []byte
+	if len(spec.Devices) > 0 {
+		data = marshal(spec)
+	}
+	acts, err := fileAction(cur, CDISpecFile, data)
+	p := Plan{Actions: acts}
+	if len(terminal) > 0 {
+		p.Terminal = "invalid devices section: " + strings.Join(terminal, "; ")
+	}
+	if len(missing) > 0 {
+		p.Failure = "GPUs not in this node's inventory: " + strings.Join(missing, ", ")
+	}
+	return p, err
+}
+
+func (devicesHandler) Apply(_ context.Context, cur Current, p Plan) error {
+	return applyFiles(cur.Root, p.Actions)
+}
+
+// SiteFileContent is SiteFile: the section's fields, each left out when
+// unset. Wiring them into chrony, resolv.conf, the proxy environment and the
+// daemon's exporter and logger comes in a later release; today the node
+// records them.
+type SiteFileContent struct {
+	Gateways     *[]string `json:"gateways,omitempty"`
+	NTPServers   *[]string `json:"ntp_servers,omitempty"`
+	DNSServers   *[]string `json:"dns_servers,omitempty"`
+	HTTPProxy    *string   `json:"http_proxy,omitempty"`
+	NoProxy      *[]string `json:"no_proxy,omitempty"`
+	OTLPEndpoint *string   `json:"otlp_endpoint,omitempty"`
+	LogLevel     *string   `json:"log_level,omitempty"`
+}
+
+// siteHandler writes SiteFile, or removes it when the section is empty.
+type siteHandler struct{}
+
+func (siteHandler) Section() string { return "site" }
+
+func list(l *agentv1.StringList) *[]string {
+	if l == nil {
+		return nil
+	}
+	v := append([]string{}, l.GetValues()...)
+	return &v
+}
+
+func (siteHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
+	s := d.GetSite()
+	if s == nil {
+		acts, err := fileAction(cur, SiteFile, nil)
+		return Plan{Actions: acts}, err
+	}
+	if s.LogLevel != nil && !slices.Contains([]string{"debug", "info", "warn", "error"}, s.GetLogLevel()) {
+		return Plan{Terminal: fmt.Sprintf("invalid log level %q: want debug, info, warn or error", s.GetLogLevel())}, nil
+	}
+	c := SiteFileContent{
+		Gateways: list(s.GetGateways()), NTPServers: list(s.GetNtpServers()), DNSServers: list(s.GetDnsServers()),
+		HTTPProxy: s.HttpProxy, NoProxy: list(s.GetNoProxy()), OTLPEndpoint: s.OtlpEndpoint, LogLevel: s.LogLevel,
+	}
+	var data []byte
+	if c != (SiteFileContent{}) {
+		data = marshal(c)
+	}
+	acts, err := fileAction(cur, SiteFile, data)
+	return Plan{Actions: acts}, err
+}
+
+func (siteHandler) Apply(_ context.Context, cur Current, p Plan) error {
+	return applyFiles(cur.Root, p.Actions)
+}
+
+// Health is the health section as the daemon's checks use it. Zero
+// durations and thresholds mean the daemon's defaults (no diagnostics for
+// DiagnosticsInterval).
+type Health struct {
+	CheckInterval             time.Duration
+	DiagnosticsInterval       time.Duration
+	DiagnosticsLevel          string
+	MaxGPUTemperatureCelsius  uint32
+	MaxUncorrectableECCErrors uint32
+	MaxCorrectableECCErrors   uint32
+}
+
+// healthFileContent is HealthFile.
+type healthFileContent struct {
+	CheckInterval             string `json:"check_interval,omitempty"`
+	DiagnosticsInterval       string `json:"diagnostics_interval,omitempty"`
+	DiagnosticsLevel          string `json:"diagnostics_level,omitempty"`
+	MaxGPUTemperatureCelsius  uint32 `json:"max_gpu_temperature_celsius,omitempty"`
+	MaxUncorrectableECCErrors uint32 `json:"max_uncorrectable_ecc_errors,omitempty"`
+	MaxCorrectableECCErrors   uint32 `json:"max_correctable_ecc_errors,omitempty"`
+}
+
+// healthHandler writes HealthFile (removed when the section is empty) and
+// keeps the applied settings for the daemon.
+type healthHandler struct {
+	mu  sync.Mutex
+	cur Health
+}
+
+func (*healthHandler) Section() string { return "health" }
+
+func (*healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
+	h := d.GetHealth()
+	if empty(h) {
+		acts, err := fileAction(cur, HealthFile, nil)
+		return Plan{Actions: acts}, err
+	}
+	var bad []string
+	for _, f := range []struct {
+		name string
+		d    *durationpb.Duration
+	}{{"check_interval", h.GetCheckInterval()}, {"diagnostics_interval", h.GetDiagnosticsInterval()}} {
+		switch {
+		case f.d == nil:
+		case f.d.CheckValid() != nil:
+			bad = append(bad, f.name+": "+f.d.CheckValid().Error())
+		case f.d.AsDuration() < 0:
+			bad = append(bad, f.name+" is negative")
+		}
+	}
+	if l := h.GetDiagnosticsLevel(); l != "" && !slices.Contains([]string{"quick", "medium", "long"}, l) {
+		bad = append(bad, fmt.Sprintf("diagnostics level %q: want quick, medium or long", l))
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		return Plan{Terminal: "invalid health section: " + strings.Join(bad, "; ")}, nil
+	}
+	c := healthFileContent{
+		DiagnosticsLevel:          h.GetDiagnosticsLevel(),
+		MaxGPUTemperatureCelsius:  h.GetMaxGpuTemperatureCelsius(),
+		MaxUncorrectableECCErrors: h.GetMaxUncorrectableEccErrors(),
+		MaxCorrectableECCErrors:   h.GetMaxCorrectableEccErrors(),
+	}
+	if h.GetCheckInterval() != nil {
+		c.CheckInterval = h.GetCheckInterval().AsDuration().String()
+	}
+	if h.GetDiagnosticsInterval() != nil {
+		c.DiagnosticsInterval = h.GetDiagnosticsInterval().AsDuration().String()
+	}
+	acts, err := fileAction(cur, HealthFile, marshal(c))
+	return Plan{Actions: acts}, err
+}
+
+func (h *healthHandler) Apply(_ context.Context, cur Current, p Plan) error {
+	if err := applyFiles(cur.Root, p.Actions); err != nil {
+		return err
+	}
+	return h.load(cur.Root)
+}
+
+// load reads HealthFile (absent: zero settings).
+func (h *healthHandler) load(root string) error {
+	b, err := Current{Root: root}.ReadFile(HealthFile)
+	if err != nil {
+		return fmt.Errorf("converge: %w", err)
+	}
+	var v Health
+	if b != nil {
+		var c healthFileContent
+		if err := json.Unmarshal(b, &c); err != nil {
+			return fmt.Errorf("converge: %s: %w", HealthFile, err)
+		}
+		v = Health{DiagnosticsLevel: c.DiagnosticsLevel, MaxGPUTemperatureCelsius: c.MaxGPUTemperatureCelsius,
+			MaxUncorrectableECCErrors: c.MaxUncorrectableECCErrors, MaxCorrectableECCErrors: c.MaxCorrectableECCErrors}
+		for _, f := range []struct {
+			s string
+			d *time.Duration
+		}{{c.CheckInterval, &v.CheckInterval}, {c.DiagnosticsInterval, &v.DiagnosticsInterval}} {
+			if f.s == "" {
+				continue
+			}
+			if *f.d, err = time.ParseDuration(f.s); err != nil {
+				return fmt.Errorf("converge: %s: %w", HealthFile, err)
+			}
+		}
+	}
+	h.mu.Lock()
+	h.cur = v
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *healthHandler) current() Health {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cur
+}
+
+// unsupported is a section whose handler is not built yet: converged when
+// the section is empty, else FAILED_TERMINAL with what it would do.
+type unsupported struct {
+	section string
+	would   func(*agentv1.NodeSpec) (proto.Message, string)
+}
+
+func (u unsupported) Section() string { return u.section }
+
+func (u unsupported) Plan(_ Current, d *agentv1.NodeSpec) (Plan, error) {
+	m, would := u.would(d)
+	if empty(m) {
+		return Plan{}, nil
+	}
+	return Plan{Terminal: "not built yet: would " + would}, nil
+}
+
+func (unsupported) Apply(context.Context, Current, Plan) error { return nil }
+
+func planRuntime(d *agentv1.NodeSpec) (proto.Message, string) {
+	r := d.GetRuntime()
+	dir := r.GetCdiSpecDir()
+	if dir == "" {
+		dir = "the default CDI directory"
+	}
+	return r, fmt.Sprintf("configure container runtime %q with CDI %s (specs in %s)",
+		r.GetContainerRuntime(), map[bool]string{true: "enabled", false: "disabled"}[r.GetCdiEnabled()], dir)
+}
+
+func planMig(d *agentv1.NodeSpec) (proto.Message, string) {
+	m := d.GetMig()
+	var parts []string
+	for _, g := range m.GetGpus() {
+		if !g.GetMigEnabled() {
+			parts = append(parts, "disable MIG on "+g.GetGpuUuid())
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("enable MIG on %s with instances [%s]", g.GetGpuUuid(), strings.Join(g.GetProfiles(), ", ")))
+	}
+	return m, strings.Join(parts, "; ")
+}
+
+func planInstances(d *agentv1.NodeSpec) (proto.Message, string) {
+	in := d.GetInstances()
+	var parts []string
+	for _, i := range in.GetInstances() {
+		parts = append(parts, fmt.Sprintf("%s %s (image %s, %d vCPUs, %d bytes, GPUs [%s])",
+			map[bool]string{true: "stop", false: "run"}[i.GetState() == "stopped"], i.GetId(), i.GetImage(), i.GetVcpus(), i.GetMemoryBytes(), strings.Join(i.GetGpuUuids(), ", ")))
+	}
+	if len(parts) == 0 {
+		return in, "stop every VPS instance on this host"
+	}
+	return in, strings.Join(parts, "; ") + ", and stop any other instance"
+}
+
+func planAgent(d *agentv1.NodeSpec) (proto.Message, string) {
+	a := d.GetAgent()
+	var parts []string
+	if v := a.GetDesiredVersion(); v != "" {
+		parts = append(parts, "upgrade bcd to "+v)
+	}
+	if ch := a.GetChannel(); ch != "" {
+		parts = append(parts, "follow release channel "+ch)
+	}
+	return a, strings.Join(parts, " and ")
+}
