@@ -9,10 +9,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/bettercompute/bettercompute/agent/converge"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
@@ -158,5 +160,40 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 		if !strings.HasPrefix(d.ID, "GPU-") || !strings.HasPrefix(d.Model, "NVIDIA H200") || !d.Healthy {
 			t.Fatalf("device %+v", d)
 		}
+	}
+
+	// Desired state: adoption wrote generation 1, the node applied it and
+	// is schedulable; a change through the API reaches the node and it
+	// converges on it.
+	type specNode struct {
+		Generation, ObservedGeneration string
+		Schedulable                    bool
+		Sections                       []struct{ Section, State string }
+	}
+	waitConverged := func(t *testing.T, what string, cond func(specNode) bool) specNode {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var got struct{ Node specNode }
+			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id.NodeID}, &got)
+			if got.Node.Generation != "0" && got.Node.Generation == got.Node.ObservedGeneration && cond(got.Node) {
+				return got.Node
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %+v", what, got.Node)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	first := waitConverged(t, "the node applying generation 1", func(n specNode) bool { return n.Schedulable && len(n.Sections) == 8 })
+	var upd struct{ Pool struct{ Generation string } }
+	call(t, env, "pools/update", map[string]any{"tenantId": "root", "id": pool.Pool.ID, "site": map[string]any{"logLevel": "debug"}, "updateMask": "site"}, &upd)
+	changed := waitConverged(t, "the node converging on the pool's new site settings", func(n specNode) bool { return n.Generation != first.Generation })
+	if changed.Generation != "2" {
+		t.Fatalf("one change must bump the generation once: %+v", changed)
+	}
+	site, err := os.ReadFile(filepath.Join(st.Root(), converge.SiteFile))
+	if err != nil || !strings.Contains(string(site), "debug") {
+		t.Fatalf("site settings on the node: %s (%v)", site, err)
 	}
 }
