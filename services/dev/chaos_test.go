@@ -52,7 +52,7 @@ func chaosEnv(t *testing.T, db, dataDir, gw, natsURL string) *dev.Env {
 }
 
 // fleet joins n simulated nodes to env through its gateway.
-func fleet(t *testing.T, env *dev.Env, n int) *sim.Fleet {
+func fleet(t *testing.T, env *dev.Env, n int, root string) (*sim.Fleet, string) {
 	t.Helper()
 	var pool struct{ Pool struct{ ID string } }
 	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": "chaos", "class": "gpu", "idempotencyKey": "chaos-pool"}, &pool)
@@ -68,13 +68,41 @@ func fleet(t *testing.T, env *dev.Env, n int) *sim.Fleet {
 	roots.AppendCertsFromPEM(caPEM)
 	f, err := sim.Start(t.Context(), sim.Config{
 		Gateway: env.App.GatewayAddr(), RootCAs: roots, Token: tok.Token,
-		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: t.TempDir(), Prefix: "chaos",
+		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: root, Prefix: "chaos",
 	}, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(f.Stop)
-	return f
+	return f, pool.Pool.ID
+}
+
+// setSite changes the pool's site settings through the API.
+func setSite(t *testing.T, env *dev.Env, poolID, level string) {
+	t.Helper()
+	var out struct{}
+	call(t, env, "pools/update", map[string]any{"tenantId": "root", "id": poolID, "site": map[string]any{"logLevel": level}, "updateMask": "site"}, &out)
+}
+
+// waitConverged waits until every node applied a generation of at least gen
+// whose site log level is level ("" for any).
+func waitConverged(t *testing.T, db *pgxpool.Pool, n int, gen int64, level, what string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var done int
+		err := db.QueryRow(t.Context(), `SELECT count(*) FROM nodes WHERE generation >= $1 AND observed_generation = generation
+			AND ($2 = '' OR spec->'site'->>'logLevel' = $2)`, gen, level).Scan(&done)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d of %d nodes converged on generation %d", what, done, n, gen)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // waitSessions waits until every node holds a session of at least epoch and
@@ -92,6 +120,15 @@ func waitSessions(t *testing.T, db *pgxpool.Pool, n int, epoch int64, since time
 			return
 		}
 		if time.Now().After(deadline) {
+			rows, _ := db.Query(t.Context(), `SELECT id, session_epoch, gateway_id, last_seen_at FROM nodes`)
+			for rows.Next() {
+				var id, gw string
+				var epoch int64
+				var seen *time.Time
+				_ = rows.Scan(&id, &epoch, &gw, &seen)
+				t.Logf("node %s epoch %d gateway %s last seen %v (since %v)", id, epoch, gw, seen, since)
+			}
+			rows.Close()
 			t.Fatalf("%s: %d of %d nodes live", what, live, n)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -111,8 +148,11 @@ func TestChaosGatewayRestartAndLostBus(t *testing.T) {
 	dataDir, gw := t.TempDir(), freePort(t)
 
 	first := chaosEnv(t, dbURL, dataDir, gw, ns.URL())
-	f := fleet(t, first, n)
+	fleetRoot := t.TempDir()
+	f, poolID := fleet(t, first, n, fleetRoot)
+	defer func() { f.Stop() }() // f is replaced below
 	waitSessions(t, db, n, 1, time.Now().Add(-time.Minute), "the fleet joining")
+	waitConverged(t, db, n, 1, "", "the fleet applying generation 1")
 
 	t.Run("with the bus stopped nodes stay connected and live", func(t *testing.T) {
 		ns.Stop()
@@ -123,7 +163,36 @@ func TestChaosGatewayRestartAndLostBus(t *testing.T) {
 		if epochs != 1 {
 			t.Fatalf("sessions were reopened (epoch %d): losing the bus must not drop nodes", epochs)
 		}
-		ns.Restart()
+		// A desired-state change still reaches every node without the bus.
+		setSite(t, first, poolID, "debug")
+		waitConverged(t, db, n, 2, "debug", "a change without the bus")
+		ns.RestartEmpty()
+		// And after the bus comes back empty.
+		setSite(t, first, poolID, "warn")
+		waitConverged(t, db, n, 3, "warn", "a change after the bus restarted empty")
+	})
+
+	t.Run("nodes offline during three changes converge on the latest when they return", func(t *testing.T) {
+		f.Stop()
+		for _, level := range []string{"info", "debug", "error"} {
+			setSite(t, first, poolID, level)
+		}
+		// The controller computes the latest spec while every node is away
+		// (three quick changes may coalesce into fewer generations).
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var done int
+			_ = db.QueryRow(t.Context(), `SELECT count(*) FROM nodes WHERE spec->'site'->>'logLevel' = 'error' AND generation >= 4`).Scan(&done)
+			if done == n {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the changes were not computed")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		f, _ = fleet(t, first, n, fleetRoot) // the same nodes, back again (stopped by the test's end)
+		waitConverged(t, db, n, 4, "error", "returning nodes converging on the latest spec")
 	})
 
 	t.Run("restart the gateway and every node reconnects", func(t *testing.T) {
