@@ -63,6 +63,8 @@ const (
 	NodesList  Action = "compute:nodes:list"
 	NodesDrain Action = "compute:nodes:drain"
 	NodesExec  Action = "compute:nodes:exec"
+	// NodesUpdate changes a node's labels.
+	NodesUpdate Action = "compute:nodes:update"
 
 	CommandsRun  Action = "compute:commands:run"
 	CommandsGet  Action = "compute:commands:get"
@@ -87,7 +89,7 @@ var catalog = []Action{
 	PoliciesPut, PoliciesGet, PoliciesList, PoliciesDelete,
 	PoolsCreate, PoolsGet, PoolsList, PoolsUpdate,
 	AuditList,
-	NodesGet, NodesList, NodesDrain, NodesExec,
+	NodesGet, NodesList, NodesDrain, NodesExec, NodesUpdate,
 	CommandsRun, CommandsGet, CommandsList,
 	JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
 	ReservationsCreate, ReservationsGet, ReservationsList, ReservationsCancel,

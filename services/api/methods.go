@@ -61,6 +61,7 @@ var methods = map[string]Method{
 	computev1.NodesService_Get_FullMethodName:     {Action: authz.NodesGet},
 	computev1.NodesService_List_FullMethodName:    {Action: authz.NodesList},
 	computev1.NodesService_GetSpec_FullMethodName: {Action: authz.NodesGet},
+	computev1.NodesService_Update_FullMethodName:  {Action: authz.NodesUpdate},
 }
 
 // Methods returns the method registry: every RPC of the API by full gRPC

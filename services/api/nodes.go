@@ -6,14 +6,18 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
 // nodes implements computev1.NodesServiceServer.
@@ -116,4 +120,57 @@ func (s *nodes) GetSpec(ctx context.Context, req *computev1.NodesServiceGetSpecR
 	return &computev1.NodesServiceGetSpecResponse{
 		Spec: spec, Generation: sp.Generation, ObservedGeneration: sp.ObservedGeneration, SpecError: sp.Error,
 	}, nil
+}
+
+// Update replaces a node's labels and invalidates its desired state in the
+// same transaction.
+func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateRequest) (*computev1.NodesServiceUpdateResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	paths := req.GetUpdateMask().GetPaths()
+	if len(paths) == 0 {
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (labels)")
+	}
+	for _, p := range paths {
+		if p != "labels" {
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (labels can)", p)
+		}
+	}
+	if err := validLabels(req.GetLabels()); err != nil {
+		return nil, err
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetId(), "id")
+	if err != nil {
+		return nil, err
+	}
+	labels := req.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	out := &computev1.NodesServiceUpdateResponse{}
+	err = s.mutate(ctx, admission.Mutation{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: res,
+		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+			if _, err := tx.Exec(ctx, `UPDATE nodes SET labels = $3, updated_at = now() WHERE tenant_id = $1 AND id = $2`,
+				req.GetTenantId(), req.GetId(), labels); err != nil {
+				return admission.Outcome{}, fmt.Errorf("update node %s: %w", req.GetId(), err)
+			}
+			if err := workqueue.Enqueue(ctx, tx, nodespec.Kind, req.GetId()); err != nil {
+				return admission.Outcome{}, err
+			}
+			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetId())
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			r := res
+			r.Labels = n.Labels
+			return outcome(&computev1.NodesServiceUpdateResponse{Node: nodePB(n)}, "node.updated", &r)
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"net/http"
 	"slices"
 	"strings"
@@ -228,6 +229,29 @@ func TestNodes(t *testing.T) {
 		($1, 'GPU-b', 1, 'NVIDIA H200', 150000000000), ($1, 'GPU-a', 0, 'NVIDIA H200', 150000000000)`, adopted); err != nil {
 		t.Fatal(err)
 	}
+
+	t.Run("update labels, and what bad updates get", func(t *testing.T) {
+		up, err := nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2],
+			Labels: map[string]string{"rack": "r7"}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
+		if err != nil || up.GetNode().GetLabels()["rack"] != "r7" {
+			t.Fatalf("update %v %v", up, err)
+		}
+		var audited int
+		_ = h.db.QueryRow(bg, `SELECT count(*) FROM audit WHERE action = 'compute:nodes:update' AND resource LIKE '%' || $1 || '%'`, ids[2]).Scan(&audited)
+		if audited != 1 {
+			t.Fatalf("audit rows for the update: %d", audited)
+		}
+		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2], UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"state"}}})
+		wantCode(t, err, fault.InvalidInput, "updateMask")
+		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2]})
+		wantCode(t, err, fault.InvalidInput, "updateMask")
+		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2],
+			Labels: map[string]string{"": "x"}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
+		wantCode(t, err, fault.InvalidInput, "labels")
+		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: "node_nope",
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
+		wantCode(t, err, fault.NotFound, "id")
+	})
 
 	t.Run("get over REST and gRPC", func(t *testing.T) {
 		code, body := h.rest(t, acmeKey, "nodes/get", fmt.Sprintf(`{"tenantId":"acme","id":%q}`, adopted))

@@ -196,4 +196,23 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	if err != nil || !strings.Contains(string(site), "debug") {
 		t.Fatalf("site settings on the node: %s (%v)", site, err)
 	}
+
+	// Labels: nodes.update changes them and the node's identity follows.
+	var labelled struct {
+		Node struct{ Labels map[string]string }
+	}
+	call(t, env, "nodes/update", map[string]any{"tenantId": "root", "id": id.NodeID, "labels": map[string]string{"rack": "r1"}, "updateMask": "labels"}, &labelled)
+	if labelled.Node.Labels["rack"] != "r1" {
+		t.Fatalf("update answered %+v", labelled)
+	}
+	waitConverged(t, "the node converging on its new labels", func(n specNode) bool { return n.Generation == "3" })
+	var spec struct {
+		Spec struct {
+			Identity struct{ Labels map[string]string }
+		}
+	}
+	call(t, env, "nodes/getSpec", map[string]any{"tenantId": "root", "id": id.NodeID}, &spec)
+	if spec.Spec.Identity.Labels["rack"] != "r1" {
+		t.Fatalf("the spec's identity lacks the label: %+v", spec)
+	}
 }

@@ -22,13 +22,14 @@ const (
 	NodesService_Get_FullMethodName     = "/bettercompute.compute.v1.NodesService/Get"
 	NodesService_List_FullMethodName    = "/bettercompute.compute.v1.NodesService/List"
 	NodesService_GetSpec_FullMethodName = "/bettercompute.compute.v1.NodesService/GetSpec"
+	NodesService_Update_FullMethodName  = "/bettercompute.compute.v1.NodesService/Update"
 )
 
 // NodesServiceClient is the client API for NodesService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// NodesService reads nodes: the servers joined to a tenant's pools with
+// NodesService reads and labels nodes: the servers joined to a tenant's pools with
 // `bcd join`, their devices, liveness and session.
 type NodesServiceClient interface {
 	// Get reads one node. Action compute:nodes:get on the node.
@@ -40,6 +41,9 @@ type NodesServiceClient interface {
 	// nodespec controller computed, its generation and how far the node has
 	// applied it. Action compute:nodes:get on the node.
 	GetSpec(ctx context.Context, in *NodesServiceGetSpecRequest, opts ...grpc.CallOption) (*NodesServiceGetSpecResponse, error)
+	// Update changes a node's labels, which recomputes its desired state.
+	// Action compute:nodes:update on the node.
+	Update(ctx context.Context, in *NodesServiceUpdateRequest, opts ...grpc.CallOption) (*NodesServiceUpdateResponse, error)
 }
 
 type nodesServiceClient struct {
@@ -80,11 +84,21 @@ func (c *nodesServiceClient) GetSpec(ctx context.Context, in *NodesServiceGetSpe
 	return out, nil
 }
 
+func (c *nodesServiceClient) Update(ctx context.Context, in *NodesServiceUpdateRequest, opts ...grpc.CallOption) (*NodesServiceUpdateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesServiceUpdateResponse)
+	err := c.cc.Invoke(ctx, NodesService_Update_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodesServiceServer is the server API for NodesService service.
 // All implementations must embed UnimplementedNodesServiceServer
 // for forward compatibility.
 //
-// NodesService reads nodes: the servers joined to a tenant's pools with
+// NodesService reads and labels nodes: the servers joined to a tenant's pools with
 // `bcd join`, their devices, liveness and session.
 type NodesServiceServer interface {
 	// Get reads one node. Action compute:nodes:get on the node.
@@ -96,6 +110,9 @@ type NodesServiceServer interface {
 	// nodespec controller computed, its generation and how far the node has
 	// applied it. Action compute:nodes:get on the node.
 	GetSpec(context.Context, *NodesServiceGetSpecRequest) (*NodesServiceGetSpecResponse, error)
+	// Update changes a node's labels, which recomputes its desired state.
+	// Action compute:nodes:update on the node.
+	Update(context.Context, *NodesServiceUpdateRequest) (*NodesServiceUpdateResponse, error)
 	mustEmbedUnimplementedNodesServiceServer()
 }
 
@@ -114,6 +131,9 @@ func (UnimplementedNodesServiceServer) List(context.Context, *NodesServiceListRe
 }
 func (UnimplementedNodesServiceServer) GetSpec(context.Context, *NodesServiceGetSpecRequest) (*NodesServiceGetSpecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetSpec not implemented")
+}
+func (UnimplementedNodesServiceServer) Update(context.Context, *NodesServiceUpdateRequest) (*NodesServiceUpdateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
 }
 func (UnimplementedNodesServiceServer) mustEmbedUnimplementedNodesServiceServer() {}
 func (UnimplementedNodesServiceServer) testEmbeddedByValue()                      {}
@@ -190,6 +210,24 @@ func _NodesService_GetSpec_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodesService_Update_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesServiceUpdateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodesServiceServer).Update(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodesService_Update_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodesServiceServer).Update(ctx, req.(*NodesServiceUpdateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodesService_ServiceDesc is the grpc.ServiceDesc for NodesService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -208,6 +246,10 @@ var NodesService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetSpec",
 			Handler:    _NodesService_GetSpec_Handler,
+		},
+		{
+			MethodName: "Update",
+			Handler:    _NodesService_Update_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
