@@ -33,16 +33,16 @@ func Invalidate(ctx context.Context, q *reconcile.Queue, nodeID string) error {
 }
 
 // InvalidatePool invalidates every node of pool that has desired state (is
-// past adopting), in tx, in one statement per thousand nodes. No poke is
-// sent: the controllers' poll or resync picks the keys up.
-func InvalidatePool(ctx context.Context, tx workqueue.Querier, poolID string) error {
+// past adopting), in tx, in one statement per thousand nodes, and returns the
+// items to poke after commit.
+func InvalidatePool(ctx context.Context, tx workqueue.Querier, poolID string) ([]workqueue.Item, error) {
 	rows, err := tx.Query(ctx, `SELECT id FROM nodes WHERE pool_id = $1 AND state <> 'adopting'`, poolID)
 	if err != nil {
-		return fmt.Errorf("invalidate pool %s: %w", poolID, err)
+		return nil, fmt.Errorf("invalidate pool %s: %w", poolID, err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("invalidate pool %s: %w", poolID, err)
+		return nil, fmt.Errorf("invalidate pool %s: %w", poolID, err)
 	}
 	items := make([]workqueue.Item, len(ids))
 	for i, id := range ids {
@@ -50,8 +50,8 @@ func InvalidatePool(ctx context.Context, tx workqueue.Querier, poolID string) er
 	}
 	for chunk := range slices.Chunk(items, 1000) {
 		if err := workqueue.EnqueueMany(ctx, tx, chunk); err != nil {
-			return fmt.Errorf("invalidate pool %s: %w", poolID, err)
+			return nil, fmt.Errorf("invalidate pool %s: %w", poolID, err)
 		}
 	}
-	return nil
+	return items, nil
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
 // OpenAPIPath serves the generated OpenAPI document.
@@ -58,6 +59,9 @@ type Config struct {
 	// Methods overrides the method registry, for tests; nil means
 	// [Methods].
 	Methods map[string]Method
+	// Poker wakes the workers that own work a mutation enqueued, after its
+	// commit; nil leaves them to their poll.
+	Poker *workqueue.Poker
 }
 
 // Tuning are the api role's knobs that tests and benchmarks turn. The zero
@@ -91,6 +95,7 @@ type Server struct {
 	limiter *limiter
 	maxDL   time.Duration
 	now     func() time.Time
+	poker   *workqueue.Poker
 }
 
 // New builds the gRPC server with every service registered and checks the
@@ -117,6 +122,7 @@ func New(cfg Config) (*Server, error) {
 		authz:   az,
 		adm:     admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger}),
 		db:      cfg.DB,
+		poker:   cfg.Poker,
 		limiter: newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
 		maxDL:   cmp.Or(cfg.MaxDeadline, 30*time.Second),
 		now:     now,

@@ -172,5 +172,6 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 	if err != nil {
 		return nil, err
 	}
+	s.poker.Poke(workqueue.Item{Kind: nodespec.Kind, Key: req.GetId()})
 	return out, nil
 }

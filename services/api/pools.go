@@ -18,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
 // pools implements computev1.PoolsServiceServer.
@@ -183,6 +184,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	out := &computev1.PoolsServiceUpdateResponse{}
+	var poke []workqueue.Item
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
@@ -194,9 +196,11 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			if u.Site != nil || u.Health != nil {
 				// Every node of the pool gets a new desired state, in this
 				// transaction.
-				if err := nodespec.InvalidatePool(ctx, tx, p.ID); err != nil {
+				items, err := nodespec.InvalidatePool(ctx, tx, p.ID)
+				if err != nil {
 					return admission.Outcome{}, err
 				}
+				poke = items
 			}
 			return outcome(&computev1.PoolsServiceUpdateResponse{Pool: poolPB(p)}, "pool.updated", poolResource(p))
 		},
@@ -204,5 +208,6 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 	if err != nil {
 		return nil, err
 	}
+	s.poker.Poke(poke...)
 	return out, nil
 }

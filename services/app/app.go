@@ -38,6 +38,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/telemetry"
 	"github.com/bettercompute/bettercompute/pkg/version"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/inventory"
@@ -349,7 +350,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		az := authz.New(a.pool)
 		var err error
 		a.api, err = api.New(api.Config{
-			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API,
+			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API, Poker: &workqueue.Poker{NC: a.nc},
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),
