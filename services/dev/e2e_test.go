@@ -27,7 +27,7 @@ import (
 
 // call posts a JSON body to an API method with the root credential and
 // decodes the answer into out, failing the test on any error.
-func call(t *testing.T, env *dev.Env, method string, body, out any) {
+func call(t testing.TB, env *dev.Env, method string, body, out any) {
 	t.Helper()
 	b, _ := json.Marshal(body)
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, env.BaseURL()+"/api/compute/"+method, strings.NewReader(string(b)))
