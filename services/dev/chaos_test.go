@@ -196,11 +196,14 @@ func TestChaosGatewayRestartAndLostBus(t *testing.T) {
 	})
 
 	t.Run("restart the gateway and every node reconnects", func(t *testing.T) {
+		// A change in flight when the gateway goes down still converges.
+		setSite(t, first, poolID, "info")
 		first.Stop(context.Background())
 		second := chaosEnv(t, dbURL, dataDir, gw, ns.URL())
 		defer second.Stop(context.Background())
 		since := time.Now()
 		waitSessions(t, db, n, 2, since, "every node reconnecting to the restarted gateway")
+		waitConverged(t, db, n, 5, "info", "every node converging on the change made as the gateway went down")
 		var gateways int
 		_ = db.QueryRow(t.Context(), `SELECT count(DISTINCT gateway_id) FROM nodes`).Scan(&gateways)
 		if gateways != 1 || len(f.Nodes()) != n {
