@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 )
 
@@ -65,7 +66,13 @@ const (
 const (
 	RoleControllers = "controllers"
 	RoleScheduler   = "scheduler"
+	// RoleNodeSpec is the nodespec-controller deployable's membership: the
+	// desired-state controller scales on its own node shards.
+	RoleNodeSpec = "nodespec-controller"
 )
+
+// Roles lists the memberships a runtime can host.
+var Roles = []string{RoleControllers, RoleScheduler, RoleNodeSpec}
 
 // Periodic is a key also enqueued every Every, by whichever worker owns it.
 type Periodic struct {
@@ -80,8 +87,8 @@ type Reconciler struct {
 	Name string
 	// ShardBy says how keys are spread over workers.
 	ShardBy ShardBy
-	// Role is the membership that runs it: "controllers" (the default) or
-	// "scheduler" (placers).
+	// Role is the membership that runs it: "controllers" (the default),
+	// "scheduler" (placers) or "nodespec-controller".
 	Role string
 	// Run reconciles one key. It must be idempotent: it may run again for the
 	// same state. An error backs the key off (1 s doubling to 5 min).
@@ -108,8 +115,8 @@ func (r *Reconciler) validate() error {
 	if r.Role == "" {
 		r.Role = RoleControllers
 	}
-	if r.Role != RoleControllers && r.Role != RoleScheduler {
-		return fmt.Errorf("reconciler %s: role %q: want controllers or scheduler", r.Name, r.Role)
+	if !slices.Contains(Roles, r.Role) {
+		return fmt.Errorf("reconciler %s: role %q: want one of %v", r.Name, r.Role, Roles)
 	}
 	if r.Run == nil {
 		return fmt.Errorf("reconciler %s: no Run", r.Name)

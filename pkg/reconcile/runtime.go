@@ -155,8 +155,8 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Runtime, error) {
 		return nil, errors.New("reconcile: no roles to host")
 	}
 	for _, r := range cfg.Roles {
-		if r != RoleControllers && r != RoleScheduler {
-			return nil, fmt.Errorf("reconcile: role %q: want controllers or scheduler", r)
+		if !slices.Contains(Roles, r) {
+			return nil, fmt.Errorf("reconcile: role %q: want one of %v", r, Roles)
 		}
 	}
 	if cfg.LeaseTTL < 2*cfg.Heartbeat {

@@ -231,9 +231,17 @@ func TestNodes(t *testing.T) {
 	}
 
 	t.Run("update labels, and what bad updates get", func(t *testing.T) {
+		cur, err := nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", Id: ids[2]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		labels := map[string]string{"extra": "x"}
+		for k, v := range cur.GetNode().GetLabels() {
+			labels[k] = v // keep what the list subtest filters on
+		}
 		up, err := nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2],
-			Labels: map[string]string{"rack": "r7"}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
-		if err != nil || up.GetNode().GetLabels()["rack"] != "r7" {
+			Labels: labels, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
+		if err != nil || up.GetNode().GetLabels()["extra"] != "x" || len(up.GetNode().GetLabels()) != len(labels) {
 			t.Fatalf("update %v %v", up, err)
 		}
 		var audited int

@@ -48,11 +48,11 @@ import (
 
 // built lists the roles that have a service in this release. A role named
 // explicitly that is not here fails at start; `all` runs these.
-var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleControllers, config.RoleScheduler}
+var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RoleControllers, config.RoleScheduler}
 
 // runtimeRoles are the roles whose reconcilers run on the reconciler runtime,
 // each a membership of its own.
-var runtimeRoles = []config.Role{config.RoleControllers, config.RoleScheduler}
+var runtimeRoles = []config.Role{config.RoleNodeSpecController, config.RoleControllers, config.RoleScheduler}
 
 // ResolveRoles expands the configured roles into the ones to run. `all` means
 // every built role, and the rest are returned as notBuilt so the caller can
@@ -269,8 +269,10 @@ func (a *App) prepareSchema(ctx context.Context) error {
 }
 
 // startRuntime runs the reconciler runtime for the runtime roles this process
-// hosts: the runtime's own jobs (the worker janitor, resync) and, for the
-// controllers, the inventory and nodespec controllers. Later modules register theirs here.
+// hosts, each a membership with its own shard leases: the runtime's own jobs
+// (the worker janitor, resync), the inventory controller for `controllers`
+// and the nodespec controller for `nodespec-controller`. Later modules
+// register theirs here.
 func (a *App) startRuntime(ctx context.Context) error {
 	var roles []string
 	for _, r := range runtimeRoles {
@@ -305,6 +307,8 @@ func (a *App) startRuntime(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+	if slices.Contains(roles, reconcile.RoleNodeSpec) {
 		// The nodespec controller pokes the gateway holding the node after
 		// a generation change: directly when it is in this process, over the
 		// bus otherwise. Gateways also resync from the database, so a lost

@@ -53,7 +53,7 @@ func Reconciler(cfg Config) reconcile.Reconciler {
 	if c.reg == nil {
 		c.reg = Builtin()
 	}
-	return reconcile.Reconciler{Name: Kind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleControllers, Run: c.run, Keys: keys}
+	return reconcile.Reconciler{Name: Kind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleNodeSpec, Run: c.run, Keys: keys}
 }
 
 // keys lists the nodes past adoption in shards, for resync.

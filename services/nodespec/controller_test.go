@@ -47,7 +47,7 @@ func setup(t *testing.T, reg *nodespec.Registry, state string) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers}, Heartbeat: time.Hour})
+	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers, reconcile.RoleNodeSpec}, Heartbeat: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,8 +52,8 @@ func TestControllerKilledMidRunBumpsOnce(t *testing.T) {
 		t.Fatal("the worker never ran the key")
 	}
 	a.Kill()
-	e.exec(t, `UPDATE workers SET expires_at = now() - interval '1 second' WHERE id = $1`, a.WorkerID(reconcile.RoleControllers))
-	e.exec(t, `UPDATE leases SET expires_at = now() - interval '1 second' WHERE holder = $1`, a.WorkerID(reconcile.RoleControllers))
+	e.exec(t, `UPDATE workers SET expires_at = now() - interval '1 second' WHERE id = $1`, a.WorkerID(reconcile.RoleNodeSpec))
+	e.exec(t, `UPDATE leases SET expires_at = now() - interval '1 second' WHERE holder = $1`, a.WorkerID(reconcile.RoleNodeSpec))
 	if _, gen, _ := e.spec(t); gen != 1 {
 		t.Fatalf("a killed run bumped the generation to %d", gen)
 	}
@@ -83,7 +83,7 @@ func TestControllerKilledMidRunBumpsOnce(t *testing.T) {
 func startWorker(t *testing.T, pool *pgxpool.Pool, reg *nodespec.Registry) *reconcile.Runtime {
 	t.Helper()
 	rt, err := reconcile.New(pool, nil, reconcile.Config{
-		Roles: []string{reconcile.RoleControllers}, Heartbeat: 100 * time.Millisecond, PollBusDown: 20 * time.Millisecond,
+		Roles: []string{reconcile.RoleNodeSpec}, Heartbeat: 100 * time.Millisecond, PollBusDown: 20 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
