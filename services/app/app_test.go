@@ -289,7 +289,7 @@ func TestServeRunsTheRuntimeForItsRoles(t *testing.T) {
 	t.Parallel()
 	u := pgtest.NewDB(t)
 	cfg := testConfig(u)
-	cfg.Roles = []string{"controllers", "scheduler"}
+	cfg.Roles = []string{"controllers", "scheduler", "nodespec-controller"}
 	a := start(t, cfg)
 	pool, err := pgxpool.New(t.Context(), u)
 	if err != nil {
@@ -307,7 +307,7 @@ func TestServeRunsTheRuntimeForItsRoles(t *testing.T) {
 		memberships = append(memberships, m)
 	}
 	rows.Close()
-	if !slices.Equal(memberships, []string{"controllers", "scheduler"}) {
+	if !slices.Equal(memberships, []string{"controllers", "nodespec-controller", "scheduler"}) {
 		t.Fatalf("workers = %v, want one per runtime role", memberships)
 	}
 	var janitor string
