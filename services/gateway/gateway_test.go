@@ -461,6 +461,15 @@ func TestDesiredStateDeliveryAndObserved(t *testing.T) {
 			_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE type = 'node.convergence_failed'`).Scan(&n)
 			return n == 1
 		})
+		// A terminal failure still lets the generation count as observed,
+		// and the failure stays visible.
+		observed(t, 3, 3, agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL)
+		eventually(t, "the terminal failure to be stored with the generation observed", func() bool {
+			var obs int64
+			var state string
+			_ = f.db.QueryRow(t.Context(), `SELECT observed_generation, section_status->0->>'state' FROM nodes WHERE id = 'node_a'`).Scan(&obs, &state)
+			return obs == 3 && state == "SECTION_STATE_FAILED_TERMINAL"
+		})
 	})
 
 	t.Run("a node that reconnects up to date is sent nothing", func(t *testing.T) {
