@@ -14,13 +14,9 @@ package jointoken
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base32"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +24,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/attest"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/secret"
 )
 
 // Prefix starts every join token.
@@ -68,46 +65,24 @@ type Secret struct {
 	Hash  []byte
 }
 
-var b32 = base32.StdEncoding.WithPadding(base32.NoPadding)
-
-func randomString(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails
-	return strings.ToLower(b32.EncodeToString(b))
-}
-
 // Mint makes a token: a 16-character id and a 256-bit secret.
 func Mint() Secret {
-	id, secret := randomString(10), randomString(32)
-	return Secret{ID: id, Token: Prefix + id + "." + secret, Hash: Hash(secret)}
+	m := secret.Mint(Prefix)
+	return Secret{ID: m.ID, Token: m.Value, Hash: m.Hash}
 }
 
 // Parse splits a token into its id and secret, or returns [ErrMalformed].
-func Parse(token string) (id, secret string, err error) {
-	rest, ok := strings.CutPrefix(token, Prefix)
+func Parse(token string) (id, sec string, err error) {
+	id, sec, ok := secret.Parse(Prefix, token)
 	if !ok {
 		return "", "", ErrMalformed
 	}
-	id, secret, ok = strings.Cut(rest, ".")
-	if !ok || len(id) != 16 || len(secret) != 52 || !lowerBase32(id) || !lowerBase32(secret) {
-		return "", "", ErrMalformed
-	}
-	return id, secret, nil
-}
-
-func lowerBase32(s string) bool {
-	for _, c := range s {
-		if (c < 'a' || c > 'z') && (c < '2' || c > '7') {
-			return false
-		}
-	}
-	return true
+	return id, sec, nil
 }
 
 // Hash is what is stored for a secret.
-func Hash(secret string) []byte {
-	h := sha256.Sum256([]byte(secret))
-	return h[:]
+func Hash(s string) []byte {
+	return secret.Hash(s)
 }
 
 // Token is a stored join token (never its secret).
