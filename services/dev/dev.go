@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bettercompute/bettercompute/agent/sim"
-	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 
+	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/natsembed"
@@ -228,7 +228,7 @@ func (e *Env) Banner() string {
 	if e.Fleet != nil {
 		fmt.Fprintf(&b, "  Fleet    %d simulated nodes (mock DGX H200) in pool \"sim\": better-compute api nodes.list tenantId=root\n", len(e.Fleet.Nodes()))
 	}
-	fmt.Fprintf(&b, "  Postgres %s\n\n", redact(e.Database))
+	fmt.Fprintf(&b, "  Postgres %s\n\n", db.Redact(e.Database))
 	if e.Credential != "" {
 		state := "kept in " + CredentialFile + " under the data dir"
 		if e.CredentialNew {
@@ -267,7 +267,7 @@ func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger, out io.Wr
 func ensureDatabase(ctx context.Context, adminURL, name string) (string, error) {
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return "", fmt.Errorf("connect to %s: %w", redact(adminURL), err)
+		return "", fmt.Errorf("connect to %s: %w", db.Redact(adminURL), err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	var exists bool
@@ -283,15 +283,4 @@ func ensureDatabase(ctx context.Context, adminURL, name string) (string, error) 
 		}
 	}
 	return pglocal.DatabaseURL(adminURL, name)
-}
-
-func redact(u string) string {
-	if i := strings.Index(u, "://"); i >= 0 {
-		if at := strings.LastIndex(u, "@"); at > i {
-			if c := strings.Index(u[i+3:at], ":"); c >= 0 {
-				return u[:i+3+c] + ":xxxxx" + u[at:]
-			}
-		}
-	}
-	return u
 }
