@@ -428,6 +428,7 @@ type SessionRequest struct {
 	//	*SessionRequest_Heartbeat
 	//	*SessionRequest_Inventory
 	//	*SessionRequest_Observed
+	//	*SessionRequest_CommandUpdate
 	Body          isSessionRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -506,6 +507,15 @@ func (x *SessionRequest) GetObserved() *Observed {
 	return nil
 }
 
+func (x *SessionRequest) GetCommandUpdate() *CommandUpdate {
+	if x != nil {
+		if x, ok := x.Body.(*SessionRequest_CommandUpdate); ok {
+			return x.CommandUpdate
+		}
+	}
+	return nil
+}
+
 type isSessionRequest_Body interface {
 	isSessionRequest_Body()
 }
@@ -530,6 +540,11 @@ type SessionRequest_Observed struct {
 	Observed *Observed `protobuf:"bytes,4,opt,name=observed,proto3,oneof"`
 }
 
+type SessionRequest_CommandUpdate struct {
+	// command_update says what became of a command the gateway sent.
+	CommandUpdate *CommandUpdate `protobuf:"bytes,5,opt,name=command_update,json=commandUpdate,proto3,oneof"`
+}
+
 func (*SessionRequest_Hello) isSessionRequest_Body() {}
 
 func (*SessionRequest_Heartbeat) isSessionRequest_Body() {}
@@ -537,6 +552,8 @@ func (*SessionRequest_Heartbeat) isSessionRequest_Body() {}
 func (*SessionRequest_Inventory) isSessionRequest_Body() {}
 
 func (*SessionRequest_Observed) isSessionRequest_Body() {}
+
+func (*SessionRequest_CommandUpdate) isSessionRequest_Body() {}
 
 // Observed is the node's convergence on a desired-state generation.
 type Observed struct {
@@ -1073,6 +1090,8 @@ type SessionResponse struct {
 	//	*SessionResponse_Welcome
 	//	*SessionResponse_InventoryRequest
 	//	*SessionResponse_DesiredState
+	//	*SessionResponse_Command
+	//	*SessionResponse_Cancel
 	Body          isSessionResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1142,6 +1161,24 @@ func (x *SessionResponse) GetDesiredState() *DesiredState {
 	return nil
 }
 
+func (x *SessionResponse) GetCommand() *Command {
+	if x != nil {
+		if x, ok := x.Body.(*SessionResponse_Command); ok {
+			return x.Command
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetCancel() *CommandCancel {
+	if x != nil {
+		if x, ok := x.Body.(*SessionResponse_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Body interface {
 	isSessionResponse_Body()
 }
@@ -1162,11 +1199,25 @@ type SessionResponse_DesiredState struct {
 	DesiredState *DesiredState `protobuf:"bytes,3,opt,name=desired_state,json=desiredState,proto3,oneof"`
 }
 
+type SessionResponse_Command struct {
+	// command is a command to check and run.
+	Command *Command `protobuf:"bytes,4,opt,name=command,proto3,oneof"`
+}
+
+type SessionResponse_Cancel struct {
+	// cancel stops an in-flight command.
+	Cancel *CommandCancel `protobuf:"bytes,5,opt,name=cancel,proto3,oneof"`
+}
+
 func (*SessionResponse_Welcome) isSessionResponse_Body() {}
 
 func (*SessionResponse_InventoryRequest) isSessionResponse_Body() {}
 
 func (*SessionResponse_DesiredState) isSessionResponse_Body() {}
+
+func (*SessionResponse_Command) isSessionResponse_Body() {}
+
+func (*SessionResponse_Cancel) isSessionResponse_Body() {}
 
 // DesiredState is the node's full desired state.
 type DesiredState struct {
@@ -1338,7 +1389,7 @@ var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a%bettercompute/agent/v1/nodespec.proto\"\xdb\x01\n" +
+	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a%bettercompute/agent/v1/commands.proto\x1a%bettercompute/agent/v1/nodespec.proto\"\xdb\x01\n" +
 	"\vJoinRequest\x12!\n" +
 	"\fsealed_token\x18\x01 \x01(\fR\vsealedToken\x12)\n" +
 	"\x10encapsulated_key\x18\x02 \x01(\fR\x0fencapsulatedKey\x12,\n" +
@@ -1360,12 +1411,13 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\"_\n" +
 	"\rRenewResponse\x12+\n" +
 	"\x11certificate_chain\x18\x01 \x03(\fR\x10certificateChain\x12!\n" +
-	"\ftrust_bundle\x18\x02 \x03(\fR\vtrustBundle\"\x9b\x02\n" +
+	"\ftrust_bundle\x18\x02 \x03(\fR\vtrustBundle\"\xeb\x02\n" +
 	"\x0eSessionRequest\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12G\n" +
 	"\tinventory\x18\x03 \x01(\v2'.bettercompute.agent.v1.InventoryReportH\x00R\tinventory\x12>\n" +
-	"\bobserved\x18\x04 \x01(\v2 .bettercompute.agent.v1.ObservedH\x00R\bobservedB\x06\n" +
+	"\bobserved\x18\x04 \x01(\v2 .bettercompute.agent.v1.ObservedH\x00R\bobserved\x12N\n" +
+	"\x0ecommand_update\x18\x05 \x01(\v2%.bettercompute.agent.v1.CommandUpdateH\x00R\rcommandUpdateB\x06\n" +
 	"\x04body\"\x9e\x01\n" +
 	"\bObserved\x12\x1e\n" +
 	"\n" +
@@ -1409,11 +1461,13 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vmig_enabled\x18\a \x01(\bR\n" +
 	"migEnabled\x12\x18\n" +
 	"\ahealthy\x18\b \x01(\bR\ahealthy\x12#\n" +
-	"\rhealth_reason\x18\t \x01(\tR\fhealthReason\"\xfc\x01\n" +
+	"\rhealth_reason\x18\t \x01(\tR\fhealthReason\"\xfa\x02\n" +
 	"\x0fSessionResponse\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12W\n" +
 	"\x11inventory_request\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRequestH\x00R\x10inventoryRequest\x12K\n" +
-	"\rdesired_state\x18\x03 \x01(\v2$.bettercompute.agent.v1.DesiredStateH\x00R\fdesiredStateB\x06\n" +
+	"\rdesired_state\x18\x03 \x01(\v2$.bettercompute.agent.v1.DesiredStateH\x00R\fdesiredState\x12;\n" +
+	"\acommand\x18\x04 \x01(\v2\x1f.bettercompute.agent.v1.CommandH\x00R\acommand\x12?\n" +
+	"\x06cancel\x18\x05 \x01(\v2%.bettercompute.agent.v1.CommandCancelH\x00R\x06cancelB\x06\n" +
 	"\x04body\"d\n" +
 	"\fDesiredState\x12\x1e\n" +
 	"\n" +
@@ -1471,7 +1525,10 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*DesiredState)(nil),     // 15: bettercompute.agent.v1.DesiredState
 	(*Welcome)(nil),          // 16: bettercompute.agent.v1.Welcome
 	(*InventoryRequest)(nil), // 17: bettercompute.agent.v1.InventoryRequest
-	(*NodeSpec)(nil),         // 18: bettercompute.agent.v1.NodeSpec
+	(*CommandUpdate)(nil),    // 18: bettercompute.agent.v1.CommandUpdate
+	(*Command)(nil),          // 19: bettercompute.agent.v1.Command
+	(*CommandCancel)(nil),    // 20: bettercompute.agent.v1.CommandCancel
+	(*NodeSpec)(nil),         // 21: bettercompute.agent.v1.NodeSpec
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.HardwareClaims
@@ -1480,25 +1537,28 @@ var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	10, // 3: bettercompute.agent.v1.SessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
 	11, // 4: bettercompute.agent.v1.SessionRequest.inventory:type_name -> bettercompute.agent.v1.InventoryReport
 	7,  // 5: bettercompute.agent.v1.SessionRequest.observed:type_name -> bettercompute.agent.v1.Observed
-	8,  // 6: bettercompute.agent.v1.Observed.sections:type_name -> bettercompute.agent.v1.SectionStatus
-	0,  // 7: bettercompute.agent.v1.SectionStatus.state:type_name -> bettercompute.agent.v1.SectionState
-	12, // 8: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
-	13, // 9: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
-	16, // 10: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
-	17, // 11: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	15, // 12: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
-	18, // 13: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
-	1,  // 14: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	4,  // 15: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	6,  // 16: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
-	3,  // 17: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	5,  // 18: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	14, // 19: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
-	17, // [17:20] is the sub-list for method output_type
-	14, // [14:17] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	18, // 6: bettercompute.agent.v1.SessionRequest.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	8,  // 7: bettercompute.agent.v1.Observed.sections:type_name -> bettercompute.agent.v1.SectionStatus
+	0,  // 8: bettercompute.agent.v1.SectionStatus.state:type_name -> bettercompute.agent.v1.SectionState
+	12, // 9: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
+	13, // 10: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
+	16, // 11: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
+	17, // 12: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	15, // 13: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
+	19, // 14: bettercompute.agent.v1.SessionResponse.command:type_name -> bettercompute.agent.v1.Command
+	20, // 15: bettercompute.agent.v1.SessionResponse.cancel:type_name -> bettercompute.agent.v1.CommandCancel
+	21, // 16: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
+	1,  // 17: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	4,  // 18: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	6,  // 19: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
+	3,  // 20: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	5,  // 21: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	14, // 22: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
+	20, // [20:23] is the sub-list for method output_type
+	17, // [17:20] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -1506,17 +1566,21 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
+	file_bettercompute_agent_v1_commands_proto_init()
 	file_bettercompute_agent_v1_nodespec_proto_init()
 	file_bettercompute_agent_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*SessionRequest_Hello)(nil),
 		(*SessionRequest_Heartbeat)(nil),
 		(*SessionRequest_Inventory)(nil),
 		(*SessionRequest_Observed)(nil),
+		(*SessionRequest_CommandUpdate)(nil),
 	}
 	file_bettercompute_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_InventoryRequest)(nil),
 		(*SessionResponse_DesiredState)(nil),
+		(*SessionResponse_Command)(nil),
+		(*SessionResponse_Cancel)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

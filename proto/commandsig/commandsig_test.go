@@ -1,0 +1,55 @@
+package commandsig_test
+
+import (
+	"crypto/ed25519"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandsig"
+)
+
+func TestSignVerify(t *testing.T) {
+	pub, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := &agentv1.Command{Id: "cmd_1", NodeId: "node_a", Seq: 7, Kind: "node.reboot", Body: []byte{1, 2, 3},
+		NotAfter: timestamppb.New(time.Unix(1700000000, 5)), MinGeneration: 3}
+	signed := proto.Clone(base).(*agentv1.Command)
+	commandsig.Sign(signed, "k1", priv)
+	if err := commandsig.Verify(signed, pub); err != nil {
+		t.Fatalf("a signed command: %v", err)
+	}
+	if err := commandsig.Verify(base, pub); !errors.Is(err, commandsig.ErrBadSignature) {
+		t.Fatalf("unsigned: %v", err)
+	}
+	if err := commandsig.Verify(signed, other); !errors.Is(err, commandsig.ErrBadSignature) {
+		t.Fatalf("another key: %v", err)
+	}
+	if err := commandsig.Verify(signed, nil); !errors.Is(err, commandsig.ErrBadSignature) {
+		t.Fatalf("no pinned key: %v", err)
+	}
+	for name, mut := range map[string]func(c *agentv1.Command){
+		"node":          func(c *agentv1.Command) { c.NodeId = "node_b" },
+		"seq":           func(c *agentv1.Command) { c.Seq = 8 },
+		"kind":          func(c *agentv1.Command) { c.Kind = "gpu.reset" },
+		"body":          func(c *agentv1.Command) { c.Body = []byte{1, 2, 4} },
+		"notAfter":      func(c *agentv1.Command) { c.NotAfter = timestamppb.New(time.Unix(1700000001, 5)) },
+		"minGeneration": func(c *agentv1.Command) { c.MinGeneration = 4 },
+	} {
+		c := proto.Clone(signed).(*agentv1.Command)
+		mut(c)
+		if err := commandsig.Verify(c, pub); !errors.Is(err, commandsig.ErrBadSignature) {
+			t.Errorf("changed %s: still verifies", name)
+		}
+	}
+}
