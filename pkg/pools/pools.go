@@ -31,6 +31,10 @@ const (
 // Classes lists every class.
 var Classes = []string{ClassGPU, ClassVPSHost, ClassProvider}
 
+// AcceptanceChecks lists the acceptance checks a pool can require: command
+// kinds the lifecycle runs on a joining node before adopting it.
+var AcceptanceChecks = []string{"diag.nvml"}
+
 // ValidClass reports whether c is a class.
 func ValidClass(c string) bool { return slices.Contains(Classes, c) }
 
@@ -43,15 +47,18 @@ type Pool struct {
 	Description string
 	Labels      map[string]string
 	Generation  int64
-	CreatedAt   time.Time
+	// Acceptance lists the checks (command kinds) a joining node must pass
+	// before adoption.
+	Acceptance []string
+	CreatedAt  time.Time
 	UpdatedAt   time.Time
 }
 
-const cols = `id, tenant_id, name, class, description, labels, generation, created_at, updated_at`
+const cols = `id, tenant_id, name, class, description, labels, generation, acceptance, created_at, updated_at`
 
 func scan(r pgx.Row) (Pool, error) {
 	var p Pool
-	err := r.Scan(&p.ID, &p.TenantID, &p.Name, &p.Class, &p.Description, &p.Labels, &p.Generation, &p.CreatedAt, &p.UpdatedAt)
+	err := r.Scan(&p.ID, &p.TenantID, &p.Name, &p.Class, &p.Description, &p.Labels, &p.Generation, &p.Acceptance, &p.CreatedAt, &p.UpdatedAt)
 	return p, err
 }
 
@@ -60,10 +67,13 @@ func Create(ctx context.Context, q Querier, p Pool) (Pool, error) {
 	if p.Labels == nil {
 		p.Labels = map[string]string{}
 	}
+	if p.Acceptance == nil {
+		p.Acceptance = []string{}
+	}
 	out, err := scan(q.QueryRow(ctx, `
-		INSERT INTO pools (id, tenant_id, name, class, description, labels)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING `+cols,
-		p.ID, p.TenantID, p.Name, p.Class, p.Description, p.Labels))
+		INSERT INTO pools (id, tenant_id, name, class, description, labels, acceptance)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING `+cols,
+		p.ID, p.TenantID, p.Name, p.Class, p.Description, p.Labels, p.Acceptance))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "23505" {
 		return Pool{}, fault.New(fault.Conflict, "name", "a pool named %q already exists in tenant %s", p.Name, p.TenantID)
@@ -105,6 +115,8 @@ type Update struct {
 	// Site and Health, when set, replace the pool's NodeSpec site and health
 	// sections (proto3 JSON, validated by the caller).
 	Site, Health []byte
+	// Acceptance, when not nil, replaces the pool's acceptance checks.
+	Acceptance []string
 }
 
 func nullJSON(b []byte) *string {
@@ -126,8 +138,9 @@ func Apply(ctx context.Context, q Querier, tenant, id string, u Update) (Pool, e
 			description = coalesce($3, description),
 			labels = CASE WHEN $4 THEN $5::jsonb ELSE labels END,
 			site = coalesce($6::jsonb, site), health = coalesce($7::jsonb, health),
+			acceptance = coalesce($8::text[], acceptance),
 			generation = generation + 1, updated_at = now()
-		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels, nullJSON(u.Site), nullJSON(u.Health)))
+		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels, nullJSON(u.Site), nullJSON(u.Health), u.Acceptance))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Pool{}, fault.New(fault.NotFound, "id", "pool %q not found in tenant %s", id, tenant)
 	}

@@ -185,11 +185,34 @@ func TestGroups(t *testing.T) {
 		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, Health: badHealth,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"health"}}})
 		wantCode(t, err, fault.InvalidInput, "health")
+
+		// Acceptance checks: known command kinds, each once.
+		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, Acceptance: []string{"diag.nvml"},
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"acceptance"}}})
+		if err != nil || len(up.GetPool().GetAcceptance()) != 1 || up.GetPool().GetAcceptance()[0] != "diag.nvml" {
+			t.Fatalf("update acceptance %v %v", up, err)
+		}
+		for _, bad := range [][]string{{"disk.wipe"}, {"diag.nvml", "diag.nvml"}} {
+			_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, Acceptance: bad,
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"acceptance"}}})
+			wantCode(t, err, fault.InvalidInput, "acceptance")
+		}
+		_, err = pools.Create(ctx, &computev1.PoolsServiceCreateRequest{TenantId: "t3", Name: "checked", Class: "gpu", Acceptance: []string{"gpu.burn"}})
+		wantCode(t, err, fault.InvalidInput, "acceptance")
+		checked, err := pools.Create(ctx, &computev1.PoolsServiceCreateRequest{TenantId: "t3", Name: "checked", Class: "gpu", Acceptance: []string{"diag.nvml"}})
+		if err != nil || checked.GetPool().GetAcceptance()[0] != "diag.nvml" {
+			t.Fatalf("create with acceptance %v %v", checked, err)
+		}
+		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id,
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"acceptance"}}})
+		if err != nil || len(up.GetPool().GetAcceptance()) != 0 {
+			t.Fatalf("clearing acceptance %v %v", up, err)
+		}
 	})
 
 	t.Run("audit lists with filters and pages", func(t *testing.T) {
 		all, err := auditLog.List(ctx, &computev1.AuditServiceListRequest{TenantId: "t3", Action: "compute:pools:create"})
-		if err != nil || len(all.GetRecords()) != 2 {
+		if err != nil || len(all.GetRecords()) != 3 { // hosts, gpus, checked
 			t.Fatalf("filtered %v %v", all, err)
 		}
 		r := all.GetRecords()[0]

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,7 @@ func poolPB(p poolstore.Pool) *computev1.Pool {
 	return &computev1.Pool{
 		Id: p.ID, TenantId: p.TenantID, Name: p.Name, Class: p.Class, Description: p.Description,
 		Labels: p.Labels, Generation: p.Generation, CreateTime: ts(p.CreatedAt), UpdateTime: ts(p.UpdatedAt),
+		Acceptance: p.Acceptance,
 	}
 }
 
@@ -57,15 +59,19 @@ func (s *pools) Create(ctx context.Context, req *computev1.PoolsServiceCreateReq
 	if err := validLabels(req.GetLabels()); err != nil {
 		return nil, err
 	}
+	acceptance, err := validAcceptance(req.GetAcceptance())
+	if err != nil {
+		return nil, err
+	}
 	out := &computev1.PoolsServiceCreateResponse{}
-	_, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
+	_, err = s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: authz.Resource{Type: authz.TypePool, TenantID: req.GetTenantId(), Labels: req.GetLabels()},
 		NewID:    func() string { return iam.NewID("pool") },
 		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
 			p, err := poolstore.Create(ctx, tx, poolstore.Pool{
 				ID: id, TenantID: req.GetTenantId(), Name: req.GetName(), Class: req.GetClass(),
-				Description: req.GetDescription(), Labels: req.GetLabels(),
+				Description: req.GetDescription(), Labels: req.GetLabels(), Acceptance: acceptance,
 			})
 			if err != nil {
 				return admission.Outcome{}, err
@@ -126,6 +132,21 @@ func (s *pools) List(ctx context.Context, req *computev1.PoolsServiceListRequest
 	return out, nil
 }
 
+// validAcceptance checks a pool's acceptance checks: known kinds, each once.
+func validAcceptance(checks []string) ([]string, error) {
+	out := make([]string, 0, len(checks))
+	for _, c := range checks {
+		if !slices.Contains(poolstore.AcceptanceChecks, c) {
+			return nil, fault.New(fault.InvalidInput, "acceptance", "unknown acceptance check %q (known: %s)", c, strings.Join(poolstore.AcceptanceChecks, ", "))
+		}
+		if slices.Contains(out, c) {
+			return nil, fault.New(fault.InvalidInput, "acceptance", "%q is listed twice", c)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
 // specSection validates a NodeSpec section given as JSON and returns its
 // canonical proto3 JSON; a nil struct clears the section.
 func specSection(st *structpb.Struct, into proto.Message, field string) ([]byte, error) {
@@ -147,7 +168,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, acceptance)")
 	}
 	var u poolstore.Update
 	for _, path := range req.GetUpdateMask().GetPaths() {
@@ -175,8 +196,14 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				return nil, err
 			}
 			u.Health = b
+		case "acceptance":
+			a, err := validAcceptance(req.GetAcceptance())
+			if err != nil {
+				return nil, err
+			}
+			u.Acceptance = a
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetId(), "id")

@@ -44,7 +44,10 @@ type Pool struct {
 	// When it was created.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When it last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The acceptance checks a node joining the pool must pass before it is
+	// adopted, as command kinds; "diag.nvml" is the one there is.
+	Acceptance    []string `protobuf:"bytes,10,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -142,6 +145,13 @@ func (x *Pool) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Pool) GetAcceptance() []string {
+	if x != nil {
+		return x.Acceptance
+	}
+	return nil
+}
+
 // PoolsServiceCreateRequest creates a pool.
 type PoolsServiceCreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -158,8 +168,12 @@ type PoolsServiceCreateRequest struct {
 	Labels map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Makes the call safe to retry.
 	IdempotencyKey string `protobuf:"bytes,6,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Acceptance checks joining nodes must pass before adoption: "diag.nvml"
+	// (a failing check keeps the node out of service, state "failed", with
+	// the reason in its AcceptancePassed condition).
+	Acceptance    []string `protobuf:"bytes,7,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolsServiceCreateRequest) Reset() {
@@ -232,6 +246,13 @@ func (x *PoolsServiceCreateRequest) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *PoolsServiceCreateRequest) GetAcceptance() []string {
+	if x != nil {
+		return x.Acceptance
+	}
+	return nil
 }
 
 // PoolsServiceCreateResponse is the created pool.
@@ -520,8 +541,8 @@ type PoolsServiceUpdateRequest struct {
 	Description string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Which fields to change: "description", "labels", "site", "health".
-	// Required.
+	// Which fields to change: "description", "labels", "site", "health",
+	// "acceptance". Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The site settings every node of the pool gets (the NodeSpec "site"
 	// section as JSON: gateways, ntpServers, dnsServers, httpProxy, noProxy,
@@ -531,7 +552,10 @@ type PoolsServiceUpdateRequest struct {
 	// The health settings (the NodeSpec "health" section as JSON), when
 	// update_mask names "health". Changing it recomputes every node's desired
 	// state.
-	Health        *structpb.Struct `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"`
+	Health *structpb.Struct `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"`
+	// The acceptance checks for nodes that join from now on, when
+	// update_mask names "acceptance".
+	Acceptance    []string `protobuf:"bytes,8,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -615,6 +639,13 @@ func (x *PoolsServiceUpdateRequest) GetHealth() *structpb.Struct {
 	return nil
 }
 
+func (x *PoolsServiceUpdateRequest) GetAcceptance() []string {
+	if x != nil {
+		return x.Acceptance
+	}
+	return nil
+}
+
 // PoolsServiceUpdateResponse is the changed pool.
 type PoolsServiceUpdateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -665,7 +696,7 @@ var File_bettercompute_compute_v1_pools_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/pools.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x03\n" +
+	"$bettercompute/compute/v1/pools.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x03\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -679,17 +710,24 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x1a9\n" +
+	"updateTime\x12\x1e\n" +
+	"\n" +
+	"acceptance\x18\n" +
+	" \x03(\tR\n" +
+	"acceptance\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc1\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x02\n" +
 	"\x19PoolsServiceCreateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
 	"\x05class\x18\x03 \x01(\tR\x05class\x12 \n" +
 	"\vdescription\x18\x04 \x01(\tR\vdescription\x12W\n" +
 	"\x06labels\x18\x05 \x03(\v2?.bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntryR\x06labels\x12'\n" +
-	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x1a9\n" +
+	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12\x1e\n" +
+	"\n" +
+	"acceptance\x18\a \x03(\tR\n" +
+	"acceptance\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
@@ -708,7 +746,7 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x99\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb9\x03\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12 \n" +
@@ -717,7 +755,10 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\vupdate_mask\x18\x05 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
 	"updateMask\x12+\n" +
 	"\x04site\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x04site\x12/\n" +
-	"\x06health\x18\a \x01(\v2\x17.google.protobuf.StructR\x06health\x1a9\n" +
+	"\x06health\x18\a \x01(\v2\x17.google.protobuf.StructR\x06health\x12\x1e\n" +
+	"\n" +
+	"acceptance\x18\b \x03(\tR\n" +
+	"acceptance\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
