@@ -51,7 +51,7 @@ type Pool struct {
 	// before adoption.
 	Acceptance []string
 	CreatedAt  time.Time
-	UpdatedAt   time.Time
+	UpdatedAt  time.Time
 }
 
 const cols = `id, tenant_id, name, class, description, labels, generation, acceptance, created_at, updated_at`
