@@ -65,7 +65,9 @@ func (e *Executor) inventoryRefresh(ctx context.Context, body *agentv1.CommandBo
 		return nil, errors.New("inventory is not available on this daemon")
 	}
 	if p.GetRescan() {
-		r, ok := e.cfg.Inventory.(interface{ Rescan(ctx context.Context) error })
+		r, ok := e.cfg.Inventory.(interface {
+			Rescan(ctx context.Context) error
+		})
 		if !ok {
 			return nil, errors.New("rescan is not available on this daemon")
 		}
