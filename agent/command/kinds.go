@@ -1,6 +1,12 @@
 package command
 
 import (
+	"crypto/ed25519"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
@@ -47,3 +53,21 @@ var destructive = map[string]bool{
 
 // Destructive reports whether kind must be signed.
 func Destructive(kind string) bool { return destructive[kind] }
+
+// ParsePublicKey reads the control plane's command-signing public key: a
+// PEM "PUBLIC KEY" block holding a PKIX Ed25519 key.
+func ParsePublicKey(pemBytes []byte) (ed25519.PublicKey, error) {
+	blk, _ := pem.Decode(pemBytes)
+	if blk == nil || blk.Type != "PUBLIC KEY" {
+		return nil, errors.New("command key: want a PEM PUBLIC KEY block")
+	}
+	k, err := x509.ParsePKIXPublicKey(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("command key: %w", err)
+	}
+	pub, ok := k.(ed25519.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("command key: a %T, want Ed25519", k)
+	}
+	return pub, nil
+}
