@@ -70,6 +70,11 @@ type Config struct {
 	// with the Executor's lock held: it must not block or call back into
 	// the Executor (the session queues updates).
 	Send func(*agentv1.CommandUpdate)
+	// WaitSent, when set, returns once every update Send was given so far
+	// has gone out to the control plane, or ctx ends. The executor waits
+	// on it (at most RebootGrace) before calling RebootHook, so ACCEPTED
+	// leaves before the machine goes down.
+	WaitSent func(ctx context.Context)
 	// Inventory backs diag.nvml and inventory.refresh; nil fails them.
 	Inventory Inventory
 	// OnInventory receives the report inventory.refresh collected, for
@@ -130,6 +135,9 @@ var (
 	errTimeout   = errors.New("timeout")
 	errStopping  = errors.New("interrupted: the agent stopped")
 )
+
+// RebootGrace bounds the wait for ACCEPTED to go out before a reboot.
+const RebootGrace = 5 * time.Second
 
 // InterruptedReason is the reason of a command that was running when the
 // daemon stopped, answered when it is delivered again.
@@ -351,6 +359,11 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 		defer stop()
 	}
 	if k.selfTerminating {
+		if e.cfg.WaitSent != nil {
+			wctx, cancel := context.WithTimeout(ctx, RebootGrace)
+			e.cfg.WaitSent(wctx)
+			cancel()
+		}
 		err = e.cfg.RebootHook(ctx, body.GetNodeReboot().GetReason())
 		if err == nil {
 			// Stays accepted: it succeeds when the node comes back

@@ -160,6 +160,7 @@ func Run(ctx context.Context, cfg Config) error {
 	r := &runner{
 		cfg: cfg, key: key, journalID: journalID, log: log, conv: conv,
 		desiredReady: make(chan struct{}, 1), resultReady: make(chan struct{}, 1), outReady: make(chan struct{}, 1),
+		sentCh: make(chan struct{}),
 	}
 	if err := r.setIdentity(id); err != nil {
 		return err
@@ -169,6 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Send: func(u *agentv1.CommandUpdate) {
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_CommandUpdate{CommandUpdate: u}})
 		},
+		WaitSent:  r.waitSent,
 		Inventory: cfg.Inventory,
 		OnInventory: func(rep *agentv1.InventoryReport) {
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
@@ -218,6 +220,37 @@ type runner struct {
 	outMu    sync.Mutex
 	outbox   []*agentv1.SessionRequest
 	outReady chan struct{}
+	// queued and sent count messages queued and sent (or dropped);
+	// sentCh is closed and replaced whenever sent moves.
+	queued, sent uint64
+	sentCh       chan struct{}
+}
+
+// waitSent returns once every message queued so far was sent, or ctx ends.
+func (r *runner) waitSent(ctx context.Context) {
+	r.outMu.Lock()
+	target := r.queued
+	r.outMu.Unlock()
+	for {
+		r.outMu.Lock()
+		done, ch := r.sent >= target, r.sentCh
+		r.outMu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// advanceSent records n more messages sent or dropped. r.outMu is held.
+func (r *runner) advanceSent(n uint64) {
+	r.sent += n
+	close(r.sentCh)
+	r.sentCh = make(chan struct{})
 }
 
 // queue adds m to the outbox without blocking.
@@ -226,8 +259,10 @@ func (r *runner) queue(m *agentv1.SessionRequest) {
 	if len(r.outbox) >= maxOutbox {
 		r.log.Warn("session outbox full; dropping the oldest message")
 		r.outbox = r.outbox[1:]
+		r.advanceSent(1)
 	}
 	r.outbox = append(r.outbox, m)
+	r.queued++
 	r.outMu.Unlock()
 	select {
 	case r.outReady <- struct{}{}:
@@ -253,6 +288,9 @@ func (r *runner) flushOutbox(stream agentv1.NodeService_SessionClient) error {
 			}
 			return err
 		}
+		r.outMu.Lock()
+		r.advanceSent(1)
+		r.outMu.Unlock()
 	}
 	return nil
 }
