@@ -340,7 +340,7 @@ func TestJournal(t *testing.T) {
 		}
 	})
 
-	t.Run("cancel running, unknown and finished", func(t *testing.T) {
+	t.Run("cancel running, unknown, finished and held", func(t *testing.T) {
 		t.Parallel()
 		b := newBlocking()
 		f := setup(t, func(c *command.Config) { c.Executors = map[string]command.Func{command.KindDiagNvml: b.fn} })
@@ -360,6 +360,17 @@ func TestJournal(t *testing.T) {
 		expect(t, f.next(t), 3, succeeded, noReject)
 		f.e.Cancel(&agentv1.CommandCancel{Id: "cmd_logs.collect", Seq: 3})
 		expect(t, f.next(t), 3, succeeded, noReject)
+
+		held := cmd(4, command.KindLogsCollect, logs(0))
+		held.MinGeneration = 9
+		f.e.Handle(held)
+		f.none(t)
+		f.e.Cancel(&agentv1.CommandCancel{Id: "cmd_logs.collect", Seq: 4})
+		expect(t, f.next(t), 4, cancelled, noReject)
+		f.e.SetApplied(9) // no longer held: nothing runs
+		f.none(t)
+		f.e.Handle(held)
+		expect(t, f.next(t), 4, cancelled, noReject)
 		if n := b.runs.Load(); n != 1 {
 			t.Fatalf("ran %d times, want 1", n)
 		}

@@ -68,7 +68,8 @@ func (l *LogFile) Write(p []byte) (int, error) {
 		_ = l.f.Close()
 		l.f = nil
 		if err := os.Rename(l.path, l.path+".1"); err != nil {
-			return 0, fmt.Errorf("command: log: %w", err)
+			// Stay bounded: start the log over rather than grow it.
+			_ = os.Truncate(l.path, 0)
 		}
 		if err := l.open(); err != nil {
 			return 0, err
