@@ -14,6 +14,7 @@ package bcd
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"crypto/x509"
 	"errors"
 	"flag"
@@ -21,13 +22,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
@@ -100,7 +104,7 @@ func usage(w io.Writer) {
 commands:
   version   print the version
   join      join this server to a control plane with a join token
-  node      run the node daemon (session, inventory, certificate renewal)`)
+  node      run the node daemon (session, inventory, commands, certificate renewal)`)
 	for _, c := range []string{"site", "ramdisk"} {
 		fmt.Fprintf(w, "  %-9s %s (not built yet)\n", c, notBuilt[c])
 	}
@@ -122,6 +126,16 @@ func (f flags) str(name, def, help string) *string {
 		def = v
 	}
 	return f.String(name, def, help+" ($"+env+")")
+}
+
+func (f flags) boolean(name string, def bool, help string) *bool {
+	env := "BCD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	if v, ok := os.LookupEnv(env); ok {
+		if b, err := strconv.ParseBool(v); err == nil {
+			def = b
+		}
+	}
+	return f.Bool(name, def, help+" ($"+env+")")
 }
 
 func (f flags) parse(args []string) error {
@@ -206,11 +220,34 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	serverName := f.str("server-name", "", "name on the gateway's certificate (default: the host of --gateway)")
 	nvml := f.str("nvml", inventory.BackendReal, "NVML backend: real or mock")
 	bootID := f.str("boot-id", "", "boot id (default: /proc/sys/kernel/random/boot_id)")
+	commandKey := f.str("command-key", "", "the control plane's command-signing public key (PEM PUBLIC KEY, Ed25519); without it destructive commands are refused")
+	denyKinds := f.str("deny-kinds", "", "comma-separated command kinds this node refuses")
+	allowReboot := f.boolean("allow-reboot", false, "let node.reboot reboot the machine (systemctl reboot)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
 	if *gateway == "" {
 		return usageError{errors.New("--gateway is required")}
+	}
+	var pub ed25519.PublicKey
+	if *commandKey != "" {
+		b, err := os.ReadFile(*commandKey)
+		if err != nil {
+			return fmt.Errorf("command key: %w", err)
+		}
+		if pub, err = command.ParsePublicKey(b); err != nil {
+			return err
+		}
+	}
+	var deny []string
+	for k := range strings.SplitSeq(*denyKinds, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			deny = append(deny, k)
+		}
+	}
+	var reboot func(context.Context, string) error
+	if *allowReboot {
+		reboot = systemctlReboot
 	}
 	store, err := state.Open(*root)
 	if err != nil {
@@ -225,11 +262,27 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer func() { _ = inv.Close() }()
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	logFile, err := command.OpenLog(command.LogPath(store.Root()), 0)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = logFile.Close() }()
+	logger := slog.New(slog.NewMultiHandler(slog.NewTextHandler(stderr, nil), slog.NewTextHandler(logFile, nil)))
 	return session.Run(ctx, session.Config{
 		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
 		BootID: boot, AgentVersion: version(), Logger: logger,
+		CommandKey: pub, DenyKinds: deny, RebootHook: reboot,
 	})
+}
+
+// systemctlReboot is node.reboot's hook with --allow-reboot: it asks
+// systemd to reboot and returns once systemctl has.
+func systemctlReboot(ctx context.Context, _ string) error {
+	out, err := exec.CommandContext(ctx, "systemctl", "reboot").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("systemctl reboot: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 func version() string {

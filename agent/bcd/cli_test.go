@@ -3,6 +3,8 @@ package bcd_test
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
 	"os"
@@ -11,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/bettercompute/bettercompute/agent/bcd"
 	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
 // TestJoinThenNode runs `bcd join` and `bcd node` against the fake control
@@ -38,14 +43,30 @@ func TestJoinThenNode(t *testing.T) {
 		t.Fatalf("join: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
 	}
 
+	pub, _, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdKey := filepath.Join(dir, "command.pub")
+	if err := os.WriteFile(cmdKey, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var nodeErr bytes.Buffer
 	go func() {
-		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-cli"}, &bytes.Buffer{}, &nodeErr)
+		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-cli",
+			"--command-key", cmdKey, "--deny-kinds", "logs.collect, inventory.refresh"}, &bytes.Buffer{}, &nodeErr)
 	}()
+	var nodeID string
 	select {
 	case h := <-cp.Hellos:
+		nodeID = h.GetNodeId()
 		if h.GetBootId() != "boot-cli" || !strings.HasPrefix(h.GetNodeId(), "node_") {
 			t.Errorf("hello %v", h.Hello)
 		}
@@ -62,9 +83,42 @@ func TestJoinThenNode(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no inventory from bcd node")
 	}
+	// Without --allow-reboot node.reboot is UNSUPPORTED; denied kinds
+	// too; diag.nvml runs and the daemon's log file records it.
+	for seq, kind := range []string{"node.reboot", "logs.collect", "inventory.refresh"} {
+		cp.SendCommand(&agentv1.Command{Id: "cmd_x", NodeId: nodeID, Seq: int64(seq + 1), Kind: kind, NotAfter: timestamppb.New(time.Now().Add(time.Minute))})
+		select {
+		case u := <-cp.Updates:
+			if u.GetReject() != agentv1.RejectCode_REJECT_CODE_UNSUPPORTED || !strings.Contains(u.GetReason(), map[string]string{"node.reboot": "--allow-reboot"}[kind]) {
+				t.Errorf("%s: %v", kind, u)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no answer to %s", kind)
+		}
+	}
 	cancel()
 	if code := <-done; code != 0 {
 		t.Errorf("node exited %d after cancel: %s", code, nodeErr.String())
+	}
+	logged, err := os.ReadFile(filepath.Join(root, "logs", "agent.log"))
+	if err != nil || !strings.Contains(string(logged), "session established") || !strings.Contains(string(logged), "--allow-reboot") {
+		t.Errorf("agent log (%v): %q", err, logged)
+	}
+}
+
+func TestNode_BadCommandKey(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "key")
+	if err := os.WriteFile(notPEM, []byte("not a key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{notPEM, filepath.Join(dir, "missing")} {
+		var errb bytes.Buffer
+		code := bcd.Run(context.Background(), []string{"node", "--gateway", "127.0.0.1:1", "--root", dir, "--boot-id", "b", "--nvml", "mock", "--command-key", key}, &bytes.Buffer{}, &errb)
+		if code != 1 || !strings.Contains(errb.String(), "command key") {
+			t.Errorf("%s: exit %d, stderr %q", key, code, errb.String())
+		}
 	}
 }
 

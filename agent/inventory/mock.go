@@ -12,7 +12,8 @@ import (
 // NewMock returns go-nvml's simulated DGX H200 (eight H200 GPUs, driver
 // 550.54.15, CUDA 12.4) with the queries the mock leaves out filled in: a
 // board serial derived from each GPU's UUID, the PCI bus id in PciInfo, and
-// healthy page-retirement and row-remapping status. Every call makes new
+// healthy page-retirement and row-remapping status, a temperature of
+// 34 °C plus the index and no ECC errors (for Diagnose). Every call makes new
 // GPU UUIDs, so simulated nodes differ. Tests may change the returned
 // devices' mock functions (for example to make a GPU unhealthy).
 func NewMock() *server.Server {
@@ -39,6 +40,12 @@ func NewMock() *server.Server {
 		}
 		dev.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
 			return 0, 0, false, false, nvml.SUCCESS
+		}
+		dev.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) {
+			return 34 + uint32(dev.Index), nvml.SUCCESS
+		}
+		dev.GetTotalEccErrorsFunc = func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) {
+			return 0, nvml.SUCCESS
 		}
 	}
 	return s

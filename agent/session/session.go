@@ -21,12 +21,21 @@
 // retried, drift is repaired) and Observed is sent again when it changed.
 // Hello carries the persisted observed generation, so after a restart the
 // control plane knows whether to send the full spec again.
+//
+// Commands (SessionResponse.command and .cancel) go to the command
+// executor (package command), which is told the observed generation after
+// every converge; its CommandUpdates, and the inventory reports
+// inventory.refresh collects, are queued and sent by the session loop, so
+// neither side waits for the other. Updates produced while disconnected
+// are sent on the next session; the gateway also re-sends in-flight
+// commands on reconnect and the journal answers them with their state.
 package session
 
 import (
 	"cmp"
 	"context"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -42,6 +51,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/converge"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/state"
@@ -91,7 +101,25 @@ type Config struct {
 	// ReconvergeInterval is how often the newest desired state is converged
 	// again (retrying failed sections); one minute by default.
 	ReconvergeInterval time.Duration
+
+	// CommandKey is the control plane's command-signing public key;
+	// without it every destructive command is rejected BAD_SIGNATURE.
+	CommandKey ed25519.PublicKey
+	// DenyKinds are command kinds this daemon refuses (UNSUPPORTED).
+	DenyKinds []string
+	// RebootHook reboots the machine for node.reboot; nil disallows the
+	// kind (see command.Config.RebootHook).
+	RebootHook func(ctx context.Context, reason string) error
+	// LogFile is the daemon's own log for logs.collect; empty means
+	// command.LogPath(State.Root()).
+	LogFile string
+	// CommandExecutors replace built-in command kinds' executors (tests).
+	CommandExecutors map[string]command.Func
 }
+
+// maxOutbox bounds the updates and reports queued while disconnected; the
+// oldest are dropped beyond it (the journal answers re-deliveries anyway).
+const maxOutbox = 10000
 
 // Run holds the node's session until ctx ends, reconnecting forever, and
 // renews the certificate in the background. It returns an error only when
@@ -131,11 +159,31 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	r := &runner{
 		cfg: cfg, key: key, journalID: journalID, log: log, conv: conv,
-		desiredReady: make(chan struct{}, 1), resultReady: make(chan struct{}, 1),
+		desiredReady: make(chan struct{}, 1), resultReady: make(chan struct{}, 1), outReady: make(chan struct{}, 1),
+		sentCh: make(chan struct{}),
 	}
 	if err := r.setIdentity(id); err != nil {
 		return err
 	}
+	cmds, err := command.New(command.Config{
+		Root: cfg.State.Root(), NodeID: id.NodeID, BootID: cfg.BootID,
+		Send: func(u *agentv1.CommandUpdate) {
+			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_CommandUpdate{CommandUpdate: u}})
+		},
+		WaitSent:  r.waitSent,
+		Inventory: cfg.Inventory,
+		OnInventory: func(rep *agentv1.InventoryReport) {
+			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
+		},
+		LogFile: cfg.LogFile, CommandKey: cfg.CommandKey, DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
+		Executors: cfg.CommandExecutors, Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("session: %w", err)
+	}
+	defer cmds.Close()
+	cmds.SetApplied(conv.ObservedGeneration())
+	r.cmds = cmds
 
 	var wg sync.WaitGroup
 	wg.Go(func() { r.renewLoop(ctx) })
@@ -165,6 +213,86 @@ type runner struct {
 	desired                   *agentv1.DesiredState
 	highestGen                int64 // highest generation received this run
 	result                    *agentv1.Observed
+
+	cmds *command.Executor
+	// outbox holds command updates and inventory reports to send;
+	// outReady signals it is not empty.
+	outMu    sync.Mutex
+	outbox   []*agentv1.SessionRequest
+	outReady chan struct{}
+	// queued and sent count messages queued and sent (or dropped);
+	// sentCh is closed and replaced whenever sent moves.
+	queued, sent uint64
+	sentCh       chan struct{}
+}
+
+// waitSent returns once every message queued so far was sent, or ctx ends.
+func (r *runner) waitSent(ctx context.Context) {
+	r.outMu.Lock()
+	target := r.queued
+	r.outMu.Unlock()
+	for {
+		r.outMu.Lock()
+		done, ch := r.sent >= target, r.sentCh
+		r.outMu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// advanceSent records n more messages sent or dropped. r.outMu is held.
+func (r *runner) advanceSent(n uint64) {
+	r.sent += n
+	close(r.sentCh)
+	r.sentCh = make(chan struct{})
+}
+
+// queue adds m to the outbox without blocking.
+func (r *runner) queue(m *agentv1.SessionRequest) {
+	r.outMu.Lock()
+	if len(r.outbox) >= maxOutbox {
+		r.log.Warn("session outbox full; dropping the oldest message")
+		r.outbox = r.outbox[1:]
+		r.advanceSent(1)
+	}
+	r.outbox = append(r.outbox, m)
+	r.queued++
+	r.outMu.Unlock()
+	select {
+	case r.outReady <- struct{}{}:
+	default:
+	}
+}
+
+// flushOutbox sends the queued messages in order; on a send error the
+// unsent ones stay queued for the next session.
+func (r *runner) flushOutbox(stream agentv1.NodeService_SessionClient) error {
+	r.outMu.Lock()
+	msgs := r.outbox
+	r.outbox = nil
+	r.outMu.Unlock()
+	for i, m := range msgs {
+		if err := stream.Send(m); err != nil {
+			r.outMu.Lock()
+			r.outbox = append(msgs[i:len(msgs):len(msgs)], r.outbox...)
+			r.outMu.Unlock()
+			select {
+			case r.outReady <- struct{}{}:
+			default:
+			}
+			return err
+		}
+		r.outMu.Lock()
+		r.advanceSent(1)
+		r.outMu.Unlock()
+	}
+	return nil
 }
 
 func (r *runner) setIdentity(id state.Identity) error {
@@ -323,6 +451,9 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	var seq uint64
+	if err := r.flushOutbox(stream); err != nil { // left from the last session
+		return true, fmt.Errorf("session: outbox: %w", err)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -333,6 +464,10 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 			seq++
 			if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{Sequence: seq}}}); err != nil {
 				return true, fmt.Errorf("session: heartbeat: %w", err)
+			}
+		case <-r.outReady:
+			if err := r.flushOutbox(stream); err != nil {
+				return true, fmt.Errorf("session: outbox: %w", err)
 			}
 		case <-r.resultReady:
 			o := r.takeResult()
@@ -347,6 +482,10 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 			switch b := m.GetBody().(type) {
 			case *agentv1.SessionResponse_DesiredState:
 				r.offerDesired(ctx, b.DesiredState)
+			case *agentv1.SessionResponse_Command:
+				r.cmds.Handle(b.Command)
+			case *agentv1.SessionResponse_Cancel:
+				r.cmds.Cancel(b.Cancel)
 			case *agentv1.SessionResponse_InventoryRequest:
 				rep, err := r.cfg.Inventory.Report(sctx, b.InventoryRequest.GetSections())
 				if err != nil {
@@ -503,6 +642,7 @@ func (r *runner) convergeLoop(ctx context.Context) {
 			periodic = true
 		}
 		sections, observed := r.conv.Converge(ctx, latest)
+		r.cmds.SetApplied(observed)
 		o := &agentv1.Observed{Generation: latest.GetGeneration(), ObservedGeneration: observed, Sections: sections}
 		if periodic && proto.Equal(o, last) {
 			continue

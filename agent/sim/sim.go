@@ -3,11 +3,18 @@
 // DGX H200) and its own state directory and boot id, against a real gateway
 // over real mutual TLS. dev's --sim-nodes, the load simulator in tools and
 // the tests use it.
+//
+// Simulated daemons run commands like real ones (package command), each
+// logging to its own size-bounded <state>/logs/agent.log for logs.collect.
+// node.reboot restarts the simulated daemon with a new boot id (same state
+// directory, so the same identity and journal); Restart and WipeJournal let
+// tests do the same by hand, or lose the journal.
 package sim
 
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -17,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
@@ -48,16 +56,43 @@ type Config struct {
 	// OnSession, when set, is called by every node with true when its
 	// session is established and false when it ends (see session.Config).
 	OnSession func(up bool)
+	// CommandKey is the control plane's command-signing public key every
+	// daemon pins; nil refuses destructive commands (BAD_SIGNATURE).
+	CommandKey ed25519.PublicKey
+	// DenyKinds are command kinds every daemon refuses.
+	DenyKinds []string
+	// NoReboot disallows node.reboot (UNSUPPORTED); by default it
+	// restarts the simulated daemon with a new boot id.
+	NoReboot bool
 }
 
 // Fleet is a running fleet.
 type Fleet struct {
 	cfg    Config
+	runCtx context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	mu     sync.Mutex
+	mu     sync.Mutex // serialises Restart, WipeJournal and Stop
 	nodes  []string
-	invs   []*inventory.Collector
+	ds     []*daemon
+	boots  int
+
+	// bgMu guards stopped and bg (reboots restart daemons in the
+	// background; Stop waits for them).
+	bgMu    sync.Mutex
+	stopped bool
+	bg      sync.WaitGroup
+}
+
+// daemon is one simulated node daemon.
+type daemon struct {
+	store  *state.Store
+	inv    *inventory.Collector
+	log    *command.LogFile
+	nodeID string
+	boot   string
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // Start joins (where needed) and runs n simulated nodes until Stop. It
@@ -72,7 +107,7 @@ func Start(ctx context.Context, cfg Config, n int) (*Fleet, error) {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	f := &Fleet{cfg: cfg, cancel: cancel}
+	f := &Fleet{cfg: cfg, runCtx: runCtx, cancel: cancel}
 	sem := make(chan struct{}, cfg.JoinConcurrency)
 	errs := make([]error, n)
 	stores := make([]*state.Store, n)
@@ -95,22 +130,111 @@ func Start(ctx context.Context, cfg Config, n int) (*Fleet, error) {
 		cancel()
 		return nil, err
 	}
-	f.invs = invs
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for i := range n {
 		id, _ := stores[i].Identity()
+		lf, err := command.OpenLog(command.LogPath(stores[i].Root()), 0)
+		if err != nil {
+			cfg.Logger.Warn("simulated node logs only to the fleet's logger", "node", id.NodeID, "err", err)
+		}
 		f.nodes = append(f.nodes, id.NodeID)
-		f.wg.Go(func() {
-			err := session.Run(runCtx, session.Config{
-				Gateway: cfg.Gateway, ServerName: cfg.ServerName, State: stores[i], Inventory: invs[i],
-				BootID: fmt.Sprintf("%s-boot-%04d-%d", cfg.Prefix, i, time.Now().UnixNano()), AgentVersion: "sim",
-				Logger: cfg.Logger, OnSession: cfg.OnSession,
-			})
-			if err != nil {
-				cfg.Logger.Warn("simulated node stopped", "node", id.NodeID, "err", err)
-			}
-		})
+		f.ds = append(f.ds, &daemon{store: stores[i], inv: invs[i], log: lf, nodeID: id.NodeID})
+		f.start(i)
 	}
 	return f, nil
+}
+
+// start runs daemon i with a new boot id. f.mu is held.
+func (f *Fleet) start(i int) {
+	d := f.ds[i]
+	f.boots++
+	d.boot = fmt.Sprintf("%s-boot-%04d-%d-%d", f.cfg.Prefix, i, time.Now().UnixNano(), f.boots)
+	f.run(i)
+}
+
+// run runs daemon i with its current boot id. f.mu is held.
+func (f *Fleet) run(i int) {
+	d := f.ds[i]
+	ctx, cancel := context.WithCancel(f.runCtx)
+	d.cancel, d.done = cancel, make(chan struct{})
+	logger := f.cfg.Logger
+	if d.log != nil {
+		logger = slog.New(slog.NewMultiHandler(f.cfg.Logger.Handler(), slog.NewTextHandler(d.log, nil)))
+	}
+	var reboot func(context.Context, string) error
+	if !f.cfg.NoReboot {
+		reboot = func(context.Context, string) error {
+			f.bgMu.Lock()
+			defer f.bgMu.Unlock()
+			if !f.stopped {
+				f.bg.Go(func() { f.Restart(i, true) })
+			}
+			return nil
+		}
+	}
+	cfg := session.Config{
+		Gateway: f.cfg.Gateway, ServerName: f.cfg.ServerName, State: d.store, Inventory: d.inv,
+		BootID: d.boot, AgentVersion: "sim", Logger: logger, OnSession: f.cfg.OnSession,
+		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
+	}
+	done := d.done
+	f.wg.Go(func() {
+		defer close(done)
+		if err := session.Run(ctx, cfg); err != nil {
+			f.cfg.Logger.Warn("simulated node stopped", "node", d.nodeID, "err", err)
+		}
+	})
+}
+
+// Restart stops simulated daemon i and starts it again on the same state
+// directory (identity and journal), with a new boot id when newBoot (a
+// reboot) or the same one (the daemon alone restarted). It does nothing
+// after Stop.
+func (f *Fleet) Restart(i int, newBoot bool) {
+	f.restart(i, newBoot, false)
+}
+
+// WipeJournal stops simulated daemon i, deletes its command journal (so it
+// reports a new journal id) and starts it again with the same boot id. It
+// does nothing after Stop.
+func (f *Fleet) WipeJournal(i int) {
+	f.restart(i, false, true)
+}
+
+func (f *Fleet) restart(i int, newBoot, wipe bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.runCtx.Err() != nil {
+		return
+	}
+	d := f.ds[i]
+	d.cancel()
+	<-d.done
+	if wipe {
+		if err := os.RemoveAll(filepath.Join(d.store.Root(), command.JournalDir)); err != nil {
+			f.cfg.Logger.Warn("wiping the journal", "node", d.nodeID, "err", err)
+		}
+	}
+	if newBoot {
+		f.start(i)
+	} else {
+		f.run(i)
+	}
+}
+
+// BootID returns simulated daemon i's current boot id.
+func (f *Fleet) BootID(i int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ds[i].boot
+}
+
+// Root returns simulated daemon i's state directory.
+func (f *Fleet) Root(i int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ds[i].store.Root()
 }
 
 // prepare opens node i's state and inventory and joins it if it has no
@@ -151,9 +275,18 @@ func (f *Fleet) Nodes() []string {
 
 // Stop ends every session and waits for them.
 func (f *Fleet) Stop() {
+	f.bgMu.Lock()
+	f.stopped = true
+	f.bgMu.Unlock()
 	f.cancel()
+	f.bg.Wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.wg.Wait()
-	for _, inv := range f.invs {
-		_ = inv.Close()
+	for _, d := range f.ds {
+		_ = d.inv.Close()
+		if d.log != nil {
+			_ = d.log.Close()
+		}
 	}
 }

@@ -2,7 +2,8 @@
 // gRPC NodeService over real TLS with its own test CA. Join opens the
 // HPKE-sealed token with its private key and signs a SPIFFE certificate;
 // Renew and Session require the node certificate (mutual TLS). Tests watch
-// what the agent sends through channels and can close sessions.
+// what the agent sends through channels (including CommandUpdates), send
+// commands and cancels to open sessions, and can close sessions.
 package testcontrol
 
 import (
@@ -75,6 +76,8 @@ type Server struct {
 	Renewed chan *x509.Certificate
 	// Observed receives every Observed report (buffered).
 	Observed chan *agentv1.Observed
+	// Updates receives every CommandUpdate (buffered).
+	Updates chan *agentv1.CommandUpdate
 	// Heartbeats counts heartbeats.
 	Heartbeats atomic.Int64
 	// Joins counts successful joins.
@@ -88,7 +91,7 @@ type Server struct {
 	heartbeatMS uint32
 	nextNode    int
 	epoch       int64
-	sessions    map[chan struct{}]chan *agentv1.DesiredState
+	sessions    map[chan struct{}]chan *agentv1.SessionResponse
 	desired     *agentv1.DesiredState
 }
 
@@ -134,8 +137,8 @@ func New(t testing.TB, opts ...Option) *Server {
 		CA: ca, Bundle: [][]byte{caDER}, Token: "bcjt_test.secret",
 		PublicKey: hk.PublicKey().Bytes(), KeyID: join.KeyID(hk.PublicKey().Bytes()),
 		Hellos: make(chan Hello, 100), Reports: make(chan *agentv1.InventoryReport, 100), Renewed: make(chan *x509.Certificate, 100),
-		Observed: make(chan *agentv1.Observed, 100),
-		caKey:    caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.DesiredState{},
+		Observed: make(chan *agentv1.Observed, 100), Updates: make(chan *agentv1.CommandUpdate, 100),
+		caKey: caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.SessionResponse{},
 	}
 
 	gwKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -202,8 +205,28 @@ func (s *Server) SetDesired(ds *agentv1.DesiredState) {
 	defer s.mu.Unlock()
 	s.desired = ds
 	for _, ch := range s.sessions {
-		ch <- ds
+		ch <- &agentv1.SessionResponse{Body: &agentv1.SessionResponse_DesiredState{DesiredState: ds}}
 	}
+}
+
+// SendCommand sends c on every open session (after its Welcome) and
+// reports how many sessions it went to.
+func (s *Server) SendCommand(c *agentv1.Command) int {
+	return s.broadcast(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Command{Command: c}})
+}
+
+// SendCancel sends cc on every open session and reports how many.
+func (s *Server) SendCancel(cc *agentv1.CommandCancel) int {
+	return s.broadcast(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Cancel{Cancel: cc}})
+}
+
+func (s *Server) broadcast(m *agentv1.SessionResponse) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ch := range s.sessions {
+		ch <- m
+	}
+	return len(s.sessions)
 }
 
 // KickSessions ends every open session from the server side and reports
@@ -300,14 +323,15 @@ func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
 	if hello.GetNodeId() != nodeID {
 		return status.Error(codes.PermissionDenied, "certificate is for another node")
 	}
-	s.Hellos <- Hello{Hello: hello, Serial: leaf.SerialNumber}
 	kick := make(chan struct{})
-	send := make(chan *agentv1.DesiredState, 100)
+	send := make(chan *agentv1.SessionResponse, 100)
 	s.mu.Lock()
 	s.epoch++
 	epoch, hb, desired := s.epoch, s.heartbeatMS, s.desired
 	s.sessions[kick] = send
 	s.mu.Unlock()
+	// Registered first, so a test that saw the Hello can send commands.
+	s.Hellos <- Hello{Hello: hello, Serial: leaf.SerialNumber}
 	defer func() {
 		s.mu.Lock()
 		delete(s.sessions, kick)
@@ -339,6 +363,8 @@ func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
 				s.Reports <- m.GetInventory()
 			case m.GetObserved() != nil:
 				s.Observed <- m.GetObserved()
+			case m.GetCommandUpdate() != nil:
+				s.Updates <- m.GetCommandUpdate()
 			}
 		}
 	}()
@@ -348,8 +374,8 @@ func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
 			return status.Error(codes.Unavailable, "session closed by the test")
 		case err := <-errc:
 			return err
-		case ds := <-send:
-			if err := stream.Send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_DesiredState{DesiredState: ds}}); err != nil {
+		case m := <-send:
+			if err := stream.Send(m); err != nil {
 				return err
 			}
 		}

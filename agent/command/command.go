@@ -1,0 +1,462 @@
+// Package command is the node daemon's command executor: it checks each
+// Command the gateway sends, journals the ones it accepts, runs them in
+// lanes with credits and answers with CommandUpdates. It knows nothing of
+// gRPC: the session hands it commands (Handle, Cancel), tells it the
+// applied generation (SetApplied) and gives it a Send callback.
+//
+// Checks, in order (the first that fails answers REJECTED with its code):
+//
+//  1. UNSUPPORTED: another node's command, a kind the daemon does not know
+//     or its configuration denies (node.reboot without a reboot hook), or
+//     a body that is not the kind's payload message.
+//  2. STALE_GENERATION: min_generation ahead of the applied generation. The
+//     command is held (no answer) and re-checked as SetApplied advances;
+//     if still ahead at not_after it is rejected.
+//  3. EXPIRED: now past not_after.
+//  4. BUSY: no credit left in the kind's lane. Not journaled: the control
+//     plane retries it.
+//  5. BAD_SIGNATURE: a destructive kind whose signature does not verify
+//     against the pinned command-signing key (none pinned: always).
+//
+// The journal (one fsynced JSON file per seq under <root>/journal/) holds
+// every command the daemon accepted or rejected other than BUSY; a seq it
+// holds is never run again and a re-delivery is answered from it.
+// Accepted commands are journaled before ACCEPTED is sent and before they
+// run. At start, entries still accepted become failed ("interrupted: the
+// agent restarted"), except self-terminating ones (node.reboot), which
+// become succeeded when the boot id changed.
+package command
+
+import (
+	"cmp"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandsig"
+)
+
+// Func runs one command of a kind with its decoded body. It returns the
+// result, or an error to fail the command (a result returned with the error
+// is still attached to the FAILED update). It must return once ctx ends.
+type Func func(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error)
+
+// Inventory is what the built-in kinds read: Report for inventory.refresh;
+// an implementation with Diagnose (diag.nvml) and Rescan (rescanning
+// inventory.refresh), like *inventory.Collector, enables those.
+type Inventory interface {
+	Report(ctx context.Context, sections []string) (*agentv1.InventoryReport, error)
+}
+
+// Config configures an Executor. Root, NodeID, BootID and Send are
+// required.
+type Config struct {
+	// Root is the agent's root directory; the journal is <Root>/journal.
+	Root string
+	// NodeID is this node: commands for another node are UNSUPPORTED.
+	NodeID string
+	// BootID is this boot; journaled with accepted commands.
+	BootID string
+	// Send delivers a CommandUpdate to the control plane. It is called
+	// with the Executor's lock held: it must not block or call back into
+	// the Executor (the session queues updates).
+	Send func(*agentv1.CommandUpdate)
+	// WaitSent, when set, returns once every update Send was given so far
+	// has gone out to the control plane, or ctx ends. The executor waits
+	// on it (at most RebootGrace) before calling RebootHook, so ACCEPTED
+	// leaves before the machine goes down.
+	WaitSent func(ctx context.Context)
+	// Inventory backs diag.nvml and inventory.refresh; nil fails them.
+	Inventory Inventory
+	// OnInventory receives the report inventory.refresh collected, for
+	// the session to send as an InventoryReport; nil drops it.
+	OnInventory func(*agentv1.InventoryReport)
+	// LogFile is the daemon's own log that logs.collect reads for source
+	// "agent" (and its rotated LogFile.1); empty means LogPath(Root).
+	LogFile string
+	// CommandKey is the control plane's command-signing public key;
+	// without it every destructive command is BAD_SIGNATURE.
+	CommandKey ed25519.PublicKey
+	// DenyKinds are kinds this daemon refuses (UNSUPPORTED).
+	DenyKinds []string
+	// RebootHook reboots the machine for node.reboot, after the command
+	// is journaled and ACCEPTED is sent. Nil disallows node.reboot
+	// (UNSUPPORTED). It should return once the reboot is under way.
+	RebootHook func(ctx context.Context, reason string) error
+	// Executors replace the built-in Func of known kinds (tests use slow
+	// or blocking ones); a key that is not a known kind is an error.
+	Executors map[string]Func
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Retention is how long finished journal entries are kept; 7 days by
+	// default (far beyond any command's not_after plus timeout).
+	Retention time.Duration
+}
+
+// Executor checks, journals and runs commands. Its methods are safe for
+// concurrent use and never block on a running command.
+type Executor struct {
+	cfg   Config
+	log   *slog.Logger
+	funcs map[string]Func
+
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	journal *journal
+	applied int64
+	held    map[int64]*held
+	running map[int64]context.CancelCauseFunc
+	inUse   map[string]int
+	closed  bool
+}
+
+// held is a command waiting for its min_generation.
+type held struct {
+	c     *agentv1.Command
+	timer *time.Timer
+}
+
+var (
+	errCancelled = errors.New("cancelled")
+	errTimeout   = errors.New("timeout")
+	errStopping  = errors.New("interrupted: the agent stopped")
+)
+
+// RebootGrace bounds the wait for ACCEPTED to go out before a reboot.
+const RebootGrace = 5 * time.Second
+
+// InterruptedReason is the reason of a command that was running when the
+// daemon stopped, answered when it is delivered again.
+const InterruptedReason = "interrupted: the agent restarted"
+
+// New opens the journal, settles entries left accepted by an earlier run
+// (see the package comment) and returns an Executor with applied
+// generation 0 (call SetApplied with the persisted observed generation).
+func New(cfg Config) (*Executor, error) {
+	if cfg.Root == "" || cfg.NodeID == "" || cfg.BootID == "" || cfg.Send == nil {
+		return nil, errors.New("command: root, node id, boot id and send are required")
+	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	cfg.Retention = cmp.Or(cfg.Retention, 7*24*time.Hour)
+	cfg.LogFile = cmp.Or(cfg.LogFile, LogPath(cfg.Root))
+	j, err := openJournal(filepath.Join(cfg.Root, JournalDir), cfg.Retention, cfg.Now())
+	if err != nil {
+		return nil, err
+	}
+	e := &Executor{
+		cfg: cfg, log: cfg.Logger, journal: j,
+		held: map[int64]*held{}, running: map[int64]context.CancelCauseFunc{}, inUse: map[string]int{},
+	}
+	e.funcs = map[string]Func{
+		KindDiagNvml: e.diagNvml, KindInventoryRefresh: e.inventoryRefresh, KindLogsCollect: e.logsCollect,
+	}
+	for k, f := range cfg.Executors {
+		if _, ok := kinds[k]; !ok {
+			return nil, fmt.Errorf("command: executor for unknown kind %q", k)
+		}
+		e.funcs[k] = f
+	}
+	for _, en := range j.entries {
+		if en.State != stateAccepted {
+			continue
+		}
+		next := *en
+		next.At = cfg.Now()
+		switch {
+		case kinds[en.Kind].selfTerminating && en.BootID == cfg.BootID:
+			continue // the reboot has not happened yet; the control plane times it out
+		case kinds[en.Kind].selfTerminating:
+			next.State = stateSucceeded
+		default:
+			next.State, next.Reason = stateFailed, InterruptedReason
+		}
+		if err := j.put(&next); err != nil {
+			return nil, err
+		}
+	}
+	e.ctx, e.stop = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// Close cancels running commands, drops held ones and waits for the
+// commands' goroutines. Handle and Cancel do nothing afterwards.
+func (e *Executor) Close() {
+	e.mu.Lock()
+	e.closed = true
+	for seq, h := range e.held {
+		h.timer.Stop()
+		delete(e.held, seq)
+	}
+	e.mu.Unlock()
+	e.stop()
+	e.wg.Wait()
+}
+
+// Handle checks c and answers through Send, unless c is held waiting for
+// its min_generation. A seq the journal holds is answered from it.
+func (e *Executor) Handle(c *agentv1.Command) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	if c.GetNodeId() != e.cfg.NodeID {
+		// Not journaled: the seq is another node's.
+		e.send(rejected(c, agentv1.RejectCode_REJECT_CODE_UNSUPPORTED, fmt.Sprintf("the command is for node %q; this is %q", c.GetNodeId(), e.cfg.NodeID)))
+		return
+	}
+	if en := e.journal.get(c.GetSeq()); en != nil {
+		e.send(en.update())
+		return
+	}
+	if _, ok := e.held[c.GetSeq()]; ok {
+		return // still waiting for its generation
+	}
+	body, reason := e.decode(c)
+	if reason != "" {
+		e.reject(c, agentv1.RejectCode_REJECT_CODE_UNSUPPORTED, reason)
+		return
+	}
+	if c.GetMinGeneration() > e.applied {
+		h := &held{c: c}
+		seq := c.GetSeq()
+		h.timer = time.AfterFunc(max(c.GetNotAfter().AsTime().Sub(e.cfg.Now()), 0), func() { e.heldDeadline(seq, h) })
+		e.held[seq] = h
+		e.log.Info("command held until the spec catches up", "seq", seq, "kind", c.GetKind(), "min_generation", c.GetMinGeneration(), "applied", e.applied)
+		return
+	}
+	e.proceed(c, body)
+}
+
+// decode returns c's body or why it is UNSUPPORTED.
+func (e *Executor) decode(c *agentv1.Command) (*agentv1.CommandBody, string) {
+	k, ok := kinds[c.GetKind()]
+	if !ok {
+		return nil, fmt.Sprintf("unknown command kind %q", c.GetKind())
+	}
+	if slices.Contains(e.cfg.DenyKinds, c.GetKind()) {
+		return nil, fmt.Sprintf("command kind %q is denied by this daemon's configuration (--deny-kinds)", c.GetKind())
+	}
+	if c.GetKind() == KindNodeReboot && e.cfg.RebootHook == nil {
+		return nil, "node.reboot is not allowed on this daemon (bcd node --allow-reboot)"
+	}
+	body := &agentv1.CommandBody{}
+	if err := proto.Unmarshal(c.GetBody(), body); err != nil {
+		return nil, fmt.Sprintf("the body is not a CommandBody: %v", err)
+	}
+	if !k.has(body) {
+		return nil, fmt.Sprintf("the body is not a %s payload", c.GetKind())
+	}
+	return body, ""
+}
+
+// SetApplied records the generation of desired state the daemon has
+// applied and continues the held commands it satisfies.
+func (e *Executor) SetApplied(gen int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if gen <= e.applied || e.closed {
+		return
+	}
+	e.applied = gen
+	seqs := make([]int64, 0, len(e.held))
+	for seq, h := range e.held {
+		if h.c.GetMinGeneration() <= gen {
+			seqs = append(seqs, seq)
+		}
+	}
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		h := e.held[seq]
+		h.timer.Stop()
+		delete(e.held, seq)
+		body, _ := e.decode(h.c)
+		e.proceed(h.c, body)
+	}
+}
+
+// heldDeadline runs at a held command's not_after.
+func (e *Executor) heldDeadline(seq int64, h *held) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.held[seq] != h {
+		return
+	}
+	delete(e.held, seq)
+	if h.c.GetMinGeneration() > e.applied {
+		e.reject(h.c, agentv1.RejectCode_REJECT_CODE_STALE_GENERATION,
+			fmt.Sprintf("min_generation %d is still ahead of the applied generation %d at not_after", h.c.GetMinGeneration(), e.applied))
+		return
+	}
+	body, _ := e.decode(h.c)
+	e.proceed(h.c, body)
+}
+
+// proceed runs checks 3 to 5 and accepts c. e.mu is held.
+func (e *Executor) proceed(c *agentv1.Command, body *agentv1.CommandBody) {
+	k := kinds[c.GetKind()]
+	now := e.cfg.Now()
+	if na := c.GetNotAfter().AsTime(); now.After(na) {
+		e.reject(c, agentv1.RejectCode_REJECT_CODE_EXPIRED, fmt.Sprintf("past not_after %s", na.UTC().Format(time.RFC3339)))
+		return
+	}
+	if e.inUse[k.lane] >= Credits[k.lane] {
+		e.send(rejected(c, agentv1.RejectCode_REJECT_CODE_BUSY, fmt.Sprintf("no credit left in lane %q", k.lane)))
+		return
+	}
+	if destructive[c.GetKind()] {
+		if err := commandsig.Verify(c, e.cfg.CommandKey); err != nil {
+			reason := "the signature does not verify with the pinned command-signing key"
+			if len(e.cfg.CommandKey) == 0 {
+				reason = "no command-signing key is pinned (bcd node --command-key): destructive commands are refused"
+			}
+			e.reject(c, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE, reason)
+			return
+		}
+	}
+	en := &entry{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind(), State: stateAccepted, BootID: e.cfg.BootID, At: now}
+	if err := e.journal.put(en); err != nil {
+		e.log.Error("command not journaled; refusing it", "seq", c.GetSeq(), "err", err)
+		e.send(&agentv1.CommandUpdate{Id: c.GetId(), Seq: c.GetSeq(), Outcome: agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED, Reason: "cannot journal the command: " + err.Error()})
+		return
+	}
+	e.inUse[k.lane]++
+	ctx, cancel := context.WithCancelCause(e.ctx)
+	e.running[c.GetSeq()] = cancel
+	e.send(en.update())
+	e.log.Info("command accepted", "seq", c.GetSeq(), "id", c.GetId(), "kind", c.GetKind())
+	e.wg.Add(1)
+	go e.run(ctx, cancel, c, body, en)
+}
+
+// run executes an accepted command and journals and answers its outcome.
+func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *agentv1.Command, body *agentv1.CommandBody, en *entry) {
+	defer e.wg.Done()
+	defer cancel(nil)
+	k := kinds[c.GetKind()]
+	var res *agentv1.CommandResult
+	var err error
+	if d := c.GetTimeout().AsDuration(); c.GetTimeout() != nil && d > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeoutCause(ctx, d, errTimeout)
+		defer stop()
+	}
+	if k.selfTerminating {
+		if e.cfg.WaitSent != nil {
+			wctx, cancel := context.WithTimeout(ctx, RebootGrace)
+			e.cfg.WaitSent(wctx)
+			cancel()
+		}
+		err = e.cfg.RebootHook(ctx, body.GetNodeReboot().GetReason())
+		if err == nil {
+			// Stays accepted: it succeeds when the node comes back
+			// with a new boot id.
+			e.mu.Lock()
+			delete(e.running, c.GetSeq())
+			e.inUse[k.lane]--
+			e.mu.Unlock()
+			e.log.Info("reboot under way", "seq", c.GetSeq())
+			return
+		}
+		err = fmt.Errorf("reboot: %w", err)
+	} else {
+		res, err = e.funcs[c.GetKind()](ctx, body)
+	}
+	cause := context.Cause(ctx)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.running, c.GetSeq())
+	e.inUse[k.lane]--
+	final := *en
+	final.At = e.cfg.Now()
+	switch {
+	case err == nil:
+		final.State = stateSucceeded
+	case errors.Is(cause, errCancelled):
+		final.State, final.Reason, res = stateCancelled, "cancelled", nil
+	case e.ctx.Err() != nil:
+		final.State, final.Reason = stateFailed, errStopping.Error()
+	case errors.Is(cause, errTimeout):
+		final.State, final.Reason = stateFailed, fmt.Sprintf("timeout: still running after %s", c.GetTimeout().AsDuration())
+	default:
+		final.State, final.Reason = stateFailed, err.Error()
+	}
+	if res != nil {
+		if b, merr := proto.Marshal(res); merr == nil {
+			final.Result = b
+		}
+	}
+	if perr := e.journal.put(&final); perr != nil {
+		// Keep the outcome in memory so re-deliveries get it; after a
+		// restart the entry reads as interrupted.
+		e.log.Error("command outcome not journaled", "seq", c.GetSeq(), "err", perr)
+		e.journal.entries[final.Seq] = &final
+	}
+	e.log.Info("command finished", "seq", c.GetSeq(), "kind", c.GetKind(), "state", final.State, "reason", final.Reason)
+	e.send(final.update())
+}
+
+// Cancel stops the command cc names: a running one is cancelled and
+// answers CANCELLED (or its outcome, when it finished first); a held or
+// unknown one is journaled as cancelled and answered CANCELLED, so a later
+// delivery never runs it; a journaled one re-sends its journaled state.
+func (e *Executor) Cancel(cc *agentv1.CommandCancel) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	seq := cc.GetSeq()
+	if cancel, ok := e.running[seq]; ok {
+		cancel(errCancelled)
+		return
+	}
+	if en := e.journal.get(seq); en != nil {
+		e.send(en.update())
+		return
+	}
+	en := &entry{Seq: seq, ID: cc.GetId(), State: stateCancelled, Reason: "cancelled before it ran", BootID: e.cfg.BootID, At: e.cfg.Now()}
+	if h, ok := e.held[seq]; ok {
+		h.timer.Stop()
+		delete(e.held, seq)
+		en.Kind = h.c.GetKind()
+	}
+	if err := e.journal.put(en); err != nil {
+		e.log.Error("cancel not journaled", "seq", seq, "err", err)
+		e.journal.entries[seq] = en
+	}
+	e.send(en.update())
+}
+
+// reject journals a rejection other than BUSY and answers it. e.mu is held.
+func (e *Executor) reject(c *agentv1.Command, code agentv1.RejectCode, reason string) {
+	en := &entry{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind(), State: stateRejected, Reject: code.String(), Reason: reason, BootID: e.cfg.BootID, At: e.cfg.Now()}
+	if err := e.journal.put(en); err != nil {
+		e.log.Error("rejection not journaled", "seq", c.GetSeq(), "err", err)
+	}
+	e.log.Info("command rejected", "seq", c.GetSeq(), "kind", c.GetKind(), "code", code.String(), "reason", reason)
+	e.send(rejected(c, code, reason))
+}
+
+func rejected(c *agentv1.Command, code agentv1.RejectCode, reason string) *agentv1.CommandUpdate {
+	return &agentv1.CommandUpdate{Id: c.GetId(), Seq: c.GetSeq(), Outcome: agentv1.CommandOutcome_COMMAND_OUTCOME_REJECTED, Reject: code, Reason: reason}
+}
+
+func (e *Executor) send(u *agentv1.CommandUpdate) { e.cfg.Send(u) }

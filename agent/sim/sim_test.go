@@ -1,0 +1,102 @@
+package sim_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/bettercompute/bettercompute/agent/command"
+	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
+	"github.com/bettercompute/bettercompute/agent/sim"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandsig"
+)
+
+const wait = 20 * time.Second
+
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(wait):
+		t.Fatalf("no %s within %s", what, wait)
+		panic("unreachable")
+	}
+}
+
+func newCommand(nodeID string, seq int64, kind string, body *agentv1.CommandBody) *agentv1.Command {
+	b, _ := proto.Marshal(body)
+	return &agentv1.Command{Id: "cmd_" + kind, NodeId: nodeID, Seq: seq, Kind: kind, Body: b,
+		NotAfter: timestamppb.New(time.Now().Add(10 * time.Minute)), Timeout: durationpb.New(time.Minute)}
+}
+
+func update(t *testing.T, cp *testcontrol.Server, seq int64, outcome agentv1.CommandOutcome) *agentv1.CommandUpdate {
+	t.Helper()
+	u := recv(t, cp.Updates, "CommandUpdate")
+	if u.GetSeq() != seq || u.GetOutcome() != outcome {
+		t.Fatalf("update %v, want seq %d %v", u, seq, outcome)
+	}
+	return u
+}
+
+// TestFleet_RebootAndJournalLoss: a simulated daemon reboots on a signed
+// node.reboot (new boot id, same journal), collects its own log, and
+// reports a new journal id once its journal is wiped.
+func TestFleet_RebootAndJournalLoss(t *testing.T) {
+	t.Parallel()
+	cp := testcontrol.New(t)
+	pub, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := sim.Start(context.Background(), sim.Config{
+		Gateway: cp.Addr, RootCAs: cp.RootCAs(), Token: cp.Token, JoinserviceKey: cp.PublicKey, JoinserviceKeyID: cp.KeyID,
+		Root: t.TempDir(), CommandKey: pub,
+	}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Stop)
+	node := f.Nodes()[0]
+	h1 := recv(t, cp.Hellos, "Hello")
+	if h1.GetBootId() != f.BootID(0) {
+		t.Fatalf("hello %v, boot %s", h1.Hello, f.BootID(0))
+	}
+
+	logs := newCommand(node, 1, command.KindLogsCollect, &agentv1.CommandBody{Kind: &agentv1.CommandBody_LogsCollect{LogsCollect: &agentv1.LogsCollect{}}})
+	cp.SendCommand(logs)
+	update(t, cp, 1, agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED)
+	u := update(t, cp, 1, agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED)
+	if !strings.Contains(string(u.GetResult().GetLogsCollect().GetData()), "session established") {
+		t.Errorf("collected log %q", u.GetResult().GetLogsCollect().GetData())
+	}
+
+	r := newCommand(node, 2, command.KindNodeReboot, &agentv1.CommandBody{Kind: &agentv1.CommandBody_NodeReboot{NodeReboot: &agentv1.NodeReboot{Reason: "test"}}})
+	commandsig.Sign(r, "k1", priv)
+	cp.SendCommand(r)
+	update(t, cp, 2, agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED)
+	h2 := recv(t, cp.Hellos, "Hello after the reboot")
+	if h2.GetBootId() == h1.GetBootId() || h2.GetJournalId() != h1.GetJournalId() {
+		t.Fatalf("after the reboot: %v, before: %v", h2.Hello, h1.Hello)
+	}
+	cp.SendCommand(r)
+	update(t, cp, 2, agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED)
+
+	f.WipeJournal(0)
+	h3 := recv(t, cp.Hellos, "Hello after the wipe")
+	if h3.GetJournalId() == h2.GetJournalId() || h3.GetBootId() != h2.GetBootId() {
+		t.Fatalf("after the wipe: %v, before: %v", h3.Hello, h2.Hello)
+	}
+
+	f.Restart(0, false)
+	if h := recv(t, cp.Hellos, "Hello after a restart"); h.GetBootId() != h3.GetBootId() || h.GetJournalId() != h3.GetJournalId() {
+		t.Fatalf("after a restart: %v", h.Hello)
+	}
+}
