@@ -3,6 +3,7 @@ package commands
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
@@ -118,4 +119,12 @@ func (r *Registry) Wire(c Command, signer *Signer) *agentv1.Command {
 		commandsig.Sign(m, signer.KeyID, signer.Key)
 	}
 	return m
+}
+
+// Subscribe calls fn with the node id of every command poke: the gateway's
+// subscription.
+func Subscribe(nc *nats.Conn, fn func(nodeID string)) (*nats.Subscription, error) {
+	return nc.Subscribe(PokePrefix+"*", func(m *nats.Msg) {
+		fn(strings.TrimPrefix(m.Subject, PokePrefix))
+	})
 }
