@@ -36,7 +36,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
-	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
 // State is a command's state.
@@ -370,9 +370,25 @@ func List(ctx context.Context, q Querier, nodeID string, states []State, after s
 		 ORDER BY created_at DESC, id DESC LIMIT $4`, nodeID, ss, after, limit))
 }
 
+// Waker wakes a command's owner in the transaction that finished it: a
+// *reconcile.Queue (poked after commit) or [TxWaker].
+type Waker interface {
+	Enqueue(ctx context.Context, kind, key string) error
+}
+
+// TxWaker wakes owners through tx without a poke: for transactions not run
+// through reconcile.InTx (the owner's worker finds the key on its poll).
+func TxWaker(tx workqueue.Querier) Waker { return txWaker{tx} }
+
+type txWaker struct{ tx workqueue.Querier }
+
+func (w txWaker) Enqueue(ctx context.Context, kind, key string) error {
+	return workqueue.Enqueue(ctx, w.tx, kind, key)
+}
+
 // finish moves c to a final state in tx, writes its event and wakes its
 // owner through q: the one path to a final state.
-func finish(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, c Command, state State, reason string, result []byte) (Command, error) {
+func finish(ctx context.Context, tx pgx.Tx, w Waker, c Command, state State, reason string, result []byte) (Command, error) {
 	out, err := Scan(tx.QueryRow(ctx, `
 		UPDATE commands SET state = $2, reason = $3, result = coalesce($4, result), finished_at = now(), updated_at = now()
 		 WHERE id = $1 RETURNING `+Columns, c.ID, string(state), reason, result))
@@ -382,8 +398,8 @@ func finish(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, c Command, state
 	if err := event(ctx, tx, out); err != nil {
 		return Command{}, err
 	}
-	if out.OwnerKind != "" && q != nil {
-		if err := q.Enqueue(ctx, out.OwnerKind, out.OwnerKey); err != nil {
+	if out.OwnerKind != "" && w != nil {
+		if err := w.Enqueue(ctx, out.OwnerKind, out.OwnerKey); err != nil {
 			return Command{}, fmt.Errorf("wake owner of %s: %w", c.ID, err)
 		}
 	}
@@ -395,7 +411,7 @@ func finish(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, c Command, state
 // gateway sends the daemon Cancel until it settles (poke the node after
 // commit); a finished one is returned unchanged. An unknown command is
 // NOT_FOUND "commandId".
-func Cancel(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, nodeID, id string) (Command, error) {
+func Cancel(ctx context.Context, tx pgx.Tx, w Waker, nodeID, id string) (Command, error) {
 	c, err := Scan(tx.QueryRow(ctx, `SELECT `+Columns+` FROM commands WHERE node_id = $1 AND id = $2 FOR UPDATE`, nodeID, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Command{}, fault.New(fault.NotFound, "commandId", "command %s of node %s does not exist", id, nodeID)
@@ -405,7 +421,7 @@ func Cancel(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, nodeID, id strin
 	}
 	switch c.State {
 	case Pending:
-		return finish(ctx, tx, q, c, Cancelled, ReasonCancelled, nil)
+		return finish(ctx, tx, w, c, Cancelled, ReasonCancelled, nil)
 	case InFlight:
 		return Scan(tx.QueryRow(ctx, `
 			UPDATE commands SET cancel_requested_at = coalesce(cancel_requested_at, now()), updated_at = now()
@@ -439,7 +455,7 @@ type Applied struct {
 // Apply settles a node's command from the daemon's update (protocol rule 7)
 // in tx, only while epoch is the node's session epoch and the command is in
 // flight; anything else is ignored.
-func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, nodeID string, epoch int64, u *agentv1.CommandUpdate) (Applied, error) {
+func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, w Waker, nodeID string, epoch int64, u *agentv1.CommandUpdate) (Applied, error) {
 	c, err := Scan(tx.QueryRow(ctx, `
 		SELECT `+qualified("c")+` FROM commands c JOIN nodes n ON n.id = c.node_id
 		 WHERE c.node_id = $1 AND c.id = $2 AND c.seq = $3 AND n.session_epoch = $4
@@ -475,16 +491,16 @@ func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, nod
 			}
 			return Applied{Command: c, RetryIn: delay}, event(ctx, tx, c)
 		case agentv1.RejectCode_REJECT_CODE_EXPIRED:
-			c, err = finish(ctx, tx, q, c, Expired, ReasonExpired, nil)
+			c, err = finish(ctx, tx, w, c, Expired, ReasonExpired, nil)
 		default:
-			c, err = finish(ctx, tx, q, c, Failed, code, nil)
+			c, err = finish(ctx, tx, w, c, Failed, code, nil)
 		}
 	case agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED:
-		c, err = finish(ctx, tx, q, c, Succeeded, "", result)
+		c, err = finish(ctx, tx, w, c, Succeeded, "", result)
 	case agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED:
-		c, err = finish(ctx, tx, q, c, Failed, cmpOr(u.GetReason(), "failed"), result)
+		c, err = finish(ctx, tx, w, c, Failed, cmpOr(u.GetReason(), "failed"), result)
 	case agentv1.CommandOutcome_COMMAND_OUTCOME_CANCELLED:
-		c, err = finish(ctx, tx, q, c, Cancelled, cmpOr(u.GetReason(), ReasonCancelled), nil)
+		c, err = finish(ctx, tx, w, c, Cancelled, cmpOr(u.GetReason(), ReasonCancelled), nil)
 	default:
 		return Applied{Ignored: true}, nil
 	}
@@ -504,7 +520,7 @@ func cmpOr(a, b string) string {
 // succeed; with a new journal id, in-flight commands that are not
 // retry-safe fail with reason journal-lost and retry-safe ones go back to
 // pending. An empty stored id (no session before) changes nothing.
-func (r *Registry) Reconnect(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, nodeID, oldBoot, oldJournal, newBoot, newJournal string) error {
+func (r *Registry) Reconnect(ctx context.Context, tx pgx.Tx, w Waker, nodeID, oldBoot, oldJournal, newBoot, newJournal string) error {
 	if oldBoot == newBoot && oldJournal == newJournal {
 		return nil
 	}
@@ -518,9 +534,9 @@ func (r *Registry) Reconnect(ctx context.Context, tx pgx.Tx, q *reconcile.Queue,
 		k, known := r.Lookup(c.Kind)
 		switch {
 		case newBootSeen && known && k.SelfTerminating:
-			_, err = finish(ctx, tx, q, c, Succeeded, ReasonRebooted, nil)
+			_, err = finish(ctx, tx, w, c, Succeeded, ReasonRebooted, nil)
 		case journalLost && c.CancelRequestedAt != nil:
-			_, err = finish(ctx, tx, q, c, Cancelled, ReasonCancelled, nil)
+			_, err = finish(ctx, tx, w, c, Cancelled, ReasonCancelled, nil)
 		case journalLost && known && k.RetrySafe:
 			var back Command
 			back, err = Scan(tx.QueryRow(ctx, `
@@ -531,7 +547,7 @@ func (r *Registry) Reconnect(ctx context.Context, tx pgx.Tx, q *reconcile.Queue,
 				err = event(ctx, tx, back)
 			}
 		case journalLost:
-			_, err = finish(ctx, tx, q, c, Failed, ReasonJournalLost, nil)
+			_, err = finish(ctx, tx, w, c, Failed, ReasonJournalLost, nil)
 		}
 		if err != nil {
 			return fmt.Errorf("reconnect: %w", err)

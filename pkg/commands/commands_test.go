@@ -314,7 +314,7 @@ func TestSweeper(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rt, err := reconcile.New(db, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers}})
+	rt, err := reconcile.New(db, nil, reconcile.Config{Roles: []string{reconcile.RoleCommandSweeper}})
 	if err != nil {
 		t.Fatal(err)
 	}

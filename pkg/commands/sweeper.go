@@ -26,6 +26,7 @@ func (r *Registry) Sweeper(interval time.Duration) reconcile.Reconciler {
 	return reconcile.Reconciler{
 		Name:     SweeperName,
 		ShardBy:  reconcile.ShardByNone,
+		Role:     reconcile.RoleCommandSweeper,
 		Periodic: []reconcile.Periodic{{Key: "all", Every: interval}},
 		Run: func(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile.Result, error) {
 			var n int
@@ -50,7 +51,7 @@ func (r *Registry) Sweeper(interval time.Duration) reconcile.Reconciler {
 // (reason "timeout"). Both go through the finish path, so each writes its
 // event and wakes its owner. It returns how many it settled (at most a
 // batch of each).
-func (r *Registry) Sweep(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (int, error) {
+func (r *Registry) Sweep(ctx context.Context, tx pgx.Tx, w Waker) (int, error) {
 	expired, err := collect(tx.Query(ctx, `
 		SELECT `+Columns+` FROM commands WHERE state = 'pending' AND not_after < now()
 		 ORDER BY not_after LIMIT $1 FOR UPDATE SKIP LOCKED`, sweepBatch))
@@ -58,7 +59,7 @@ func (r *Registry) Sweep(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (in
 		return 0, fmt.Errorf("sweep: %w", err)
 	}
 	for _, c := range expired {
-		if _, err := finish(ctx, tx, q, c, Expired, ReasonExpired, nil); err != nil {
+		if _, err := finish(ctx, tx, w, c, Expired, ReasonExpired, nil); err != nil {
 			return 0, err
 		}
 	}
@@ -77,7 +78,7 @@ func (r *Registry) Sweep(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (in
 		return 0, fmt.Errorf("sweep: %w", err)
 	}
 	for _, c := range late {
-		if _, err := finish(ctx, tx, q, c, Failed, ReasonTimeout, nil); err != nil {
+		if _, err := finish(ctx, tx, w, c, Failed, ReasonTimeout, nil); err != nil {
 			return 0, err
 		}
 	}
