@@ -47,28 +47,42 @@ func (p *Poker) Poke(nodeIDs ...string) {
 }
 
 // Claim marks the node's due pending commands in flight (attempts + 1,
-// dispatched_at) in one statement, only while epoch is the node's session
-// epoch, and returns them by seq, ready to send. A pending command past its
-// deadline is left to the sweeper.
-func Claim(ctx context.Context, q Querier, nodeID string, epoch int64) ([]Command, error) {
-	cs, err := collect(q.Query(ctx, `
-		WITH due AS (
-			SELECT c.id FROM commands c JOIN nodes n ON n.id = c.node_id AND n.session_epoch = $2
-			 WHERE c.node_id = $1 AND c.state = 'pending' AND c.next_attempt_at <= now() AND c.not_after > now()
-			 ORDER BY c.seq FOR UPDATE OF c SKIP LOCKED)
-		UPDATE commands c SET state = 'in_flight', attempts = attempts + 1, dispatched_at = now(), updated_at = now()
-		  FROM due WHERE c.id = due.id
-		RETURNING `+qualified("c"), nodeID, epoch))
+// dispatched_at) and writes their command.in_flight events, in one
+// transaction, only while epoch is the node's session epoch, and returns
+// them by seq, ready to send. A pending command past its deadline is left
+// to the sweeper.
+func Claim(ctx context.Context, db Beginner, nodeID string, epoch int64) ([]Command, error) {
+	var cs []Command
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		cs, err = collect(tx.Query(ctx, `
+			WITH due AS (
+				SELECT c.id FROM commands c JOIN nodes n ON n.id = c.node_id AND n.session_epoch = $2
+				 WHERE c.node_id = $1 AND c.state = 'pending' AND c.next_attempt_at <= now() AND c.not_after > now()
+				 ORDER BY c.seq FOR UPDATE OF c SKIP LOCKED)
+			UPDATE commands c SET state = 'in_flight', attempts = attempts + 1, dispatched_at = now(), updated_at = now()
+			  FROM due WHERE c.id = due.id
+			RETURNING `+qualified("c"), nodeID, epoch))
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if err := event(ctx, tx, c); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("claim commands of %s: %w", nodeID, err)
 	}
-	for _, c := range cs {
-		if err := event(ctx, q, c); err != nil {
-			return nil, err
-		}
-	}
 	sortBySeq(cs)
 	return cs, nil
+}
+
+// Beginner starts transactions: a pool or a connection.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 func sortBySeq(cs []Command) {

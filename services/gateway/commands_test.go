@@ -17,12 +17,12 @@ import (
 
 // daemon is a raw session holding a node certificate, standing in for bcd.
 type daemon struct {
-	t      *testing.T
+	t      testing.TB
 	stream agentv1.NodeService_SessionClient
 	msgs   chan *agentv1.SessionResponse
 }
 
-func (f *fixture) connect(t *testing.T, id, boot, journal string) *daemon {
+func (f *fixture) connect(t testing.TB, id, boot, journal string) *daemon {
 	t.Helper()
 	cert := f.ca.node(t, id)
 	c := f.client(t, f.addr, &cert)
@@ -87,7 +87,7 @@ func (d *daemon) update(c *agentv1.Command, o agentv1.CommandOutcome, rc agentv1
 	}
 }
 
-func (f *fixture) enqueue(t *testing.T, node, kind, key string, payload any) commands.Command {
+func (f *fixture) enqueue(t testing.TB, node, kind, key string, payload any) commands.Command {
 	t.Helper()
 	var c commands.Command
 	err := reconcile.InTx(t.Context(), f.db, nil, func(tx pgx.Tx, _ *reconcile.Queue) error {
@@ -101,7 +101,7 @@ func (f *fixture) enqueue(t *testing.T, node, kind, key string, payload any) com
 	return c
 }
 
-func (f *fixture) state(t *testing.T, id string) (commands.State, string) {
+func (f *fixture) state(t testing.TB, id string) (commands.State, string) {
 	t.Helper()
 	var s, reason string
 	if err := f.db.QueryRow(t.Context(), `SELECT state, reason FROM commands WHERE id = $1`, id).Scan(&s, &reason); err != nil {
@@ -110,7 +110,7 @@ func (f *fixture) state(t *testing.T, id string) (commands.State, string) {
 	return commands.State(s), reason
 }
 
-func (f *fixture) waitState(t *testing.T, id string, want commands.State) {
+func (f *fixture) waitState(t testing.TB, id string, want commands.State) {
 	t.Helper()
 	eventually(t, "command "+id+" to be "+string(want), func() bool {
 		s, _ := f.state(t, id)

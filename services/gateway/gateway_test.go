@@ -43,7 +43,7 @@ type testCA struct {
 	pool *x509.CertPool
 }
 
-func newCA(t *testing.T) *testCA {
+func newCA(t testing.TB) *testCA {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
@@ -63,7 +63,7 @@ func newCA(t *testing.T) *testCA {
 
 var serial atomic.Int64
 
-func (ca *testCA) issue(t *testing.T, spiffe string, dns string, notAfter time.Time) tls.Certificate {
+func (ca *testCA) issue(t testing.TB, spiffe string, dns string, notAfter time.Time) tls.Certificate {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
@@ -87,7 +87,7 @@ func (ca *testCA) issue(t *testing.T, spiffe string, dns string, notAfter time.T
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }
 
-func (ca *testCA) node(t *testing.T, id string) tls.Certificate {
+func (ca *testCA) node(t testing.TB, id string) tls.Certificate {
 	return ca.issue(t, "spiffe://"+trustDomain+"/node/"+id, "", time.Now().Add(time.Hour))
 }
 
@@ -113,7 +113,7 @@ type fixture struct {
 	signer  *commands.Signer
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	_, key, _ := ed25519.GenerateKey(rand.Reader)
 	f := &fixture{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}, signer: commands.NewSigner(key)}
@@ -122,7 +122,7 @@ func setup(t *testing.T) *fixture {
 }
 
 // serve runs a gateway over mTLS on a free port.
-func (f *fixture) serve(t *testing.T, id string) (*gateway.Gateway, string) {
+func (f *fixture) serve(t testing.TB, id string) (*gateway.Gateway, string) {
 	t.Helper()
 	gw, err := gateway.New(gateway.Config{
 		ID: id, DB: f.db, Joiner: f.joiner, TrustDomain: trustDomain,
@@ -153,7 +153,7 @@ func (f *fixture) serve(t *testing.T, id string) (*gateway.Gateway, string) {
 	return gw, ln.Addr().String()
 }
 
-func (f *fixture) addNode(t *testing.T, id string) {
+func (f *fixture) addNode(t testing.TB, id string) {
 	t.Helper()
 	_, err := f.db.Exec(t.Context(), `
 		INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_test', 'root', 'test', 'gpu') ON CONFLICT DO NOTHING;`)
@@ -166,7 +166,7 @@ func (f *fixture) addNode(t *testing.T, id string) {
 	}
 }
 
-func (f *fixture) client(t *testing.T, addr string, cert *tls.Certificate) agentv1.NodeServiceClient {
+func (f *fixture) client(t testing.TB, addr string, cert *tls.Certificate) agentv1.NodeServiceClient {
 	t.Helper()
 	cfg := &tls.Config{RootCAs: f.ca.pool, ServerName: "gateway.test", MinVersion: tls.VersionTLS13}
 	if cert != nil {
@@ -192,7 +192,7 @@ func inventory() *agentv1.SessionRequest {
 
 // open starts a session and returns the stream after Welcome and the
 // inventory request.
-func open(t *testing.T, c agentv1.NodeServiceClient, id string) (agentv1.NodeService_SessionClient, *agentv1.Welcome) {
+func open(t testing.TB, c agentv1.NodeServiceClient, id string) (agentv1.NodeService_SessionClient, *agentv1.Welcome) {
 	t.Helper()
 	stream, err := c.Session(t.Context())
 	if err != nil {
@@ -216,7 +216,7 @@ func open(t *testing.T, c agentv1.NodeServiceClient, id string) (agentv1.NodeSer
 	return stream, w
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
