@@ -133,17 +133,6 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-// names returns the names of the kinds with flag set, for SQL.
-func (r *Registry) names(flag func(Kind) bool) []string {
-	var out []string
-	for _, k := range r.Kinds() {
-		if flag(k) {
-			out = append(out, k.Name)
-		}
-	}
-	return out
-}
-
 // DefaultTimeout applies to a kind this process does not know (a module's
 // kind registered elsewhere) when the sweeper times commands out.
 const DefaultTimeout = 15 * time.Minute
