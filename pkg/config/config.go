@@ -55,6 +55,9 @@ type Config struct {
 	JoinService JoinService `yaml:"joinService"`
 	// Gateway configures the gateway role.
 	Gateway Gateway `yaml:"gateway"`
+	// Commands configures the command queue: the signing key of destructive
+	// commands (gateway) and the command-sweeper.
+	Commands Commands `yaml:"commands"`
 	// Dev configures `better-compute dev` only.
 	Dev Dev `yaml:"dev"`
 }
@@ -99,6 +102,18 @@ type Gateway struct {
 	// LivenessInterval is how often liveness is written, one statement for
 	// all sessions; default 5s.
 	LivenessInterval Duration `yaml:"livenessInterval"`
+}
+
+// Commands configures the command queue.
+type Commands struct {
+	// SigningKeyFile is the Ed25519 private key (PEM PKCS#8) the gateway
+	// signs destructive commands (node.reboot) with; daemons pin its public
+	// key. Unset means destructive commands go unsigned and daemons reject
+	// them BAD_SIGNATURE; dev generates <dev.dataDir>/pki/command-signing.key.
+	SigningKeyFile string `yaml:"signingKeyFile"`
+	// SweepInterval is how often the command-sweeper expires and times out
+	// commands; default 5s.
+	SweepInterval Duration `yaml:"sweepInterval"`
 }
 
 // Database is the PostgreSQL connection.
@@ -232,6 +247,7 @@ func (c *Config) Defaults() {
 	}
 	c.Gateway.HeartbeatInterval = cmp.Or(c.Gateway.HeartbeatInterval, Duration(10*time.Second))
 	c.Gateway.LivenessInterval = cmp.Or(c.Gateway.LivenessInterval, Duration(5*time.Second))
+	c.Commands.SweepInterval = cmp.Or(c.Commands.SweepInterval, Duration(5*time.Second))
 	r := &c.Runtime
 	r.Heartbeat = cmp.Or(r.Heartbeat, Duration(2*time.Second))
 	r.LeaseTTL = cmp.Or(r.LeaseTTL, 5*r.Heartbeat)
@@ -342,6 +358,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Gateway.LivenessInterval <= 0 {
 		bad("gateway.livenessInterval", "expected a positive duration, got %s", c.Gateway.LivenessInterval.Std())
+	}
+	if c.Commands.SweepInterval <= 0 {
+		bad("commands.sweepInterval", "expected a positive duration, got %s", c.Commands.SweepInterval.Std())
 	}
 	r := c.Runtime
 	for _, d := range []struct {

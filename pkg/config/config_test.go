@@ -186,6 +186,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"gateway listen", func(c *config.Config) { c.Gateway.Listen = "8443" }, "gateway.listen"},
 		{"gateway id", func(c *config.Config) { c.Gateway.ID = "GW 1" }, "gateway.id"},
 		{"gateway liveness", func(c *config.Config) { c.Gateway.LivenessInterval = -1 }, "gateway.livenessInterval"},
+		{"command sweep interval", func(c *config.Config) { c.Commands.SweepInterval = -1 }, "commands.sweepInterval"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -69,10 +69,13 @@ const (
 	// RoleNodeSpec is the nodespec-controller deployable's membership: the
 	// desired-state controller scales on its own node shards.
 	RoleNodeSpec = "nodespec-controller"
+	// RoleCommandSweeper is the command-sweeper deployable's membership: it
+	// runs the command-sweeper singleton.
+	RoleCommandSweeper = "command-sweeper"
 )
 
 // Roles lists the memberships a runtime can host.
-var Roles = []string{RoleControllers, RoleScheduler, RoleNodeSpec}
+var Roles = []string{RoleControllers, RoleScheduler, RoleNodeSpec, RoleCommandSweeper}
 
 // Periodic is a key also enqueued every Every, by whichever worker owns it.
 type Periodic struct {

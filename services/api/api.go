@@ -31,6 +31,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
@@ -62,6 +63,9 @@ type Config struct {
 	// Poker wakes the workers that own work a mutation enqueued, after its
 	// commit; nil leaves them to their poll.
 	Poker *workqueue.Poker
+	// Commands pokes the gateway holding a node after commands.run or
+	// commands.cancel commit; nil leaves it to the gateway's resync.
+	Commands *commands.Poker
 }
 
 // Tuning are the api role's knobs that tests and benchmarks turn. The zero
@@ -96,6 +100,8 @@ type Server struct {
 	maxDL   time.Duration
 	now     func() time.Time
 	poker   *workqueue.Poker
+	// cmdPoker wakes the gateway of a node with new commands.
+	cmdPoker *commands.Poker
 }
 
 // New builds the gRPC server with every service registered and checks the
@@ -116,16 +122,17 @@ func New(cfg Config) (*Server, error) {
 		cfg.Methods = Methods()
 	}
 	s := &Server{
-		logger:  logger,
-		methods: cfg.Methods,
-		authn:   iam.NewAuthenticator(iam.AuthConfig{DB: cfg.DB, TTL: cfg.AuthTTL, Now: now}),
-		authz:   az,
-		adm:     admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger}),
-		db:      cfg.DB,
-		poker:   cfg.Poker,
-		limiter: newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
-		maxDL:   cmp.Or(cfg.MaxDeadline, 30*time.Second),
-		now:     now,
+		logger:   logger,
+		methods:  cfg.Methods,
+		authn:    iam.NewAuthenticator(iam.AuthConfig{DB: cfg.DB, TTL: cfg.AuthTTL, Now: now}),
+		authz:    az,
+		adm:      admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger}),
+		db:       cfg.DB,
+		poker:    cfg.Poker,
+		cmdPoker: cfg.Commands,
+		limiter:  newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
+		maxDL:    cmp.Or(cfg.MaxDeadline, 30*time.Second),
+		now:      now,
 	}
 	gs := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
@@ -141,6 +148,7 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterAuditServiceServer(gs, &auditLog{Server: s})
 	computev1.RegisterJoinTokensServiceServer(gs, &joinTokens{Server: s})
 	computev1.RegisterNodesServiceServer(gs, &nodes{Server: s})
+	computev1.RegisterCommandsServiceServer(gs, &commandsAPI{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -195,6 +203,7 @@ func (s *Server) Gateway(ctx context.Context, addr string) (http.Handler, error)
 		"audit":      computev1.RegisterAuditServiceHandler,
 		"joinTokens": computev1.RegisterJoinTokensServiceHandler,
 		"nodes":      computev1.RegisterNodesServiceHandler,
+		"commands":   computev1.RegisterCommandsServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)

@@ -62,6 +62,11 @@ var methods = map[string]Method{
 	computev1.NodesService_List_FullMethodName:    {Action: authz.NodesList},
 	computev1.NodesService_GetSpec_FullMethodName: {Action: authz.NodesGet},
 	computev1.NodesService_Update_FullMethodName:  {Action: authz.NodesUpdate},
+
+	computev1.CommandsService_Run_FullMethodName:    {Action: authz.NodesExec},
+	computev1.CommandsService_Get_FullMethodName:    {Action: authz.NodesGet},
+	computev1.CommandsService_List_FullMethodName:   {Action: authz.NodesGet},
+	computev1.CommandsService_Cancel_FullMethodName: {Action: authz.NodesExec},
 }
 
 // Methods returns the method registry: every RPC of the API by full gRPC

@@ -48,11 +48,11 @@ import (
 
 // built lists the roles that have a service in this release. A role named
 // explicitly that is not here fails at start; `all` runs these.
-var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RoleControllers, config.RoleScheduler}
+var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleScheduler}
 
 // runtimeRoles are the roles whose reconcilers run on the reconciler runtime,
 // each a membership of its own.
-var runtimeRoles = []config.Role{config.RoleNodeSpecController, config.RoleControllers, config.RoleScheduler}
+var runtimeRoles = []config.Role{config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleScheduler}
 
 // ResolveRoles expands the configured roles into the ones to run. `all` means
 // every built role, and the rest are returned as notBuilt so the caller can
@@ -317,6 +317,9 @@ func (a *App) startRuntime(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := a.registerCommands(rt, roles); err != nil {
+		return err
+	}
 	if err := rt.Start(ctx); err != nil {
 		return err
 	}
@@ -354,7 +357,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		az := authz.New(a.pool)
 		var err error
 		a.api, err = api.New(api.Config{
-			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API, Poker: &workqueue.Poker{NC: a.nc},
+			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),

@@ -26,12 +26,13 @@ import (
 
 // gatewayServer is the gateway role's listener.
 type gatewayServer struct {
-	sub  *nats.Subscription
-	gw   *gateway.Gateway
-	js   *joinservice.Service
-	grpc *grpc.Server
-	ln   net.Listener
-	done chan struct{}
+	sub    *nats.Subscription
+	cmdSub *nats.Subscription
+	gw     *gateway.Gateway
+	js     *joinservice.Service
+	grpc   *grpc.Server
+	ln     net.Listener
+	done   chan struct{}
 }
 
 // startGateway runs the gateway role: daemon sessions over mutual TLS on
@@ -43,6 +44,10 @@ func (a *App) startGateway(context.Context) error {
 		return err
 	}
 	gc := a.cfg.Gateway
+	signer, err := a.commandSigner()
+	if err != nil {
+		return err
+	}
 	ca := js.CA()
 	cert, err := ca.ServingCertificate(gc.ID, gc.Hosts, 0)
 	if err != nil {
@@ -56,6 +61,7 @@ func (a *App) startGateway(context.Context) error {
 		Poker:             &workqueue.Poker{NC: a.nc},
 		HeartbeatInterval: gc.HeartbeatInterval.Std(),
 		LivenessInterval:  gc.LivenessInterval.Std(),
+		Signer:            signer,
 		Logger:            a.logger.With("role", "gateway"),
 	})
 	if err != nil {
@@ -94,6 +100,9 @@ func (a *App) startGateway(context.Context) error {
 			a.logger.Warn("no spec pokes; delivery relies on the database resync", "err", err)
 		}
 		g.sub = sub
+		if g.cmdSub, err = a.subscribeCommandPokes(gw); err != nil {
+			a.logger.Warn("no command pokes; dispatch relies on the database resync", "err", err)
+		}
 	}
 	go func() {
 		defer close(g.done)
@@ -110,6 +119,9 @@ func (a *App) startGateway(context.Context) error {
 func (g *gatewayServer) stop(ctx context.Context) {
 	if g.sub != nil {
 		_ = g.sub.Unsubscribe()
+	}
+	if g.cmdSub != nil {
+		_ = g.cmdSub.Unsubscribe()
 	}
 	g.gw.Stop()
 	stopped := make(chan struct{})

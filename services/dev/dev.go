@@ -6,6 +6,7 @@ package dev
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/sim"
 
 	"github.com/bettercompute/bettercompute/pkg/bootstrap"
+	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/natsembed"
@@ -47,7 +49,11 @@ type Env struct {
 	JoinKeyFile, CAFile string
 	// Fleet is the simulated fleet (dev.simNodes), or nil.
 	Fleet *sim.Fleet
-	stops []func()
+	// CommandKey is the public half of the command-signing key (made once
+	// under dev.dataDir/pki unless commands.signingKeyFile is set): what
+	// daemons pin to verify destructive commands.
+	CommandKey ed25519.PublicKey
+	stops      []func()
 }
 
 // Start resolves PostgreSQL and NATS as the package comment says and starts
@@ -111,6 +117,15 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 	if cfg.Gateway.Listen == "" {
 		cfg.Gateway.Listen = DefaultGatewayListen
 	}
+	// The command-signing key, made once under the data dir like the CA.
+	if cfg.Commands.SigningKeyFile == "" {
+		cfg.Commands.SigningKeyFile = filepath.Join(dataDir, "pki", CommandKeyFile)
+	}
+	signer, err := commands.EnsureSigner(cfg.Commands.SigningKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("command-signing key: %w", err)
+	}
+	env.CommandKey = signer.Public()
 
 	env.App, err = app.New(cfg, app.Options{Logger: logger})
 	if err != nil {
@@ -132,6 +147,10 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 	}
 	return env, nil
 }
+
+// CommandKeyFile is the command-signing key's file name under
+// <dev.dataDir>/pki.
+const CommandKeyFile = "command-signing.key"
 
 // DefaultGatewayListen is where dev's gateway listens unless configured.
 const DefaultGatewayListen = "127.0.0.1:8443"

@@ -3,6 +3,7 @@ package dev_test
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -235,5 +236,9 @@ func TestDevKeepsItsRootCredential(t *testing.T) {
 	defer second.Stop(context.Background())
 	if second.CredentialNew || second.Credential != first.Credential || !strings.Contains(second.Banner(), first.Credential) {
 		t.Fatalf("a later start shows the kept credential: new=%v %q", second.CredentialNew, second.Credential)
+	}
+	// The command-signing key is made once and kept too.
+	if len(first.CommandKey) != ed25519.PublicKeySize || !first.CommandKey.Equal(second.CommandKey) {
+		t.Fatalf("command key %x, then %x", first.CommandKey, second.CommandKey)
 	}
 }

@@ -8,7 +8,8 @@
 // on every new session (so an older session, here or on another gateway, is
 // superseded and its late messages are ignored); it asks for inventory after
 // Hello and hands reports to the inventory controller through the work queue;
-// and it writes liveness for all its sessions in one statement per interval.
+// it writes liveness for all its sessions in one statement per interval; and
+// it delivers commands (see commands.go).
 package gateway
 
 import (
@@ -34,6 +35,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
@@ -68,6 +70,11 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// LivenessInterval is how often liveness is written; default 5s.
 	LivenessInterval time.Duration
+	// Kinds is the command kinds registry; nil means commands.Default.
+	Kinds *commands.Registry
+	// Signer signs destructive commands at dispatch; nil sends them
+	// unsigned (the daemon rejects them BAD_SIGNATURE).
+	Signer *commands.Signer
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -75,8 +82,9 @@ type Config struct {
 // Gateway implements agentv1.NodeServiceServer.
 type Gateway struct {
 	agentv1.UnimplementedNodeServiceServer
-	cfg Config
-	log *slog.Logger
+	cfg   Config
+	log   *slog.Logger
+	kinds *commands.Registry
 
 	mu       sync.Mutex
 	sessions map[string]*session // by node id
@@ -123,7 +131,11 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Gateway{cfg: cfg, log: cfg.Logger, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{})}, nil
+	kinds := cfg.Kinds
+	if kinds == nil {
+		kinds = commands.Default
+	}
+	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // Start runs the liveness writer until Stop.
@@ -232,12 +244,22 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 		return status.Errorf(codes.PermissionDenied, "certificate is for %s, Hello says %s", certNode, hello.GetNodeId())
 	}
 
+	// The epoch bump and the reconnect rules for in-flight commands
+	// (a new boot, a new journal) commit together.
 	var epoch int64
-	err = g.cfg.DB.QueryRow(ctx, `
-		UPDATE nodes SET session_epoch = session_epoch + 1, gateway_id = $2, boot_id = $3, journal_id = $4,
-		       last_seen_at = now()
-		 WHERE id = $1
-		RETURNING session_epoch`, certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId()).Scan(&epoch)
+	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+		var oldBoot, oldJournal string
+		err := tx.QueryRow(ctx, `
+			WITH old AS (SELECT id, boot_id, journal_id FROM nodes WHERE id = $1 FOR UPDATE)
+			UPDATE nodes n SET session_epoch = session_epoch + 1, gateway_id = $2, boot_id = $3, journal_id = $4,
+			       last_seen_at = now()
+			  FROM old WHERE n.id = old.id
+			RETURNING n.session_epoch, old.boot_id, old.journal_id`, certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId()).Scan(&epoch, &oldBoot, &oldJournal)
+		if err != nil {
+			return err
+		}
+		return g.kinds.Reconnect(ctx, tx, q, certNode, oldBoot, oldJournal, hello.GetBootId(), hello.GetJournalId())
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return status.Errorf(codes.NotFound, "node %s does not exist", certNode)
 	}
@@ -282,6 +304,11 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	if err := g.deliver(sctx, s); err != nil {
 		log.WarnContext(ctx, "deliver desired state", "err", err)
 	}
+	// Then the commands: in-flight ones again (the daemon's journal dedupes
+	// them), and the due pending ones.
+	if err := g.dispatch(sctx, s, true); err != nil {
+		log.WarnContext(ctx, "dispatch commands", "err", err)
+	}
 
 	msgs := make(chan *agentv1.SessionRequest)
 	recvErr := make(chan error, 1)
@@ -321,6 +348,11 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 			if obs := m.GetObserved(); obs != nil {
 				if err := g.storeObserved(sctx, s, obs); err != nil {
 					log.WarnContext(ctx, "store observed generation", "err", err)
+				}
+			}
+			if u := m.GetCommandUpdate(); u != nil {
+				if err := g.applyUpdate(sctx, s, u); err != nil {
+					log.WarnContext(ctx, "apply command update", "command", u.GetId(), "err", err)
 				}
 			}
 		}
@@ -375,6 +407,9 @@ func (g *Gateway) livenessLoop() {
 			}
 			if err := g.Resync(ctx); err != nil {
 				g.log.Warn("resync desired state", "err", err)
+			}
+			if err := g.ResyncCommands(ctx); err != nil {
+				g.log.Warn("resync commands", "err", err)
 			}
 			cancel()
 		}

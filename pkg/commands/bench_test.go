@@ -1,0 +1,51 @@
+package commands_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+)
+
+// BenchmarkEnqueueSettle is the command queue's database path per command:
+// enqueue (one transaction), claim (the gateway's dispatch statement) and
+// apply SUCCEEDED (one transaction, with its event). It reports
+// commands/s.
+func BenchmarkEnqueueSettle(b *testing.B) {
+	db := pgtest.New(b)
+	if _, err := db.Exec(b.Context(), `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_test', 'root', 'test', 'gpu')`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Exec(b.Context(), `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, session_epoch) VALUES ('node_a', 'root', 'pool_test', 'adopted', 1, 'hw', 1)`); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		err := reconcile.InTx(b.Context(), db, nil, func(tx pgx.Tx, _ *reconcile.Queue) error {
+			_, _, err := commands.Enqueue(b.Context(), tx, commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `{"sections":["gpus"]}`, NotAfter: time.Now().Add(time.Minute)})
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		cs, err := commands.Claim(b.Context(), db, "node_a", 1)
+		if err != nil || len(cs) != 1 {
+			b.Fatalf("claimed %d: %v", len(cs), err)
+		}
+		err = reconcile.InTx(b.Context(), db, nil, func(tx pgx.Tx, q *reconcile.Queue) error {
+			_, err := commands.Default.Apply(b.Context(), tx, q, "node_a", 1, &agentv1.CommandUpdate{Id: cs[0].ID, Seq: cs[0].Seq, Outcome: agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED})
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "commands/s")
+}

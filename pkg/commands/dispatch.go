@@ -1,0 +1,144 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandsig"
+)
+
+// PokePrefix starts the subject of a command poke: bc.commands.<node id>,
+// published after a transaction queued or cancelled a node's command. The
+// gateway holding the node dispatches at once; without it, the gateway's
+// resync finds the work within an interval.
+const PokePrefix = "bc.commands."
+
+// PokeSubject is the poke subject for node.
+func PokeSubject(nodeID string) string { return PokePrefix + nodeID }
+
+// Poker publishes command pokes after commit. A nil Poker, or one without
+// a connection, does nothing but call Local: pokes are optional.
+type Poker struct {
+	NC *nats.Conn
+	// Local, when set, is called for each node too: the in-process gateway.
+	Local func(nodeID string)
+}
+
+// Poke wakes the gateways of nodes. Call it after the commit.
+func (p *Poker) Poke(nodeIDs ...string) {
+	if p == nil {
+		return
+	}
+	for _, id := range nodeIDs {
+		if p.Local != nil {
+			p.Local(id)
+		}
+		if p.NC != nil && p.NC.IsConnected() {
+			_ = p.NC.Publish(PokeSubject(id), nil)
+		}
+	}
+}
+
+// Claim marks the node's due pending commands in flight (attempts + 1,
+// dispatched_at) and writes their command.in_flight events, in one
+// transaction, only while epoch is the node's session epoch, and returns
+// them by seq, ready to send. A pending command past its deadline is left
+// to the sweeper.
+func Claim(ctx context.Context, db Beginner, nodeID string, epoch int64) ([]Command, error) {
+	var cs []Command
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		cs, err = collect(tx.Query(ctx, `
+			WITH due AS (
+				SELECT c.id FROM commands c JOIN nodes n ON n.id = c.node_id AND n.session_epoch = $2
+				 WHERE c.node_id = $1 AND c.state = 'pending' AND c.next_attempt_at <= now() AND c.not_after > now()
+				 ORDER BY c.seq FOR UPDATE OF c SKIP LOCKED)
+			UPDATE commands c SET state = 'in_flight', attempts = attempts + 1, dispatched_at = now(), updated_at = now()
+			  FROM due WHERE c.id = due.id
+			RETURNING `+qualified("c"), nodeID, epoch))
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if err := event(ctx, tx, c); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim commands of %s: %w", nodeID, err)
+	}
+	sortBySeq(cs)
+	return cs, nil
+}
+
+// Beginner starts transactions: a pool or a connection.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+func sortBySeq(cs []Command) {
+	for i := 1; i < len(cs); i++ {
+		for j := i; j > 0 && cs[j].Seq < cs[j-1].Seq; j-- {
+			cs[j], cs[j-1] = cs[j-1], cs[j]
+		}
+	}
+}
+
+// ListInFlight returns the node's in-flight commands by seq: those to re-send
+// on a new session (the daemon's journal dedupes them) and, with
+// cancelOnly, only those with a cancel requested.
+func ListInFlight(ctx context.Context, q Querier, nodeID string, cancelOnly bool) ([]Command, error) {
+	return collect(q.Query(ctx, `
+		SELECT `+Columns+` FROM commands WHERE node_id = $1 AND state = 'in_flight'
+		   AND (NOT $2 OR cancel_requested_at IS NOT NULL) ORDER BY seq`, nodeID, cancelOnly))
+}
+
+// NodesWithWork returns, in one statement, which of the sessions (node ids
+// with the epoch each holds) have due pending commands or in-flight ones
+// with a cancel requested, while the epoch is still the node's: the
+// gateway's bus-less resync.
+func NodesWithWork(ctx context.Context, q Querier, ids []string, epochs []int64) ([]string, error) {
+	rows, err := q.Query(ctx, `
+		SELECT n.id FROM nodes n JOIN unnest($1::text[], $2::bigint[]) AS s(id, epoch) ON s.id = n.id AND n.session_epoch = s.epoch
+		 WHERE EXISTS (SELECT 1 FROM commands c WHERE c.node_id = n.id AND (
+		        (c.state = 'pending' AND c.next_attempt_at <= now() AND c.not_after > now())
+		     OR (c.state = 'in_flight' AND c.cancel_requested_at IS NOT NULL)))`, ids, epochs)
+	if err != nil {
+		return nil, fmt.Errorf("find nodes with commands: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// Wire returns c as the daemon receives it: the kind's timeout, and a
+// signature when the kind is destructive and signer is set (without a
+// signer a destructive command goes unsigned and the daemon rejects it
+// BAD_SIGNATURE).
+func (r *Registry) Wire(c Command, signer *Signer) *agentv1.Command {
+	k, known := r.Lookup(c.Kind)
+	m := &agentv1.Command{
+		Id: c.ID, NodeId: c.NodeID, Seq: c.Seq, Kind: c.Kind, Body: c.Payload,
+		NotAfter: timestamppb.New(c.NotAfter), MinGeneration: c.MinGeneration,
+		Timeout: durationpb.New(r.timeout(c.Kind)),
+	}
+	if known && k.Destructive && signer != nil {
+		commandsig.Sign(m, signer.KeyID, signer.Key)
+	}
+	return m
+}
+
+// Subscribe calls fn with the node id of every command poke: the gateway's
+// subscription.
+func Subscribe(nc *nats.Conn, fn func(nodeID string)) (*nats.Subscription, error) {
+	return nc.Subscribe(PokePrefix+"*", func(m *nats.Msg) {
+		fn(strings.TrimPrefix(m.Subject, PokePrefix))
+	})
+}

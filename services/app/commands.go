@@ -1,0 +1,63 @@
+package app
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/services/gateway"
+)
+
+// registerCommands registers the command-sweeper on the runtime when this
+// process runs the command-sweeper role (its own membership; the reconciler
+// is a singleton under the singleton:command-sweeper lease, so any number
+// of processes may run the role).
+func (a *App) registerCommands(rt *reconcile.Runtime, roles []string) error {
+	if !slices.Contains(roles, reconcile.RoleCommandSweeper) {
+		return nil
+	}
+	return rt.Register(commands.Default.Sweeper(a.cfg.Commands.SweepInterval.Std()))
+}
+
+// commandSigner loads the command-signing key, or returns nil when none is
+// configured (destructive commands then go unsigned and daemons reject them
+// BAD_SIGNATURE).
+func (a *App) commandSigner() (*commands.Signer, error) {
+	path := a.cfg.Commands.SigningKeyFile
+	if path == "" {
+		a.logger.Warn("no commands.signingKeyFile: destructive commands (node.reboot) will be rejected BAD_SIGNATURE by daemons")
+		return nil, nil
+	}
+	return commands.LoadSigner(path)
+}
+
+// commandPoker wakes the gateway holding a node after a transaction queued
+// or cancelled its commands: directly when this process runs it, and over
+// the bus (bc.commands.<node>) for the others.
+func (a *App) commandPoker() *commands.Poker {
+	return &commands.Poker{NC: a.nc, Local: func(nodeID string) {
+		gw := a.localGW.Load()
+		if gw == nil {
+			return
+		}
+		go a.dispatchLocal(gw, nodeID)
+	}}
+}
+
+func (a *App) dispatchLocal(gw *gateway.Gateway, nodeID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := gw.Dispatch(ctx, nodeID); err != nil {
+		a.logger.Warn("dispatch commands", "node", nodeID, "err", err)
+	}
+}
+
+// subscribeCommandPokes dispatches a node's commands when another process
+// pokes bc.commands.<node>.
+func (a *App) subscribeCommandPokes(gw *gateway.Gateway) (*nats.Subscription, error) {
+	return commands.Subscribe(a.nc, func(nodeID string) { a.dispatchLocal(gw, nodeID) })
+}

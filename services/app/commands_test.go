@@ -1,0 +1,90 @@
+package app_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/shard"
+	"github.com/bettercompute/bettercompute/services/app"
+)
+
+// TestCommandSweeperRole runs the command-sweeper role alone: it expires a
+// pending command past its deadline on its own, with no other role.
+func TestCommandSweeperRole(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDB(t)
+	cfg := testConfig(url)
+	cfg.Roles = []string{string(config.RoleCommandSweeper)}
+	cfg.Commands.SweepInterval = config.Duration(50 * time.Millisecond)
+	cfg.Runtime.Heartbeat = config.Duration(100 * time.Millisecond)
+	cfg.Runtime.LeaseTTL = config.Duration(time.Second)
+	cfg.Runtime.Poll = config.Duration(50 * time.Millisecond)
+	a := start(t, cfg)
+	if r := a.Roles(); len(r) != 1 || r[0] != config.RoleCommandSweeper {
+		t.Fatalf("roles %v", r)
+	}
+	db, err := pgxpool.New(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	for _, q := range []string{
+		`INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_s', 'root', 's', 'gpu')`,
+		`INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key) VALUES ('node_s', 'root', 'pool_s', ` + itoa(shard.Of("node_s")) + `, 'hw-s')`,
+		`INSERT INTO commands (id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after)
+		 VALUES ('cmd_s', 'root', 'node_s', 1, 'diag.nvml', '\x0a00', 'k', now() - interval '1 second')`,
+	} {
+		if _, err := db.Exec(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := commands.Lookup(t.Context(), db, "node_s", "cmd_s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.State == commands.Expired && c.Reason == "EXPIRED" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the command-sweeper role did not expire the command: %s", c.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestCommandSigningKeyFile(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(pgtest.NewDB(t))
+	cfg.Roles = []string{"gateway"}
+	cfg.Gateway.Listen = "127.0.0.1:0"
+	cfg.JoinService.KeyDir = t.TempDir()
+	cfg.Commands.SigningKeyFile = t.TempDir() + "/missing.key"
+	a, err := app.New(cfg, app.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.Start(t.Context())
+	a.Stop(t.Context())
+	if fe, ok := fault.As(err); !ok || fe.Code != fault.InvalidConfig || fe.Field != "commands.signingKeyFile" {
+		t.Fatalf("a missing signing key: %v, want INVALID_CONFIG commands.signingKeyFile", err)
+	}
+}
+
+func itoa(n int) string {
+	b := []byte{}
+	if n == 0 {
+		return "0"
+	}
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
