@@ -53,7 +53,11 @@ func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.
 	return sim.Start(ctx, sim.Config{
 		Gateway: net.JoinHostPort("127.0.0.1", port), RootCAs: roots, Token: tok.Token,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: root,
-		Logger: logger.With("component", "sim"),
+		// The daemons pin the control plane's command-signing key, so a
+		// signed node.reboot runs (the simulator's reboot restarts the
+		// daemon with a new boot id) and an unsigned one is BAD_SIGNATURE.
+		CommandKey: env.CommandKey,
+		Logger:     logger.With("component", "sim"),
 	}, n)
 }
 
