@@ -61,7 +61,9 @@ type Node struct {
 	// empty when it could.
 	SpecError string
 	// Sections is the node's last per-section convergence report.
-	Sections   []SectionStatus
+	Sections []SectionStatus
+	// Conditions are what the inventory controller last concluded.
+	Conditions []Condition
 	LastSeenAt *time.Time
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
@@ -93,19 +95,28 @@ type SectionStatus struct {
 	Generation int64  `json:"generation"`
 }
 
+// Condition is one node condition (nodes.conditions, written by the
+// inventory controller).
+type Condition struct {
+	Type   string    `json:"type"`
+	Status bool      `json:"status"`
+	Reason string    `json:"reason,omitempty"`
+	Since  time.Time `json:"since"`
+}
+
 // Schedulable reports whether placement may book the node's devices: it is
 // adopted and has applied desired state.
 func (n Node) Schedulable() bool { return n.State == StateAdopted && n.ObservedGeneration >= 1 }
 
 const cols = `id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, coalesce(join_token_id, ''),
 	generation, observed_generation, boot_id, journal_id, session_epoch, gateway_id, coalesce(spec_error, ''), last_seen_at, created_at, updated_at,
-	CASE WHEN jsonb_typeof(section_status) = 'array' THEN section_status ELSE '[]' END`
+	CASE WHEN jsonb_typeof(section_status) = 'array' THEN section_status ELSE '[]' END, conditions`
 
 func scan(r pgx.Row) (Node, error) {
 	var n Node
 	err := r.Scan(&n.ID, &n.TenantID, &n.PoolID, &n.State, &n.Shard, &n.Labels, &n.Hostname, &n.HardwareKey, &n.JoinTokenID,
 		&n.Generation, &n.ObservedGeneration, &n.BootID, &n.JournalID, &n.SessionEpoch, &n.GatewayID, &n.SpecError, &n.LastSeenAt,
-		&n.CreatedAt, &n.UpdatedAt, &n.Sections)
+		&n.CreatedAt, &n.UpdatedAt, &n.Sections, &n.Conditions)
 	return n, err
 }
 

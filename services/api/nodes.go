@@ -36,6 +36,9 @@ func nodePB(n nodestore.Node) *computev1.Node {
 	for _, st := range n.Sections {
 		out.Sections = append(out.Sections, &computev1.SectionStatus{Section: st.Section, State: st.State, Reason: st.Reason, Generation: st.Generation})
 	}
+	for _, c := range n.Conditions {
+		out.Conditions = append(out.Conditions, &computev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Since: ts(c.Since)})
+	}
 	for _, d := range n.Devices {
 		out.Devices = append(out.Devices, &computev1.Device{
 			Id: d.ID, Kind: d.Kind, Index: int32(d.Index), Model: d.Model, Serial: d.Serial, MemoryBytes: d.MemoryBytes,

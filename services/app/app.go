@@ -302,7 +302,7 @@ func (a *App) startRuntime(ctx context.Context) error {
 		return err
 	}
 	if slices.Contains(roles, reconcile.RoleControllers) {
-		for _, r := range inventory.Reconcilers() {
+		for _, r := range inventory.New(inventory.Config{Commands: a.commandPoker()}) {
 			if err := rt.Register(r); err != nil {
 				return err
 			}

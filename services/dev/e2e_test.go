@@ -139,6 +139,10 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 			ID, Model string
 			Healthy   bool
 		}
+		Conditions []struct {
+			Type   string
+			Status bool
+		}
 	}
 	var got struct{ Node node }
 	deadline := time.Now().Add(30 * time.Second)
@@ -159,6 +163,14 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	for _, d := range n.Devices {
 		if !strings.HasPrefix(d.ID, "GPU-") || !strings.HasPrefix(d.Model, "NVIDIA H200") || !d.Healthy {
 			t.Fatalf("device %+v", d)
+		}
+	}
+	if len(n.Conditions) != 3 {
+		t.Fatalf("conditions %+v; want InventoryReported, GPUsHealthy, DevicesPresent", n.Conditions)
+	}
+	for _, c := range n.Conditions {
+		if !c.Status {
+			t.Fatalf("condition %+v", c)
 		}
 	}
 

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,6 +22,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
@@ -46,10 +48,29 @@ const (
 	DevicesPresent    = "DevicesPresent"
 )
 
-// Reconcilers returns the inventory controller's reconcilers.
-func Reconcilers() []reconcile.Reconciler {
+// AcceptancePassed is the condition of a node in a pool with acceptance
+// checks: false (with the reason) while a check runs or after one failed.
+const AcceptancePassed = "AcceptancePassed"
+
+// AcceptanceTimeout is how long a node has to pass an acceptance check.
+const AcceptanceTimeout = 10 * time.Minute
+
+// Config configures the inventory controller.
+type Config struct {
+	// Commands wakes the gateway holding a node after an acceptance check
+	// was queued; nil leaves delivery to the gateway's resync.
+	Commands *commands.Poker
+}
+
+// Reconcilers returns the inventory controller's reconcilers without
+// command pokes.
+func Reconcilers() []reconcile.Reconciler { return New(Config{}) }
+
+// New returns the inventory controller's reconcilers.
+func New(cfg Config) []reconcile.Reconciler {
+	c := &controller{cfg: cfg}
 	return []reconcile.Reconciler{
-		{Name: Kind, ShardBy: reconcile.ShardByNode, Run: run, Keys: keys},
+		{Name: Kind, ShardBy: reconcile.ShardByNode, Run: c.run, Keys: keys},
 		{Name: HygieneKind, ShardBy: reconcile.ShardByNone,
 			Periodic: []reconcile.Periodic{{Key: "all", Every: time.Minute}}, Run: hygiene},
 	}
@@ -64,17 +85,22 @@ func keys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, err
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-func run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
+type controller struct{ cfg Config }
+
+func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
+	var queued bool
 	err := rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
+		queued = false
 		var raw []byte
-		var state string
+		var state, bootID string
 		var prev []Condition
 		var received time.Time
+		var acceptance []string
 		err := tx.QueryRow(ctx, `
-			SELECT i.report, i.received_at, n.state, n.conditions
-			  FROM node_inventory i JOIN nodes n ON n.id = i.node_id
+			SELECT i.report, i.received_at, n.state, n.conditions, n.boot_id, p.acceptance
+			  FROM node_inventory i JOIN nodes n ON n.id = i.node_id JOIN pools p ON p.id = n.pool_id
 			 WHERE i.node_id = $1
-			   FOR UPDATE OF n`, nodeID).Scan(&raw, &received, &state, &prev)
+			   FOR UPDATE OF n`, nodeID).Scan(&raw, &received, &state, &prev, &bootID, &acceptance)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // no report (yet), or the node is gone
 		}
@@ -90,9 +116,35 @@ func run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcil
 				return err
 			}
 		}
-		conds, err := conditions(ctx, tx, nodeID, prev)
+		conds, err := conditions(ctx, tx, nodeID)
 		if err != nil {
 			return err
+		}
+		// A pool with acceptance checks adopts a node only once it passed
+		// them; a node that fails one stays out of service (failed) with
+		// the reason in its AcceptancePassed condition.
+		next := state
+		if state == "adopting" {
+			acc, err := accept(ctx, tx, nodeID, bootID, acceptance)
+			if err != nil {
+				return err
+			}
+			queued = acc.queued
+			if acc.cond != nil {
+				conds = append(conds, *acc.cond)
+			}
+			next = acc.state
+		} else if i := slices.IndexFunc(prev, func(c Condition) bool { return c.Type == AcceptancePassed }); i >= 0 {
+			conds = append(conds, prev[i]) // keep the verdict
+		}
+		keepSince(conds, prev)
+		if state == "adopting" && next == "adopted" {
+			// Adoption invalidates the node's desired state in the same
+			// transaction: the nodespec controller's first spec is
+			// generation 1.
+			if err := nodespec.Invalidate(ctx, q, nodeID); err != nil {
+				return err
+			}
 		}
 		b, err := json.Marshal(conds)
 		if err != nil {
@@ -103,24 +155,61 @@ func run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcil
 				return err
 			}
 		}
-		// A pool with no acceptance checks adopts a node once its inventory
-		// is in (the commands release adds diag.nvml acceptance).
-		// Adoption invalidates the node's desired state in the same
-		// transaction: the nodespec controller's first spec is generation 1.
-		next := state
-		if state == "adopting" {
-			next = "adopted"
-			if err := nodespec.Invalidate(ctx, q, nodeID); err != nil {
-				return err
-			}
-		}
 		if _, err := tx.Exec(ctx, `UPDATE nodes SET conditions = $2, state = $3, updated_at = now() WHERE id = $1`, nodeID, b, next); err != nil {
 			return fmt.Errorf("update node: %w", err)
 		}
 		_, err = tx.Exec(ctx, `UPDATE node_inventory SET applied_at = clock_timestamp() WHERE node_id = $1 AND received_at = $2`, nodeID, received)
 		return err
 	})
+	if err == nil && queued && c.cfg.Commands != nil {
+		c.cfg.Commands.Poke(nodeID)
+	}
 	return reconcile.Done, err
+}
+
+// acceptance is what the acceptance checks say of an adopting node.
+type acceptance struct {
+	state  string     // adopting (checks pending), adopted or failed
+	cond   *Condition // AcceptancePassed; nil for a pool without checks
+	queued bool       // a check was queued in this transaction
+}
+
+// accept runs a joining node's acceptance checks: each is a command queued
+// once per boot (idempotency key acceptance:<kind>:<boot id>) whose final
+// state wakes this controller. All succeeded → adopted; any failed, expired
+// or cancelled → failed; otherwise the node waits, adopting.
+func accept(ctx context.Context, tx pgx.Tx, nodeID, bootID string, checks []string) (acceptance, error) {
+	if len(checks) == 0 {
+		return acceptance{state: "adopted"}, nil
+	}
+	out := acceptance{state: "adopted", cond: &Condition{Type: AcceptancePassed, Status: true}}
+	var pending []string
+	for _, kind := range checks {
+		c, created, err := commands.Enqueue(ctx, tx, commands.Request{
+			NodeID: nodeID, Kind: kind, IdempotencyKey: "acceptance:" + kind + ":" + bootID,
+			NotAfter: time.Now().Add(AcceptanceTimeout), OwnerKind: Kind, OwnerKey: nodeID,
+		})
+		if err != nil {
+			return acceptance{}, fmt.Errorf("queue acceptance check %s: %w", kind, err)
+		}
+		out.queued = out.queued || created
+		switch c.State {
+		case commands.Succeeded:
+		case commands.Pending, commands.InFlight:
+			pending = append(pending, fmt.Sprintf("%s (%s) is %s", kind, c.ID, c.State))
+		default:
+			out.state = "failed"
+			out.cond.Status = false
+			out.cond.Reason = fmt.Sprintf("acceptance check %s (%s) %s: %s", kind, c.ID, c.State, c.Reason)
+			return out, nil
+		}
+	}
+	if len(pending) > 0 {
+		out.state = "adopting"
+		out.cond.Status = false
+		out.cond.Reason = "waiting for " + strings.Join(pending, ", ")
+	}
+	return out, nil
 }
 
 // applyGPUs upserts the reported GPUs and marks the ones not reported.
@@ -156,7 +245,7 @@ func applyGPUs(ctx context.Context, tx pgx.Tx, nodeID string, gpus []*agentv1.GP
 
 // conditions derives the node's conditions from its devices, keeping each
 // condition's Since while its status holds.
-func conditions(ctx context.Context, tx pgx.Tx, nodeID string, prev []Condition) ([]Condition, error) {
+func conditions(ctx context.Context, tx pgx.Tx, nodeID string) ([]Condition, error) {
 	var unhealthy, missing []string
 	rows, err := tx.Query(ctx, `SELECT id, healthy, missing_since IS NOT NULL FROM devices WHERE node_id = $1 ORDER BY index, id`, nodeID)
 	if err != nil {
@@ -180,7 +269,6 @@ func conditions(ctx context.Context, tx pgx.Tx, nodeID string, prev []Condition)
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	now := time.Now().UTC()
 	out := []Condition{
 		{Type: InventoryReported, Status: true},
 		{Type: GPUsHealthy, Status: len(unhealthy) == 0},
@@ -192,15 +280,24 @@ func conditions(ctx context.Context, tx pgx.Tx, nodeID string, prev []Condition)
 	if len(missing) > 0 {
 		out[2].Reason = fmt.Sprintf("missing: %v", missing)
 	}
-	for i := range out {
-		out[i].Since = now
+	return out, nil
+}
+
+// keepSince stamps each condition with now, or with its previous Since
+// while its status holds.
+func keepSince(conds, prev []Condition) {
+	now := time.Now().UTC()
+	for i := range conds {
+		if !conds[i].Since.IsZero() {
+			continue // carried over whole
+		}
+		conds[i].Since = now
 		for _, p := range prev {
-			if p.Type == out[i].Type && p.Status == out[i].Status {
-				out[i].Since = p.Since
+			if p.Type == conds[i].Type && p.Status == conds[i].Status {
+				conds[i].Since = p.Since
 			}
 		}
 	}
-	return out, nil
 }
 
 // hygiene re-enqueues every node whose latest report was never applied.

@@ -3,14 +3,17 @@ package inventory_test
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -176,5 +179,89 @@ func TestHygieneReenqueuesUnappliedReports(t *testing.T) {
 	tick(t, rt, inventory.HygieneKind) // nothing left unapplied
 	if tr := tick(t, rt, inventory.Kind); tr.Claimed != 0 {
 		t.Fatalf("an applied report was re-enqueued: %+v", tr)
+	}
+}
+
+// settle answers node_1's due commands as its daemon would, through the
+// same claim and apply the gateway uses.
+func settle(t *testing.T, pool *pgxpool.Pool, outcome agentv1.CommandOutcome, reason string) {
+	t.Helper()
+	cs, err := commands.Claim(t.Context(), pool, "node_1", 1)
+	if err != nil || len(cs) != 1 || cs[0].Kind != "diag.nvml" {
+		t.Fatalf("claimed %+v %v; want the diag.nvml check", cs, err)
+	}
+	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		_, err := commands.Default.Apply(t.Context(), tx, commands.TxWaker(tx), "node_1", 1,
+			&agentv1.CommandUpdate{Id: cs[0].ID, Seq: cs[0].Seq, Outcome: outcome, Reason: reason})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAcceptanceChecksGateAdoption(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		outcome agentv1.CommandOutcome
+		state   string
+	}{
+		{"a passing diag.nvml adopts the node", agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED, "adopted"},
+		{"a failing diag.nvml keeps it out of service", agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED, "failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool, rt := setup(t)
+			if _, err := pool.Exec(t.Context(), `UPDATE pools SET acceptance = '{diag.nvml}' WHERE id = 'pool_a';
+				UPDATE nodes SET boot_id = 'boot-1', session_epoch = 1 WHERE id = 'node_1'`); err != nil {
+				t.Fatal(err)
+			}
+			report(t, pool, gpu(0, true))
+			tick(t, rt, inventory.Kind)
+			state, conds := node(t, pool)
+			if c := conds[inventory.AcceptancePassed]; state != "adopting" || c.Status || !strings.Contains(c.Reason, "diag.nvml") {
+				t.Fatalf("while the check is queued: %s %+v", state, c)
+			}
+			var gen int64
+			_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM work_queue WHERE kind = 'nodespec'`).Scan(&gen)
+			if gen != 0 {
+				t.Fatal("desired state was invalidated before the node passed its checks")
+			}
+
+			// A second report while the check runs queues no second check.
+			report(t, pool, gpu(0, true))
+			tick(t, rt, inventory.Kind)
+			var n int
+			_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM commands WHERE node_id = 'node_1'`).Scan(&n)
+			if n != 1 {
+				t.Fatalf("%d acceptance commands; want 1", n)
+			}
+
+			settle(t, pool, tc.outcome, "1 of 1 GPUs unhealthy: GPU-0 too hot")
+			// The command's final state woke the controller (its owner).
+			if tr := tick(t, rt, inventory.Kind); tr.Done != 1 {
+				t.Fatalf("the owner was not woken: %+v", tr)
+			}
+			state, conds = node(t, pool)
+			c := conds[inventory.AcceptancePassed]
+			if state != tc.state || c.Status != (tc.state == "adopted") {
+				t.Fatalf("after the check: %s %+v", state, c)
+			}
+			if tc.state == "failed" && !strings.Contains(c.Reason, "too hot") {
+				t.Fatalf("the reason is not visible: %+v", c)
+			}
+			_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM work_queue WHERE kind = 'nodespec'`).Scan(&gen)
+			if (gen == 1) != (tc.state == "adopted") {
+				t.Fatalf("nodespec work %d for state %s", gen, tc.state)
+			}
+
+			// Later reports keep the verdict.
+			report(t, pool, gpu(0, true))
+			tick(t, rt, inventory.Kind)
+			if state, conds := node(t, pool); state != tc.state || conds[inventory.AcceptancePassed].Status != c.Status {
+				t.Fatalf("a later report changed the verdict: %s %+v", state, conds)
+			}
+		})
 	}
 }

@@ -186,7 +186,12 @@ type Node struct {
 	Sections []*SectionStatus `protobuf:"bytes,16,rep,name=sections,proto3" json:"sections,omitempty"`
 	// Whether placement may book its devices: the node is adopted and has
 	// applied desired state (observed_generation >= 1).
-	Schedulable   bool `protobuf:"varint,17,opt,name=schedulable,proto3" json:"schedulable,omitempty"`
+	Schedulable bool `protobuf:"varint,17,opt,name=schedulable,proto3" json:"schedulable,omitempty"`
+	// What the control plane last concluded about the node: InventoryReported,
+	// GPUsHealthy, DevicesPresent and, in pools with acceptance checks,
+	// AcceptancePassed (false with the reason while a check runs or after one
+	// failed).
+	Conditions    []*NodeCondition `protobuf:"bytes,18,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -340,6 +345,86 @@ func (x *Node) GetSchedulable() bool {
 	return false
 }
 
+func (x *Node) GetConditions() []*NodeCondition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+// NodeCondition is one condition of a node.
+type NodeCondition struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The condition, e.g. "GPUsHealthy" or "AcceptancePassed".
+	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	// Whether it holds.
+	Status bool `protobuf:"varint,2,opt,name=status,proto3" json:"status,omitempty"`
+	// Why not, or what is pending.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Since when it has had this status.
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeCondition) Reset() {
+	*x = NodeCondition{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeCondition) ProtoMessage() {}
+
+func (x *NodeCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeCondition.ProtoReflect.Descriptor instead.
+func (*NodeCondition) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NodeCondition) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *NodeCondition) GetStatus() bool {
+	if x != nil {
+		return x.Status
+	}
+	return false
+}
+
+func (x *NodeCondition) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *NodeCondition) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
 // SectionStatus is how one section of a node's desired state stands on the
 // node.
 type SectionStatus struct {
@@ -360,7 +445,7 @@ type SectionStatus struct {
 
 func (x *SectionStatus) Reset() {
 	*x = SectionStatus{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -372,7 +457,7 @@ func (x *SectionStatus) String() string {
 func (*SectionStatus) ProtoMessage() {}
 
 func (x *SectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -385,7 +470,7 @@ func (x *SectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SectionStatus.ProtoReflect.Descriptor instead.
 func (*SectionStatus) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SectionStatus) GetSection() string {
@@ -447,7 +532,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +544,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +557,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Device) GetId() string {
@@ -565,7 +650,7 @@ type NodesServiceGetRequest struct {
 
 func (x *NodesServiceGetRequest) Reset() {
 	*x = NodesServiceGetRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -577,7 +662,7 @@ func (x *NodesServiceGetRequest) String() string {
 func (*NodesServiceGetRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -590,7 +675,7 @@ func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NodesServiceGetRequest) GetTenantId() string {
@@ -618,7 +703,7 @@ type NodesServiceGetResponse struct {
 
 func (x *NodesServiceGetResponse) Reset() {
 	*x = NodesServiceGetResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +715,7 @@ func (x *NodesServiceGetResponse) String() string {
 func (*NodesServiceGetResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +728,7 @@ func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NodesServiceGetResponse) GetNode() *Node {
@@ -674,7 +759,7 @@ type NodesServiceListRequest struct {
 
 func (x *NodesServiceListRequest) Reset() {
 	*x = NodesServiceListRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +771,7 @@ func (x *NodesServiceListRequest) String() string {
 func (*NodesServiceListRequest) ProtoMessage() {}
 
 func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +784,7 @@ func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodesServiceListRequest) GetTenantId() string {
@@ -757,7 +842,7 @@ type NodesServiceListResponse struct {
 
 func (x *NodesServiceListResponse) Reset() {
 	*x = NodesServiceListResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +854,7 @@ func (x *NodesServiceListResponse) String() string {
 func (*NodesServiceListResponse) ProtoMessage() {}
 
 func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +867,7 @@ func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodesServiceListResponse) GetNodes() []*Node {
@@ -812,7 +897,7 @@ type NodesServiceGetSpecRequest struct {
 
 func (x *NodesServiceGetSpecRequest) Reset() {
 	*x = NodesServiceGetSpecRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +909,7 @@ func (x *NodesServiceGetSpecRequest) String() string {
 func (*NodesServiceGetSpecRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +922,7 @@ func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodesServiceGetSpecRequest) GetTenantId() string {
@@ -875,7 +960,7 @@ type NodesServiceGetSpecResponse struct {
 
 func (x *NodesServiceGetSpecResponse) Reset() {
 	*x = NodesServiceGetSpecResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +972,7 @@ func (x *NodesServiceGetSpecResponse) String() string {
 func (*NodesServiceGetSpecResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +985,7 @@ func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodesServiceGetSpecResponse) GetSpec() *structpb.Struct {
@@ -946,7 +1031,7 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\x1aNodesServiceUpdateResponse\x122\n" +
-	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\x8c\x06\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xd5\x06\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -972,10 +1057,18 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\n" +
 	"spec_error\x18\x0f \x01(\tR\tspecError\x12C\n" +
 	"\bsections\x18\x10 \x03(\v2'.bettercompute.compute.v1.SectionStatusR\bsections\x12 \n" +
-	"\vschedulable\x18\x11 \x01(\bR\vschedulable\x1a9\n" +
+	"\vschedulable\x18\x11 \x01(\bR\vschedulable\x12G\n" +
+	"\n" +
+	"conditions\x18\x12 \x03(\v2'.bettercompute.compute.v1.NodeConditionR\n" +
+	"conditions\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"w\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
+	"\rNodeCondition\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\bR\x06status\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"w\n" +
 	"\rSectionStatus\x12\x18\n" +
 	"\asection\x18\x01 \x01(\tR\asection\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
@@ -1046,54 +1139,57 @@ func file_bettercompute_compute_v1_nodes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_nodes_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
 	(*NodesServiceUpdateRequest)(nil),   // 0: bettercompute.compute.v1.NodesServiceUpdateRequest
 	(*NodesServiceUpdateResponse)(nil),  // 1: bettercompute.compute.v1.NodesServiceUpdateResponse
 	(*Node)(nil),                        // 2: bettercompute.compute.v1.Node
-	(*SectionStatus)(nil),               // 3: bettercompute.compute.v1.SectionStatus
-	(*Device)(nil),                      // 4: bettercompute.compute.v1.Device
-	(*NodesServiceGetRequest)(nil),      // 5: bettercompute.compute.v1.NodesServiceGetRequest
-	(*NodesServiceGetResponse)(nil),     // 6: bettercompute.compute.v1.NodesServiceGetResponse
-	(*NodesServiceListRequest)(nil),     // 7: bettercompute.compute.v1.NodesServiceListRequest
-	(*NodesServiceListResponse)(nil),    // 8: bettercompute.compute.v1.NodesServiceListResponse
-	(*NodesServiceGetSpecRequest)(nil),  // 9: bettercompute.compute.v1.NodesServiceGetSpecRequest
-	(*NodesServiceGetSpecResponse)(nil), // 10: bettercompute.compute.v1.NodesServiceGetSpecResponse
-	nil,                                 // 11: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	nil,                                 // 12: bettercompute.compute.v1.Node.LabelsEntry
-	nil,                                 // 13: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	(*fieldmaskpb.FieldMask)(nil),       // 14: google.protobuf.FieldMask
-	(*timestamppb.Timestamp)(nil),       // 15: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),             // 16: google.protobuf.Struct
+	(*NodeCondition)(nil),               // 3: bettercompute.compute.v1.NodeCondition
+	(*SectionStatus)(nil),               // 4: bettercompute.compute.v1.SectionStatus
+	(*Device)(nil),                      // 5: bettercompute.compute.v1.Device
+	(*NodesServiceGetRequest)(nil),      // 6: bettercompute.compute.v1.NodesServiceGetRequest
+	(*NodesServiceGetResponse)(nil),     // 7: bettercompute.compute.v1.NodesServiceGetResponse
+	(*NodesServiceListRequest)(nil),     // 8: bettercompute.compute.v1.NodesServiceListRequest
+	(*NodesServiceListResponse)(nil),    // 9: bettercompute.compute.v1.NodesServiceListResponse
+	(*NodesServiceGetSpecRequest)(nil),  // 10: bettercompute.compute.v1.NodesServiceGetSpecRequest
+	(*NodesServiceGetSpecResponse)(nil), // 11: bettercompute.compute.v1.NodesServiceGetSpecResponse
+	nil,                                 // 12: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	nil,                                 // 13: bettercompute.compute.v1.Node.LabelsEntry
+	nil,                                 // 14: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	(*fieldmaskpb.FieldMask)(nil),       // 15: google.protobuf.FieldMask
+	(*timestamppb.Timestamp)(nil),       // 16: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),             // 17: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
-	11, // 0: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	14, // 1: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	12, // 0: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	15, // 1: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
 	2,  // 2: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
-	12, // 3: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
-	4,  // 4: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	15, // 5: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	15, // 6: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	15, // 7: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
-	3,  // 8: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
-	15, // 9: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
-	2,  // 10: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	13, // 11: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	2,  // 12: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	16, // 13: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
-	5,  // 14: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	7,  // 15: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	9,  // 16: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
-	0,  // 17: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
-	6,  // 18: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	8,  // 19: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	10, // 20: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
-	1,  // 21: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
-	18, // [18:22] is the sub-list for method output_type
-	14, // [14:18] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	13, // 3: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	5,  // 4: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
+	16, // 5: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	16, // 6: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	16, // 7: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	4,  // 8: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
+	3,  // 9: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
+	16, // 10: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
+	16, // 11: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	2,  // 12: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
+	14, // 13: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	2,  // 14: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
+	17, // 15: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	6,  // 16: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	8,  // 17: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	10, // 18: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	0,  // 19: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
+	7,  // 20: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	9,  // 21: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	11, // 22: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	1,  // 23: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }
@@ -1107,7 +1203,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_nodes_proto_rawDesc), len(file_bettercompute_compute_v1_nodes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
