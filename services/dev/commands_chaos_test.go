@@ -29,7 +29,7 @@ func TestCommandsChaosBusAndGateway(t *testing.T) {
 	defer db.Close()
 	ns := natstest.New(t)
 	dataDir, gw := t.TempDir(), freePort(t)
-	env := commandEnvOn(t, dbURL, dataDir, gw, ns.URL(), 100*time.Millisecond)
+	env := commandEnvOn(t, dbURL, dataDir, gw, ns.URL(), 100*time.Millisecond, 100*time.Millisecond)
 	defer func() { env.Stop(context.Background()) }() // env is replaced below
 	h := newHooks()
 	f := simFleet(t, env, db, "chaos-cmd", 1, h.install)
@@ -86,7 +86,7 @@ func TestCommandsChaosBusAndGateway(t *testing.T) {
 		// The command finishes while the node has no session: its outcome
 		// waits in the daemon's outbox and journal.
 		h.open("gate:restart")
-		env = commandEnvOn(t, dbURL, dataDir, gw, ns.URL(), 100*time.Millisecond)
+		env = commandEnvOn(t, dbURL, dataDir, gw, ns.URL(), 100*time.Millisecond, 100*time.Millisecond)
 		waitFor(t, 30*time.Second, "the node reconnecting", func() bool {
 			var now int64
 			_ = db.QueryRow(context.Background(), `SELECT session_epoch FROM nodes WHERE id = $1`, node).Scan(&now)

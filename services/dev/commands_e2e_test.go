@@ -55,7 +55,7 @@ func commandEnv(t testing.TB, natsURL string) (*dev.Env, *pgxpool.Pool) {
 	t.Helper()
 	registerTestKinds()
 	dbURL := pgtest.NewDB(t)
-	env := commandEnvOn(t, dbURL, t.TempDir(), "127.0.0.1:0", natsURL, 100*time.Millisecond)
+	env := commandEnvOn(t, dbURL, t.TempDir(), "127.0.0.1:0", natsURL, 100*time.Millisecond, 100*time.Millisecond)
 	db, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -66,8 +66,9 @@ func commandEnv(t testing.TB, natsURL string) (*dev.Env, *pgxpool.Pool) {
 
 // commandEnvOn starts a dev control plane on db and dataDir, its gateway on
 // gw, the bus at natsURL (empty: embedded under dataDir), with the gateway's
-// liveness interval (its command resync) set to resync.
-func commandEnvOn(t testing.TB, db, dataDir, gw, natsURL string, resync time.Duration) *dev.Env {
+// liveness interval (its command resync) set to resync and the daemons'
+// heartbeat to heartbeat.
+func commandEnvOn(t testing.TB, db, dataDir, gw, natsURL string, resync, heartbeat time.Duration) *dev.Env {
 	t.Helper()
 	port, none := 0, 0
 	cfg := &config.Config{
@@ -75,7 +76,7 @@ func commandEnvOn(t testing.TB, db, dataDir, gw, natsURL string, resync time.Dur
 		NATS:     config.NATS{URL: natsURL},
 		Server:   config.Server{Host: "127.0.0.1", Port: &port},
 		Dev:      config.Dev{DataDir: dataDir, SimNodes: &none},
-		Gateway:  config.Gateway{Listen: gw, HeartbeatInterval: config.Duration(100 * time.Millisecond), LivenessInterval: config.Duration(resync)},
+		Gateway:  config.Gateway{Listen: gw, HeartbeatInterval: config.Duration(heartbeat), LivenessInterval: config.Duration(resync)},
 		Runtime:  config.Runtime{PollBusDown: config.Duration(50 * time.Millisecond)},
 		Commands: config.Commands{SweepInterval: config.Duration(100 * time.Millisecond)},
 	}
@@ -92,6 +93,14 @@ func commandEnvOn(t testing.TB, db, dataDir, gw, natsURL string, resync time.Dur
 // every one holds a session and applied its first generation. mod adjusts
 // the fleet's configuration. The fleet stops at the end of the test.
 func simFleet(t testing.TB, env *dev.Env, db *pgxpool.Pool, name string, n int, mod func(*sim.Config)) *sim.Fleet {
+	t.Helper()
+	f, _ := simFleetConfig(t, env, db, name, n, mod)
+	return f
+}
+
+// simFleetConfig is simFleet that also returns the fleet's configuration,
+// to start the same nodes again after a Stop (see startFleet).
+func simFleetConfig(t testing.TB, env *dev.Env, db *pgxpool.Pool, name string, n int, mod func(*sim.Config)) (*sim.Fleet, sim.Config) {
 	t.Helper()
 	var pool struct{ Pool struct{ ID string } }
 	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": name, "class": "gpu", "idempotencyKey": "pool-" + name}, &pool)
@@ -119,15 +128,23 @@ func simFleet(t testing.TB, env *dev.Env, db *pgxpool.Pool, name string, n int, 
 	if mod != nil {
 		mod(&cfg)
 	}
+	return startFleet(t, db, cfg, n, 1), cfg
+}
+
+// startFleet starts n simulated daemons on cfg (joining those without an
+// identity) and waits until every one holds a session of at least epoch
+// and applied its desired state. The fleet stops at the end of the test.
+func startFleet(t testing.TB, db *pgxpool.Pool, cfg sim.Config, n int, epoch int64) *sim.Fleet {
+	t.Helper()
 	f, err := sim.Start(context.Background(), cfg, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(f.Stop)
-	waitFor(t, 120*time.Second, "fleet "+name+" connected and converged", func() bool {
+	waitFor(t, 2*time.Minute+time.Duration(n)*100*time.Millisecond, "fleet "+cfg.Prefix+" connected and converged", func() bool {
 		var ready int
-		err := db.QueryRow(context.Background(), `SELECT count(*) FROM nodes WHERE id = ANY($1) AND session_epoch >= 1
-			AND observed_generation >= 1 AND observed_generation = generation`, f.Nodes()).Scan(&ready)
+		err := db.QueryRow(context.Background(), `SELECT count(*) FROM nodes WHERE id = ANY($1) AND session_epoch >= $2
+			AND observed_generation >= 1 AND observed_generation = generation`, f.Nodes(), epoch).Scan(&ready)
 		return err == nil && ready == n
 	})
 	return f
@@ -589,6 +606,33 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 		if got.State != "succeeded" || got.CancelRequestedTime != "" || got.FinishTime != done.FinishTime {
 			t.Fatalf("cancel changed a finished command: %+v", got)
 		}
+	})
+
+	// A command claimed just before its node dropped (its send lost) and
+	// cancelled while the node is away must not run when the node returns:
+	// the gateway sends it Cancel, never the command again.
+	t.Run("cancel: an in-flight command cancelled while its node is away never runs", func(t *testing.T) {
+		hb := newHooks()
+		back, cfg := simFleetConfig(t, env, db, "back", 1, hb.install)
+		bnode := back.Nodes()[0]
+		back.Stop()
+		c := enqueue(t, db, commands.Request{NodeID: bnode, Kind: "diag.nvml", Payload: diagLevel("cancelled-away"), NotAfter: time.Now().Add(time.Minute)})
+		var epoch int64
+		if err := db.QueryRow(context.Background(), `SELECT session_epoch FROM nodes WHERE id = $1`, bnode).Scan(&epoch); err != nil {
+			t.Fatal(err)
+		}
+		if claimed, err := commands.Claim(context.Background(), db, bnode, epoch); err != nil || len(claimed) != 1 {
+			t.Fatalf("claim: %v %v", claimed, err)
+		}
+		if got := cancelCmd(t, env, bnode, c.ID); got.State != "in_flight" || got.CancelRequestedTime == "" {
+			t.Fatalf("cancel answered %+v", got)
+		}
+		back = startFleet(t, db, cfg, 1, epoch+1)
+		wantFinal(t, env, bnode, c.ID, "cancelled", "cancel")
+		if hb.count("cancelled-away") != 0 {
+			t.Fatalf("a cancelled command ran %d times", hb.count("cancelled-away"))
+		}
+		back.Stop()
 	})
 
 	// The sweeper's timeout fails an in-flight command past not_after plus
