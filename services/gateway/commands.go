@@ -131,7 +131,20 @@ func (g *Gateway) ResyncCommands(ctx context.Context) error {
 	}
 	var errs []error
 	for _, id := range nodes {
-		errs = append(errs, g.Dispatch(ctx, id))
+		// ctx (the liveness tick's) only decides whether to start the next
+		// node: a dispatch cut off by it could commit its claim and then
+		// fail before sending, leaving the command in flight, unsent,
+		// until the node's next session or the sweeper's timeout. The
+		// nodes left go on the next resync.
+		if ctx.Err() != nil {
+			break
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dispatchTimeout)
+		errs = append(errs, g.Dispatch(dctx, id))
+		cancel()
 	}
 	return errors.Join(errs...)
 }
+
+// dispatchTimeout bounds one node's dispatch in the resync.
+const dispatchTimeout = 10 * time.Second
