@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -368,10 +369,10 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 	env, db := commandEnv(t, "")
 	defer env.Stop(context.Background())
 	h := newHooks()
-	real := simFleet(t, env, db, "real", 1, nil)
+	plain := simFleet(t, env, db, "real", 1, nil)
 	hooked := simFleet(t, env, db, "hooked", 1, h.install)
 	nokey := simFleet(t, env, db, "nokey", 1, func(c *sim.Config) { c.CommandKey = nil })
-	node, hnode := real.Nodes()[0], hooked.Nodes()[0]
+	node, hnode := plain.Nodes()[0], hooked.Nodes()[0]
 
 	t.Run("the API refuses a kind outside its allowlist: UNSUPPORTED on kind", func(t *testing.T) {
 		for _, kind := range []string{"gpu.reset", "no.such-kind", kindDaemonUnknown} {
@@ -390,7 +391,7 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 		if got.Attempts != 1 {
 			t.Fatalf("attempts %d, want 1", got.Attempts)
 		}
-		if en := journalEntry(t, real.Root(0), got.Seq); en == nil || en["reject"] != "REJECT_CODE_UNSUPPORTED" {
+		if en := journalEntry(t, plain.Root(0), got.Seq); en == nil || en["reject"] != "REJECT_CODE_UNSUPPORTED" {
 			t.Fatalf("journal entry of seq %s: %v", got.Seq, en)
 		}
 	})
@@ -430,6 +431,24 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 			t.Fatal("a stale command ran")
 		}
 	})
+
+	t.Run("a held command (min generation ahead) cancelled through the API never runs", func(t *testing.T) {
+		gen := nodeGeneration(t, db, hnode)
+		c := enqueue(t, db, commands.Request{NodeID: hnode, Kind: "diag.nvml", Payload: diagLevel("held-cancelled"),
+			NotAfter: time.Now().Add(time.Minute), MinGeneration: gen + 5})
+		waitFor(t, 30*time.Second, "the command sent", func() bool { return dbCmd(t, db, hnode, c.ID).DispatchedAt != nil })
+		cancelCmd(t, env, hnode, c.ID)
+		wantFinal(t, env, hnode, c.ID, "cancelled", "cancel")
+		if h.count("held-cancelled") != 0 {
+			t.Fatal("a cancelled held command ran")
+		}
+	})
+
+	// EXPIRED from the daemon: the gateway never sends a command past its
+	// not_after (Claim skips it; the sweeper expires it, see
+	// TestCommandsLifecycleEndToEnd), so the daemon's own check only fires
+	// on a clock race; agent/command TestChecks "EXPIRED past not_after"
+	// covers it.
 
 	t.Run("a full lane answers BUSY: the command backs off, is sent again and runs", func(t *testing.T) {
 		first := runCmd(t, env, hnode, "diag.nvml", diagLevel("gate:lane"), "busy-first")
@@ -496,16 +515,16 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 	})
 
 	t.Run("a signed node.reboot restarts the daemon with a new boot id and succeeds", func(t *testing.T) {
-		boot := real.BootID(0)
+		boot := plain.BootID(0)
 		c := runCmd(t, env, node, "node.reboot", map[string]any{"reason": "e2e"}, "reboot-signed")
 		got := wantFinal(t, env, node, c.ID, "succeeded", commands.ReasonRebooted)
-		if real.BootID(0) == boot {
+		if plain.BootID(0) == boot {
 			t.Fatal("boot id unchanged")
 		}
 		var stored string
 		_ = db.QueryRow(context.Background(), `SELECT boot_id FROM nodes WHERE id = $1`, node).Scan(&stored)
-		if stored != real.BootID(0) || got.Attempts != 1 {
-			t.Fatalf("stored boot %q, daemon %q, attempts %d", stored, real.BootID(0), got.Attempts)
+		if stored != plain.BootID(0) || got.Attempts != 1 {
+			t.Fatalf("stored boot %q, daemon %q, attempts %d", stored, plain.BootID(0), got.Attempts)
 		}
 	})
 }
@@ -523,15 +542,12 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 	offline := simFleet(t, env, db, "away", 1, nil)
 	offline.Stop()
 	h := newHooks()
-	var reboots sync.Map // daemon index → reboot hook calls
+	var reboots [2]atomic.Int64 // reboot hook calls per daemon
 	hooked := simFleet(t, env, db, "life", 2, func(c *sim.Config) {
 		h.install(c)
 		// A reboot that never comes: node.reboot stays accepted.
 		c.RebootHook = func(ctx context.Context, i int, _ string) error {
-			n, _ := reboots.LoadOrStore(i, new(int64))
-			h.mu.Lock()
-			*(n.(*int64))++
-			h.mu.Unlock()
+			reboots[i].Add(1)
 			<-ctx.Done()
 			return ctx.Err()
 		}
@@ -583,6 +599,18 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 		got = getCmd(t, env, away, c.ID)
 		if got.State != "cancelled" || got.Attempts != 0 || got.DispatchTime != "" {
 			t.Fatalf("cancelled pending command: %+v", got)
+		}
+	})
+
+	t.Run("commands.list shows a node's commands newest first, by state", func(t *testing.T) {
+		var all, cancelled struct{ Commands []cmdJSON }
+		call(t, env, "commands/list", map[string]any{"tenantId": "root", "nodeId": away}, &all)
+		call(t, env, "commands/list", map[string]any{"tenantId": "root", "nodeId": away, "state": "cancelled"}, &cancelled)
+		if len(all.Commands) != 2 || all.Commands[0].State != "cancelled" || all.Commands[1].State != "expired" {
+			t.Fatalf("list: %+v", all.Commands)
+		}
+		if len(cancelled.Commands) != 1 || cancelled.Commands[0].ID != all.Commands[0].ID {
+			t.Fatalf("list of cancelled: %+v", cancelled.Commands)
 		}
 	})
 
@@ -639,7 +667,7 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 	// its kind's timeout. Every kind a daemon runs has minutes of timeout,
 	// so this uses e2e.short-timeout (one second) on the offline node,
 	// claimed as a gateway would just before the node dropped (its send
-	// lost): the real command-sweeper job must fail it.
+	// lost): the plain command-sweeper job must fail it.
 	t.Run("sweeper: in flight past notAfter plus the timeout fails with timeout", func(t *testing.T) {
 		c := enqueue(t, db, commands.Request{NodeID: away, Kind: kindShortTimeout, NotAfter: time.Now().Add(time.Second)})
 		var epoch int64
@@ -683,21 +711,15 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 		boot := hooked.BootID(1)
 		c := runCmd(t, env, n1, "node.reboot", map[string]any{"reason": "e2e"}, "lost-reboot")
 		waitFor(t, 30*time.Second, "the reboot under way", func() bool {
-			v, ok := reboots.Load(1)
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			return ok && *(v.(*int64)) == 1 && dbCmd(t, db, n1, c.ID).AcceptedAt != nil
+			return reboots[1].Load() == 1 && dbCmd(t, db, n1, c.ID).AcceptedAt != nil
 		})
 		hooked.WipeJournal(1)
 		wantFinal(t, env, n1, c.ID, "failed", commands.ReasonJournalLost)
 		if hooked.BootID(1) != boot {
 			t.Fatal("boot id changed")
 		}
-		v, _ := reboots.Load(1)
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if *(v.(*int64)) != 1 {
-			t.Fatalf("reboot hook called %d times", *(v.(*int64)))
+		if n := reboots[1].Load(); n != 1 {
+			t.Fatalf("reboot hook called %d times", n)
 		}
 	})
 }
