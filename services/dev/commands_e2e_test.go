@@ -499,6 +499,20 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("inventory.refresh re-collects and reports the inventory on the session", func(t *testing.T) {
+		var before time.Time
+		if err := db.QueryRow(context.Background(), `SELECT received_at FROM node_inventory WHERE node_id = $1`, node).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		c := runCmd(t, env, node, "inventory.refresh", map[string]any{"sections": []string{"gpus"}, "rescan": true}, "refresh")
+		wantFinal(t, env, node, c.ID, "succeeded", "")
+		waitFor(t, 30*time.Second, "the refreshed inventory stored", func() bool {
+			var after time.Time
+			_ = db.QueryRow(context.Background(), `SELECT received_at FROM node_inventory WHERE node_id = $1`, node).Scan(&after)
+			return after.After(before)
+		})
+	})
+
 	t.Run("logs.collect returns the daemon's log tail through commands.get, bounded", func(t *testing.T) {
 		c := runCmd(t, env, node, "logs.collect", map[string]any{"maxBytes": 300}, "logs-small")
 		got := wantFinal(t, env, node, c.ID, "succeeded", "")
