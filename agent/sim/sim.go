@@ -64,6 +64,13 @@ type Config struct {
 	// NoReboot disallows node.reboot (UNSUPPORTED); by default it
 	// restarts the simulated daemon with a new boot id.
 	NoReboot bool
+	// Executors replace built-in command kinds' executors on every daemon
+	// (tests: slow, blocking or counting ones); see
+	// session.Config.CommandExecutors.
+	Executors map[string]command.Func
+	// RebootHook, when set, replaces the simulated reboot of daemon i
+	// (tests: a reboot that never comes, to keep node.reboot in flight).
+	RebootHook func(ctx context.Context, i int, reason string) error
 }
 
 // Fleet is a running fleet.
@@ -163,7 +170,11 @@ func (f *Fleet) run(i int) {
 		logger = slog.New(slog.NewMultiHandler(f.cfg.Logger.Handler(), slog.NewTextHandler(d.log, nil)))
 	}
 	var reboot func(context.Context, string) error
-	if !f.cfg.NoReboot {
+	switch {
+	case f.cfg.NoReboot:
+	case f.cfg.RebootHook != nil:
+		reboot = func(ctx context.Context, reason string) error { return f.cfg.RebootHook(ctx, i, reason) }
+	default:
 		reboot = func(context.Context, string) error {
 			f.bgMu.Lock()
 			defer f.bgMu.Unlock()
@@ -177,6 +188,7 @@ func (f *Fleet) run(i int) {
 		Gateway: f.cfg.Gateway, ServerName: f.cfg.ServerName, State: d.store, Inventory: d.inv,
 		BootID: d.boot, AgentVersion: "sim", Logger: logger, OnSession: f.cfg.OnSession,
 		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
+		CommandExecutors: f.cfg.Executors,
 	}
 	done := d.done
 	f.wg.Go(func() {

@@ -31,9 +31,10 @@ func (g *Gateway) Dispatch(ctx context.Context, nodeID string) error {
 // dispatch claims the session's due pending commands (in flight, attempts
 // + 1, only while the session is the node's current one) and sends them,
 // signed when destructive; with resend (a new session) it first sends the
-// in-flight ones again; then it sends Cancel for every in-flight command
-// with a cancel requested. A command claimed but not sent stays in flight
-// and goes again on the node's next session.
+// in-flight ones again, except those with a cancel requested; then it
+// sends Cancel for every in-flight command with a cancel requested. A
+// command claimed but not sent stays in flight and goes again on the
+// node's next session.
 func (g *Gateway) dispatch(ctx context.Context, s *session, resend bool) error {
 	var out []commands.Command
 	if resend {
@@ -41,7 +42,15 @@ func (g *Gateway) dispatch(ctx context.Context, s *session, resend bool) error {
 		if err != nil {
 			return err
 		}
-		out = inflight
+		// One with a cancel requested gets only the Cancel below: the
+		// daemon answers it from its journal, or journals it cancelled
+		// unseen, so a command cancelled while its send was lost never
+		// starts.
+		for _, c := range inflight {
+			if c.CancelRequestedAt == nil {
+				out = append(out, c)
+			}
+		}
 	}
 	claimed, err := commands.Claim(ctx, g.cfg.DB, s.nodeID, s.epoch)
 	if err != nil {
@@ -122,7 +131,20 @@ func (g *Gateway) ResyncCommands(ctx context.Context) error {
 	}
 	var errs []error
 	for _, id := range nodes {
-		errs = append(errs, g.Dispatch(ctx, id))
+		// ctx (the liveness tick's) only decides whether to start the next
+		// node: a dispatch cut off by it could commit its claim and then
+		// fail before sending, leaving the command in flight, unsent,
+		// until the node's next session or the sweeper's timeout. The
+		// nodes left go on the next resync.
+		if ctx.Err() != nil {
+			break
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dispatchTimeout)
+		errs = append(errs, g.Dispatch(dctx, id))
+		cancel()
 	}
 	return errors.Join(errs...)
 }
+
+// dispatchTimeout bounds one node's dispatch in the resync.
+const dispatchTimeout = 10 * time.Second
