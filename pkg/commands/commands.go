@@ -17,6 +17,7 @@ package commands
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -498,20 +499,13 @@ func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, w Waker, nodeID string,
 	case agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED:
 		c, err = finish(ctx, tx, w, c, Succeeded, "", result)
 	case agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED:
-		c, err = finish(ctx, tx, w, c, Failed, cmpOr(u.GetReason(), "failed"), result)
+		c, err = finish(ctx, tx, w, c, Failed, cmp.Or(u.GetReason(), "failed"), result)
 	case agentv1.CommandOutcome_COMMAND_OUTCOME_CANCELLED:
-		c, err = finish(ctx, tx, w, c, Cancelled, cmpOr(u.GetReason(), ReasonCancelled), nil)
+		c, err = finish(ctx, tx, w, c, Cancelled, cmp.Or(u.GetReason(), ReasonCancelled), nil)
 	default:
 		return Applied{Ignored: true}, nil
 	}
 	return Applied{Command: c}, err
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // Reconnect applies protocol rule 8 in tx, the transaction that bumps the

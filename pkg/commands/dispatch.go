@@ -1,8 +1,10 @@
 package commands
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -76,21 +78,13 @@ func Claim(ctx context.Context, db Beginner, nodeID string, epoch int64) ([]Comm
 	if err != nil {
 		return nil, fmt.Errorf("claim commands of %s: %w", nodeID, err)
 	}
-	sortBySeq(cs)
+	slices.SortFunc(cs, func(a, b Command) int { return cmp.Compare(a.Seq, b.Seq) })
 	return cs, nil
 }
 
 // Beginner starts transactions: a pool or a connection.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-func sortBySeq(cs []Command) {
-	for i := 1; i < len(cs); i++ {
-		for j := i; j > 0 && cs[j].Seq < cs[j-1].Seq; j-- {
-			cs[j], cs[j-1] = cs[j-1], cs[j]
-		}
-	}
 }
 
 // ListInFlight returns the node's in-flight commands by seq: those to re-send

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -119,18 +120,8 @@ func (r *Registry) Kinds() []Kind {
 	for _, k := range r.kinds {
 		ks = append(ks, k)
 	}
-	slices.SortFunc(ks, func(a, b Kind) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(ks, func(a, b Kind) int { return strings.Compare(a.Name, b.Name) })
 	return ks
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // DefaultTimeout applies to a kind this process does not know (a module's
