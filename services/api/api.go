@@ -62,6 +62,15 @@ type Config struct {
 	// Poker wakes the workers that own work a mutation enqueued, after its
 	// commit; nil leaves them to their poll.
 	Poker *workqueue.Poker
+	// Capacity tunes inline placement of reservations.
+	Capacity CapacityOptions
+}
+
+// CapacityOptions tune inline placement.
+type CapacityOptions struct {
+	// LostAfter: a node unseen this long is not booked; 0 means
+	// capacity.DefaultLostAfter.
+	LostAfter time.Duration
 }
 
 // Tuning are the api role's knobs that tests and benchmarks turn. The zero
@@ -96,6 +105,8 @@ type Server struct {
 	maxDL   time.Duration
 	now     func() time.Time
 	poker   *workqueue.Poker
+
+	capacity CapacityOptions
 }
 
 // New builds the gRPC server with every service registered and checks the
@@ -123,9 +134,11 @@ func New(cfg Config) (*Server, error) {
 		adm:     admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger}),
 		db:      cfg.DB,
 		poker:   cfg.Poker,
-		limiter: newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
-		maxDL:   cmp.Or(cfg.MaxDeadline, 30*time.Second),
-		now:     now,
+
+		capacity: cfg.Capacity,
+		limiter:  newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
+		maxDL:    cmp.Or(cfg.MaxDeadline, 30*time.Second),
+		now:      now,
 	}
 	gs := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
@@ -141,6 +154,8 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterAuditServiceServer(gs, &auditLog{Server: s})
 	computev1.RegisterJoinTokensServiceServer(gs, &joinTokens{Server: s})
 	computev1.RegisterNodesServiceServer(gs, &nodes{Server: s})
+	computev1.RegisterReservationsServiceServer(gs, &reservations{Server: s})
+	computev1.RegisterCapacityServiceServer(gs, &capacityGroup{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -186,15 +201,17 @@ func (s *Server) Gateway(ctx context.Context, addr string) (http.Handler, error)
 		}),
 	)
 	for name, register := range map[string]func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
-		"system":     computev1.RegisterSystemServiceHandler,
-		"tenants":    computev1.RegisterTenantsServiceHandler,
-		"identities": computev1.RegisterIdentitiesServiceHandler,
-		"apiKeys":    computev1.RegisterApiKeysServiceHandler,
-		"policies":   computev1.RegisterPoliciesServiceHandler,
-		"pools":      computev1.RegisterPoolsServiceHandler,
-		"audit":      computev1.RegisterAuditServiceHandler,
-		"joinTokens": computev1.RegisterJoinTokensServiceHandler,
-		"nodes":      computev1.RegisterNodesServiceHandler,
+		"system":       computev1.RegisterSystemServiceHandler,
+		"tenants":      computev1.RegisterTenantsServiceHandler,
+		"identities":   computev1.RegisterIdentitiesServiceHandler,
+		"apiKeys":      computev1.RegisterApiKeysServiceHandler,
+		"policies":     computev1.RegisterPoliciesServiceHandler,
+		"pools":        computev1.RegisterPoolsServiceHandler,
+		"audit":        computev1.RegisterAuditServiceHandler,
+		"joinTokens":   computev1.RegisterJoinTokensServiceHandler,
+		"nodes":        computev1.RegisterNodesServiceHandler,
+		"reservations": computev1.RegisterReservationsServiceHandler,
+		"capacity":     computev1.RegisterCapacityServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)

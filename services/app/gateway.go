@@ -57,6 +57,7 @@ func (a *App) startGateway(context.Context) error {
 		HeartbeatInterval: gc.HeartbeatInterval.Std(),
 		LivenessInterval:  gc.LivenessInterval.Std(),
 		Logger:            a.logger.With("role", "gateway"),
+		ObservedKinds:     observedKinds,
 	})
 	if err != nil {
 		return err
