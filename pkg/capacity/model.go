@@ -113,49 +113,87 @@ func (s Shortage) Error() string {
 	return fmt.Sprintf("need %d × %s; %d free on schedulable nodes of the pool", s.Want, model, s.Have)
 }
 
-// Plan picks count atoms from nodes, packing: it touches as few nodes as it
-// can and, among nodes that fit, takes the one with the fewest free atoms
-// (a partially used node before an empty one), so whole nodes stay free for
-// whole-node requests. It is deterministic: ties break by node id. It
-// returns a [Shortage] when the atoms do not fit.
+// Plan picks count atoms from nodes, packing: it leaves as few partially
+// used nodes as it can, so whole nodes stay free for whole-node requests.
+// The rest of the request goes to a node it fills exactly or to a partially
+// used node that holds it; failing that, nodes with fewer free atoms than
+// the rest are filled whole (the most free first); when every node holds
+// the rest, it goes to the one with the fewest free atoms. SameNode picks one node:
+// an exact fit, else a partially used one, else the smallest that holds
+// it. It is deterministic (ties break by node id) and returns a [Shortage]
+// when the atoms do not fit.
 func Plan(nodes []NodeFree, count int, sameNode bool) ([]Atom, *Shortage) {
-	ns := slices.Clone(nodes)
-	ns = slices.DeleteFunc(ns, func(n NodeFree) bool { return len(n.Free) == 0 })
-	// Fewest free first, then the most used, then id: best fit is the first
-	// node with enough.
-	slices.SortFunc(ns, func(a, b NodeFree) int {
-		return cmp.Or(cmp.Compare(len(a.Free), len(b.Free)), cmp.Compare(b.Booked, a.Booked), cmp.Compare(a.NodeID, b.NodeID))
-	})
+	ns := slices.DeleteFunc(slices.Clone(nodes), func(n NodeFree) bool { return len(n.Free) == 0 })
 	total, best := 0, 0
 	for _, n := range ns {
 		total += len(n.Free)
 		best = max(best, len(n.Free))
 	}
-	if sameNode {
-		for _, n := range ns {
-			if len(n.Free) >= count {
-				return slices.Clone(n.Free[:count]), nil
-			}
-		}
+	if sameNode && best < count {
 		return nil, &Shortage{Want: count, Have: best, SameNode: true}
 	}
 	if total < count {
 		return nil, &Shortage{Want: count, Have: total}
 	}
+	if sameNode {
+		i := fit(ns, count)
+		return slices.Clone(ns[i].Free[:count]), nil
+	}
 	var out []Atom
-	left := count
-	for left > 0 {
-		// A node that holds the rest: the best fit.
-		i := slices.IndexFunc(ns, func(n NodeFree) bool { return len(n.Free) >= left })
-		if i >= 0 {
-			out = append(out, ns[i].Free[:left]...)
-			break
+	for left := count; left > 0; {
+		// The rest on one node without making a new partially used node.
+		if i := fit(ns, left); i >= 0 && (len(ns[i].Free) == left || ns[i].Booked > 0) {
+			return append(out, ns[i].Free[:left]...), nil
 		}
-		// Otherwise the fullest-free node, whole.
-		last := ns[len(ns)-1]
-		out = append(out, last.Free...)
-		left -= len(last.Free)
-		ns = ns[:len(ns)-1]
+		// Else fill whole a node smaller than the rest: the most free.
+		i := -1
+		for j, n := range ns {
+			if len(n.Free) < left && (i < 0 || better(n, ns[i], func(a, b NodeFree) int { return cmp.Compare(len(b.Free), len(a.Free)) })) {
+				i = j
+			}
+		}
+		if i < 0 {
+			// Every node holds the rest: the one with the fewest free.
+			i = fit(ns, left)
+			return append(out, ns[i].Free[:left]...), nil
+		}
+		out = append(out, ns[i].Free...)
+		left -= len(ns[i].Free)
+		ns = slices.Delete(ns, i, i+1)
 	}
 	return out, nil
+}
+
+// fit returns the node to put want atoms on, or -1 when none holds them: an
+// exact fit, else a partially used node, else the fewest free.
+func fit(ns []NodeFree, want int) int {
+	pick := -1
+	rank := func(n NodeFree) [3]int {
+		exact, unused := 1, 1
+		if len(n.Free) == want {
+			exact = 0
+		}
+		if n.Booked > 0 {
+			unused = 0
+		}
+		return [3]int{exact, unused, len(n.Free)}
+	}
+	for i, n := range ns {
+		if len(n.Free) < want {
+			continue
+		}
+		if pick < 0 || better(n, ns[pick], func(a, b NodeFree) int {
+			ra, rb := rank(a), rank(b)
+			return cmp.Or(cmp.Compare(ra[0], rb[0]), cmp.Compare(ra[1], rb[1]), cmp.Compare(ra[2], rb[2]))
+		}) {
+			pick = i
+		}
+	}
+	return pick
+}
+
+// better reports whether a ranks before b: by less (negative means a
+// first), then the more used node, then node id.
+func better(a, b NodeFree, less func(a, b NodeFree) int) bool {
+	return cmp.Or(less(a, b), cmp.Compare(b.Booked, a.Booked), cmp.Compare(a.NodeID, b.NodeID)) < 0
 }

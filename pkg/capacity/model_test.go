@@ -82,3 +82,21 @@ func TestPlan(t *testing.T) {
 		}
 	})
 }
+
+func TestPlanLeavesFewestPartiallyUsedNodes(t *testing.T) {
+	t.Parallel()
+	// 6 GPUs with 4 free on a used node and 8 on an empty one: fill the used
+	// node, 2 on the other (one partially used node, not two).
+	got, short := capacity.Plan([]capacity.NodeFree{node("a", 4, 4), node("b", 8, 0)}, 6, false)
+	if short != nil {
+		t.Fatal(short)
+	}
+	if n := nodesOf(got); n["a"] != 4 || n["b"] != 2 {
+		t.Fatalf("want 4 on a and 2 on b, got %v", n)
+	}
+	// A partially used node that holds the request beats an empty one.
+	got, _ = capacity.Plan([]capacity.NodeFree{node("a", 8, 0), node("b", 6, 2)}, 2, false)
+	if n := nodesOf(got); n["b"] != 2 {
+		t.Fatalf("want 2 on b, got %v", n)
+	}
+}
