@@ -108,7 +108,7 @@ func TestPlace(t *testing.T) {
 	t.Run("never books an unschedulable, draining or unhealthy node", func(t *testing.T) {
 		t.Parallel()
 		pool := setup(t, 0, 0)
-		addNode(t, pool, "node_new", "adopted", 0, 8)   // observedGeneration 0
+		addNode(t, pool, "node_new", "adopted", 0, 8)    // observedGeneration 0
 		addNode(t, pool, "node_drain", "draining", 1, 8) // draining
 		addNode(t, pool, "node_ok", "adopted", 1, 2)
 		mustExec(t, pool, `UPDATE devices SET healthy = false WHERE node_id = 'node_ok' AND index = 1`)

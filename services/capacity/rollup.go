@@ -11,7 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
-// rollup recounts every GPU pool's atoms per model ('' for the whole pool):
+// rollup recounts every GPU pool's atoms per model (” for the whole pool):
 // booked (an active booking), free (bookable and not booked), unavailable
 // (unhealthy, missing, MIG-enabled, or on a node that is not schedulable).
 func (p *placer) rollup(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile.Result, error) {
