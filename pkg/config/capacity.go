@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
 )
 
 // Placers a configuration may name; only [PlacerPoolLease] is built.
@@ -52,9 +54,15 @@ func (c *Capacity) defaults() {
 	c.RollupEvery = cmp.Or(c.RollupEvery, Duration(30*time.Second))
 }
 
-func (c *Capacity) validate(bad func(field, format string, args ...any)) {
+// validate returns an error per bad field: UNSUPPORTED for a placer that
+// is not built yet, INVALID_CONFIG for the rest.
+func (c *Capacity) validate() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fault.New(fault.InvalidConfig, field, format, args...))
+	}
 	if c.Placer != "" && c.Placer != PlacerPoolLease {
-		bad("capacity.placer", "placer %q is not built yet in this release (built: %s)", c.Placer, PlacerPoolLease)
+		errs = append(errs, fault.New(fault.Unsupported, "capacity.placer", "placer %q is not built yet in this release (built: %s)", c.Placer, PlacerPoolLease))
 	}
 	if c.LostNode != "" && !slices.Contains(LostNodePolicies, c.LostNode) {
 		bad("capacity.lostNode", "expected wait, replace or fail, got %q", c.LostNode)
@@ -64,4 +72,5 @@ func (c *Capacity) validate(bad func(field, format string, args ...any)) {
 			bad(field, "expected a positive duration, got %s", d.Std())
 		}
 	}
+	return errs
 }

@@ -381,7 +381,7 @@ func (c *Config) Validate() error {
 		}
 		bad(field, "set caCertFile and caKeyFile together")
 	}
-	c.Capacity.validate(bad)
+	errs = append(errs, c.Capacity.validate()...)
 	return errors.Join(errs...)
 }
 
