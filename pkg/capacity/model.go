@@ -42,7 +42,10 @@ const MaxGPUs = 1024
 
 // Constraints narrow which atoms a reservation may book.
 type Constraints struct {
-	// Model is the GPU model, e.g. "NVIDIA H200"; any when empty.
+	// Model is the GPU model, e.g. "NVIDIA H200"; any when empty. It
+	// matches a device's model exactly or as its leading words ("NVIDIA
+	// H200" matches "NVIDIA H200 141GB HBM3e"). Quotas match models the
+	// same way.
 	Model string
 	// MinMemoryBytes is the least memory a GPU must have.
 	MinMemoryBytes int64

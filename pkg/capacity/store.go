@@ -175,7 +175,7 @@ func FreeAtoms(ctx context.Context, q Querier, pool string, c Constraints, lostA
 		 WHERE n.pool_id = $1 AND n.state = 'adopted' AND n.observed_generation >= 1
 		   AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb
 		   AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
-		   AND ($2 = '' OR d.model = $2) AND d.memory_bytes >= $3
+		   AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
 		 ORDER BY d.node_id, d.index, d.id`, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
 	if err != nil {
 		return nil, fmt.Errorf("read free atoms: %w", err)
@@ -324,9 +324,9 @@ func checkQuotas(ctx context.Context, tx pgx.Tx, r *Reservation) error {
 		       (SELECT count(*) FROM bookings b
 		         WHERE b.pool_id = q.pool_id AND b.active
 		           AND (q.tenant_id = 'root' OR b.tenant_id = q.tenant_id OR b.tenant_id LIKE q.tenant_id || '.%')
-		           AND (q.model = '' OR b.model = q.model)) AS used,
+		           AND (q.model = '' OR b.model = q.model OR starts_with(b.model, q.model || ' '))) AS used,
 		       (SELECT count(*) FROM bookings b
-		         WHERE b.reservation_id = $3 AND b.active AND (q.model = '' OR b.model = q.model)) AS mine
+		         WHERE b.reservation_id = $3 AND b.active AND (q.model = '' OR b.model = q.model OR starts_with(b.model, q.model || ' '))) AS mine
 		  FROM quotas q
 		 WHERE q.pool_id = $1 AND q.tenant_id = ANY($2)
 		 ORDER BY length(q.tenant_id) DESC, q.model`, r.PoolID, iam.Ancestors(r.TenantID), r.ID)

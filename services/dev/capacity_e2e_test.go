@@ -25,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
 
@@ -250,7 +251,7 @@ func TestReservationsEndToEnd(t *testing.T) {
 
 	var created struct{ Reservation reservation }
 	call(t, env, "reservations/create", map[string]any{"tenantId": "root", "poolId": poolID, "gpuCount": 4,
-		"constraints": map[string]any{"sameNode": true}, "idempotencyKey": "e2e-1"}, &created)
+		"constraints": map[string]any{"sameNode": true, "model": "NVIDIA H200"}, "idempotencyKey": "e2e-1"}, &created)
 	if created.Reservation.State != "placed" || len(created.Reservation.Bookings) != 4 {
 		t.Fatalf("created %+v", created.Reservation)
 	}
@@ -285,6 +286,49 @@ func TestReservationsEndToEnd(t *testing.T) {
 		}
 		waitState(t, env, out.Reservation.ID, "bound")
 		waitExposes(t, db, dirs, "after the second reservation")
+	})
+
+	t.Run("capacity.get and the gauges report the rollup", func(t *testing.T) {
+		for _, k := range []string{"capacity.rollup", "capacity.usage"} {
+			if err := workqueue.Enqueue(t.Context(), db, k, "all"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		type counts struct{ Free, Booked, Unavailable int }
+		var got struct {
+			Total  counts
+			Models []struct {
+				Model  string
+				Counts counts
+			}
+			Tenants []struct {
+				TenantID string
+				Booked   int
+			}
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			call(t, env, "capacity/get", map[string]any{"tenantId": "root", "poolId": poolID}, &got)
+			if got.Total.Booked == 10 && len(got.Tenants) == 1 && got.Tenants[0].Booked == 10 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("capacity %+v", got)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if got.Total.Free != 6 || len(got.Models) != 1 || !strings.HasPrefix(got.Models[0].Model, "NVIDIA H200") {
+			t.Fatalf("capacity %+v", got)
+		}
+		resp, err := http.Get(env.BaseURL() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		if want := fmt.Sprintf(`bettercompute_capacity_atoms{model="",pool=%q,state="booked"} 10`, poolID); !strings.Contains(string(body), want) {
+			t.Fatalf("/metrics lacks %s", want)
+		}
 	})
 
 	t.Run("a node that restarts comes back exposing exactly its bookings", func(t *testing.T) {
