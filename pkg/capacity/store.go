@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"time"
@@ -158,43 +159,77 @@ func PoolOf(ctx context.Context, q Querier, tenant, pool string) error {
 	return nil
 }
 
-// FreeAtoms lists, per eligible node of the pool, the free atoms that match
-// c. Eligible: adopted (not draining), schedulable (observed generation at
-// least 1), seen within lostAfter, carrying c's labels; atoms are healthy,
-// present whole GPUs (not MIG-enabled) with no active booking.
-func FreeAtoms(ctx context.Context, q Querier, pool string, c Constraints, lostAfter time.Duration) ([]NodeFree, error) {
+// eligibleSQL is the condition on nodes n and devices d that makes an atom
+// bookable for constraints ($2 model, $3 minimum memory, $4 labels) with
+// $5 the lost-after interval: the node adopted (not draining), schedulable
+// (observed generation at least 1), seen within lostAfter, carrying the
+// labels; the device a healthy, present whole GPU (not MIG-enabled) of the
+// model with the memory, and no active booking.
+const eligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
+	AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb
+	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
+	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
+	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
+
+// FreeCounts lists the eligible nodes of the pool (see eligibleSQL) that
+// have free atoms matching c, with how many are free and how many of the
+// node's atoms are booked. Free holds one placeholder [Atom] (NodeID only)
+// per free atom, for [Plan]; [Place] reads the chosen atoms afterwards.
+func FreeCounts(ctx context.Context, q Querier, pool string, c Constraints, lostAfter time.Duration) ([]NodeFree, error) {
 	labels := c.NodeLabels
 	if labels == nil {
 		labels = map[string]string{}
 	}
 	rows, err := q.Query(ctx, `
-		SELECT d.node_id, d.id, d.model, d.memory_bytes, d.index,
-		       (SELECT count(*) FROM bookings b WHERE b.node_id = d.node_id AND b.active) AS booked,
-		       EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active) AS taken
-		  FROM devices d JOIN nodes n ON n.id = d.node_id
-		 WHERE n.pool_id = $1 AND n.state = 'adopted' AND n.observed_generation >= 1
-		   AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb
-		   AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
-		   AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
-		 ORDER BY d.node_id, d.index, d.id`, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
+		WITH used AS (SELECT node_id, count(*) AS booked FROM bookings WHERE pool_id = $1 AND active GROUP BY node_id)
+		SELECT d.node_id, coalesce(max(u.booked), 0), count(*)
+		  FROM nodes n JOIN devices d ON d.node_id = n.id
+		  LEFT JOIN used u ON u.node_id = n.id
+		 WHERE n.pool_id = $1 AND `+eligibleSQL+`
+		 GROUP BY d.node_id`, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
 	if err != nil {
-		return nil, fmt.Errorf("read free atoms: %w", err)
+		return nil, fmt.Errorf("read free capacity: %w", err)
 	}
 	defer rows.Close()
 	var out []NodeFree
 	for rows.Next() {
-		var a Atom
-		var booked int
-		var taken bool
-		if err := rows.Scan(&a.NodeID, &a.DeviceID, &a.Model, &a.MemoryBytes, &a.Index, &booked, &taken); err != nil {
+		var n NodeFree
+		var free int
+		if err := rows.Scan(&n.NodeID, &n.Booked, &free); err != nil {
 			return nil, err
 		}
-		if len(out) == 0 || out[len(out)-1].NodeID != a.NodeID {
-			out = append(out, NodeFree{NodeID: a.NodeID, Booked: booked})
+		n.Free = make([]Atom, free)
+		for i := range n.Free {
+			n.Free[i] = Atom{NodeID: n.NodeID, Index: i}
 		}
-		if !taken {
-			out[len(out)-1].Free = append(out[len(out)-1].Free, a)
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// freeAtoms reads the free atoms (see eligibleSQL) of nodes, in device
+// order, by node.
+func freeAtoms(ctx context.Context, q Querier, nodes []string, c Constraints, lostAfter time.Duration) (map[string][]Atom, error) {
+	labels := c.NodeLabels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	rows, err := q.Query(ctx, `
+		SELECT d.node_id, d.id, d.model, d.memory_bytes, d.index
+		  FROM nodes n JOIN devices d ON d.node_id = n.id
+		 WHERE n.id = ANY($1) AND `+eligibleSQL+`
+		 ORDER BY d.node_id, d.index, d.id`, nodes, c.Model, c.MinMemoryBytes, labels, lostAfter)
+	if err != nil {
+		return nil, fmt.Errorf("read free atoms: %w", err)
+	}
+	defer rows.Close()
+	out := map[string][]Atom{}
+	for rows.Next() {
+		var a Atom
+		if err := rows.Scan(&a.NodeID, &a.DeviceID, &a.Model, &a.MemoryBytes, &a.Index); err != nil {
+			return nil, err
 		}
+		out[a.NodeID] = append(out[a.NodeID], a)
 	}
 	return out, rows.Err()
 }
@@ -242,7 +277,7 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 		return nil, fmt.Errorf("lock quotas: %w", err)
 	}
 	for attempt := 0; ; attempt++ {
-		if attempt == 3 {
+		if attempt == 5 {
 			// Contention: concurrent creates keep taking the same atoms.
 			// Queue behind the pool instead; creates that lock the pool
 			// place one at a time.
@@ -253,17 +288,25 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 		if attempt > 50 {
 			return nil, fault.New(fault.Unavailable, "gpuCount", "placement kept losing atoms to concurrent reservations; retry")
 		}
-		nodes, err := FreeAtoms(ctx, tx, r.PoolID, r.Constraints, o.LostAfter)
+		nodes, err := FreeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter)
 		if err != nil {
 			return nil, err
 		}
 		nodes = slices.DeleteFunc(nodes, func(n NodeFree) bool { return slices.Contains(o.Exclude, n.NodeID) })
-		atoms, short := Plan(nodes, count, r.Constraints.SameNode)
+		slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
+		planned, short := Plan(nodes, count, r.Constraints.SameNode)
 		if short != nil {
 			short.Model = r.Constraints.Model
 			return nil, fault.New(fault.NoCapacity, "gpuCount", "%s", short.Error())
 		}
-		ok, err := book(ctx, tx, r, atoms)
+		atoms, ok, err := pickAtoms(ctx, tx, r, planned, attempt, o.LostAfter)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue // a node has fewer free atoms than counted: read again
+		}
+		ok, err = book(ctx, tx, r, atoms)
 		if err != nil {
 			return nil, err
 		}
@@ -287,6 +330,52 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 	}
 	r.State, r.Reason = StatePlaced, ""
 	return nodes, nil
+}
+
+// pickAtoms reads the free atoms of the planned nodes and takes as many on
+// each as planned; false when a node has fewer than that now.
+func pickAtoms(ctx context.Context, q Querier, r *Reservation, planned []Atom, attempt int, lostAfter time.Duration) ([]Atom, bool, error) {
+	want := map[string]int{}
+	var nodes []string
+	for _, a := range planned {
+		if want[a.NodeID] == 0 {
+			nodes = append(nodes, a.NodeID)
+		}
+		want[a.NodeID]++
+	}
+	free, err := freeAtoms(ctx, q, nodes, r.Constraints, lostAfter)
+	if err != nil {
+		return nil, false, err
+	}
+	var out []Atom
+	for _, n := range nodes {
+		f := []NodeFree{{NodeID: n, Free: free[n]}}
+		if len(f[0].Free) < want[n] {
+			return nil, false, nil
+		}
+		rotate(f, r.ID, attempt)
+		out = append(out, f[0].Free[:want[n]]...)
+	}
+	return out, true, nil
+}
+
+// rotate starts each node's free atoms at an offset derived from the
+// reservation and the attempt, so concurrent placements that pick the same
+// node (packing makes them) mostly pick different atoms of it instead of
+// colliding on the first free one.
+func rotate(nodes []NodeFree, id string, attempt int) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	seed := int(h.Sum32()>>1) + attempt
+	for i := range nodes {
+		f := nodes[i].Free
+		if len(f) == 0 {
+			continue
+		}
+		if k := seed % len(f); k > 0 {
+			nodes[i].Free = append(f[k:len(f):len(f)], f[:k]...)
+		}
+	}
 }
 
 // book inserts bookings of atoms for r under a savepoint; false (and
