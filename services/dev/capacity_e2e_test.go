@@ -161,7 +161,7 @@ type agentNode struct {
 }
 
 // joinAgents joins n real agents to a new pool of env and starts them.
-func joinAgents(t *testing.T, env *dev.Env, n int) (string, []*agentNode) {
+func joinAgents(t testing.TB, env *dev.Env, n int) (string, []*agentNode) {
 	t.Helper()
 	var pool struct{ Pool struct{ ID string } }
 	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": "cap", "class": "gpu", "idempotencyKey": "cap-pool"}, &pool)
