@@ -169,7 +169,10 @@ const eligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
 	AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb
 	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
 	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
-	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
+	AND `+notBookedSQL
+
+// notBookedSQL is the part of eligibleSQL that leaves out booked atoms.
+const notBookedSQL = `NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
 
 // FreeCounts lists the eligible nodes of the pool (see eligibleSQL) that
 // have free atoms matching c, with how many are free and how many of the
@@ -180,13 +183,18 @@ func FreeCounts(ctx context.Context, q Querier, pool string, c Constraints, lost
 	if labels == nil {
 		labels = map[string]string{}
 	}
+	// The pool's active bookings are read once and hash-joined; a probe per
+	// device (NOT EXISTS) costs more at thousands of devices.
 	rows, err := q.Query(ctx, `
-		WITH used AS (SELECT node_id, count(*) AS booked FROM bookings WHERE pool_id = $1 AND active GROUP BY node_id)
-		SELECT d.node_id, coalesce(max(u.booked), 0), count(*)
+		WITH taken AS MATERIALIZED (SELECT node_id, device_id FROM bookings WHERE pool_id = $1 AND active),
+		used AS (SELECT node_id, count(*) AS booked FROM taken GROUP BY node_id)
+		SELECT d.node_id, coalesce(max(u.booked), 0), count(*) FILTER (WHERE t.device_id IS NULL)
 		  FROM nodes n JOIN devices d ON d.node_id = n.id
+		  LEFT JOIN taken t ON t.node_id = d.node_id AND t.device_id = d.id
 		  LEFT JOIN used u ON u.node_id = n.id
-		 WHERE n.pool_id = $1 AND `+eligibleSQL+`
-		 GROUP BY d.node_id`, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
+		 WHERE n.pool_id = $1 AND `+strings.Replace(eligibleSQL, notBookedSQL, "TRUE", 1)+`
+		 GROUP BY d.node_id
+		HAVING count(*) FILTER (WHERE t.device_id IS NULL) > 0`, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
 	if err != nil {
 		return nil, fmt.Errorf("read free capacity: %w", err)
 	}
