@@ -210,3 +210,34 @@ func fieldOf(err error) string {
 	}
 	return ""
 }
+
+func TestPlaceConcurrentCreatesNeverExceedAQuota(t *testing.T) {
+	t.Parallel()
+	pool := setup(t, 4, 8)
+	if _, _, err := capacity.SetQuota(t.Context(), pool, capacity.Quota{PoolID: "pool_p", TenantID: "root", Model: "NVIDIA H200", GPULimit: 10}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 20)
+	for i := range 20 {
+		wg.Go(func() {
+			_, errs[i] = create(t.Context(), pool, fmt.Sprintf("rsv_%02d", i), "root", 1, capacity.Constraints{})
+		})
+	}
+	wg.Wait()
+	ok := 0
+	for i, err := range errs {
+		switch fault.CodeOf(err) {
+		case "":
+			ok++
+		case fault.QuotaExceeded:
+		default:
+			t.Fatalf("create %d: %v", i, err)
+		}
+	}
+	var active int
+	_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM bookings WHERE active`).Scan(&active)
+	if ok != 10 || active != 10 {
+		t.Fatalf("%d creates succeeded, %d GPUs booked; the quota is 10", ok, active)
+	}
+}
