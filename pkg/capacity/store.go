@@ -169,7 +169,7 @@ const eligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
 	AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb
 	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
 	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
-	AND `+notBookedSQL
+	AND ` + notBookedSQL
 
 // notBookedSQL is the part of eligibleSQL that leaves out booked atoms.
 const notBookedSQL = `NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
