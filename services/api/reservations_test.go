@@ -243,3 +243,33 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestReservationsPoolOfAnAncestor: a tenant books in its own pools and its
+// ancestors' pools, never in another tenant's.
+func TestReservationsPoolOfAnAncestor(t *testing.T) {
+	t.Parallel()
+	h := setup(t, api.Tuning{})
+	rootPool := h.gpuPool(t, "shared", 1, 8)
+	_, acmeKey := h.member(t, "acme", "ops")
+	h.policy(t, "acme", "members", `permit (principal in Tenant::"acme", action, resource in Tenant::"acme");`)
+	_, otherKey := h.member(t, "other", "ops")
+	h.policy(t, "other", "members", `permit (principal in Tenant::"other", action, resource in Tenant::"other");`)
+	p, err := computev1.NewPoolsServiceClient(h.conn).Create(as(otherKey), &computev1.PoolsServiceCreateRequest{TenantId: "other", Name: "mine", Class: "gpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := computev1.NewReservationsServiceClient(h.conn)
+	resp, err := c.Create(as(acmeKey), &computev1.ReservationsServiceCreateRequest{TenantId: "acme", PoolId: rootPool, GpuCount: 2})
+	if err != nil || resp.GetReservation().GetTenantId() != "acme" || len(resp.GetReservation().GetBookings()) != 2 {
+		t.Fatalf("acme in root's pool: %v %v", resp, err)
+	}
+	_, err = c.Create(as(acmeKey), &computev1.ReservationsServiceCreateRequest{TenantId: "acme", PoolId: p.GetPool().GetId(), GpuCount: 1})
+	wantCode(t, err, fault.NotFound, "poolId")
+	// Another tenant cannot read acme's reservation.
+	_, err = c.Get(as(otherKey), &computev1.ReservationsServiceGetRequest{TenantId: "other", Id: resp.GetReservation().GetId()})
+	wantCode(t, err, fault.NotFound, "id")
+	got, err := c.Get(as(acmeKey), &computev1.ReservationsServiceGetRequest{TenantId: "acme", Id: resp.GetReservation().GetId()})
+	if err != nil || got.GetReservation().GetState() != "placed" {
+		t.Fatalf("acme reads its reservation: %v %v", got, err)
+	}
+}
