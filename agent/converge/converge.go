@@ -32,6 +32,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
@@ -39,6 +41,13 @@ import (
 // ObservedGenerationFile is the file, under the root, that holds the last
 // fully observed generation.
 const ObservedGenerationFile = "observed_generation"
+
+// DesiredStateFile is the file, under the root, that holds the last desired
+// state the node fully observed (protobuf JSON). [New] applies it again, so
+// a node that restarts repairs whatever changed while it was down (a
+// devices file edited, removed or left over) before the control plane
+// speaks: it exposes exactly its booked GPUs again.
+const DesiredStateFile = "desired_state.json"
 
 // Current is what a handler's Plan sees of the node: its id, its GPUs and
 // the files under the root.
@@ -92,6 +101,9 @@ type Plan struct {
 	// Terminal, when set, makes the section FAILED_TERMINAL: retrying
 	// cannot help (invalid or unsupported). Actions are still applied.
 	Terminal string
+	// Summary, when set, is the section's status reason once converged:
+	// what the node now has (e.g. the GPUs it exposes).
+	Summary string
 }
 
 // Handler converges one NodeSpec section.
@@ -164,7 +176,31 @@ func New(cfg Config) (*Converger, error) {
 	if err := c.health.load(cfg.Root); err != nil {
 		return nil, err
 	}
+	if err := c.resume(); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// resume applies the persisted last fully observed desired state again
+// (see [DesiredStateFile]); the observed generation does not change.
+func (c *Converger) resume() error {
+	b, err := os.ReadFile(filepath.Join(c.cfg.Root, DesiredStateFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("converge: %w", err)
+	}
+	var ds agentv1.DesiredState
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, &ds); err != nil {
+		// A damaged copy only loses the repair at start; the control plane
+		// sends the spec again when the node is behind.
+		c.cfg.Logger.Warn("ignoring a damaged persisted desired state", "file", DesiredStateFile, "err", err)
+		return nil
+	}
+	c.Converge(context.Background(), &ds)
+	return nil
 }
 
 // Handlers are the section handlers in NodeSpec field order.
@@ -217,6 +253,9 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 		}
 		out = append(out, st)
 	}
+	if complete && gen >= c.observed.Load() && gen > 0 {
+		c.persistDesired(ctx, ds)
+	}
 	if complete && gen > c.observed.Load() {
 		path := filepath.Join(c.cfg.Root, ObservedGenerationFile)
 		if err := state.WriteAtomic(path, []byte(strconv.FormatInt(gen, 10)+"\n"), 0o644); err != nil {
@@ -227,6 +266,17 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 		}
 	}
 	return out, c.observed.Load()
+}
+
+// persistDesired keeps ds as the last fully observed desired state.
+func (c *Converger) persistDesired(ctx context.Context, ds *agentv1.DesiredState) {
+	b, err := protojson.Marshal(ds)
+	if err == nil {
+		err = state.WriteAtomic(filepath.Join(c.cfg.Root, DesiredStateFile), b, 0o600)
+	}
+	if err != nil {
+		c.cfg.Logger.ErrorContext(ctx, "persisting the desired state", "err", err)
+	}
 }
 
 // run plans and applies one section.
@@ -246,7 +296,7 @@ func (c *Converger) run(ctx context.Context, h Handler, cur Current, spec *agent
 	case p.Failure != "":
 		return agentv1.SectionState_SECTION_STATE_FAILED, p.Failure
 	}
-	return agentv1.SectionState_SECTION_STATE_CONVERGED, ""
+	return agentv1.SectionState_SECTION_STATE_CONVERGED, p.Summary
 }
 
 // applyFiles carries out file actions under root.

@@ -87,7 +87,7 @@ func (devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	sec := d.GetDevices()
 	if len(sec.GetAssignments()) == 0 {
 		acts, err := fileAction(cur, CDISpecFile, nil)
-		return Plan{Actions: acts}, err
+		return Plan{Actions: acts, Summary: "exposes no GPUs"}, err
 	}
 	var terminal, missing []string
 	seenRsv, seenGPU := map[string]bool{}, map[string]string{}
@@ -132,7 +132,7 @@ func (devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		data = marshal(spec)
 	}
 	acts, err := fileAction(cur, CDISpecFile, data)
-	p := Plan{Actions: acts}
+	p := Plan{Actions: acts, Summary: exposure(spec)}
 	if len(terminal) > 0 {
 		p.Terminal = "invalid devices section: " + strings.Join(terminal, "; ")
 	}
@@ -140,6 +140,25 @@ func (devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		p.Failure = "GPUs not in this node's inventory: " + strings.Join(missing, ", ")
 	}
 	return p, err
+}
+
+// exposure says what spec exposes, for the section's status reason:
+// "exposes 4 GPUs: rsv_a (GPU-1,GPU-2), rsv_b (…)".
+func exposure(spec CDISpec) string {
+	if len(spec.Devices) == 0 {
+		return "exposes no GPUs"
+	}
+	n := 0
+	parts := make([]string, 0, len(spec.Devices))
+	for _, d := range spec.Devices {
+		for _, e := range d.ContainerEdits.Env {
+			if v, ok := strings.CutPrefix(e, "NVIDIA_VISIBLE_DEVICES="); ok {
+				n += len(strings.Split(v, ","))
+				parts = append(parts, fmt.Sprintf("%s (%s)", d.Name, v))
+			}
+		}
+	}
+	return fmt.Sprintf("exposes %d GPUs: %s", n, strings.Join(parts, ", "))
 }
 
 func (devicesHandler) Apply(_ context.Context, cur Current, p Plan) error {

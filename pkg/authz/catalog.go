@@ -78,6 +78,13 @@ const (
 	ReservationsGet    Action = "compute:reservations:get"
 	ReservationsList   Action = "compute:reservations:list"
 	ReservationsCancel Action = "compute:reservations:cancel"
+	// ReservationsRelease ends a reservation and frees its GPUs.
+	ReservationsRelease Action = "compute:reservations:release"
+
+	// CapacityGet reads a pool's capacity and quotas.
+	CapacityGet Action = "compute:capacity:get"
+	// QuotasSet sets or removes a tenant's quota in a pool.
+	QuotasSet Action = "compute:quotas:set"
 )
 
 // catalog is every action, in a stable order.
@@ -93,6 +100,7 @@ var catalog = []Action{
 	CommandsRun, CommandsGet, CommandsList,
 	JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
 	ReservationsCreate, ReservationsGet, ReservationsList, ReservationsCancel,
+	ReservationsRelease, CapacityGet, QuotasSet,
 }
 
 // Catalog returns every action, in a stable order.

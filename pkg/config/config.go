@@ -60,6 +60,8 @@ type Config struct {
 	Commands Commands `yaml:"commands"`
 	// Dev configures `better-compute dev` only.
 	Dev Dev `yaml:"dev"`
+	// Capacity configures GPU reservations (the scheduler role's placer).
+	Capacity Capacity `yaml:"capacity"`
 }
 
 // JoinService configures the node CA and joinservice's HPKE key. Keys come
@@ -257,6 +259,7 @@ func (c *Config) Defaults() {
 	r.PollBusDown = cmp.Or(r.PollBusDown, Duration(250*time.Millisecond))
 	r.Concurrency = cmp.Or(r.Concurrency, 8)
 	r.Batch = cmp.Or(r.Batch, 256)
+	c.Capacity.defaults()
 }
 
 // LoadOptions says where [Load] reads from.
@@ -397,6 +400,7 @@ func (c *Config) Validate() error {
 		}
 		bad(field, "set caCertFile and caKeyFile together")
 	}
+	errs = append(errs, c.Capacity.validate()...)
 	return errors.Join(errs...)
 }
 

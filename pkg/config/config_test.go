@@ -187,6 +187,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"gateway id", func(c *config.Config) { c.Gateway.ID = "GW 1" }, "gateway.id"},
 		{"gateway liveness", func(c *config.Config) { c.Gateway.LivenessInterval = -1 }, "gateway.livenessInterval"},
 		{"command sweep interval", func(c *config.Config) { c.Commands.SweepInterval = -1 }, "commands.sweepInterval"},
+		{"capacity lost-node policy", func(c *config.Config) { c.Capacity.LostNode = "panic" }, "capacity.lostNode"},
+		{"capacity tick", func(c *config.Config) { c.Capacity.TickEvery = -1 }, "capacity.tickEvery"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -271,5 +273,19 @@ func TestEnvName(t *testing.T) {
 	}
 	if len(config.EnvVars()) < 10 {
 		t.Errorf("EnvVars lists too few fields: %v", config.EnvVars())
+	}
+}
+
+func TestCapacityDefaultsAndNotBuiltPlacer(t *testing.T) {
+	t.Parallel()
+	c := &config.Config{}
+	c.Defaults()
+	if c.Capacity.Placer != config.PlacerPoolLease || c.Capacity.LostNode != config.LostNodeWait || c.Capacity.TickEvery.Std() != 5*time.Second {
+		t.Fatalf("capacity defaults %+v", c.Capacity)
+	}
+	c.Capacity.Placer = "global"
+	err := c.Validate()
+	if fault.CodeOf(err) != fault.Unsupported || !strings.Contains(err.Error(), "not built yet") {
+		t.Fatalf("a placer not built: %v", err)
 	}
 }

@@ -66,6 +66,15 @@ type Config struct {
 	// Commands pokes the gateway holding a node after commands.run or
 	// commands.cancel commit; nil leaves it to the gateway's resync.
 	Commands *commands.Poker
+	// Capacity tunes inline placement of reservations.
+	Capacity CapacityOptions
+}
+
+// CapacityOptions tune inline placement.
+type CapacityOptions struct {
+	// LostAfter: a node unseen this long is not booked; 0 means
+	// capacity.DefaultLostAfter.
+	LostAfter time.Duration
 }
 
 // Tuning are the api role's knobs that tests and benchmarks turn. The zero
@@ -102,6 +111,8 @@ type Server struct {
 	poker   *workqueue.Poker
 	// cmdPoker wakes the gateway of a node with new commands.
 	cmdPoker *commands.Poker
+
+	capacity CapacityOptions
 }
 
 // New builds the gRPC server with every service registered and checks the
@@ -130,6 +141,7 @@ func New(cfg Config) (*Server, error) {
 		db:       cfg.DB,
 		poker:    cfg.Poker,
 		cmdPoker: cfg.Commands,
+		capacity: cfg.Capacity,
 		limiter:  newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
 		maxDL:    cmp.Or(cfg.MaxDeadline, 30*time.Second),
 		now:      now,
@@ -149,6 +161,8 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterJoinTokensServiceServer(gs, &joinTokens{Server: s})
 	computev1.RegisterNodesServiceServer(gs, &nodes{Server: s})
 	computev1.RegisterCommandsServiceServer(gs, &commandsAPI{Server: s})
+	computev1.RegisterReservationsServiceServer(gs, &reservations{Server: s})
+	computev1.RegisterCapacityServiceServer(gs, &capacityGroup{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -194,16 +208,18 @@ func (s *Server) Gateway(ctx context.Context, addr string) (http.Handler, error)
 		}),
 	)
 	for name, register := range map[string]func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
-		"system":     computev1.RegisterSystemServiceHandler,
-		"tenants":    computev1.RegisterTenantsServiceHandler,
-		"identities": computev1.RegisterIdentitiesServiceHandler,
-		"apiKeys":    computev1.RegisterApiKeysServiceHandler,
-		"policies":   computev1.RegisterPoliciesServiceHandler,
-		"pools":      computev1.RegisterPoolsServiceHandler,
-		"audit":      computev1.RegisterAuditServiceHandler,
-		"joinTokens": computev1.RegisterJoinTokensServiceHandler,
-		"nodes":      computev1.RegisterNodesServiceHandler,
-		"commands":   computev1.RegisterCommandsServiceHandler,
+		"system":       computev1.RegisterSystemServiceHandler,
+		"tenants":      computev1.RegisterTenantsServiceHandler,
+		"identities":   computev1.RegisterIdentitiesServiceHandler,
+		"apiKeys":      computev1.RegisterApiKeysServiceHandler,
+		"policies":     computev1.RegisterPoliciesServiceHandler,
+		"pools":        computev1.RegisterPoolsServiceHandler,
+		"audit":        computev1.RegisterAuditServiceHandler,
+		"joinTokens":   computev1.RegisterJoinTokensServiceHandler,
+		"nodes":        computev1.RegisterNodesServiceHandler,
+		"reservations": computev1.RegisterReservationsServiceHandler,
+		"capacity":     computev1.RegisterCapacityServiceHandler,
+		"commands":     computev1.RegisterCommandsServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)

@@ -67,6 +67,15 @@ var methods = map[string]Method{
 	computev1.CommandsService_Get_FullMethodName:    {Action: authz.NodesGet},
 	computev1.CommandsService_List_FullMethodName:   {Action: authz.NodesGet},
 	computev1.CommandsService_Cancel_FullMethodName: {Action: authz.NodesExec},
+
+	computev1.ReservationsService_Create_FullMethodName:  {Action: authz.ReservationsCreate},
+	computev1.ReservationsService_Get_FullMethodName:     {Action: authz.ReservationsGet},
+	computev1.ReservationsService_List_FullMethodName:    {Action: authz.ReservationsList},
+	computev1.ReservationsService_Release_FullMethodName: {Action: authz.ReservationsRelease},
+
+	computev1.CapacityService_Get_FullMethodName:        {Action: authz.CapacityGet},
+	computev1.CapacityService_SetQuota_FullMethodName:   {Action: authz.QuotasSet},
+	computev1.CapacityService_ListQuotas_FullMethodName: {Action: authz.CapacityGet},
 }
 
 // Methods returns the method registry: every RPC of the API by full gRPC

@@ -48,7 +48,7 @@ import (
 
 // built lists the roles that have a service in this release. A role named
 // explicitly that is not here fails at start; `all` runs these.
-var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleScheduler}
+var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleControllers, config.RoleScheduler}
 
 // runtimeRoles are the roles whose reconcilers run on the reconciler runtime,
 // each a membership of its own.
@@ -276,7 +276,7 @@ func (a *App) prepareSchema(ctx context.Context) error {
 func (a *App) startRuntime(ctx context.Context) error {
 	var roles []string
 	for _, r := range runtimeRoles {
-		if slices.Contains(a.roles, r) {
+		if slices.Contains(a.roles, r) || (r == config.RoleScheduler && a.schedulerHosted()) {
 			roles = append(roles, string(r))
 		}
 	}
@@ -313,7 +313,16 @@ func (a *App) startRuntime(ctx context.Context) error {
 		// a generation change: directly when it is in this process, over the
 		// bus otherwise. Gateways also resync from the database, so a lost
 		// poke only delays delivery.
-		if err := rt.Register(nodespec.Reconciler(nodespec.Config{Changed: a.specChanged})); err != nil {
+		reg, err := nodeSpecRegistry()
+		if err != nil {
+			return err
+		}
+		if err := rt.Register(nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: a.specChanged})); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(roles, reconcile.RoleScheduler) {
+		if err := a.registerCapacity(rt); err != nil {
 			return err
 		}
 	}
@@ -358,6 +367,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		var err error
 		a.api, err = api.New(api.Config{
 			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
+			Capacity: a.apiCapacity(),
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),

@@ -63,6 +63,7 @@ func (a *App) startGateway(context.Context) error {
 		LivenessInterval:  gc.LivenessInterval.Std(),
 		Signer:            signer,
 		Logger:            a.logger.With("role", "gateway"),
+		ObservedKinds:     observedKinds,
 	})
 	if err != nil {
 		return err

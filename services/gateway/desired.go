@@ -12,6 +12,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
 // Deliver sends node's desired state to it if this gateway holds its
@@ -121,7 +122,9 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 	if err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+	var poke []workqueue.Item
+	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
+		poke = poke[:0]
 		var tenant string
 		var gen, observed int64
 		err := tx.QueryRow(ctx, `
@@ -133,6 +136,9 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 			return nil // a superseded session's late report
 		}
 		if err != nil {
+			return err
+		}
+		if err := g.enqueueObserved(ctx, tx, s.nodeID, &poke); err != nil {
 			return err
 		}
 		event := ""
@@ -149,4 +155,25 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: event, Payload: payload})
 		return err
 	})
+	if err == nil {
+		g.cfg.Poker.Poke(poke...)
+	}
+	return err
+}
+
+// enqueueObserved enqueues cfg.ObservedKinds for node in tx and adds them
+// to poke, for after the commit (a lost poke only waits for the poll).
+func (g *Gateway) enqueueObserved(ctx context.Context, tx pgx.Tx, node string, poke *[]workqueue.Item) error {
+	items := make([]workqueue.Item, 0, len(g.cfg.ObservedKinds))
+	for _, k := range g.cfg.ObservedKinds {
+		items = append(items, workqueue.Item{Kind: k, Key: node})
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	if err := workqueue.EnqueueMany(ctx, tx, items); err != nil {
+		return err
+	}
+	*poke = append(*poke, items...)
+	return nil
 }

@@ -77,6 +77,10 @@ type Config struct {
 	Signer *commands.Signer
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// ObservedKinds are work kinds enqueued with the node id, in the same
+	// transaction, whenever a node's observed generation is stored (and
+	// poked after commit): capacity's bind check.
+	ObservedKinds []string
 }
 
 // Gateway implements agentv1.NodeServiceServer.

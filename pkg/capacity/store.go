@@ -1,0 +1,584 @@
+package capacity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/iam"
+)
+
+// Querier runs statements: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// DefaultLostAfter is how long a node may go unseen before placement stops
+// booking it and the placer treats its bookings as lost.
+const DefaultLostAfter = 2 * time.Minute
+
+// Insert writes a new reservation r (state pending, no bookings).
+func Insert(ctx context.Context, q Querier, r Reservation) error {
+	labels := r.Constraints.NodeLabels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	_, err := q.Exec(ctx, `
+		INSERT INTO reservations (id, tenant_id, pool_id, gpu_count, model, min_memory_bytes, same_node, node_labels,
+			state, reason, start_time, end_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9, $10, $11)`,
+		r.ID, r.TenantID, r.PoolID, r.GPUCount, r.Constraints.Model, r.Constraints.MinMemoryBytes, r.Constraints.SameNode,
+		labels, r.Reason, r.StartTime, r.EndTime)
+	if err != nil {
+		return fmt.Errorf("insert reservation: %w", err)
+	}
+	return nil
+}
+
+const rsvCols = `id, tenant_id, pool_id, gpu_count, model, min_memory_bytes, same_node, node_labels, state, reason,
+	start_time, end_time, created_at, updated_at, bound_at, finished_at, gpu_hours`
+
+func scanRsv(row pgx.Row) (Reservation, error) {
+	var r Reservation
+	err := row.Scan(&r.ID, &r.TenantID, &r.PoolID, &r.GPUCount, &r.Constraints.Model, &r.Constraints.MinMemoryBytes,
+		&r.Constraints.SameNode, &r.Constraints.NodeLabels, &r.State, &r.Reason, &r.StartTime, &r.EndTime,
+		&r.CreatedAt, &r.UpdatedAt, &r.BoundAt, &r.FinishedAt, &r.GPUHours)
+	return r, err
+}
+
+// Get reads reservation id of tenant with its bookings (the active ones, or
+// for a finished reservation the ones it held). A missing one is NOT_FOUND
+// on field "id".
+func Get(ctx context.Context, q Querier, tenant, id string) (Reservation, error) {
+	return get(ctx, q, `SELECT `+rsvCols+` FROM reservations WHERE id = $1 AND tenant_id = $2`, id, tenant)
+}
+
+// Lock reads reservation id FOR UPDATE, whatever its tenant.
+func Lock(ctx context.Context, q Querier, id string) (Reservation, error) {
+	return get(ctx, q, `SELECT `+rsvCols+` FROM reservations WHERE id = $1 FOR UPDATE`, id)
+}
+
+func get(ctx context.Context, q Querier, sql string, args ...any) (Reservation, error) {
+	r, err := scanRsv(q.QueryRow(ctx, sql, args...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Reservation{}, fault.New(fault.NotFound, "id", "no reservation %q", args[0])
+	}
+	if err != nil {
+		return Reservation{}, fmt.Errorf("read reservation: %w", err)
+	}
+	if err := loadBookings(ctx, q, []*Reservation{&r}); err != nil {
+		return Reservation{}, err
+	}
+	return r, nil
+}
+
+func loadBookings(ctx context.Context, q Querier, rs []*Reservation) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	ids := make([]string, len(rs))
+	byID := map[string]*Reservation{}
+	for i, r := range rs {
+		ids[i] = r.ID
+		byID[r.ID] = r
+	}
+	// A live reservation shows its active bookings; a finished one the
+	// bookings it held last.
+	rows, err := q.Query(ctx, `
+		SELECT b.reservation_id, b.node_id, b.device_id, b.model FROM bookings b JOIN reservations r ON r.id = b.reservation_id
+		WHERE b.reservation_id = ANY($1) AND (b.active OR (r.state NOT IN ('pending', 'placed', 'bound') AND b.released_at = r.finished_at))
+		ORDER BY b.reservation_id, b.node_id, b.device_id`, ids)
+	if err != nil {
+		return fmt.Errorf("read bookings: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var b Booking
+		if err := rows.Scan(&id, &b.NodeID, &b.DeviceID, &b.Model); err != nil {
+			return err
+		}
+		byID[id].Bookings = append(byID[id].Bookings, b)
+	}
+	return rows.Err()
+}
+
+// ListFilter narrows [List].
+type ListFilter struct {
+	TenantID, PoolID, State string
+	// After is the id of the last reservation of the previous page.
+	After string
+	Limit int
+}
+
+// List pages through a tenant's reservations, newest first.
+func List(ctx context.Context, q Querier, f ListFilter) ([]Reservation, error) {
+	rows, err := q.Query(ctx, `SELECT `+rsvCols+` FROM reservations
+		WHERE tenant_id = $1 AND ($2 = '' OR pool_id = $2) AND ($3 = '' OR state = $3)
+		  AND ($4 = '' OR (created_at, id) < (SELECT created_at, id FROM reservations WHERE id = $4))
+		ORDER BY created_at DESC, id DESC LIMIT $5`, f.TenantID, f.PoolID, f.State, f.After, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list reservations: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Reservation, error) { return scanRsv(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list reservations: %w", err)
+	}
+	ptrs := make([]*Reservation, len(out))
+	for i := range out {
+		ptrs[i] = &out[i]
+	}
+	return out, loadBookings(ctx, q, ptrs)
+}
+
+// PoolOf checks that pool exists, is a GPU pool, and belongs to tenant or
+// one of its ancestors; otherwise NOT_FOUND (or INVALID_INPUT for another
+// class) on field "poolId".
+func PoolOf(ctx context.Context, q Querier, tenant, pool string) error {
+	var owner, class string
+	err := q.QueryRow(ctx, `SELECT tenant_id, class FROM pools WHERE id = $1`, pool).Scan(&owner, &class)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !slices.Contains(iam.Ancestors(tenant), owner)) {
+		return fault.New(fault.NotFound, "poolId", "no pool %q of tenant %s or its ancestors", pool, tenant)
+	}
+	if err != nil {
+		return fmt.Errorf("read pool: %w", err)
+	}
+	if class != "gpu" {
+		return fault.New(fault.InvalidInput, "poolId", "pool %s is a %s pool; GPUs are reserved in gpu pools", pool, class)
+	}
+	return nil
+}
+
+// eligibleSQL is the condition on nodes n and devices d that makes an atom
+// bookable for constraints ($2 model, $3 minimum memory, $4 labels) with
+// $5 the lost-after interval: the node adopted (not draining), schedulable
+// (observed generation at least 1), seen within lostAfter, carrying the
+// labels; the device a healthy, present whole GPU (not MIG-enabled) of the
+// model with the memory, and no active booking.
+const eligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
+	AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb
+	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
+	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
+	AND ` + notBookedSQL
+
+// notBookedSQL is the part of eligibleSQL that leaves out booked atoms.
+const notBookedSQL = `NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
+
+// FreeCounts lists the eligible nodes of the pool (see eligibleSQL) that
+// have free atoms matching c, with how many are free and how many of the
+// node's atoms are booked. Free holds one placeholder [Atom] (NodeID only)
+// per free atom, for [Plan]; [Place] reads the chosen atoms afterwards.
+func FreeCounts(ctx context.Context, q Querier, pool string, c Constraints, lostAfter time.Duration) ([]NodeFree, error) {
+	labels := c.NodeLabels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	// The pool's active bookings are read once and hash-joined; a probe per
+	// device (NOT EXISTS) costs more at thousands of devices.
+	rows, err := q.Query(ctx, `
+		WITH taken AS MATERIALIZED (SELECT node_id, device_id FROM bookings WHERE pool_id = $1 AND active),
+		used AS (SELECT node_id, count(*) AS booked FROM taken GROUP BY node_id)
+		SELECT d.node_id, coalesce(max(u.booked), 0), count(*) FILTER (WHERE t.device_id IS NULL)
+		  FROM nodes n JOIN devices d ON d.node_id = n.id
+		  LEFT JOIN taken t ON t.node_id = d.node_id AND t.device_id = d.id
+		  LEFT JOIN used u ON u.node_id = n.id
+		 WHERE n.pool_id = $1 AND `+strings.Replace(eligibleSQL, notBookedSQL, "TRUE", 1)+`
+		 GROUP BY d.node_id
+		HAVING count(*) FILTER (WHERE t.device_id IS NULL) > 0`, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
+	if err != nil {
+		return nil, fmt.Errorf("read free capacity: %w", err)
+	}
+	defer rows.Close()
+	var out []NodeFree
+	for rows.Next() {
+		var n NodeFree
+		var free int
+		if err := rows.Scan(&n.NodeID, &n.Booked, &free); err != nil {
+			return nil, err
+		}
+		n.Free = make([]Atom, free)
+		for i := range n.Free {
+			n.Free[i] = Atom{NodeID: n.NodeID, Index: i}
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// freeAtoms reads the free atoms (see eligibleSQL) of nodes, in device
+// order, by node.
+func freeAtoms(ctx context.Context, q Querier, nodes []string, c Constraints, lostAfter time.Duration) (map[string][]Atom, error) {
+	labels := c.NodeLabels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	rows, err := q.Query(ctx, `
+		SELECT d.node_id, d.id, d.model, d.memory_bytes, d.index
+		  FROM nodes n JOIN devices d ON d.node_id = n.id
+		 WHERE n.id = ANY($1) AND `+eligibleSQL+`
+		 ORDER BY d.node_id, d.index, d.id`, nodes, c.Model, c.MinMemoryBytes, labels, lostAfter)
+	if err != nil {
+		return nil, fmt.Errorf("read free atoms: %w", err)
+	}
+	defer rows.Close()
+	out := map[string][]Atom{}
+	for rows.Next() {
+		var a Atom
+		if err := rows.Scan(&a.NodeID, &a.DeviceID, &a.Model, &a.MemoryBytes, &a.Index); err != nil {
+			return nil, err
+		}
+		out[a.NodeID] = append(out[a.NodeID], a)
+	}
+	return out, rows.Err()
+}
+
+// PlaceOptions tune [Place].
+type PlaceOptions struct {
+	// LostAfter: see [FreeAtoms]; 0 means [DefaultLostAfter].
+	LostAfter time.Duration
+	// Exclude are nodes not to book (a lost node being replaced).
+	Exclude []string
+	// Count books this many atoms instead of the reservation's count (a
+	// re-placement of the lost part).
+	Count int
+}
+
+// Place books atoms for r in tx: it locks the quotas that apply, picks atoms
+// with [Plan], inserts the bookings and checks the quotas against what is
+// now booked, and moves r to placed. It returns the booked nodes (whose
+// desired state the caller invalidates). No capacity is NO_CAPACITY on
+// gpuCount saying what was missing; over quota is QUOTA_EXCEEDED on gpuCount
+// with the limit. Either error leaves tx as it was before the call.
+func Place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]string, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := place(ctx, sp, r, o)
+	if err != nil {
+		_ = sp.Rollback(ctx)
+		return nil, err
+	}
+	return nodes, sp.Commit(ctx)
+}
+
+func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]string, error) {
+	if o.LostAfter <= 0 {
+		o.LostAfter = DefaultLostAfter
+	}
+	count := r.GPUCount
+	if o.Count > 0 {
+		count = o.Count
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) FOR UPDATE`,
+		r.PoolID, iam.Ancestors(r.TenantID)); err != nil {
+		return nil, fmt.Errorf("lock quotas: %w", err)
+	}
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			// Contention: concurrent creates keep taking the same atoms.
+			// Queue behind the pool instead; creates that lock the pool
+			// place one at a time.
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM pools WHERE id = $1 FOR NO KEY UPDATE`, r.PoolID); err != nil {
+				return nil, fmt.Errorf("lock pool: %w", err)
+			}
+		}
+		if attempt > 50 {
+			return nil, fault.New(fault.Unavailable, "gpuCount", "placement kept losing atoms to concurrent reservations; retry")
+		}
+		nodes, err := FreeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter)
+		if err != nil {
+			return nil, err
+		}
+		nodes = slices.DeleteFunc(nodes, func(n NodeFree) bool { return slices.Contains(o.Exclude, n.NodeID) })
+		slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
+		planned, short := Plan(nodes, count, r.Constraints.SameNode)
+		if short != nil {
+			short.Model = r.Constraints.Model
+			return nil, fault.New(fault.NoCapacity, "gpuCount", "%s", short.Error())
+		}
+		atoms, ok, err := pickAtoms(ctx, tx, r, planned, attempt, o.LostAfter)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue // a node has fewer free atoms than counted: read again
+		}
+		ok, err = book(ctx, tx, r, atoms)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue // an atom was taken since we read: read again
+		}
+		break
+	}
+	if err := checkQuotas(ctx, tx, r); err != nil {
+		return nil, err
+	}
+	var nodes []string
+	err := tx.QueryRow(ctx, `
+		WITH u AS (
+			UPDATE reservations SET state = 'placed', reason = '', updated_at = now()
+			 WHERE id = $1 RETURNING id)
+		SELECT coalesce(array_agg(DISTINCT node_id ORDER BY node_id), '{}') FROM bookings, u
+		 WHERE reservation_id = u.id AND active`, r.ID).Scan(&nodes)
+	if err != nil {
+		return nil, fmt.Errorf("mark placed: %w", err)
+	}
+	r.State, r.Reason = StatePlaced, ""
+	return nodes, nil
+}
+
+// pickAtoms reads the free atoms of the planned nodes and takes as many on
+// each as planned; false when a node has fewer than that now.
+func pickAtoms(ctx context.Context, q Querier, r *Reservation, planned []Atom, attempt int, lostAfter time.Duration) ([]Atom, bool, error) {
+	want := map[string]int{}
+	var nodes []string
+	for _, a := range planned {
+		if want[a.NodeID] == 0 {
+			nodes = append(nodes, a.NodeID)
+		}
+		want[a.NodeID]++
+	}
+	free, err := freeAtoms(ctx, q, nodes, r.Constraints, lostAfter)
+	if err != nil {
+		return nil, false, err
+	}
+	var out []Atom
+	for _, n := range nodes {
+		f := []NodeFree{{NodeID: n, Free: free[n]}}
+		if len(f[0].Free) < want[n] {
+			return nil, false, nil
+		}
+		rotate(f, r.ID, attempt)
+		out = append(out, f[0].Free[:want[n]]...)
+	}
+	return out, true, nil
+}
+
+// rotate starts each node's free atoms at an offset derived from the
+// reservation and the attempt, so concurrent placements that pick the same
+// node (packing makes them) mostly pick different atoms of it instead of
+// colliding on the first free one.
+func rotate(nodes []NodeFree, id string, attempt int) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	seed := int(h.Sum32()>>1) + attempt
+	for i := range nodes {
+		f := nodes[i].Free
+		if len(f) == 0 {
+			continue
+		}
+		if k := seed % len(f); k > 0 {
+			nodes[i].Free = append(f[k:len(f):len(f)], f[:k]...)
+		}
+	}
+}
+
+// book inserts bookings of atoms for r under a savepoint; false (and
+// nothing inserted) when a concurrent transaction holds one of them.
+func book(ctx context.Context, tx pgx.Tx, r *Reservation, atoms []Atom) (bool, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	nodes, devs, models := make([]string, len(atoms)), make([]string, len(atoms)), make([]string, len(atoms))
+	for i, a := range atoms {
+		nodes[i], devs[i], models[i] = a.NodeID, a.DeviceID, a.Model
+	}
+	tag, err := sp.Exec(ctx, `
+		INSERT INTO bookings (reservation_id, node_id, device_id, model, tenant_id, pool_id)
+		SELECT $1, n, d, m, $5, $6 FROM unnest($2::text[], $3::text[], $4::text[]) AS t(n, d, m)
+		ON CONFLICT DO NOTHING`, r.ID, nodes, devs, models, r.TenantID, r.PoolID)
+	if err != nil {
+		_ = sp.Rollback(ctx)
+		return false, fmt.Errorf("insert bookings: %w", err)
+	}
+	if int(tag.RowsAffected()) != len(atoms) {
+		return false, sp.Rollback(ctx)
+	}
+	return true, sp.Commit(ctx)
+}
+
+// checkQuotas fails with QUOTA_EXCEEDED if, with r's bookings inserted, any
+// quota of r's tenant or its ancestors in r's pool is over its limit. The
+// quota rows are locked by the caller, so concurrent creates under one quota
+// see each other's bookings.
+func checkQuotas(ctx context.Context, tx pgx.Tx, r *Reservation) error {
+	rows, err := tx.Query(ctx, `
+		SELECT q.tenant_id, q.model, q.gpu_limit,
+		       (SELECT count(*) FROM bookings b
+		         WHERE b.pool_id = q.pool_id AND b.active
+		           AND (q.tenant_id = 'root' OR b.tenant_id = q.tenant_id OR b.tenant_id LIKE q.tenant_id || '.%')
+		           AND (q.model = '' OR b.model = q.model OR starts_with(b.model, q.model || ' '))) AS used,
+		       (SELECT count(*) FROM bookings b
+		         WHERE b.reservation_id = $3 AND b.active AND (q.model = '' OR b.model = q.model OR starts_with(b.model, q.model || ' '))) AS mine
+		  FROM quotas q
+		 WHERE q.pool_id = $1 AND q.tenant_id = ANY($2)
+		 ORDER BY length(q.tenant_id) DESC, q.model`, r.PoolID, iam.Ancestors(r.TenantID), r.ID)
+	if err != nil {
+		return fmt.Errorf("check quotas: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var tenant, model string
+		var limit, used, mine int
+		if err := rows.Scan(&tenant, &model, &limit, &used, &mine); err != nil {
+			return err
+		}
+		if mine > 0 && used > limit {
+			what := "GPUs"
+			if model != "" {
+				what = model + " GPUs"
+			}
+			return fault.New(fault.QuotaExceeded, "gpuCount",
+				"quota of tenant %s in pool %s is %d %s; %d in use, this reservation asks for %d more",
+				tenant, r.PoolID, limit, what, used-mine, mine)
+		}
+	}
+	return rows.Err()
+}
+
+// SetPending records why r stays pending.
+func SetPending(ctx context.Context, q Querier, id, reason string) error {
+	_, err := q.Exec(ctx, `UPDATE reservations SET reason = $2, updated_at = now()
+		WHERE id = $1 AND state = 'pending' AND reason <> $2`, id, reason)
+	return err
+}
+
+// Finish ends live reservation id in state (released, expired or failed)
+// with reason: its bookings are freed. It returns the nodes that held them
+// (whose desired state the caller invalidates) and false when the
+// reservation was already finished (nothing changed).
+func Finish(ctx context.Context, q Querier, id, state, reason string) ([]string, bool, error) {
+	var nodes []string
+	var changed bool
+	err := q.QueryRow(ctx, `
+		WITH r AS (
+			UPDATE reservations SET state = $2, reason = $3, finished_at = now(), updated_at = now()
+			 WHERE id = $1 AND state IN ('pending', 'placed', 'bound') RETURNING id, finished_at),
+		b AS (
+			UPDATE bookings SET active = false, released_at = r.finished_at FROM r
+			 WHERE bookings.reservation_id = r.id AND bookings.active RETURNING bookings.node_id)
+		SELECT (SELECT count(*) > 0 FROM r), coalesce((SELECT array_agg(DISTINCT node_id ORDER BY node_id) FROM b), '{}')`,
+		id, state, reason).Scan(&changed, &nodes)
+	if err != nil {
+		return nil, false, fmt.Errorf("finish reservation %s: %w", id, err)
+	}
+	return nodes, changed, nil
+}
+
+// Unbook frees r's active bookings on node (a lost node being replaced) and
+// moves r back to placed; the caller books replacements.
+func Unbook(ctx context.Context, q Querier, id, node string) (int, error) {
+	tag, err := q.Exec(ctx, `UPDATE bookings SET active = false, released_at = now()
+		WHERE reservation_id = $1 AND node_id = $2 AND active`, id, node)
+	if err != nil {
+		return 0, fmt.Errorf("unbook %s on %s: %w", id, node, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// NodeAssignments returns the active bookings on node by reservation (sorted
+// by reservation, devices sorted): the node's devices section.
+func NodeAssignments(ctx context.Context, q Querier, node string) (map[string][]string, []string, error) {
+	rows, err := q.Query(ctx, `SELECT reservation_id, device_id FROM bookings WHERE node_id = $1 AND active
+		ORDER BY reservation_id, device_id`, node)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read bookings of %s: %w", node, err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	var order []string
+	for rows.Next() {
+		var rsv, dev string
+		if err := rows.Scan(&rsv, &dev); err != nil {
+			return nil, nil, err
+		}
+		if _, ok := out[rsv]; !ok {
+			order = append(order, rsv)
+		}
+		out[rsv] = append(out[rsv], dev)
+	}
+	return out, order, rows.Err()
+}
+
+// Bind moves every placed reservation with bookings on node to bound when
+// all of its booked nodes have observed a generation whose spec exposes its
+// devices, and returns those bound (id and tenant).
+func Bind(ctx context.Context, q Querier, node string) ([][2]string, error) {
+	rows, err := q.Query(ctx, `
+		UPDATE reservations r SET state = 'bound', bound_at = now(), updated_at = now(), reason = ''
+		 WHERE r.state = 'placed'
+		   AND r.id IN (SELECT reservation_id FROM bookings WHERE node_id = $1 AND active)
+		   AND NOT EXISTS (
+		       SELECT 1 FROM bookings b JOIN nodes n ON n.id = b.node_id
+		        WHERE b.reservation_id = r.id AND b.active
+		          AND NOT (n.generation >= 1 AND n.observed_generation >= n.generation
+		                   AND EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(n.spec->'devices'->'assignments', '[]')) a
+		                                WHERE a->>'reservationId' = r.id AND coalesce(a->'gpuUuids', '[]') ? b.device_id)))
+		RETURNING r.id, r.tenant_id`, node)
+	if err != nil {
+		return nil, fmt.Errorf("bind reservations on %s: %w", node, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var v [2]string
+		return v, r.Scan(&v[0], &v[1])
+	})
+}
+
+// Quota bounds a tenant's bookings in a pool.
+type Quota struct {
+	PoolID, TenantID, Model string
+	GPULimit                int
+	UpdatedAt               time.Time
+}
+
+// SetQuota sets (limit ≥ 0) or removes (limit < 0) a quota; removing
+// returns false.
+func SetQuota(ctx context.Context, q Querier, qt Quota) (Quota, bool, error) {
+	if qt.GPULimit < 0 {
+		_, err := q.Exec(ctx, `DELETE FROM quotas WHERE pool_id = $1 AND tenant_id = $2 AND model = $3`, qt.PoolID, qt.TenantID, qt.Model)
+		return Quota{}, false, err
+	}
+	err := q.QueryRow(ctx, `
+		INSERT INTO quotas (pool_id, tenant_id, model, gpu_limit) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (pool_id, tenant_id, model) DO UPDATE SET gpu_limit = EXCLUDED.gpu_limit, updated_at = now()
+		RETURNING updated_at`, qt.PoolID, qt.TenantID, qt.Model, qt.GPULimit).Scan(&qt.UpdatedAt)
+	if err != nil {
+		return Quota{}, false, fmt.Errorf("set quota: %w", err)
+	}
+	return qt, true, nil
+}
+
+// ListQuotas lists pool's quotas.
+func ListQuotas(ctx context.Context, q Querier, pool string) ([]Quota, error) {
+	rows, err := q.Query(ctx, `SELECT pool_id, tenant_id, model, gpu_limit, updated_at FROM quotas
+		WHERE pool_id = $1 ORDER BY tenant_id, model`, pool)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Quota, error) {
+		var v Quota
+		return v, r.Scan(&v.PoolID, &v.TenantID, &v.Model, &v.GPULimit, &v.UpdatedAt)
+	})
+}
+
+// Why explains in a sentence why a pending reservation is not placed yet.
+func Why(r Reservation, now time.Time) string {
+	if r.StartTime != nil && r.StartTime.After(now) {
+		return "starts at " + r.StartTime.UTC().Format(time.RFC3339) + "; the placer places it then"
+	}
+	return strings.TrimSpace(r.Reason)
+}

@@ -1,0 +1,243 @@
+package capacity_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bettercompute/bettercompute/pkg/capacity"
+	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/shard"
+)
+
+// setup opens a fresh database with pool "pool_p" (root) holding nodes
+// adopted and schedulable, each with gpus H200s.
+func setup(t *testing.T, nodes, gpus int) *pgxpool.Pool {
+	t.Helper()
+	ctx := t.Context()
+	pool, err := db.Open(ctx, db.Config{URL: pgtest.NewDB(t), MaxConns: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	mustExec(t, pool, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_p', 'root', 'p', 'gpu')`)
+	for i := range nodes {
+		addNode(t, pool, fmt.Sprintf("node_%02d", i), "adopted", 1, gpus)
+	}
+	return pool
+}
+
+func addNode(t *testing.T, pool *pgxpool.Pool, id, state string, observed int64, gpus int) {
+	t.Helper()
+	mustExec(t, pool, `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, generation, observed_generation, last_seen_at)
+		VALUES ($1, 'root', 'pool_p', $2, $3, $1, 1, $4, now())`, id, state, shard.Of(id), observed)
+	for g := range gpus {
+		mustExec(t, pool, `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES ($1, $2, $3, 'NVIDIA H200', 150000000000)`,
+			id, fmt.Sprintf("GPU-%s-%d", id, g), g)
+	}
+}
+
+func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(t.Context(), sql, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// create inserts and places a reservation in one transaction, as admission's
+// transaction 2 does.
+func create(ctx context.Context, pool *pgxpool.Pool, id, tenant string, n int, c capacity.Constraints) (capacity.Reservation, error) {
+	r := capacity.Reservation{ID: id, TenantID: tenant, PoolID: "pool_p", GPUCount: n, Constraints: c}
+	err := db.InTx(ctx, pool, db.TxOptions{}, func(tx pgx.Tx) error {
+		if err := capacity.Insert(ctx, tx, r); err != nil {
+			return err
+		}
+		_, err := capacity.Place(ctx, tx, &r, capacity.PlaceOptions{})
+		return err
+	})
+	return r, err
+}
+
+func TestPlace(t *testing.T) {
+	t.Parallel()
+	t.Run("books whole GPUs, packing", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 2, 8)
+		ctx := t.Context()
+		if _, err := create(ctx, pool, "rsv_a", "root", 3, capacity.Constraints{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := create(ctx, pool, "rsv_b", "root", 5, capacity.Constraints{}); err != nil {
+			t.Fatal(err)
+		}
+		a, _ := capacity.Get(ctx, pool, "root", "rsv_a")
+		b, _ := capacity.Get(ctx, pool, "root", "rsv_b")
+		if a.State != capacity.StatePlaced || len(a.Bookings) != 3 || len(b.Bookings) != 5 {
+			t.Fatalf("a %+v b %+v", a, b)
+		}
+		if a.Bookings[0].NodeID != b.Bookings[0].NodeID {
+			t.Fatalf("b should fill a's node: a on %s, b on %s", a.Bookings[0].NodeID, b.Bookings[0].NodeID)
+		}
+	})
+	t.Run("no capacity says what is missing", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 2, 8)
+		_, err := create(t.Context(), pool, "rsv_x", "root", 9, capacity.Constraints{SameNode: true, Model: "NVIDIA H200"})
+		if fault.CodeOf(err) != fault.NoCapacity || fieldOf(err) != "gpuCount" {
+			t.Fatalf("want NO_CAPACITY on gpuCount, got %v", err)
+		}
+		if want := "need 9 × NVIDIA H200 on one node; the best node has 8 free"; !contains(err.Error(), want) {
+			t.Fatalf("message %q lacks %q", err, want)
+		}
+		_, err = create(t.Context(), pool, "rsv_y", "root", 1, capacity.Constraints{Model: "NVIDIA B200"})
+		if fault.CodeOf(err) != fault.NoCapacity {
+			t.Fatalf("another model: want NO_CAPACITY, got %v", err)
+		}
+		_, err = create(t.Context(), pool, "rsv_z", "root", 1, capacity.Constraints{NodeLabels: map[string]string{"rack": "r9"}})
+		if fault.CodeOf(err) != fault.NoCapacity {
+			t.Fatalf("labels no node has: want NO_CAPACITY, got %v", err)
+		}
+	})
+	t.Run("never books an unschedulable, draining or unhealthy node", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 0, 0)
+		addNode(t, pool, "node_new", "adopted", 0, 8)    // observedGeneration 0
+		addNode(t, pool, "node_drain", "draining", 1, 8) // draining
+		addNode(t, pool, "node_ok", "adopted", 1, 2)
+		mustExec(t, pool, `UPDATE devices SET healthy = false WHERE node_id = 'node_ok' AND index = 1`)
+		_, err := create(t.Context(), pool, "rsv_a", "root", 2, capacity.Constraints{})
+		if fault.CodeOf(err) != fault.NoCapacity {
+			t.Fatalf("want NO_CAPACITY, got %v", err)
+		}
+		r, err := create(t.Context(), pool, "rsv_b", "root", 1, capacity.Constraints{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, _ = capacity.Get(t.Context(), pool, "root", r.ID)
+		if r.Bookings[0].DeviceID != "GPU-node_ok-0" {
+			t.Fatalf("booked %+v", r.Bookings)
+		}
+	})
+	t.Run("quota is enforced across the tenant's subtree", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 2, 8)
+		mustExec(t, pool, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme'), ('acme.ml', 'acme', 'ml')`)
+		if _, _, err := capacity.SetQuota(t.Context(), pool, capacity.Quota{PoolID: "pool_p", TenantID: "acme", GPULimit: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := create(t.Context(), pool, "rsv_a", "acme.ml", 3, capacity.Constraints{}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := create(t.Context(), pool, "rsv_b", "acme", 2, capacity.Constraints{})
+		if fault.CodeOf(err) != fault.QuotaExceeded || fieldOf(err) != "gpuCount" || !contains(err.Error(), "is 4 GPUs; 3 in use") {
+			t.Fatalf("want QUOTA_EXCEEDED naming the limit, got %v", err)
+		}
+		var n int
+		_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM bookings WHERE active`).Scan(&n)
+		if n != 3 {
+			t.Fatalf("a refused create left bookings: %d active", n)
+		}
+		if _, err := create(t.Context(), pool, "rsv_c", "acme", 1, capacity.Constraints{}); err != nil {
+			t.Fatalf("within the quota: %v", err)
+		}
+	})
+	t.Run("concurrent places never book an atom twice", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 3, 8) // 24 GPUs
+		var wg sync.WaitGroup
+		errs := make([]error, 40)
+		for i := range 40 {
+			wg.Go(func() {
+				_, errs[i] = create(t.Context(), pool, fmt.Sprintf("rsv_%02d", i), "root", 1+i%3, capacity.Constraints{})
+			})
+		}
+		wg.Wait()
+		booked := 0
+		for i, err := range errs {
+			switch fault.CodeOf(err) {
+			case "":
+				booked += 1 + i%3
+			case fault.NoCapacity:
+			default:
+				t.Fatalf("create %d: %v", i, err)
+			}
+		}
+		var active, distinct int
+		_ = pool.QueryRow(t.Context(), `SELECT count(*), count(DISTINCT (node_id, device_id)) FROM bookings WHERE active`).Scan(&active, &distinct)
+		if active != booked || distinct != active || active > 24 {
+			t.Fatalf("bookings %d, distinct atoms %d, successful creates booked %d (of 24)", active, distinct, booked)
+		}
+		if 24-booked >= 3 {
+			t.Fatalf("%d atoms left free while creates were refused", 24-booked)
+		}
+	})
+	t.Run("finish frees the atoms and reports the nodes", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 1, 8)
+		if _, err := create(t.Context(), pool, "rsv_a", "root", 8, capacity.Constraints{}); err != nil {
+			t.Fatal(err)
+		}
+		nodes, changed, err := capacity.Finish(t.Context(), pool, "rsv_a", capacity.StateReleased, "")
+		if err != nil || !changed || len(nodes) != 1 || nodes[0] != "node_00" {
+			t.Fatalf("finish: %v %v %v", nodes, changed, err)
+		}
+		if _, changed, _ := capacity.Finish(t.Context(), pool, "rsv_a", capacity.StateReleased, ""); changed {
+			t.Fatal("finishing twice changed something")
+		}
+		r, _ := capacity.Get(t.Context(), pool, "root", "rsv_a")
+		if r.State != capacity.StateReleased || len(r.Bookings) != 8 || r.FinishedAt == nil {
+			t.Fatalf("released reservation %+v", r)
+		}
+		if _, err := create(t.Context(), pool, "rsv_b", "root", 8, capacity.Constraints{}); err != nil {
+			t.Fatalf("the freed node: %v", err)
+		}
+	})
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// fieldOf is the field a fault names.
+func fieldOf(err error) string {
+	if fe, ok := fault.As(err); ok {
+		return fe.Field
+	}
+	return ""
+}
+
+func TestPlaceConcurrentCreatesNeverExceedAQuota(t *testing.T) {
+	t.Parallel()
+	pool := setup(t, 4, 8)
+	if _, _, err := capacity.SetQuota(t.Context(), pool, capacity.Quota{PoolID: "pool_p", TenantID: "root", Model: "NVIDIA H200", GPULimit: 10}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 20)
+	for i := range 20 {
+		wg.Go(func() {
+			_, errs[i] = create(t.Context(), pool, fmt.Sprintf("rsv_%02d", i), "root", 1, capacity.Constraints{})
+		})
+	}
+	wg.Wait()
+	ok := 0
+	for i, err := range errs {
+		switch fault.CodeOf(err) {
+		case "":
+			ok++
+		case fault.QuotaExceeded:
+		default:
+			t.Fatalf("create %d: %v", i, err)
+		}
+	}
+	var active int
+	_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM bookings WHERE active`).Scan(&active)
+	if ok != 10 || active != 10 {
+		t.Fatalf("%d creates succeeded, %d GPUs booked; the quota is 10", ok, active)
+	}
+}

@@ -1,0 +1,149 @@
+package api
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/admission"
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/iam"
+)
+
+// capacityGroup implements computev1.CapacityServiceServer.
+type capacityGroup struct {
+	*Server
+	computev1.UnimplementedCapacityServiceServer
+}
+
+func slicesContains(s []string, v string) bool { return slices.Contains(s, v) }
+
+func quotaPB(q capstore.Quota) *computev1.Quota {
+	return &computev1.Quota{PoolId: q.PoolID, TenantId: q.TenantID, Model: q.Model, GpuLimit: int32(q.GPULimit), UpdateTime: ts(q.UpdatedAt)}
+}
+
+// pool reads the pool's projection row (tenant's own pool) and authorizes
+// a read of it.
+func (s *capacityGroup) pool(ctx context.Context, tenant, pool string) (authz.Resource, error) {
+	if err := required("poolId", pool); err != nil {
+		return authz.Resource{}, err
+	}
+	return authz.Get(ctx, s.db, tenant, authz.TypePool, pool, "poolId")
+}
+
+func (s *capacityGroup) Get(ctx context.Context, req *computev1.CapacityServiceGetRequest) (*computev1.CapacityServiceGetResponse, error) {
+	res, err := s.pool(ctx, req.GetTenantId(), req.GetPoolId())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
+		return nil, err
+	}
+	out := &computev1.CapacityServiceGetResponse{Total: &computev1.CapacityCounts{}}
+	rows, err := s.db.Query(ctx, `SELECT model, free, booked, unavailable, computed_at FROM capacity_rollup WHERE pool_id = $1 ORDER BY model`, res.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var model string
+		var c computev1.CapacityCounts
+		var at time.Time
+		if err := rows.Scan(&model, &c.Free, &c.Booked, &c.Unavailable, &at); err != nil {
+			return nil, err
+		}
+		out.ComputeTime = ts(at)
+		if model == "" {
+			out.Total = &c
+			continue
+		}
+		out.Models = append(out.Models, &computev1.ModelCapacity{Model: model, Counts: &c})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = s.db.Query(ctx, `SELECT tenant_id, booked, gpu_hours FROM capacity_tenant_usage WHERE pool_id = $1 ORDER BY tenant_id`, res.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var u computev1.TenantUsage
+		if err := rows.Scan(&u.TenantId, &u.Booked, &u.GpuHours); err != nil {
+			return nil, err
+		}
+		out.Tenants = append(out.Tenants, &u)
+	}
+	return out, rows.Err()
+}
+
+func (s *capacityGroup) SetQuota(ctx context.Context, req *computev1.CapacityServiceSetQuotaRequest) (*computev1.CapacityServiceSetQuotaResponse, error) {
+	if err := required("forTenantId", req.GetForTenantId()); err != nil {
+		return nil, err
+	}
+	if !iam.ValidTenantID(req.GetForTenantId()) || !iam.Covers(req.GetTenantId(), req.GetForTenantId()) {
+		return nil, fault.New(fault.InvalidInput, "forTenantId", "%q is not %s or one of its descendants", req.GetForTenantId(), req.GetTenantId())
+	}
+	if len(req.GetModel()) > MaxModelLength {
+		return nil, fault.New(fault.InvalidInput, "model", "at most %d characters", MaxModelLength)
+	}
+	if req.GetGpuLimit() < -1 || req.GetGpuLimit() > capstore.MaxGPUs*1024 {
+		return nil, fault.New(fault.InvalidInput, "gpuLimit", "expected -1 (remove), 0 (forbid) or a positive limit, got %d", req.GetGpuLimit())
+	}
+	res, err := s.pool(ctx, req.GetTenantId(), req.GetPoolId())
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.CapacityServiceSetQuotaResponse{}
+	err = s.mutate(ctx, admission.Mutation{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: res,
+		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+			var exists bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)`, req.GetForTenantId()).Scan(&exists); err != nil {
+				return admission.Outcome{}, err
+			}
+			if !exists {
+				return admission.Outcome{}, fault.New(fault.NotFound, "forTenantId", "no tenant %q", req.GetForTenantId())
+			}
+			q, set, err := capstore.SetQuota(ctx, tx, capstore.Quota{PoolID: res.ID, TenantID: req.GetForTenantId(), Model: req.GetModel(), GPULimit: int(req.GetGpuLimit())})
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			resp := &computev1.CapacityServiceSetQuotaResponse{}
+			if set {
+				resp.Quota = quotaPB(q)
+			}
+			return outcome(resp, "quota.set", nil)
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (s *capacityGroup) ListQuotas(ctx context.Context, req *computev1.CapacityServiceListQuotasRequest) (*computev1.CapacityServiceListQuotasResponse, error) {
+	res, err := s.pool(ctx, req.GetTenantId(), req.GetPoolId())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
+		return nil, err
+	}
+	qs, err := capstore.ListQuotas(ctx, s.db, res.ID)
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.CapacityServiceListQuotasResponse{}
+	for _, q := range qs {
+		out.Quotas = append(out.Quotas, quotaPB(q))
+	}
+	return out, nil
+}

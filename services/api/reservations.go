@@ -1,0 +1,245 @@
+package api
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/admission"
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
+)
+
+// TypeReservation is a reservation's type in the authorization projection;
+// its row carries the tenant and the pool.
+const TypeReservation = "Reservation"
+
+// MaxModelLength bounds a GPU model name in a request.
+const MaxModelLength = 128
+
+// reservations implements computev1.ReservationsServiceServer.
+type reservations struct {
+	*Server
+	computev1.UnimplementedReservationsServiceServer
+}
+
+func reservationPB(r capstore.Reservation, now time.Time) *computev1.Reservation {
+	out := &computev1.Reservation{
+		Id: r.ID, TenantId: r.TenantID, PoolId: r.PoolID, GpuCount: int32(r.GPUCount), State: r.State, Reason: r.Reason,
+		Constraints: &computev1.Constraints{
+			Model: r.Constraints.Model, MinMemoryBytes: r.Constraints.MinMemoryBytes,
+			SameNode: r.Constraints.SameNode, NodeLabels: r.Constraints.NodeLabels,
+		},
+		StartTime: tsp(r.StartTime), EndTime: tsp(r.EndTime), CreateTime: ts(r.CreatedAt), UpdateTime: ts(r.UpdatedAt),
+		BoundTime: tsp(r.BoundAt), FinishTime: tsp(r.FinishedAt), GpuHours: r.GPUHours,
+	}
+	if r.State == capstore.StatePending {
+		out.Reason = capstore.Why(r, now)
+	}
+	for _, b := range r.Bookings {
+		out.Bookings = append(out.Bookings, &computev1.Booking{NodeId: b.NodeID, DeviceId: b.DeviceID, Model: b.Model})
+	}
+	return out
+}
+
+func reservationResource(r capstore.Reservation) *authz.Resource {
+	return &authz.Resource{Type: TypeReservation, ID: r.ID, TenantID: r.TenantID, PoolID: r.PoolID}
+}
+
+// validTime checks an optional timestamp field.
+func validTime(field string, t interface{ CheckValid() error }, set bool) error {
+	if !set {
+		return nil
+	}
+	if err := t.CheckValid(); err != nil {
+		return fault.New(fault.InvalidInput, field, "%v", err)
+	}
+	return nil
+}
+
+func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsServiceCreateRequest) (*computev1.ReservationsServiceCreateResponse, error) {
+	if err := required("poolId", req.GetPoolId()); err != nil {
+		return nil, err
+	}
+	if n := req.GetGpuCount(); n < 1 || n > capstore.MaxGPUs {
+		return nil, fault.New(fault.InvalidInput, "gpuCount", "expected 1 to %d, got %d", capstore.MaxGPUs, n)
+	}
+	c := req.GetConstraints()
+	switch {
+	case len(c.GetModel()) > MaxModelLength:
+		return nil, fault.New(fault.InvalidInput, "constraints.model", "at most %d characters", MaxModelLength)
+	case c.GetMinMemoryBytes() < 0:
+		return nil, fault.New(fault.InvalidInput, "constraints.minMemoryBytes", "expected 0 or more, got %d", c.GetMinMemoryBytes())
+	}
+	if err := validLabels(c.GetNodeLabels()); err != nil {
+		if fe, ok := fault.As(err); ok {
+			fe.Field = "constraints.nodeLabels"
+		}
+		return nil, err
+	}
+	if err := validTime("startTime", req.GetStartTime(), req.StartTime != nil); err != nil {
+		return nil, err
+	}
+	if err := validTime("endTime", req.GetEndTime(), req.EndTime != nil); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	r := capstore.Reservation{
+		TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), GPUCount: int(req.GetGpuCount()),
+		Constraints: capstore.Constraints{Model: c.GetModel(), MinMemoryBytes: c.GetMinMemoryBytes(), SameNode: c.GetSameNode(), NodeLabels: c.GetNodeLabels()},
+	}
+	if req.StartTime != nil {
+		t := req.GetStartTime().AsTime()
+		r.StartTime = &t
+	}
+	if req.EndTime != nil {
+		t := req.GetEndTime().AsTime()
+		r.EndTime = &t
+		switch {
+		case !t.After(now):
+			return nil, fault.New(fault.InvalidInput, "endTime", "must be in the future")
+		case r.StartTime != nil && !t.After(*r.StartTime):
+			return nil, fault.New(fault.InvalidInput, "endTime", "must be after startTime")
+		}
+	}
+	if err := capstore.PoolOf(ctx, s.db, req.GetTenantId(), req.GetPoolId()); err != nil {
+		return nil, err
+	}
+	out := &computev1.ReservationsServiceCreateResponse{}
+	var poke []workqueue.Item
+	_, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: authz.Resource{Type: TypeReservation, TenantID: req.GetTenantId(), PoolID: req.GetPoolId()},
+		NewID:    func() string { return iam.NewID("rsv") },
+		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+			poke = poke[:0]
+			r := r
+			r.ID = id
+			if err := capstore.Insert(ctx, tx, r); err != nil {
+				return admission.Outcome{}, err
+			}
+			event := "reservation.created"
+			if r.StartTime == nil || !r.StartTime.After(now) {
+				// Inline placement: book now, or refuse.
+				nodes, err := capstore.Place(ctx, tx, &r, capstore.PlaceOptions{LostAfter: s.capacity.LostAfter})
+				if err != nil {
+					return admission.Outcome{}, err
+				}
+				for _, n := range nodes {
+					if err := workqueue.Enqueue(ctx, tx, nodespec.Kind, n); err != nil {
+						return admission.Outcome{}, err
+					}
+					poke = append(poke, workqueue.Item{Kind: nodespec.Kind, Key: n})
+				}
+				event = "reservation.placed"
+			}
+			stored, err := capstore.Lock(ctx, tx, id)
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			return outcome(&computev1.ReservationsServiceCreateResponse{Reservation: reservationPB(stored, now)}, event, reservationResource(stored))
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	s.poker.Poke(poke...)
+	return out, nil
+}
+
+func (s *reservations) Get(ctx context.Context, req *computev1.ReservationsServiceGetRequest) (*computev1.ReservationsServiceGetResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), TypeReservation, req.GetId(), "id")
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
+		return nil, err
+	}
+	r, err := capstore.Get(ctx, s.db, req.GetTenantId(), req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &computev1.ReservationsServiceGetResponse{Reservation: reservationPB(r, s.now())}, nil
+}
+
+func (s *reservations) List(ctx context.Context, req *computev1.ReservationsServiceListRequest) (*computev1.ReservationsServiceListResponse, error) {
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeCursor(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	if st := req.GetState(); st != "" && !slicesContains(capstore.States, st) {
+		return nil, fault.New(fault.InvalidInput, "state", "expected one of pending, placed, bound, released, expired, failed, got %q", st)
+	}
+	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
+		return nil, err
+	}
+	rs, err := capstore.List(ctx, s.db, capstore.ListFilter{TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), State: req.GetState(), After: after, Limit: size})
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.ReservationsServiceListResponse{}
+	now := s.now()
+	for _, r := range rs {
+		out.Reservations = append(out.Reservations, reservationPB(r, now))
+	}
+	if len(rs) > 0 {
+		out.NextPageToken = nextCursor(len(rs), size, rs[len(rs)-1].ID)
+	}
+	return out, nil
+}
+
+func (s *reservations) Release(ctx context.Context, req *computev1.ReservationsServiceReleaseRequest) (*computev1.ReservationsServiceReleaseResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), TypeReservation, req.GetId(), "id")
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.ReservationsServiceReleaseResponse{}
+	var poke []workqueue.Item
+	err = s.mutate(ctx, admission.Mutation{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: res,
+		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+			poke = poke[:0]
+			if _, err := capstore.Lock(ctx, tx, req.GetId()); err != nil {
+				return admission.Outcome{}, err
+			}
+			nodes, _, err := capstore.Finish(ctx, tx, req.GetId(), capstore.StateReleased, "")
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			for _, n := range nodes {
+				if err := workqueue.Enqueue(ctx, tx, nodespec.Kind, n); err != nil {
+					return admission.Outcome{}, err
+				}
+				poke = append(poke, workqueue.Item{Kind: nodespec.Kind, Key: n})
+			}
+			r, err := capstore.Get(ctx, tx, req.GetTenantId(), req.GetId())
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			return outcome(&computev1.ReservationsServiceReleaseResponse{Reservation: reservationPB(r, s.now())}, "reservation.released", nil)
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	s.poker.Poke(poke...)
+	return out, nil
+}

@@ -1,0 +1,56 @@
+package app
+
+import (
+	"slices"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/capacity"
+	"github.com/bettercompute/bettercompute/services/nodespec"
+)
+
+// nodeSpecRegistry is the contributors of every node's desired state, in
+// merge order: the built-in system and pool parts, then capacity's devices
+// section.
+func nodeSpecRegistry() (*nodespec.Registry, error) {
+	reg := nodespec.Builtin()
+	if err := capacity.Register(reg); err != nil {
+		return nil, err
+	}
+	return reg, nil
+}
+
+// schedulerHosted reports whether the process hosts the scheduler
+// membership: the scheduler role, or the placer deployable that runs it.
+func (a *App) schedulerHosted() bool {
+	return slices.Contains(a.roles, config.RoleScheduler) || slices.Contains(a.roles, config.RolePlacer)
+}
+
+// registerCapacity registers the capacity reconcilers (bind, the pool-lease
+// placer, tick, rollup, usage) and the capacity gauges on rt.
+func (a *App) registerCapacity(rt *reconcile.Runtime) error {
+	c := a.cfg.Capacity
+	recs, err := capacity.Reconcilers(capacity.Config{
+		Placer: c.Placer, LostNode: c.LostNode, LostAfter: c.LostAfter.Std(),
+		TickEvery: c.TickEvery.Std(), RollupEvery: c.RollupEvery.Std(),
+	})
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		if err := rt.Register(r); err != nil {
+			return err
+		}
+	}
+	return a.reg.Register(&capacity.Collector{Pool: a.pool})
+}
+
+// apiCapacity is the API's inline-placement options from the configuration.
+func (a *App) apiCapacity() api.CapacityOptions {
+	return api.CapacityOptions{LostAfter: a.cfg.Capacity.LostAfter.Std()}
+}
+
+// observedKinds are the work kinds the gateway enqueues, with the node id,
+// when it stores a node's observed generation.
+var observedKinds = []string{capacity.KindBind}

@@ -1,0 +1,189 @@
+// Package capacity is the control-plane side of GPU reservations: the
+// nodespec contributor that turns a node's active bookings into its devices
+// section, and the scheduler role's reconcilers:
+//
+//   - capacity.bind (node-sharded): moves placed reservations to bound once
+//     every booked node has observed a generation that exposes them. The
+//     gateway enqueues it when a node's observed generation is stored;
+//     resync finds nodes with placed reservations.
+//   - capacity.reservations (pool-sharded, the pool-lease placer): expires
+//     reservations past their end time, places pending ones that are due,
+//     and applies the lost-node policy.
+//   - capacity.tick (singleton, periodic): finds pools with due placer work.
+//   - capacity.rollup and capacity.usage (singletons, periodic): free,
+//     booked and unavailable atoms per pool and model, booked GPUs and
+//     GPU-hours per tenant and reservation.
+package capacity
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/shard"
+	"github.com/bettercompute/bettercompute/services/nodespec"
+)
+
+// Module is the capacity contributor's name in the nodespec registry.
+const Module = "capacity"
+
+// Work kinds.
+const (
+	KindBind         = "capacity.bind"
+	KindReservations = "capacity.reservations"
+	KindTick         = "capacity.tick"
+	KindRollup       = "capacity.rollup"
+	KindUsage        = "capacity.usage"
+)
+
+// Lost-node policies (config capacity.lostNode).
+const (
+	LostNodeWait    = "wait"
+	LostNodeReplace = "replace"
+	LostNodeFail    = "fail"
+)
+
+// Config configures the capacity reconcilers. Zero values take the
+// defaults given.
+type Config struct {
+	// Placer is "pool-lease" (the default, the only one built).
+	Placer string
+	// LostNode is the lost-node policy: wait (default), replace or fail.
+	LostNode string
+	// LostAfter: a node unseen this long is lost; default 2m.
+	LostAfter time.Duration
+	// TickEvery is capacity.tick's period; default 5s.
+	TickEvery time.Duration
+	// RollupEvery is capacity.rollup's and capacity.usage's period; default
+	// 30s.
+	RollupEvery time.Duration
+}
+
+func (c *Config) defaults() error {
+	c.Placer = cmp.Or(c.Placer, "pool-lease")
+	if c.Placer != "pool-lease" {
+		return fault.New(fault.Unsupported, "capacity.placer", "placer %q is not built yet (built: pool-lease)", c.Placer)
+	}
+	c.LostNode = cmp.Or(c.LostNode, LostNodeWait)
+	switch c.LostNode {
+	case LostNodeWait, LostNodeReplace, LostNodeFail:
+	default:
+		return fault.New(fault.InvalidConfig, "capacity.lostNode", "expected wait, replace or fail, got %q", c.LostNode)
+	}
+	c.LostAfter = cmp.Or(c.LostAfter, capstore.DefaultLostAfter)
+	c.TickEvery = cmp.Or(c.TickEvery, 5*time.Second)
+	c.RollupEvery = cmp.Or(c.RollupEvery, 30*time.Second)
+	return nil
+}
+
+// Register adds the capacity contributor to reg: the devices section.
+func Register(reg *nodespec.Registry) error { return reg.Register(Module, Contribute) }
+
+// Contribute is the capacity module's part of a node's desired state: the
+// devices section, exactly the node's active bookings by reservation.
+func Contribute(ctx context.Context, q reconcile.Querier, n nodespec.Node) (*agentv1.NodeSpec, error) {
+	byRsv, order, err := capstore.NodeAssignments(ctx, q, n.ID)
+	if err != nil {
+		return nil, err
+	}
+	if len(order) == 0 {
+		return &agentv1.NodeSpec{}, nil
+	}
+	sec := &agentv1.DeviceAssignments{}
+	for _, rsv := range order {
+		sec.Assignments = append(sec.Assignments, &agentv1.DeviceAssignment{ReservationId: rsv, GpuUuids: byRsv[rsv]})
+	}
+	return &agentv1.NodeSpec{Devices: sec}, nil
+}
+
+// Reconcilers returns the scheduler role's capacity reconcilers.
+func Reconcilers(cfg Config) ([]reconcile.Reconciler, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	p := &placer{cfg: cfg}
+	return []reconcile.Reconciler{
+		{Name: KindBind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleScheduler, Run: runBind, Keys: bindKeys},
+		{Name: KindReservations, ShardBy: reconcile.ShardByPool, Role: reconcile.RoleScheduler, Run: p.run, Keys: poolKeys},
+		{Name: KindTick, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.tick,
+			Periodic: []reconcile.Periodic{{Key: "all", Every: cfg.TickEvery}}},
+		{Name: KindRollup, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.rollup,
+			Periodic: []reconcile.Periodic{{Key: "all", Every: cfg.RollupEvery}}},
+		{Name: KindUsage, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.usage,
+			Periodic: []reconcile.Periodic{{Key: "all", Every: cfg.RollupEvery}}},
+	}, nil
+}
+
+// bindKeys lists nodes in shards with bookings of placed reservations.
+func bindKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT b.node_id FROM bookings b
+		JOIN reservations r ON r.id = b.reservation_id JOIN nodes n ON n.id = b.node_id
+		WHERE b.active AND r.state = 'placed' AND n.shard = ANY($1)`, shards)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// poolKeys lists GPU pools in shards with live reservations.
+func poolKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state IN ('pending', 'placed', 'bound')`)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	return inShards(ids, shards), nil
+}
+
+// runBind binds the placed reservations with bookings on node whose booked
+// nodes all expose them.
+func runBind(ctx context.Context, rc *reconcile.RunContext, node string) (reconcile.Result, error) {
+	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
+		bound, err := capstore.Bind(ctx, tx, node)
+		if err != nil {
+			return err
+		}
+		for _, b := range bound {
+			if err := event(ctx, tx, b[1], "reservation.bound", map[string]any{"reservationId": b[0]}); err != nil {
+				return err
+			}
+		}
+		if len(bound) > 0 {
+			rc.Logger.InfoContext(ctx, "reservations bound", "n", len(bound))
+		}
+		return nil
+	})
+	return reconcile.Done, err
+}
+
+// event writes an outbox event of tenant.
+func event(ctx context.Context, tx pgx.Tx, tenant, typ string, payload map[string]any) error {
+	if _, err := outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: typ, Payload: payload}); err != nil {
+		return fmt.Errorf("write %s event: %w", typ, err)
+	}
+	return nil
+}
+
+// inShards keeps the keys whose shard is in shards.
+func inShards(keys []string, shards []int) []string {
+	out := keys[:0]
+	for _, k := range keys {
+		if slices.Contains(shards, shard.Of(k)) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
