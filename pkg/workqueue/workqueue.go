@@ -217,39 +217,38 @@ func Settle(ctx context.Context, q Querier, worker string, results []Result) (Se
 	}
 	if len(done) > 0 {
 		kinds, keys, gens, leases, fences := columns(done)
-		rows, err := q.Query(ctx, `
-			WITH d AS (
-				DELETE FROM work_queue w
-				 USING unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS s(kind, key, gen, lease, fence),
-				       leases l
-				 WHERE w.kind = s.kind AND w.key = s.key AND w.generation = s.gen AND w.claimed_by = $6
-				   AND l.name = s.lease AND l.fence = s.fence AND l.holder = $6 AND l.expires_at > now()
-				RETURNING w.kind, w.key
-			), r AS (
-				-- Dirtied during the run: release the claim so it runs again now.
+		// Two statements, not one: each takes its own snapshot. A key
+		// enqueued again while the DELETE waits for its row lock fails the
+		// DELETE's re-check (its generation moved); the UPDATE's fresher
+		// snapshot then sees the new generation and releases the claim. In
+		// one statement both would judge by the old snapshot and the row
+		// would stay claimed, unrun, until its claim expired.
+		tag, err := q.Exec(ctx, `
+			DELETE FROM work_queue w
+			 USING unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS s(kind, key, gen, lease, fence),
+			       leases l
+			 WHERE w.kind = s.kind AND w.key = s.key AND w.generation = s.gen AND w.claimed_by = $6
+			   AND l.name = s.lease AND l.fence = s.fence AND l.holder = $6 AND l.expires_at > now()`,
+			customPlan, kinds, keys, gens, leases, fences, worker)
+		if err != nil {
+			return st, fmt.Errorf("settle done: %w", err)
+		}
+		deleted := int(tag.RowsAffected())
+		requeued := 0
+		if deleted < len(done) {
+			// Dirtied during the run: release the claim so it runs again now.
+			tag, err = q.Exec(ctx, `
 				UPDATE work_queue w SET claimed_by = NULL, claim_fence = NULL, claimed_until = NULL,
 				       attempts = 0, last_error = NULL, run_after = least(w.run_after, now())
 				  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS s(kind, key, gen, lease, fence),
 				       leases l
 				 WHERE w.kind = s.kind AND w.key = s.key AND w.generation <> s.gen AND w.claimed_by = $6
-				   AND l.name = s.lease AND l.fence = s.fence AND l.holder = $6 AND l.expires_at > now()
-				RETURNING w.kind, w.key
-			)
-			SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM r)`,
-			customPlan, kinds, keys, gens, leases, fences, worker)
-		if err != nil {
-			return st, fmt.Errorf("settle done: %w", err)
-		}
-		var deleted, requeued int
-		if rows.Next() {
-			if err := rows.Scan(&deleted, &requeued); err != nil {
-				rows.Close()
+				   AND l.name = s.lease AND l.fence = s.fence AND l.holder = $6 AND l.expires_at > now()`,
+				customPlan, kinds, keys, gens, leases, fences, worker)
+			if err != nil {
 				return st, fmt.Errorf("settle done: %w", err)
 			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return st, fmt.Errorf("settle done: %w", err)
+			requeued = int(tag.RowsAffected())
 		}
 		st.Deleted += deleted
 		st.Requeued += requeued
