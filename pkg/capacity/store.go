@@ -165,36 +165,37 @@ func PoolOf(ctx context.Context, q Querier, tenant, pool string) error {
 // (observed generation at least 1), seen within lostAfter, carrying the
 // labels; the device a healthy, present whole GPU (not MIG-enabled) of the
 // model with the memory, and no active booking.
-const eligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
-	AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb
+const eligibleSQL = nodeEligibleSQL + `
 	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
 	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
-	AND ` + notBookedSQL
+	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
 
-// notBookedSQL is the part of eligibleSQL that leaves out booked atoms.
-const notBookedSQL = `NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
+// nodeEligibleSQL is the part of eligibleSQL on the node n alone.
+const nodeEligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
+	AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb`
 
 // FreeCounts lists the eligible nodes of the pool (see eligibleSQL) that
 // have free atoms matching c, with how many are free and how many of the
 // node's atoms are booked. Free holds one placeholder [Atom] (NodeID only)
 // per free atom, for [Plan]; [Place] reads the chosen atoms afterwards.
+//
+// The counts come from node_capacity and node_capacity_free (migration
+// 00010), which triggers on bookings and devices keep equal to the truth:
+// about one row per node instead of every device and booking of the pool.
 func FreeCounts(ctx context.Context, q Querier, pool string, c Constraints, lostAfter time.Duration) ([]NodeFree, error) {
 	labels := c.NodeLabels
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	// The pool's active bookings are read once and hash-joined; a probe per
-	// device (NOT EXISTS) costs more at thousands of devices.
+	// Planned for its arguments each time (an unnamed statement): a cached
+	// generic plan guesses a handful of eligible nodes and nests loops over
+	// all of them, several times slower at a thousand nodes.
 	rows, err := q.Query(ctx, `
-		WITH taken AS MATERIALIZED (SELECT node_id, device_id FROM bookings WHERE pool_id = $1 AND active),
-		used AS (SELECT node_id, count(*) AS booked FROM taken GROUP BY node_id)
-		SELECT d.node_id, coalesce(max(u.booked), 0), count(*) FILTER (WHERE t.device_id IS NULL)
-		  FROM nodes n JOIN devices d ON d.node_id = n.id
-		  LEFT JOIN taken t ON t.node_id = d.node_id AND t.device_id = d.id
-		  LEFT JOIN used u ON u.node_id = n.id
-		 WHERE n.pool_id = $1 AND `+strings.Replace(eligibleSQL, notBookedSQL, "TRUE", 1)+`
-		 GROUP BY d.node_id
-		HAVING count(*) FILTER (WHERE t.device_id IS NULL) > 0`, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
+		SELECT c.node_id, c.booked, sum(f.free)::int
+		  FROM nodes n JOIN node_capacity c ON c.node_id = n.id JOIN node_capacity_free f ON f.node_id = n.id
+		 WHERE n.pool_id = $1 AND `+nodeEligibleSQL+`
+		   AND ($2 = '' OR f.model = $2 OR starts_with(f.model, $2 || ' ')) AND f.memory_bytes >= $3
+		 GROUP BY c.node_id, c.booked`, pgx.QueryExecModeCacheDescribe, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
 	if err != nil {
 		return nil, fmt.Errorf("read free capacity: %w", err)
 	}
@@ -286,9 +287,9 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 	}
 	for attempt := 0; ; attempt++ {
 		if attempt == 5 {
-			// Contention: concurrent creates keep taking the same atoms.
-			// Queue behind the pool instead; creates that lock the pool
-			// place one at a time.
+			// Contention: the counts keep going stale before this create
+			// books. Queue behind the pool instead; creates that lock the
+			// pool place one at a time.
 			if _, err := tx.Exec(ctx, `SELECT 1 FROM pools WHERE id = $1 FOR NO KEY UPDATE`, r.PoolID); err != nil {
 				return nil, fmt.Errorf("lock pool: %w", err)
 			}
@@ -302,26 +303,15 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 		}
 		nodes = slices.DeleteFunc(nodes, func(n NodeFree) bool { return slices.Contains(o.Exclude, n.NodeID) })
 		slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
-		planned, short := Plan(nodes, count, r.Constraints.SameNode)
-		if short != nil {
-			short.Model = r.Constraints.Model
-			return nil, fault.New(fault.NoCapacity, "gpuCount", "%s", short.Error())
-		}
-		atoms, ok, err := pickAtoms(ctx, tx, r, planned, attempt, o.LostAfter)
+		done, err := placeOn(ctx, tx, r, nodes, count, attempt, o.LostAfter)
 		if err != nil {
 			return nil, err
 		}
-		if !ok {
-			continue // a node has fewer free atoms than counted: read again
+		if done {
+			break
 		}
-		ok, err = book(ctx, tx, r, atoms)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			continue // an atom was taken since we read: read again
-		}
-		break
+		// A planned node had fewer free atoms than counted (a concurrent
+		// create booked it first): count again.
 	}
 	if err := checkQuotas(ctx, tx, r); err != nil {
 		return nil, err
@@ -338,6 +328,79 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 	}
 	r.State, r.Reason = StatePlaced, ""
 	return nodes, nil
+}
+
+// placeOn plans count atoms for r on nodes (the counts read at the start of
+// the attempt) and books them. Each planned node is locked first (its
+// node_capacity row, which every change to its bookings also locks), so
+// nothing books its atoms between the read and the insert. A planned node
+// that a concurrent create holds is passed over and the rest planned again
+// without waiting; only when nothing fits without the held nodes does it
+// wait for them. False when a planned node has fewer free atoms than counted
+// (the caller counts again); NO_CAPACITY when nothing fits.
+func placeOn(ctx context.Context, tx pgx.Tx, r *Reservation, nodes []NodeFree, count, attempt int, lostAfter time.Duration) (bool, error) {
+	busy := map[string]bool{}
+	for {
+		wait := false
+		planned, short := Plan(slices.DeleteFunc(slices.Clone(nodes), func(n NodeFree) bool { return busy[n.NodeID] }), count, r.Constraints.SameNode)
+		if short != nil && len(busy) > 0 {
+			// It fits only with nodes other creates hold: wait for them.
+			wait = true
+			planned, short = Plan(nodes, count, r.Constraints.SameNode)
+		}
+		if short != nil {
+			short.Model = r.Constraints.Model
+			return false, fault.New(fault.NoCapacity, "gpuCount", "%s", short.Error())
+		}
+		var want []string
+		for _, a := range planned {
+			if !slices.Contains(want, a.NodeID) {
+				want = append(want, a.NodeID)
+			}
+		}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return false, err
+		}
+		lock := `SELECT node_id FROM node_capacity WHERE node_id = ANY($1) ORDER BY node_id FOR UPDATE`
+		if !wait {
+			lock += ` SKIP LOCKED`
+		}
+		rows, err := sp.Query(ctx, lock, want)
+		if err != nil {
+			_ = sp.Rollback(ctx)
+			return false, fmt.Errorf("lock nodes: %w", err)
+		}
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			_ = sp.Rollback(ctx)
+			return false, fmt.Errorf("lock nodes: %w", err)
+		}
+		if len(locked) < len(want) {
+			// Rolling back to the savepoint releases the nodes locked.
+			if err := sp.Rollback(ctx); err != nil {
+				return false, err
+			}
+			if wait {
+				return false, nil // a node went away
+			}
+			for _, n := range want {
+				if !slices.Contains(locked, n) {
+					busy[n] = true
+				}
+			}
+			continue
+		}
+		atoms, ok, err := pickAtoms(ctx, sp, r, planned, attempt, lostAfter)
+		if err == nil && ok {
+			ok, err = book(ctx, sp, r, atoms)
+		}
+		if err != nil || !ok {
+			_ = sp.Rollback(ctx)
+			return false, err
+		}
+		return true, sp.Commit(ctx)
+	}
 }
 
 // pickAtoms reads the free atoms of the planned nodes and takes as many on

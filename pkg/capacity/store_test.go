@@ -241,3 +241,111 @@ func TestPlaceConcurrentCreatesNeverExceedAQuota(t *testing.T) {
 		t.Fatalf("%d creates succeeded, %d GPUs booked; the quota is 10", ok, active)
 	}
 }
+
+// countsDrift lists where node_capacity and node_capacity_free differ from
+// the bookings and devices they count (none when they agree).
+func countsDrift(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `
+		WITH truth_booked AS (
+			SELECT n.id AS node_id, (SELECT count(*) FROM bookings b WHERE b.node_id = n.id AND b.active)::int AS booked
+			  FROM nodes n),
+		truth_free AS (
+			SELECT d.node_id, d.model, d.memory_bytes, count(*)::int AS free FROM devices d
+			 WHERE d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
+			   AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)
+			 GROUP BY 1, 2, 3),
+		counted_booked AS (
+			SELECT n.id AS node_id, coalesce(c.booked, 0) AS booked FROM nodes n LEFT JOIN node_capacity c ON c.node_id = n.id)
+		(SELECT 'booked ' || node_id || ' truth ' || booked FROM (TABLE truth_booked EXCEPT TABLE counted_booked) x)
+		UNION ALL
+		(SELECT 'booked ' || node_id || ' counted ' || booked FROM (TABLE counted_booked EXCEPT TABLE truth_booked) x)
+		UNION ALL
+		(SELECT 'free ' || node_id || ' ' || model || ' truth ' || free
+		   FROM (TABLE truth_free EXCEPT SELECT node_id, model, memory_bytes, free FROM node_capacity_free) x)
+		UNION ALL
+		(SELECT 'free ' || node_id || ' ' || model || ' counted ' || free
+		   FROM (SELECT node_id, model, memory_bytes, free FROM node_capacity_free EXCEPT TABLE truth_free) x)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestCountsEqualTheTruth: the per-node counts placement reads stay equal to
+// the bookings and devices under concurrent creates, releases and device
+// changes (health, a device going missing and coming back, a new device).
+func TestCountsEqualTheTruth(t *testing.T) {
+	t.Parallel()
+	pool := setup(t, 6, 8)
+	ctx := t.Context()
+	if d := countsDrift(t, pool); len(d) > 0 {
+		t.Fatalf("after setup: %v", d)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 60)
+	for i := range 60 {
+		wg.Go(func() {
+			id := fmt.Sprintf("rsv_%02d", i)
+			_, err := create(ctx, pool, id, "root", 1+i%4, capacity.Constraints{SameNode: i%3 == 0})
+			if fault.CodeOf(err) == fault.NoCapacity {
+				err = nil
+			}
+			if err == nil && i%2 == 0 {
+				_, _, err = capacity.Finish(ctx, pool, id, capacity.StateReleased, "")
+			}
+			errs[i] = err
+		})
+	}
+	for i := range 12 {
+		wg.Go(func() {
+			node, dev := fmt.Sprintf("node_%02d", i%6), fmt.Sprintf("GPU-node_%02d-%d", i%6, i%8)
+			var err error
+			switch i % 3 {
+			case 0:
+				_, err = pool.Exec(ctx, `UPDATE devices SET healthy = NOT healthy WHERE node_id = $1 AND id = $2`, node, dev)
+			case 1:
+				_, err = pool.Exec(ctx, `UPDATE devices SET missing_since = now() WHERE node_id = $1 AND id = $2`, node, dev)
+				if err == nil {
+					_, err = pool.Exec(ctx, `UPDATE devices SET missing_since = NULL WHERE node_id = $1 AND id = $2`, node, dev)
+				}
+			default:
+				_, err = pool.Exec(ctx, `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES ($1, $2, 8, 'NVIDIA H100', 80000000000)`,
+					node, fmt.Sprintf("GPU-%s-extra%d", node, i))
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+	}
+	var active int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM bookings WHERE active`).Scan(&active)
+	if active == 0 {
+		t.Fatal("nothing stayed booked: the comparison would be empty")
+	}
+	if d := countsDrift(t, pool); len(d) > 0 {
+		t.Fatalf("counts differ from the truth: %v", d)
+	}
+	// Each kind of change counts on its own too.
+	mustExec(t, pool, `UPDATE devices SET healthy = NOT healthy WHERE id = 'GPU-node_00-0'`)
+	mustExec(t, pool, `UPDATE devices SET missing_since = coalesce(missing_since, now()) WHERE id = 'GPU-node_01-1'`)
+	mustExec(t, pool, `UPDATE devices SET mig_enabled = true WHERE id = 'GPU-node_02-2'`)
+	if d := countsDrift(t, pool); len(d) > 0 {
+		t.Fatalf("after device changes: %v", d)
+	}
+	mustExec(t, pool, `DELETE FROM devices WHERE id = 'GPU-node_05-extra5'`)
+	mustExec(t, pool, `UPDATE bookings SET active = false, released_at = now() WHERE active`)
+	if d := countsDrift(t, pool); len(d) > 0 {
+		t.Fatalf("after deleting and releasing: %v", d)
+	}
+}
