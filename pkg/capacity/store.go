@@ -183,19 +183,42 @@ const nodeEligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
 // 00010), which triggers on bookings and devices keep equal to the truth:
 // about one row per node instead of every device and booking of the pool.
 func FreeCounts(ctx context.Context, q Querier, pool string, c Constraints, lostAfter time.Duration) ([]NodeFree, error) {
+	return freeCounts(ctx, q, pool, c, lostAfter, nil, 0)
+}
+
+// spareCandidates is how many nodes beyond what [Plan] can use [Place]
+// reads of each kind of node (same free and booked counts), to plan around
+// nodes that concurrent creates hold.
+const spareCandidates = 32
+
+// freeCounts is [FreeCounts] without the nodes in exclude and, when count
+// is above 0, only the nodes [Plan] can pick for count atoms (and
+// spareCandidates more) of each kind. Plan ranks nodes by free atoms, then
+// booked atoms, then id, and takes at most ceil(count/free) nodes with free
+// atoms each, so the first of each kind by id are the only ones it can
+// pick: it plans the same from them as from every node, and a shortage it
+// reports is the same (a kind left out has count atoms on the nodes kept).
+func freeCounts(ctx context.Context, q Querier, pool string, c Constraints, lostAfter time.Duration, exclude []string, count int) ([]NodeFree, error) {
 	labels := c.NodeLabels
 	if labels == nil {
 		labels = map[string]string{}
+	}
+	if exclude == nil {
+		exclude = []string{}
 	}
 	// Planned for its arguments each time (an unnamed statement): a cached
 	// generic plan guesses a handful of eligible nodes and nests loops over
 	// all of them, several times slower at a thousand nodes.
 	rows, err := q.Query(ctx, `
-		SELECT c.node_id, c.booked, sum(f.free)::int
-		  FROM nodes n JOIN node_capacity c ON c.node_id = n.id JOIN node_capacity_free f ON f.node_id = n.id
-		 WHERE n.pool_id = $1 AND `+nodeEligibleSQL+`
-		   AND ($2 = '' OR f.model = $2 OR starts_with(f.model, $2 || ' ')) AND f.memory_bytes >= $3
-		 GROUP BY c.node_id, c.booked`, pgx.QueryExecModeCacheDescribe, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
+		SELECT node_id, booked, free FROM (
+			SELECT c.node_id, c.booked, sum(f.free)::int AS free,
+			       row_number() OVER (PARTITION BY sum(f.free), c.booked ORDER BY c.node_id) AS rank
+			  FROM nodes n JOIN node_capacity c ON c.node_id = n.id JOIN node_capacity_free f ON f.node_id = n.id
+			 WHERE n.pool_id = $1 AND `+nodeEligibleSQL+` AND NOT (n.id = ANY($6))
+			   AND ($2 = '' OR f.model = $2 OR starts_with(f.model, $2 || ' ')) AND f.memory_bytes >= $3
+			 GROUP BY c.node_id, c.booked) k
+		 WHERE $7 = 0 OR rank <= ($7 + free - 1) / free + $8`,
+		pgx.QueryExecModeCacheDescribe, pool, c.Model, c.MinMemoryBytes, labels, lostAfter, exclude, count, spareCandidates)
 	if err != nil {
 		return nil, fmt.Errorf("read free capacity: %w", err)
 	}
@@ -281,10 +304,14 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 	if o.Count > 0 {
 		count = o.Count
 	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) FOR UPDATE`,
-		r.PoolID, iam.Ancestors(r.TenantID)); err != nil {
+	// Creates under a quota place one at a time; a create that no quota
+	// applies to locks nothing here.
+	tag, err := tx.Exec(ctx, `SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) FOR UPDATE`,
+		r.PoolID, iam.Ancestors(r.TenantID))
+	if err != nil {
 		return nil, fmt.Errorf("lock quotas: %w", err)
 	}
+	quotas := tag.RowsAffected() > 0
 	for attempt := 0; ; attempt++ {
 		if attempt == 5 {
 			// Contention: the counts keep going stale before this create
@@ -297,11 +324,10 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 		if attempt > 50 {
 			return nil, fault.New(fault.Unavailable, "gpuCount", "placement kept losing atoms to concurrent reservations; retry")
 		}
-		nodes, err := FreeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter)
+		nodes, err := freeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter, o.Exclude, count)
 		if err != nil {
 			return nil, err
 		}
-		nodes = slices.DeleteFunc(nodes, func(n NodeFree) bool { return slices.Contains(o.Exclude, n.NodeID) })
 		slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
 		done, err := placeOn(ctx, tx, r, nodes, count, attempt, o.LostAfter)
 		if err != nil {
@@ -313,11 +339,13 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 		// A planned node had fewer free atoms than counted (a concurrent
 		// create booked it first): count again.
 	}
-	if err := checkQuotas(ctx, tx, r); err != nil {
-		return nil, err
+	if quotas {
+		if err := checkQuotas(ctx, tx, r); err != nil {
+			return nil, err
+		}
 	}
 	var nodes []string
-	err := tx.QueryRow(ctx, `
+	err = tx.QueryRow(ctx, `
 		WITH u AS (
 			UPDATE reservations SET state = 'placed', reason = '', updated_at = now()
 			 WHERE id = $1 RETURNING id)
@@ -449,29 +477,23 @@ func rotate(nodes []NodeFree, id string, attempt int) {
 	}
 }
 
-// book inserts bookings of atoms for r under a savepoint; false (and
-// nothing inserted) when a concurrent transaction holds one of them.
+// book inserts bookings of atoms for r; false when a concurrent transaction
+// holds one of them, and then the caller rolls back what was inserted (it
+// runs under [placeOn]'s savepoint). The planned nodes are locked, so that
+// takes a writer that books without locking them.
 func book(ctx context.Context, tx pgx.Tx, r *Reservation, atoms []Atom) (bool, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return false, err
-	}
 	nodes, devs, models := make([]string, len(atoms)), make([]string, len(atoms)), make([]string, len(atoms))
 	for i, a := range atoms {
 		nodes[i], devs[i], models[i] = a.NodeID, a.DeviceID, a.Model
 	}
-	tag, err := sp.Exec(ctx, `
+	tag, err := tx.Exec(ctx, `
 		INSERT INTO bookings (reservation_id, node_id, device_id, model, tenant_id, pool_id)
 		SELECT $1, n, d, m, $5, $6 FROM unnest($2::text[], $3::text[], $4::text[]) AS t(n, d, m)
 		ON CONFLICT DO NOTHING`, r.ID, nodes, devs, models, r.TenantID, r.PoolID)
 	if err != nil {
-		_ = sp.Rollback(ctx)
 		return false, fmt.Errorf("insert bookings: %w", err)
 	}
-	if int(tag.RowsAffected()) != len(atoms) {
-		return false, sp.Rollback(ctx)
-	}
-	return true, sp.Commit(ctx)
+	return int(tag.RowsAffected()) == len(atoms), nil
 }
 
 // checkQuotas fails with QUOTA_EXCEEDED if, with r's bookings inserted, any

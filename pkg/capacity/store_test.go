@@ -3,6 +3,7 @@ package capacity_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -347,5 +348,47 @@ func TestCountsEqualTheTruth(t *testing.T) {
 	mustExec(t, pool, `UPDATE bookings SET active = false, released_at = now() WHERE active`)
 	if d := countsDrift(t, pool); len(d) > 0 {
 		t.Fatalf("after deleting and releasing: %v", d)
+	}
+}
+
+// TestPlaceReadsOnlyTheNodesPlanCanPick: planning from the nodes Place reads
+// (the first few of each kind) picks what planning from every node picks,
+// and reports the same shortage.
+func TestPlaceReadsOnlyTheNodesPlanCanPick(t *testing.T) {
+	t.Parallel()
+	pool := setup(t, 80, 8)
+	ctx := t.Context()
+	// Nodes of many kinds: 1 to 7 booked, some unhealthy GPUs.
+	for i := range 60 {
+		if _, err := create(ctx, pool, fmt.Sprintf("rsv_%02d", i), "root", 1+i%7, capacity.Constraints{SameNode: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustExec(t, pool, `UPDATE devices SET healthy = false WHERE index = 7 AND node_id > 'node_70'`)
+	byID := func(ns []capacity.NodeFree) []capacity.NodeFree {
+		slices.SortFunc(ns, func(a, b capacity.NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
+		return ns
+	}
+	all, err := capacity.FreeCounts(ctx, pool, "pool_p", capacity.Constraints{}, capacity.DefaultLostAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID(all)
+	for count := 1; count <= 400; count += 1 + count/8 {
+		some, err := capacity.FreeCountsFor(ctx, pool, "pool_p", capacity.Constraints{}, capacity.DefaultLostAfter, nil, count)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID(some)
+		if count < 8 && len(some) >= len(all) {
+			t.Fatalf("count %d: read %d nodes of %d", count, len(some), len(all))
+		}
+		for _, same := range []bool{false, true} {
+			want, wantShort := capacity.Plan(all, count, same)
+			got, gotShort := capacity.Plan(some, count, same)
+			if fmt.Sprint(want, wantShort) != fmt.Sprint(got, gotShort) {
+				t.Fatalf("count %d sameNode %v: from all nodes %v %v, from those read %v %v", count, same, want, wantShort, got, gotShort)
+			}
+		}
 	}
 }
