@@ -284,19 +284,6 @@ type PlaceOptions struct {
 // gpuCount saying what was missing; over quota is QUOTA_EXCEEDED on gpuCount
 // with the limit. Either error leaves tx as it was before the call.
 func Place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]string, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	nodes, err := place(ctx, sp, r, o)
-	if err != nil {
-		_ = sp.Rollback(ctx)
-		return nil, err
-	}
-	return nodes, sp.Commit(ctx)
-}
-
-func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]string, error) {
 	if o.LostAfter <= 0 {
 		o.LostAfter = DefaultLostAfter
 	}
@@ -304,70 +291,94 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 	if o.Count > 0 {
 		count = o.Count
 	}
+	// Nodes concurrent creates held when this one tried to lock them.
+	busy := map[string]bool{}
+	for attempt := 0; ; attempt++ {
+		if attempt > 50 {
+			return nil, fault.New(fault.Unavailable, "gpuCount", "placement kept losing atoms to concurrent reservations; retry")
+		}
+		// Each try runs under one savepoint: a failed or lost one leaves
+		// tx as it was, its locks released.
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		nodes, done, err := placeOnce(ctx, sp, r, o, count, attempt, busy)
+		if err != nil || !done {
+			if rerr := sp.Rollback(ctx); err == nil {
+				err = rerr
+			}
+			if err != nil {
+				return nil, err
+			}
+			continue // the counts were stale: count again
+		}
+		if err := sp.Commit(ctx); err != nil {
+			return nil, err
+		}
+		r.State, r.Reason = StatePlaced, ""
+		return nodes, nil
+	}
+}
+
+// placeOnce is one try of [Place]: false when a planned node had fewer free
+// atoms than counted (a concurrent create booked it first), or only some of
+// the planned nodes could be locked; the caller then rolls back and tries
+// again.
+func placeOnce(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions, count, attempt int, busy map[string]bool) ([]string, bool, error) {
 	// Creates under a quota place one at a time; a create that no quota
 	// applies to locks nothing here.
 	tag, err := tx.Exec(ctx, `SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) FOR UPDATE`,
 		r.PoolID, iam.Ancestors(r.TenantID))
 	if err != nil {
-		return nil, fmt.Errorf("lock quotas: %w", err)
+		return nil, false, fmt.Errorf("lock quotas: %w", err)
 	}
 	quotas := tag.RowsAffected() > 0
-	for attempt := 0; ; attempt++ {
-		if attempt == 5 {
-			// Contention: the counts keep going stale before this create
-			// books. Queue behind the pool instead; creates that lock the
-			// pool place one at a time.
-			if _, err := tx.Exec(ctx, `SELECT 1 FROM pools WHERE id = $1 FOR NO KEY UPDATE`, r.PoolID); err != nil {
-				return nil, fmt.Errorf("lock pool: %w", err)
-			}
+	if attempt >= 5 {
+		// Contention: the counts keep going stale before this create
+		// books. Queue behind the pool instead; creates that lock the pool
+		// place one at a time.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM pools WHERE id = $1 FOR NO KEY UPDATE`, r.PoolID); err != nil {
+			return nil, false, fmt.Errorf("lock pool: %w", err)
 		}
-		if attempt > 50 {
-			return nil, fault.New(fault.Unavailable, "gpuCount", "placement kept losing atoms to concurrent reservations; retry")
-		}
-		nodes, err := freeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter, o.Exclude, count)
-		if err != nil {
-			return nil, err
-		}
-		slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
-		done, err := placeOn(ctx, tx, r, nodes, count, attempt, o.LostAfter)
-		if err != nil {
-			return nil, err
-		}
-		if done {
-			break
-		}
-		// A planned node had fewer free atoms than counted (a concurrent
-		// create booked it first): count again.
+	}
+	nodes, err := freeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter, o.Exclude, count)
+	if err != nil {
+		return nil, false, err
+	}
+	slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
+	done, err := placeOn(ctx, tx, r, nodes, count, attempt, o.LostAfter, busy)
+	if err != nil || !done {
+		return nil, false, err
 	}
 	if quotas {
 		if err := checkQuotas(ctx, tx, r); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
-	var nodes []string
+	var booked []string
 	err = tx.QueryRow(ctx, `
 		WITH u AS (
 			UPDATE reservations SET state = 'placed', reason = '', updated_at = now()
 			 WHERE id = $1 RETURNING id)
 		SELECT coalesce(array_agg(DISTINCT node_id ORDER BY node_id), '{}') FROM bookings, u
-		 WHERE reservation_id = u.id AND active`, r.ID).Scan(&nodes)
+		 WHERE reservation_id = u.id AND active`, r.ID).Scan(&booked)
 	if err != nil {
-		return nil, fmt.Errorf("mark placed: %w", err)
+		return nil, false, fmt.Errorf("mark placed: %w", err)
 	}
-	r.State, r.Reason = StatePlaced, ""
-	return nodes, nil
+	return booked, true, nil
 }
 
 // placeOn plans count atoms for r on nodes (the counts read at the start of
-// the attempt) and books them. Each planned node is locked first (its
+// the try) and books them. Each planned node is locked first (its
 // node_capacity row, which every change to its bookings also locks), so
 // nothing books its atoms between the read and the insert. A planned node
-// that a concurrent create holds is passed over and the rest planned again
-// without waiting; only when nothing fits without the held nodes does it
-// wait for them. False when a planned node has fewer free atoms than counted
-// (the caller counts again); NO_CAPACITY when nothing fits.
-func placeOn(ctx context.Context, tx pgx.Tx, r *Reservation, nodes []NodeFree, count, attempt int, lostAfter time.Duration) (bool, error) {
-	busy := map[string]bool{}
+// that a concurrent create holds (busy) is passed over and the rest planned
+// again without waiting; only when nothing fits without the busy nodes does
+// it wait for them. False when a planned node has fewer free atoms than
+// counted, or only some of the planned nodes were locked: the caller rolls
+// back (releasing them) and counts again. NO_CAPACITY when nothing fits.
+func placeOn(ctx context.Context, tx pgx.Tx, r *Reservation, nodes []NodeFree, count, attempt int, lostAfter time.Duration, busy map[string]bool) (bool, error) {
 	for {
 		wait := false
 		planned, short := Plan(slices.DeleteFunc(slices.Clone(nodes), func(n NodeFree) bool { return busy[n.NodeID] }), count, r.Constraints.SameNode)
@@ -386,48 +397,34 @@ func placeOn(ctx context.Context, tx pgx.Tx, r *Reservation, nodes []NodeFree, c
 				want = append(want, a.NodeID)
 			}
 		}
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return false, err
-		}
 		lock := `SELECT node_id FROM node_capacity WHERE node_id = ANY($1) ORDER BY node_id FOR UPDATE`
 		if !wait {
 			lock += ` SKIP LOCKED`
 		}
-		rows, err := sp.Query(ctx, lock, want)
+		rows, err := tx.Query(ctx, lock, want)
 		if err != nil {
-			_ = sp.Rollback(ctx)
 			return false, fmt.Errorf("lock nodes: %w", err)
 		}
 		locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			_ = sp.Rollback(ctx)
 			return false, fmt.Errorf("lock nodes: %w", err)
 		}
 		if len(locked) < len(want) {
-			// Rolling back to the savepoint releases the nodes locked.
-			if err := sp.Rollback(ctx); err != nil {
-				return false, err
-			}
-			if wait {
-				return false, nil // a node went away
-			}
 			for _, n := range want {
 				if !slices.Contains(locked, n) {
 					busy[n] = true
 				}
 			}
-			continue
+			if len(locked) == 0 && !wait {
+				continue // nothing locked: plan around them
+			}
+			return false, nil
 		}
-		atoms, ok, err := pickAtoms(ctx, sp, r, planned, attempt, lostAfter)
-		if err == nil && ok {
-			ok, err = book(ctx, sp, r, atoms)
-		}
+		atoms, ok, err := pickAtoms(ctx, tx, r, planned, attempt, lostAfter)
 		if err != nil || !ok {
-			_ = sp.Rollback(ctx)
 			return false, err
 		}
-		return true, sp.Commit(ctx)
+		return book(ctx, tx, r, atoms)
 	}
 }
 
@@ -479,7 +476,7 @@ func rotate(nodes []NodeFree, id string, attempt int) {
 
 // book inserts bookings of atoms for r; false when a concurrent transaction
 // holds one of them, and then the caller rolls back what was inserted (it
-// runs under [placeOn]'s savepoint). The planned nodes are locked, so that
+// runs under [Place]'s savepoint for the try). The planned nodes are locked, so that
 // takes a writer that books without locking them.
 func book(ctx context.Context, tx pgx.Tx, r *Reservation, atoms []Atom) (bool, error) {
 	nodes, devs, models := make([]string, len(atoms)), make([]string, len(atoms)), make([]string, len(atoms))

@@ -392,3 +392,63 @@ func TestPlaceReadsOnlyTheNodesPlanCanPick(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceAroundAHeldNode: a create plans around a node a concurrent
+// transaction holds, and waits for it only when nothing else fits.
+func TestPlaceAroundAHeldNode(t *testing.T) {
+	t.Parallel()
+	// hold locks node's counts in a transaction left open until release.
+	hold := func(t *testing.T, pool *pgxpool.Pool, node string) (release func()) {
+		tx, err := pool.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(t.Context(), `SELECT 1 FROM node_capacity WHERE node_id = $1 FOR UPDATE`, node); err != nil {
+			t.Fatal(err)
+		}
+		return func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }
+	}
+	t.Run("plans around it", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 2, 8)
+		if _, err := create(t.Context(), pool, "rsv_a", "root", 1, capacity.Constraints{}); err != nil {
+			t.Fatal(err)
+		}
+		a, _ := capacity.Get(t.Context(), pool, "root", "rsv_a")
+		release := hold(t, pool, a.Bookings[0].NodeID) // packing's pick for the next GPU
+		defer release()
+		b, err := create(t.Context(), pool, "rsv_b", "root", 1, capacity.Constraints{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ = capacity.Get(t.Context(), pool, "root", b.ID)
+		if len(b.Bookings) != 1 || b.Bookings[0].NodeID == a.Bookings[0].NodeID {
+			t.Fatalf("want rsv_b off the held node %s, got %+v", a.Bookings[0].NodeID, b.Bookings)
+		}
+	})
+	t.Run("waits when nothing else fits", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 1, 8)
+		release := hold(t, pool, "node_00")
+		done := make(chan error, 1)
+		go func() {
+			_, err := create(t.Context(), pool, "rsv_c", "root", 2, capacity.Constraints{})
+			done <- err
+		}()
+		// Until the create waits on the held node's lock.
+		for waiting := 0; waiting == 0; {
+			if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+		}
+		release()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		c, _ := capacity.Get(t.Context(), pool, "root", "rsv_c")
+		if c.State != capacity.StatePlaced || len(c.Bookings) != 2 {
+			t.Fatalf("rsv_c %+v", c)
+		}
+	})
+}
