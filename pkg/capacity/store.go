@@ -165,36 +165,60 @@ func PoolOf(ctx context.Context, q Querier, tenant, pool string) error {
 // (observed generation at least 1), seen within lostAfter, carrying the
 // labels; the device a healthy, present whole GPU (not MIG-enabled) of the
 // model with the memory, and no active booking.
-const eligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
-	AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb
+const eligibleSQL = nodeEligibleSQL + `
 	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
 	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
-	AND ` + notBookedSQL
+	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
 
-// notBookedSQL is the part of eligibleSQL that leaves out booked atoms.
-const notBookedSQL = `NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
+// nodeEligibleSQL is the part of eligibleSQL on the node n alone.
+const nodeEligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
+	AND n.last_seen_at > now() - $5::interval AND n.labels @> $4::jsonb`
 
 // FreeCounts lists the eligible nodes of the pool (see eligibleSQL) that
 // have free atoms matching c, with how many are free and how many of the
 // node's atoms are booked. Free holds one placeholder [Atom] (NodeID only)
 // per free atom, for [Plan]; [Place] reads the chosen atoms afterwards.
+//
+// The counts come from node_capacity and node_capacity_free (migration
+// 00010), which triggers on bookings and devices keep equal to the truth:
+// about one row per node instead of every device and booking of the pool.
 func FreeCounts(ctx context.Context, q Querier, pool string, c Constraints, lostAfter time.Duration) ([]NodeFree, error) {
+	return freeCounts(ctx, q, pool, c, lostAfter, nil, 0)
+}
+
+// spareCandidates is how many nodes beyond what [Plan] can use [Place]
+// reads of each kind of node (same free and booked counts), to plan around
+// nodes that concurrent creates hold.
+const spareCandidates = 32
+
+// freeCounts is [FreeCounts] without the nodes in exclude and, when count
+// is above 0, only the nodes [Plan] can pick for count atoms (and
+// spareCandidates more) of each kind. Plan ranks nodes by free atoms, then
+// booked atoms, then id, and takes at most ceil(count/free) nodes with free
+// atoms each, so the first of each kind by id are the only ones it can
+// pick: it plans the same from them as from every node, and a shortage it
+// reports is the same (a kind left out has count atoms on the nodes kept).
+func freeCounts(ctx context.Context, q Querier, pool string, c Constraints, lostAfter time.Duration, exclude []string, count int) ([]NodeFree, error) {
 	labels := c.NodeLabels
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	// The pool's active bookings are read once and hash-joined; a probe per
-	// device (NOT EXISTS) costs more at thousands of devices.
+	if exclude == nil {
+		exclude = []string{}
+	}
+	// Planned for its arguments each time (an unnamed statement): a cached
+	// generic plan guesses a handful of eligible nodes and nests loops over
+	// all of them, several times slower at a thousand nodes.
 	rows, err := q.Query(ctx, `
-		WITH taken AS MATERIALIZED (SELECT node_id, device_id FROM bookings WHERE pool_id = $1 AND active),
-		used AS (SELECT node_id, count(*) AS booked FROM taken GROUP BY node_id)
-		SELECT d.node_id, coalesce(max(u.booked), 0), count(*) FILTER (WHERE t.device_id IS NULL)
-		  FROM nodes n JOIN devices d ON d.node_id = n.id
-		  LEFT JOIN taken t ON t.node_id = d.node_id AND t.device_id = d.id
-		  LEFT JOIN used u ON u.node_id = n.id
-		 WHERE n.pool_id = $1 AND `+strings.Replace(eligibleSQL, notBookedSQL, "TRUE", 1)+`
-		 GROUP BY d.node_id
-		HAVING count(*) FILTER (WHERE t.device_id IS NULL) > 0`, pool, c.Model, c.MinMemoryBytes, labels, lostAfter)
+		SELECT node_id, booked, free FROM (
+			SELECT c.node_id, c.booked, sum(f.free)::int AS free,
+			       row_number() OVER (PARTITION BY sum(f.free), c.booked ORDER BY c.node_id) AS rank
+			  FROM nodes n JOIN node_capacity c ON c.node_id = n.id JOIN node_capacity_free f ON f.node_id = n.id
+			 WHERE n.pool_id = $1 AND `+nodeEligibleSQL+` AND NOT (n.id = ANY($6))
+			   AND ($2 = '' OR f.model = $2 OR starts_with(f.model, $2 || ' ')) AND f.memory_bytes >= $3
+			 GROUP BY c.node_id, c.booked) k
+		 WHERE $7 = 0 OR rank <= ($7 + free - 1) / free + $8`,
+		pgx.QueryExecModeCacheDescribe, pool, c.Model, c.MinMemoryBytes, labels, lostAfter, exclude, count, spareCandidates)
 	if err != nil {
 		return nil, fmt.Errorf("read free capacity: %w", err)
 	}
@@ -260,19 +284,6 @@ type PlaceOptions struct {
 // gpuCount saying what was missing; over quota is QUOTA_EXCEEDED on gpuCount
 // with the limit. Either error leaves tx as it was before the call.
 func Place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]string, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	nodes, err := place(ctx, sp, r, o)
-	if err != nil {
-		_ = sp.Rollback(ctx)
-		return nil, err
-	}
-	return nodes, sp.Commit(ctx)
-}
-
-func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]string, error) {
 	if o.LostAfter <= 0 {
 		o.LostAfter = DefaultLostAfter
 	}
@@ -280,64 +291,141 @@ func place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 	if o.Count > 0 {
 		count = o.Count
 	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) FOR UPDATE`,
-		r.PoolID, iam.Ancestors(r.TenantID)); err != nil {
-		return nil, fmt.Errorf("lock quotas: %w", err)
-	}
+	// Nodes concurrent creates held when this one tried to lock them.
+	busy := map[string]bool{}
 	for attempt := 0; ; attempt++ {
-		if attempt == 5 {
-			// Contention: concurrent creates keep taking the same atoms.
-			// Queue behind the pool instead; creates that lock the pool
-			// place one at a time.
-			if _, err := tx.Exec(ctx, `SELECT 1 FROM pools WHERE id = $1 FOR NO KEY UPDATE`, r.PoolID); err != nil {
-				return nil, fmt.Errorf("lock pool: %w", err)
-			}
-		}
 		if attempt > 50 {
 			return nil, fault.New(fault.Unavailable, "gpuCount", "placement kept losing atoms to concurrent reservations; retry")
 		}
-		nodes, err := FreeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter)
+		// Each try runs under one savepoint: a failed or lost one leaves
+		// tx as it was, its locks released.
+		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return nil, err
 		}
-		nodes = slices.DeleteFunc(nodes, func(n NodeFree) bool { return slices.Contains(o.Exclude, n.NodeID) })
-		slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
-		planned, short := Plan(nodes, count, r.Constraints.SameNode)
-		if short != nil {
-			short.Model = r.Constraints.Model
-			return nil, fault.New(fault.NoCapacity, "gpuCount", "%s", short.Error())
+		nodes, done, err := placeOnce(ctx, sp, r, o, count, attempt, busy)
+		if err != nil || !done {
+			if rerr := sp.Rollback(ctx); err == nil {
+				err = rerr
+			}
+			if err != nil {
+				return nil, err
+			}
+			continue // the counts were stale: count again
 		}
-		atoms, ok, err := pickAtoms(ctx, tx, r, planned, attempt, o.LostAfter)
-		if err != nil {
+		if err := sp.Commit(ctx); err != nil {
 			return nil, err
 		}
-		if !ok {
-			continue // a node has fewer free atoms than counted: read again
-		}
-		ok, err = book(ctx, tx, r, atoms)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			continue // an atom was taken since we read: read again
-		}
-		break
+		r.State, r.Reason = StatePlaced, ""
+		return nodes, nil
 	}
-	if err := checkQuotas(ctx, tx, r); err != nil {
-		return nil, err
+}
+
+// placeOnce is one try of [Place]: false when a planned node had fewer free
+// atoms than counted (a concurrent create booked it first), or only some of
+// the planned nodes could be locked; the caller then rolls back and tries
+// again.
+func placeOnce(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions, count, attempt int, busy map[string]bool) ([]string, bool, error) {
+	// Creates under a quota place one at a time; a create that no quota
+	// applies to locks nothing here.
+	tag, err := tx.Exec(ctx, `SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) FOR UPDATE`,
+		r.PoolID, iam.Ancestors(r.TenantID))
+	if err != nil {
+		return nil, false, fmt.Errorf("lock quotas: %w", err)
 	}
-	var nodes []string
-	err := tx.QueryRow(ctx, `
+	quotas := tag.RowsAffected() > 0
+	if attempt >= 5 {
+		// Contention: the counts keep going stale before this create
+		// books. Queue behind the pool instead; creates that lock the pool
+		// place one at a time.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM pools WHERE id = $1 FOR NO KEY UPDATE`, r.PoolID); err != nil {
+			return nil, false, fmt.Errorf("lock pool: %w", err)
+		}
+	}
+	nodes, err := freeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter, o.Exclude, count)
+	if err != nil {
+		return nil, false, err
+	}
+	slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
+	done, err := placeOn(ctx, tx, r, nodes, count, attempt, o.LostAfter, busy)
+	if err != nil || !done {
+		return nil, false, err
+	}
+	if quotas {
+		if err := checkQuotas(ctx, tx, r); err != nil {
+			return nil, false, err
+		}
+	}
+	var booked []string
+	err = tx.QueryRow(ctx, `
 		WITH u AS (
 			UPDATE reservations SET state = 'placed', reason = '', updated_at = now()
 			 WHERE id = $1 RETURNING id)
 		SELECT coalesce(array_agg(DISTINCT node_id ORDER BY node_id), '{}') FROM bookings, u
-		 WHERE reservation_id = u.id AND active`, r.ID).Scan(&nodes)
+		 WHERE reservation_id = u.id AND active`, r.ID).Scan(&booked)
 	if err != nil {
-		return nil, fmt.Errorf("mark placed: %w", err)
+		return nil, false, fmt.Errorf("mark placed: %w", err)
 	}
-	r.State, r.Reason = StatePlaced, ""
-	return nodes, nil
+	return booked, true, nil
+}
+
+// placeOn plans count atoms for r on nodes (the counts read at the start of
+// the try) and books them. Each planned node is locked first (its
+// node_capacity row, which every change to its bookings also locks), so
+// nothing books its atoms between the read and the insert. A planned node
+// that a concurrent create holds (busy) is passed over and the rest planned
+// again without waiting; only when nothing fits without the busy nodes does
+// it wait for them. False when a planned node has fewer free atoms than
+// counted, or only some of the planned nodes were locked: the caller rolls
+// back (releasing them) and counts again. NO_CAPACITY when nothing fits.
+func placeOn(ctx context.Context, tx pgx.Tx, r *Reservation, nodes []NodeFree, count, attempt int, lostAfter time.Duration, busy map[string]bool) (bool, error) {
+	for {
+		wait := false
+		planned, short := Plan(slices.DeleteFunc(slices.Clone(nodes), func(n NodeFree) bool { return busy[n.NodeID] }), count, r.Constraints.SameNode)
+		if short != nil && len(busy) > 0 {
+			// It fits only with nodes other creates hold: wait for them.
+			wait = true
+			planned, short = Plan(nodes, count, r.Constraints.SameNode)
+		}
+		if short != nil {
+			short.Model = r.Constraints.Model
+			return false, fault.New(fault.NoCapacity, "gpuCount", "%s", short.Error())
+		}
+		var want []string
+		for _, a := range planned {
+			if !slices.Contains(want, a.NodeID) {
+				want = append(want, a.NodeID)
+			}
+		}
+		lock := `SELECT node_id FROM node_capacity WHERE node_id = ANY($1) ORDER BY node_id FOR UPDATE`
+		if !wait {
+			lock += ` SKIP LOCKED`
+		}
+		rows, err := tx.Query(ctx, lock, want)
+		if err != nil {
+			return false, fmt.Errorf("lock nodes: %w", err)
+		}
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return false, fmt.Errorf("lock nodes: %w", err)
+		}
+		if len(locked) < len(want) {
+			for _, n := range want {
+				if !slices.Contains(locked, n) {
+					busy[n] = true
+				}
+			}
+			if len(locked) == 0 && !wait {
+				continue // nothing locked: plan around them
+			}
+			return false, nil
+		}
+		atoms, ok, err := pickAtoms(ctx, tx, r, planned, attempt, lostAfter)
+		if err != nil || !ok {
+			return false, err
+		}
+		return book(ctx, tx, r, atoms)
+	}
 }
 
 // pickAtoms reads the free atoms of the planned nodes and takes as many on
@@ -386,29 +474,23 @@ func rotate(nodes []NodeFree, id string, attempt int) {
 	}
 }
 
-// book inserts bookings of atoms for r under a savepoint; false (and
-// nothing inserted) when a concurrent transaction holds one of them.
+// book inserts bookings of atoms for r; false when a concurrent transaction
+// holds one of them, and then the caller rolls back what was inserted (it
+// runs under [Place]'s savepoint for the try). The planned nodes are locked, so that
+// takes a writer that books without locking them.
 func book(ctx context.Context, tx pgx.Tx, r *Reservation, atoms []Atom) (bool, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return false, err
-	}
 	nodes, devs, models := make([]string, len(atoms)), make([]string, len(atoms)), make([]string, len(atoms))
 	for i, a := range atoms {
 		nodes[i], devs[i], models[i] = a.NodeID, a.DeviceID, a.Model
 	}
-	tag, err := sp.Exec(ctx, `
+	tag, err := tx.Exec(ctx, `
 		INSERT INTO bookings (reservation_id, node_id, device_id, model, tenant_id, pool_id)
 		SELECT $1, n, d, m, $5, $6 FROM unnest($2::text[], $3::text[], $4::text[]) AS t(n, d, m)
 		ON CONFLICT DO NOTHING`, r.ID, nodes, devs, models, r.TenantID, r.PoolID)
 	if err != nil {
-		_ = sp.Rollback(ctx)
 		return false, fmt.Errorf("insert bookings: %w", err)
 	}
-	if int(tag.RowsAffected()) != len(atoms) {
-		return false, sp.Rollback(ctx)
-	}
-	return true, sp.Commit(ctx)
+	return int(tag.RowsAffected()) == len(atoms), nil
 }
 
 // checkQuotas fails with QUOTA_EXCEEDED if, with r's bookings inserted, any

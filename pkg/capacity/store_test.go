@@ -3,6 +3,7 @@ package capacity_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -240,4 +241,214 @@ func TestPlaceConcurrentCreatesNeverExceedAQuota(t *testing.T) {
 	if ok != 10 || active != 10 {
 		t.Fatalf("%d creates succeeded, %d GPUs booked; the quota is 10", ok, active)
 	}
+}
+
+// countsDrift lists where node_capacity and node_capacity_free differ from
+// the bookings and devices they count (none when they agree).
+func countsDrift(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `
+		WITH truth_booked AS (
+			SELECT n.id AS node_id, (SELECT count(*) FROM bookings b WHERE b.node_id = n.id AND b.active)::int AS booked
+			  FROM nodes n),
+		truth_free AS (
+			SELECT d.node_id, d.model, d.memory_bytes, count(*)::int AS free FROM devices d
+			 WHERE d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
+			   AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)
+			 GROUP BY 1, 2, 3),
+		counted_booked AS (
+			SELECT n.id AS node_id, coalesce(c.booked, 0) AS booked FROM nodes n LEFT JOIN node_capacity c ON c.node_id = n.id)
+		(SELECT 'booked ' || node_id || ' truth ' || booked FROM (TABLE truth_booked EXCEPT TABLE counted_booked) x)
+		UNION ALL
+		(SELECT 'booked ' || node_id || ' counted ' || booked FROM (TABLE counted_booked EXCEPT TABLE truth_booked) x)
+		UNION ALL
+		(SELECT 'free ' || node_id || ' ' || model || ' truth ' || free
+		   FROM (TABLE truth_free EXCEPT SELECT node_id, model, memory_bytes, free FROM node_capacity_free) x)
+		UNION ALL
+		(SELECT 'free ' || node_id || ' ' || model || ' counted ' || free
+		   FROM (SELECT node_id, model, memory_bytes, free FROM node_capacity_free EXCEPT TABLE truth_free) x)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestCountsEqualTheTruth: the per-node counts placement reads stay equal to
+// the bookings and devices under concurrent creates, releases and device
+// changes (health, a device going missing and coming back, a new device).
+func TestCountsEqualTheTruth(t *testing.T) {
+	t.Parallel()
+	pool := setup(t, 6, 8)
+	ctx := t.Context()
+	if d := countsDrift(t, pool); len(d) > 0 {
+		t.Fatalf("after setup: %v", d)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 60)
+	for i := range 60 {
+		wg.Go(func() {
+			id := fmt.Sprintf("rsv_%02d", i)
+			_, err := create(ctx, pool, id, "root", 1+i%4, capacity.Constraints{SameNode: i%3 == 0})
+			if fault.CodeOf(err) == fault.NoCapacity {
+				err = nil
+			}
+			if err == nil && i%2 == 0 {
+				_, _, err = capacity.Finish(ctx, pool, id, capacity.StateReleased, "")
+			}
+			errs[i] = err
+		})
+	}
+	for i := range 12 {
+		wg.Go(func() {
+			node, dev := fmt.Sprintf("node_%02d", i%6), fmt.Sprintf("GPU-node_%02d-%d", i%6, i%8)
+			var err error
+			switch i % 3 {
+			case 0:
+				_, err = pool.Exec(ctx, `UPDATE devices SET healthy = NOT healthy WHERE node_id = $1 AND id = $2`, node, dev)
+			case 1:
+				_, err = pool.Exec(ctx, `UPDATE devices SET missing_since = now() WHERE node_id = $1 AND id = $2`, node, dev)
+				if err == nil {
+					_, err = pool.Exec(ctx, `UPDATE devices SET missing_since = NULL WHERE node_id = $1 AND id = $2`, node, dev)
+				}
+			default:
+				_, err = pool.Exec(ctx, `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES ($1, $2, 8, 'NVIDIA H100', 80000000000)`,
+					node, fmt.Sprintf("GPU-%s-extra%d", node, i))
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+	}
+	var active int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM bookings WHERE active`).Scan(&active)
+	if active == 0 {
+		t.Fatal("nothing stayed booked: the comparison would be empty")
+	}
+	if d := countsDrift(t, pool); len(d) > 0 {
+		t.Fatalf("counts differ from the truth: %v", d)
+	}
+	// Each kind of change counts on its own too.
+	mustExec(t, pool, `UPDATE devices SET healthy = NOT healthy WHERE id = 'GPU-node_00-0'`)
+	mustExec(t, pool, `UPDATE devices SET missing_since = coalesce(missing_since, now()) WHERE id = 'GPU-node_01-1'`)
+	mustExec(t, pool, `UPDATE devices SET mig_enabled = true WHERE id = 'GPU-node_02-2'`)
+	if d := countsDrift(t, pool); len(d) > 0 {
+		t.Fatalf("after device changes: %v", d)
+	}
+	mustExec(t, pool, `DELETE FROM devices WHERE id = 'GPU-node_05-extra5'`)
+	mustExec(t, pool, `UPDATE bookings SET active = false, released_at = now() WHERE active`)
+	if d := countsDrift(t, pool); len(d) > 0 {
+		t.Fatalf("after deleting and releasing: %v", d)
+	}
+}
+
+// TestPlaceReadsOnlyTheNodesPlanCanPick: planning from the nodes Place reads
+// (the first few of each kind) picks what planning from every node picks,
+// and reports the same shortage.
+func TestPlaceReadsOnlyTheNodesPlanCanPick(t *testing.T) {
+	t.Parallel()
+	pool := setup(t, 80, 8)
+	ctx := t.Context()
+	// Nodes of many kinds: 1 to 7 booked, some unhealthy GPUs.
+	for i := range 60 {
+		if _, err := create(ctx, pool, fmt.Sprintf("rsv_%02d", i), "root", 1+i%7, capacity.Constraints{SameNode: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustExec(t, pool, `UPDATE devices SET healthy = false WHERE index = 7 AND node_id > 'node_70'`)
+	byID := func(ns []capacity.NodeFree) []capacity.NodeFree {
+		slices.SortFunc(ns, func(a, b capacity.NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
+		return ns
+	}
+	all, err := capacity.FreeCounts(ctx, pool, "pool_p", capacity.Constraints{}, capacity.DefaultLostAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID(all)
+	for count := 1; count <= 400; count += 1 + count/8 {
+		some, err := capacity.FreeCountsFor(ctx, pool, "pool_p", capacity.Constraints{}, capacity.DefaultLostAfter, nil, count)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID(some)
+		if count < 8 && len(some) >= len(all) {
+			t.Fatalf("count %d: read %d nodes of %d", count, len(some), len(all))
+		}
+		for _, same := range []bool{false, true} {
+			want, wantShort := capacity.Plan(all, count, same)
+			got, gotShort := capacity.Plan(some, count, same)
+			if fmt.Sprint(want, wantShort) != fmt.Sprint(got, gotShort) {
+				t.Fatalf("count %d sameNode %v: from all nodes %v %v, from those read %v %v", count, same, want, wantShort, got, gotShort)
+			}
+		}
+	}
+}
+
+// TestPlaceAroundAHeldNode: a create plans around a node a concurrent
+// transaction holds, and waits for it only when nothing else fits.
+func TestPlaceAroundAHeldNode(t *testing.T) {
+	t.Parallel()
+	// hold locks node's counts in a transaction left open until release.
+	hold := func(t *testing.T, pool *pgxpool.Pool, node string) (release func()) {
+		tx, err := pool.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(t.Context(), `SELECT 1 FROM node_capacity WHERE node_id = $1 FOR UPDATE`, node); err != nil {
+			t.Fatal(err)
+		}
+		return func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }
+	}
+	t.Run("plans around it", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 2, 8)
+		if _, err := create(t.Context(), pool, "rsv_a", "root", 1, capacity.Constraints{}); err != nil {
+			t.Fatal(err)
+		}
+		a, _ := capacity.Get(t.Context(), pool, "root", "rsv_a")
+		release := hold(t, pool, a.Bookings[0].NodeID) // packing's pick for the next GPU
+		defer release()
+		b, err := create(t.Context(), pool, "rsv_b", "root", 1, capacity.Constraints{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ = capacity.Get(t.Context(), pool, "root", b.ID)
+		if len(b.Bookings) != 1 || b.Bookings[0].NodeID == a.Bookings[0].NodeID {
+			t.Fatalf("want rsv_b off the held node %s, got %+v", a.Bookings[0].NodeID, b.Bookings)
+		}
+	})
+	t.Run("waits when nothing else fits", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 1, 8)
+		release := hold(t, pool, "node_00")
+		done := make(chan error, 1)
+		go func() {
+			_, err := create(t.Context(), pool, "rsv_c", "root", 2, capacity.Constraints{})
+			done <- err
+		}()
+		// Until the create waits on the held node's lock.
+		for waiting := 0; waiting == 0; {
+			if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+		}
+		release()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		c, _ := capacity.Get(t.Context(), pool, "root", "rsv_c")
+		if c.State != capacity.StatePlaced || len(c.Bookings) != 2 {
+			t.Fatalf("rsv_c %+v", c)
+		}
+	})
 }

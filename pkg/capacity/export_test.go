@@ -1,0 +1,4 @@
+package capacity
+
+// FreeCountsFor exposes freeCounts to the tests.
+var FreeCountsFor = freeCounts
