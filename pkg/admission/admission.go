@@ -128,6 +128,10 @@ type Create struct {
 	Resource authz.Resource
 	// NewID mints the new resource's id when Resource.ID is empty.
 	NewID func() string
+	// Existing says Resource is an existing resource the create acts on
+	// (the node a command runs on) rather than the one it makes: its
+	// projection row is neither drafted nor rewritten, only decided on.
+	Existing bool
 	// Draft, when set, writes the method's own draft row in transaction 1.
 	Draft func(ctx context.Context, tx pgx.Tx, id string) error
 	// Work does the method's work in transaction 2.
@@ -193,6 +197,9 @@ func (a *Admitter) Create(ctx context.Context, c Create) (Result, error) {
 		}
 		res := c.Resource
 		res.ID = id
+		if c.Existing {
+			return nil
+		}
 		if err := authz.PutDraft(ctx, tx, res); err != nil {
 			return err
 		}
@@ -243,10 +250,14 @@ func (a *Admitter) Create(ctx context.Context, c Create) (Result, error) {
 		if out, err = c.Work(ctx, tx, id); err != nil {
 			return err
 		}
-		if out.Resource == nil {
+		audited := res
+		switch {
+		case out.Resource != nil:
+			audited = *out.Resource
+		case !c.Existing:
 			out.Resource = &res
 		}
-		if err := a.record(ctx, tx, c.Call, *out.Resource, out); err != nil {
+		if err := a.record(ctx, tx, c.Call, audited, out); err != nil {
 			return err
 		}
 		if keyed {

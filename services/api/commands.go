@@ -121,6 +121,7 @@ func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRun
 	_, err = s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
+		Existing: true, // decided on the node; the node's projection row is not ours to write
 		Work: func(ctx context.Context, tx pgx.Tx, _ string) (admission.Outcome, error) {
 			c, _, err := commands.Enqueue(ctx, tx, commands.Request{
 				NodeID: req.GetNodeId(), Kind: k.Name, Payload: payload, IdempotencyKey: key,
@@ -133,7 +134,7 @@ func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRun
 			if err != nil {
 				return admission.Outcome{}, err
 			}
-			o, err := outcome(&computev1.CommandsServiceRunResponse{Command: pb}, "command.requested", &res)
+			o, err := outcome(&computev1.CommandsServiceRunResponse{Command: pb}, "command.requested", nil)
 			o.Detail = map[string]any{"commandId": c.ID, "kind": c.Kind}
 			return o, err
 		},

@@ -55,9 +55,20 @@ func TestCommandsRun(t *testing.T) {
 	refresh := &computev1.CommandsServiceRunRequest{TenantId: "acme", NodeId: node, Kind: "inventory.refresh",
 		Payload: payload(t, map[string]any{"sections": []any{"gpus"}, "rescan": true}), IdempotencyKey: "refresh-1"}
 
+	projected := func() string {
+		var at string
+		if err := h.db.QueryRow(t.Context(), `SELECT updated_at::text || draft::text FROM authz_projection WHERE type = 'Node' AND id = $1`, node).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	nodeRow := projected()
 	run, err := cmds.Run(ctx, refresh)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := projected(); got != nodeRow {
+		t.Fatalf("commands.run rewrote the node's projection row: %s, then %s", nodeRow, got)
 	}
 	c := run.GetCommand()
 	if c.GetState() != "pending" || c.GetSeq() != 1 || c.GetKind() != "inventory.refresh" || c.GetTenantId() != "acme" ||
