@@ -99,6 +99,14 @@ func waitConverged(t *testing.T, db *pgxpool.Pool, n int, gen int64, level, what
 			return
 		}
 		if time.Now().After(deadline) {
+			rows, _ := db.Query(t.Context(), `SELECT id, generation, observed_generation, session_epoch, coalesce(spec->'site'->>'logLevel', '') FROM nodes`)
+			for rows.Next() {
+				var id, lvl string
+				var g, obs, epoch int64
+				_ = rows.Scan(&id, &g, &obs, &epoch, &lvl)
+				t.Logf("node %s generation %d observed %d epoch %d log level %q", id, g, obs, epoch, lvl)
+			}
+			rows.Close()
 			t.Fatalf("%s: %d of %d nodes converged on generation %d", what, done, n, gen)
 		}
 		time.Sleep(20 * time.Millisecond)
