@@ -31,7 +31,8 @@ func freePort(t *testing.T) string {
 }
 
 // chaosEnv starts a dev control plane on db, dataDir and the gateway address
-// gw, with no fleet of its own and the bus at natsURL.
+// gw, with no fleet of its own and the bus at natsURL. It stops when t ends
+// unless stopped before.
 func chaosEnv(t *testing.T, db, dataDir, gw, natsURL string) *dev.Env {
 	t.Helper()
 	port, none := 0, 0
@@ -48,6 +49,7 @@ func chaosEnv(t *testing.T, db, dataDir, gw, natsURL string) *dev.Env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { env.Stop(context.Background()) })
 	return env
 }
 
