@@ -161,20 +161,31 @@ func TestWorkQueueGenerations(t *testing.T) {
 func TestOutcomes(t *testing.T) {
 	t.Parallel()
 
-	// delay returns how far in the future (database time) key is due, and its
-	// attempts and last error.
-	delay := func(t *testing.T, pool *pgxpool.Pool, key string) (time.Duration, int, *string) {
+	// dbNow reads the database's clock.
+	dbNow := func(t *testing.T, pool *pgxpool.Pool) time.Time {
 		t.Helper()
-		var us int64
-		var attempts int
-		var lastErr *string
+		var now time.Time
+		if err := pool.QueryRow(t.Context(), `SELECT now()`).Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	// delay returns the delay a run settled after before (database time)
+	// gave key, as the bounds that can be measured without knowing when the
+	// settle ran: at least lo (the time from now to its due time) and at most
+	// hi (from before), so that a stall between the settle and this read
+	// counts for neither bound; and its attempts and last error.
+	delay := func(t *testing.T, pool *pgxpool.Pool, key string, before time.Time) (lo, hi time.Duration, attempts int, lastErr *string) {
+		t.Helper()
+		var loUS, hiUS int64
 		err := pool.QueryRow(t.Context(), `
-			SELECT (extract(epoch FROM run_after - now()) * 1e6)::bigint, attempts, last_error
-			  FROM work_queue WHERE key = $1`, key).Scan(&us, &attempts, &lastErr)
+			SELECT (extract(epoch FROM run_after - now()) * 1e6)::bigint, (extract(epoch FROM run_after - $2::timestamptz) * 1e6)::bigint,
+			       attempts, last_error
+			  FROM work_queue WHERE key = $1`, key, before).Scan(&loUS, &hiUS, &attempts, &lastErr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return time.Duration(us) * time.Microsecond, attempts, lastErr
+		return time.Duration(loUS) * time.Microsecond, time.Duration(hiUS) * time.Microsecond, attempts, lastErr
 	}
 
 	t.Run("SYNC_AGAIN brings the key back after about a second", func(t *testing.T) {
@@ -185,12 +196,13 @@ func TestOutcomes(t *testing.T) {
 		}}
 		rt := newRuntime(t, pool, reconcile.Config{}, c.reconciler("thing"))
 		enqueue(t, pool, "thing", "a")
+		before := dbNow(t, pool)
 		if tr := tick(t, rt, "thing"); tr.SyncAgain != 1 {
 			t.Fatalf("tick %+v", tr)
 		}
-		d, attempts, lastErr := delay(t, pool, "a")
-		if d < 500*time.Millisecond || d > time.Second || attempts != 0 || lastErr != nil {
-			t.Fatalf("due in %s, attempts %d, error %v", d, attempts, lastErr)
+		lo, hi, attempts, lastErr := delay(t, pool, "a", before)
+		if hi < 500*time.Millisecond || lo > time.Second || attempts != 0 || lastErr != nil {
+			t.Fatalf("due in %s to %s, attempts %d, error %v", lo, hi, attempts, lastErr)
 		}
 		if tr := tick(t, rt, "thing"); tr.Claimed != 0 {
 			t.Fatalf("a key not yet due was claimed: %+v", tr)
@@ -214,13 +226,14 @@ func TestOutcomes(t *testing.T) {
 		rt := newRuntime(t, pool, reconcile.Config{}, c.reconciler("thing"))
 		enqueue(t, pool, "thing", "a")
 		for attempt := 1; attempt <= 4; attempt++ {
+			before := dbNow(t, pool)
 			if tr := tick(t, rt, "thing"); tr.Failed != 1 {
 				t.Fatalf("attempt %d: tick %+v", attempt, tr)
 			}
-			d, attempts, lastErr := delay(t, pool, "a")
+			lo, hi, attempts, lastErr := delay(t, pool, "a", before)
 			want := workqueue.BackoffBase << (attempt - 1)
-			if d < want*7/10 || d > want*12/10 {
-				t.Errorf("attempt %d: due in %s, want about %s", attempt, d, want)
+			if hi < want*7/10 || lo > want*12/10 {
+				t.Errorf("attempt %d: due in %s to %s, want about %s", attempt, lo, hi, want)
 			}
 			if attempts != attempt || lastErr == nil || *lastErr != fmt.Sprintf("boom %d", attempt) {
 				t.Errorf("attempt %d: attempts=%d last_error=%v", attempt, attempts, lastErr)
@@ -240,8 +253,9 @@ func TestOutcomes(t *testing.T) {
 		}}
 		rt := newRuntime(t, pool, reconcile.Config{}, c.reconciler("thing"))
 		enqueue(t, pool, "thing", "a")
+		before := dbNow(t, pool)
 		tick(t, rt, "thing")
-		if _, attempts, lastErr := delay(t, pool, "a"); attempts != 1 || lastErr == nil || *lastErr != "panic: oops" {
+		if _, _, attempts, lastErr := delay(t, pool, "a", before); attempts != 1 || lastErr == nil || *lastErr != "panic: oops" {
 			t.Fatalf("attempts=%d err=%v", attempts, lastErr)
 		}
 	})

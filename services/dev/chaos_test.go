@@ -31,7 +31,8 @@ func freePort(t *testing.T) string {
 }
 
 // chaosEnv starts a dev control plane on db, dataDir and the gateway address
-// gw, with no fleet of its own and the bus at natsURL.
+// gw, with no fleet of its own and the bus at natsURL. It stops when t ends
+// unless stopped before.
 func chaosEnv(t *testing.T, db, dataDir, gw, natsURL string) *dev.Env {
 	t.Helper()
 	port, none := 0, 0
@@ -48,6 +49,7 @@ func chaosEnv(t *testing.T, db, dataDir, gw, natsURL string) *dev.Env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { env.Stop(context.Background()) })
 	return env
 }
 
@@ -99,6 +101,14 @@ func waitConverged(t *testing.T, db *pgxpool.Pool, n int, gen int64, level, what
 			return
 		}
 		if time.Now().After(deadline) {
+			rows, _ := db.Query(t.Context(), `SELECT id, generation, observed_generation, session_epoch, coalesce(spec->'site'->>'logLevel', '') FROM nodes`)
+			for rows.Next() {
+				var id, lvl string
+				var g, obs, epoch int64
+				_ = rows.Scan(&id, &g, &obs, &epoch, &lvl)
+				t.Logf("node %s generation %d observed %d epoch %d log level %q", id, g, obs, epoch, lvl)
+			}
+			rows.Close()
 			t.Fatalf("%s: %d of %d nodes converged on generation %d", what, done, n, gen)
 		}
 		time.Sleep(20 * time.Millisecond)

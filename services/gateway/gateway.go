@@ -250,7 +250,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 
 	// The epoch bump and the reconnect rules for in-flight commands
 	// (a new boot, a new journal) commit together.
-	var epoch int64
+	var epoch, observed int64
 	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var oldBoot, oldJournal string
 		err := tx.QueryRow(ctx, `
@@ -258,7 +258,8 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 			UPDATE nodes n SET session_epoch = session_epoch + 1, gateway_id = $2, boot_id = $3, journal_id = $4,
 			       last_seen_at = now()
 			  FROM old WHERE n.id = old.id
-			RETURNING n.session_epoch, old.boot_id, old.journal_id`, certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId()).Scan(&epoch, &oldBoot, &oldJournal)
+			RETURNING n.session_epoch, n.observed_generation, old.boot_id, old.journal_id`,
+			certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId()).Scan(&epoch, &observed, &oldBoot, &oldJournal)
 		if err != nil {
 			return err
 		}
@@ -273,7 +274,12 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, stream: stream, delivered: hello.GetObservedGeneration()}
+	// The node has what it says it observed, but a generation the database
+	// does not show as observed counts as not delivered: the node's report
+	// of it may have been lost with its last session (sent as that session
+	// ended), and the daemon reports only after a converge, so it is sent
+	// again and the node reports it on this session.
+	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, stream: stream, delivered: min(hello.GetObservedGeneration(), observed)}
 	g.mu.Lock()
 	select {
 	case <-g.stop:

@@ -503,4 +503,44 @@ func TestDesiredStateDeliveryAndObserved(t *testing.T) {
 			t.Fatalf("an up-to-date node was sent %v (%v)", m, err)
 		}
 	})
+
+	// A node applies generation 3 and reports it as its gateway stops: the
+	// report is lost, so the database still says 2. The node reconnects
+	// saying it observed 3; it is sent generation 3 again, so that it
+	// reports it on this session, rather than nothing (the control plane
+	// would never learn it converged).
+	t.Run("a node whose Observed report was lost is sent its generation again", func(t *testing.T) {
+		if _, err := f.db.Exec(t.Context(), `UPDATE nodes SET observed_generation = 2 WHERE id = 'node_a'`); err != nil {
+			t.Fatal(err)
+		}
+		c := f.client(t, f.addr, &cert)
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // a node sent nothing fails, not hangs
+		defer cancel()
+		s3, err := c.Session(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := hello("node_a")
+		h.GetHello().ObservedGeneration = 3
+		if err := s3.Send(h); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // Welcome, InventoryRequest
+			if _, err := s3.Recv(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m, err := s3.Recv()
+		if ds := m.GetDesiredState(); ds.GetGeneration() != 3 || ds.GetSpec().GetSite().GetLogLevel() != "info" {
+			t.Fatalf("a node whose report was lost was sent %v (%v), want generation 3", m, err)
+		}
+		if err := s3.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Observed{Observed: &agentv1.Observed{Generation: 3, ObservedGeneration: 3}}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the re-sent generation observed", func() bool {
+			var obs int64
+			_ = f.db.QueryRow(t.Context(), `SELECT observed_generation FROM nodes WHERE id = 'node_a'`).Scan(&obs)
+			return obs == 3
+		})
+	})
 }
