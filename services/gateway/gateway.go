@@ -411,17 +411,25 @@ func (g *Gateway) livenessLoop() {
 			cancel()
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), g.cfg.LivenessInterval)
-			if err := g.FlushLiveness(ctx); err != nil {
-				g.log.Warn("write liveness", "err", err)
+			// Each step has its own deadline, so a slow liveness write
+			// under load does not starve the resyncs that follow it. A
+			// tick that overruns the interval only delays the next (the
+			// ticker drops ticks).
+			step := max(g.cfg.LivenessInterval, 2*time.Second)
+			for _, s := range []struct {
+				what string
+				fn   func(context.Context) error
+			}{
+				{"write liveness", g.FlushLiveness},
+				{"resync desired state", g.Resync},
+				{"resync commands", g.ResyncCommands},
+			} {
+				ctx, cancel := context.WithTimeout(context.Background(), step)
+				if err := s.fn(ctx); err != nil {
+					g.log.Warn(s.what, "err", err)
+				}
+				cancel()
 			}
-			if err := g.Resync(ctx); err != nil {
-				g.log.Warn("resync desired state", "err", err)
-			}
-			if err := g.ResyncCommands(ctx); err != nil {
-				g.log.Warn("resync commands", "err", err)
-			}
-			cancel()
 		}
 	}
 }
