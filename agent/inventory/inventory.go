@@ -69,7 +69,9 @@ func Open(cfg Config) (*Collector, error) {
 	case "", BackendReal:
 		return New(nvml.New(), cfg)
 	case BackendMock:
-		return New(NewMock(), cfg)
+		// The simulated machine's GPUs follow its machine id (or host
+		// name) when one is configured, so they survive a restart.
+		return New(NewMockSeeded(firstNonEmpty(cfg.MachineID, cfg.Hostname)), cfg)
 	default:
 		return nil, fmt.Errorf("inventory: unknown NVML backend %q (want %q or %q)", cfg.Backend, BackendReal, BackendMock)
 	}

@@ -3,6 +3,7 @@ package inventory_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -158,5 +159,45 @@ func TestClose_Twice(t *testing.T) {
 	}
 	if _, err := c.GPUs(context.Background()); err == nil {
 		t.Error("GPUs after Close succeeded")
+	}
+}
+
+// TestMock_GPUsFollowTheMachine: a simulated machine keeps its GPUs across
+// restarts (same machine id → same UUIDs and serials); different machines,
+// or machines with nothing to seed from, get different ones.
+func TestMock_GPUsFollowTheMachine(t *testing.T) {
+	uuids := func(cfg inventory.Config) []string {
+		t.Helper()
+		cfg.Backend = inventory.BackendMock
+		c, err := inventory.Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = c.Close() }()
+		gpus, err := c.GPUs(t.Context())
+		if err != nil || len(gpus) != 8 {
+			t.Fatalf("gpus %v %v", gpus, err)
+		}
+		var out []string
+		for _, g := range gpus {
+			if !strings.HasPrefix(g.GetUuid(), "GPU-") || len(g.GetUuid()) != len("GPU-")+36 {
+				t.Fatalf("not a GPU UUID: %q", g.GetUuid())
+			}
+			out = append(out, g.GetUuid()+"/"+g.GetSerial())
+		}
+		return out
+	}
+	first := uuids(inventory.Config{Hostname: "sim-1", MachineID: "m-1"})
+	if again := uuids(inventory.Config{Hostname: "sim-1", MachineID: "m-1"}); !slices.Equal(first, again) {
+		t.Fatalf("a restarted machine changed GPUs:\n%v\n%v", first, again)
+	}
+	if other := uuids(inventory.Config{Hostname: "sim-2", MachineID: "m-2"}); slices.ContainsFunc(other, func(u string) bool { return slices.Contains(first, u) }) {
+		t.Fatalf("two machines share a GPU: %v %v", first, other)
+	}
+	if slices.Equal(uuids(inventory.Config{}), uuids(inventory.Config{})) {
+		t.Fatal("unseeded mocks made the same GPUs")
+	}
+	if len(slices.Compact(slices.Sorted(slices.Values(first)))) != 8 {
+		t.Fatalf("a machine's GPUs repeat: %v", first)
 	}
 }

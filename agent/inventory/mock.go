@@ -16,12 +16,22 @@ import (
 // 34 °C plus the index and no ECC errors (for Diagnose). Every call makes new
 // GPU UUIDs, so simulated nodes differ. Tests may change the returned
 // devices' mock functions (for example to make a GPU unhealthy).
-func NewMock() *server.Server {
+func NewMock() *server.Server { return NewMockSeeded("") }
+
+// NewMockSeeded is [NewMock] with GPU UUIDs (and so serials) derived from
+// seed, e.g. the machine id: a simulated machine that restarts keeps its
+// GPUs, as a real one does, so its bookings and devices survive it. An empty
+// seed makes random UUIDs.
+func NewMockSeeded(seed string) *server.Server {
 	s := dgxh200.New()
 	for _, d := range s.Devices {
 		dev, ok := d.(*server.Device)
 		if !ok {
 			continue
+		}
+		if seed != "" {
+			u := sha256.Sum256(fmt.Appendf(nil, "%s/gpu/%d", seed, dev.Index))
+			dev.UUID = fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 		}
 		sum := sha256.Sum256([]byte(dev.UUID))
 		serial := fmt.Sprintf("MOCK%012X", sum[:6])
