@@ -75,6 +75,28 @@ func TestParse(t *testing.T) {
 	if _, err := authz.Parse("p", "  "); fault.CodeOf(err) != fault.InvalidInput {
 		t.Fatalf("empty: %v", err)
 	}
+	// Actions in a policy's scope must be in the catalog: a typo would make
+	// a policy that silently never matches.
+	for _, body := range []string{
+		`permit (principal, action, resource);`,
+		`permit (principal, action == Action::"compute:nodes:exec", resource);`,
+		`permit (principal, action in [Action::"compute:nodes:get", Action::"compute:reservations:create"], resource);`,
+	} {
+		if _, err := authz.Parse("p", body); err != nil {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+	for _, body := range []string{
+		`permit (principal, action == Action::"compute:nodes:exce", resource);`,
+		`forbid (principal, action in [Action::"compute:nodes:get", Action::"compute:nodes:reboot"], resource);`,
+		`permit (principal, action in Action::"compute:nodes", resource);`,
+		`permit (principal, action == Tenant::"compute:nodes:exec", resource);`,
+	} {
+		_, err := authz.Parse("p", body)
+		if fe, ok := fault.As(err); !ok || fe.Code != fault.InvalidInput || fe.Field != "body" || !strings.Contains(fe.Message, "not an action in the catalog") {
+			t.Errorf("%s: %v; want INVALID_INPUT on body naming the unknown action", body, err)
+		}
+	}
 	if err := authz.CheckKnown(authz.PoolsCreate, "compute:bogus"); err == nil || !strings.Contains(err.Error(), "compute:bogus") {
 		t.Fatalf("CheckKnown = %v", err)
 	}

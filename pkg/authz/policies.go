@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cedar-policy/cedar-go"
+	xast "github.com/cedar-policy/cedar-go/x/exp/ast"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
@@ -44,7 +45,32 @@ func Parse(name, body string) (cedar.PolicyList, error) {
 	if len(list) == 0 {
 		return nil, fault.New(fault.InvalidInput, "body", "policy %s has no statements", name)
 	}
+	for _, p := range list {
+		if err := knownActions(name, p.AST().Action); err != nil {
+			return nil, err
+		}
+	}
 	return list, nil
+}
+
+// knownActions refuses a policy whose scope names an action that is not in
+// the catalog: a typo would otherwise make a policy that never matches.
+func knownActions(name string, scope xast.IsActionScopeNode) error {
+	var uids []cedar.EntityUID
+	switch s := scope.(type) {
+	case xast.ScopeTypeEq:
+		uids = append(uids, s.Entity)
+	case xast.ScopeTypeIn:
+		uids = append(uids, s.Entity)
+	case xast.ScopeTypeInSet:
+		uids = append(uids, s.Entities...)
+	}
+	for _, u := range uids {
+		if u.Type != "Action" || !Known(Action(u.ID)) {
+			return fault.New(fault.InvalidInput, "body", "policy %s names %s, which is not an action in the catalog (e.g. Action::%q)", name, u, string(NodesExec))
+		}
+	}
+	return nil
 }
 
 // PutPolicy validates p.Body and creates or replaces the policy, bumping its
