@@ -1,13 +1,10 @@
 package dev_test
 
 import (
-	"crypto/x509"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/sim"
 
 	"github.com/bettercompute/bettercompute/pkg/natstest"
@@ -26,14 +23,7 @@ func TestAcceptanceChecksWithRealDaemons(t *testing.T) {
 	var pool struct{ Pool struct{ ID string } }
 	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": "checked", "class": "gpu", "acceptance": []string{"diag.nvml"}}, &pool)
 
-	keyPEM, _ := os.ReadFile(env.JoinKeyFile)
-	pub, keyID, err := join.ParsePublicKey(keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, _ := os.ReadFile(env.CAFile)
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
+	pub, keyID, roots := joinMaterial(t, env)
 	start := func(prefix string, deny []string) string {
 		var tok struct{ Token string }
 		call(t, env, "joinTokens/create", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "uses": 1}, &tok)

@@ -3,7 +3,6 @@ package dev_test
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -167,14 +166,7 @@ func joinAgents(t testing.TB, env *dev.Env, n int) (string, []*agentNode) {
 	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": "cap", "class": "gpu", "idempotencyKey": "cap-pool"}, &pool)
 	var tok struct{ Token string }
 	call(t, env, "joinTokens/create", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "uses": n, "idempotencyKey": "cap-token"}, &tok)
-	keyPEM, _ := os.ReadFile(env.JoinKeyFile)
-	pub, keyID, err := join.ParsePublicKey(keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, _ := os.ReadFile(env.CAFile)
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
+	pub, keyID, roots := joinMaterial(t, env)
 	var nodes []*agentNode
 	for i := range n {
 		dir := t.TempDir()

@@ -2,15 +2,12 @@ package dev_test
 
 import (
 	"context"
-	"crypto/x509"
 	"net"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/sim"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
@@ -60,14 +57,7 @@ func fleet(t *testing.T, env *dev.Env, n int, root string) (*sim.Fleet, string) 
 	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": "chaos", "class": "gpu", "idempotencyKey": "chaos-pool"}, &pool)
 	var tok struct{ Token string }
 	call(t, env, "joinTokens/create", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "uses": n, "idempotencyKey": "chaos-token"}, &tok)
-	keyPEM, _ := os.ReadFile(env.JoinKeyFile)
-	pub, keyID, err := join.ParsePublicKey(keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, _ := os.ReadFile(env.CAFile)
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
+	pub, keyID, roots := joinMaterial(t, env)
 	f, err := sim.Start(t.Context(), sim.Config{
 		Gateway: env.App.GatewayAddr(), RootCAs: roots, Token: tok.Token,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: root, Prefix: "chaos",

@@ -2,7 +2,6 @@ package dev_test
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -20,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bettercompute/bettercompute/agent/command"
-	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/sim"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
@@ -107,20 +105,7 @@ func simFleetConfig(t testing.TB, env *dev.Env, db *pgxpool.Pool, name string, n
 	call(t, env, "pools/create", map[string]any{"tenantId": "root", "name": name, "class": "gpu", "idempotencyKey": "pool-" + name}, &pool)
 	var tok struct{ Token string }
 	call(t, env, "joinTokens/create", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "uses": n, "idempotencyKey": "token-" + name}, &tok)
-	keyPEM, err := os.ReadFile(env.JoinKeyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, keyID, err := join.ParsePublicKey(keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(env.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
+	pub, keyID, roots := joinMaterial(t, env)
 	cfg := sim.Config{
 		Gateway: env.App.GatewayAddr(), RootCAs: roots, Token: tok.Token,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: filepath.Join(t.TempDir(), name), Prefix: name,

@@ -75,22 +75,7 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	}
 
 	// What an operator copies to the server: joinservice's key and the CA.
-	keyPEM, err := os.ReadFile(env.JoinKeyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, keyID, err := join.ParsePublicKey(keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(env.CAFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(caPEM) {
-		t.Fatal("no CA in " + env.CAFile)
-	}
+	pub, keyID, roots := joinMaterial(t, env)
 	_, gwPort, _ := net.SplitHostPort(env.App.GatewayAddr())
 	gateway := net.JoinHostPort("127.0.0.1", gwPort)
 
@@ -227,4 +212,27 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	if spec.Spec.Identity.Labels["rack"] != "r1" {
 		t.Fatalf("the spec's identity lacks the label: %+v", spec)
 	}
+}
+
+// joinMaterial is what an operator copies to a server so its daemon can
+// join env: joinservice's HPKE public key with its id, and the node CA.
+func joinMaterial(t testing.TB, env *dev.Env) (pub []byte, keyID string, roots *x509.CertPool) {
+	t.Helper()
+	keyPEM, err := os.ReadFile(env.JoinKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, keyID, err = join.ParsePublicKey(keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(env.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots = x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		t.Fatal("no CA in " + env.CAFile)
+	}
+	return pub, keyID, roots
 }

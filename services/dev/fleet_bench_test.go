@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -31,7 +30,6 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/agent/inventory"
-	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/sim"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
@@ -114,20 +112,7 @@ func BenchmarkGatewayFleet(b *testing.B) {
 	benchCall(b, env, "pools/create", map[string]any{"tenantId": "root", "name": "bench", "class": "gpu", "idempotencyKey": "bench-pool"}, &pool)
 	var tok struct{ Token string }
 	benchCall(b, env, "joinTokens/create", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "uses": n, "idempotencyKey": "bench-token"}, &tok)
-	keyPEM, err := os.ReadFile(env.JoinKeyFile)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pub, keyID, err := join.ParsePublicKey(keyPEM)
-	if err != nil {
-		b.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(env.CAFile)
-	if err != nil {
-		b.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
+	pub, keyID, roots := joinMaterial(b, env)
 
 	var up atomic.Int64
 	b.ResetTimer()
