@@ -36,20 +36,21 @@ func (g *Gateway) Dispatch(ctx context.Context, nodeID string) error {
 // command claimed but not sent stays in flight and goes again on the
 // node's next session.
 func (g *Gateway) dispatch(ctx context.Context, s *session, resend bool) error {
-	var out []commands.Command
-	if resend {
-		inflight, err := commands.ListInFlight(ctx, g.cfg.DB, s.nodeID, false)
-		if err != nil {
-			return err
-		}
-		// One with a cancel requested gets only the Cancel below: the
-		// daemon answers it from its journal, or journals it cancelled
-		// unseen, so a command cancelled while its send was lost never
-		// starts.
-		for _, c := range inflight {
-			if c.CancelRequestedAt == nil {
-				out = append(out, c)
-			}
+	// One read of the in-flight commands: all of them on a new session
+	// (to send again), else only those with a cancel requested.
+	inflight, err := commands.ListInFlight(ctx, g.cfg.DB, s.nodeID, !resend)
+	if err != nil {
+		return err
+	}
+	var out, cancels []commands.Command
+	for _, c := range inflight {
+		// One with a cancel requested gets only a Cancel: the daemon
+		// answers it from its journal, or journals it cancelled unseen, so
+		// a command cancelled while its send was lost never starts.
+		if c.CancelRequestedAt != nil {
+			cancels = append(cancels, c)
+		} else {
+			out = append(out, c)
 		}
 	}
 	claimed, err := commands.Claim(ctx, g.cfg.DB, s.nodeID, s.epoch)
@@ -61,10 +62,6 @@ func (g *Gateway) dispatch(ctx context.Context, s *session, resend bool) error {
 		if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Command{Command: g.kinds.Wire(c, g.cfg.Signer)}}); err != nil {
 			return fmt.Errorf("send command %s: %w", c.ID, err)
 		}
-	}
-	cancels, err := commands.ListInFlight(ctx, g.cfg.DB, s.nodeID, true)
-	if err != nil {
-		return err
 	}
 	for _, c := range cancels {
 		if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Cancel{Cancel: &agentv1.CommandCancel{Id: c.ID, Seq: c.Seq}}}); err != nil {
