@@ -214,24 +214,46 @@ func accept(ctx context.Context, tx pgx.Tx, nodeID, bootID string, checks []stri
 
 // applyGPUs upserts the reported GPUs and marks the ones not reported.
 func applyGPUs(ctx context.Context, tx pgx.Tx, nodeID string, gpus []*agentv1.GPU) error {
-	ids := make([]string, 0, len(gpus))
+	// One upsert for the whole report (the capacity counts' triggers then
+	// recount the node once, not once per GPU). A UUID reported twice
+	// counts once: the last report of it wins.
+	last := map[string]*agentv1.GPU{}
+	var order []string
 	for _, g := range gpus {
 		if g.GetUuid() == "" {
 			continue
 		}
-		ids = append(ids, g.GetUuid())
+		if _, dup := last[g.GetUuid()]; !dup {
+			order = append(order, g.GetUuid())
+		}
+		last[g.GetUuid()] = g
+	}
+	var (
+		ids, models, serials, buses, reasons []string
+		indexes                              []int32
+		memory                               []int64
+		mig, healthy                         []bool
+	)
+	for _, id := range order {
+		g := last[id]
+		ids, models, serials, buses, reasons = append(ids, id), append(models, g.GetModel()), append(serials, g.GetSerial()), append(buses, g.GetPciBusId()), append(reasons, g.GetHealthReason())
+		indexes, memory = append(indexes, int32(g.GetIndex())), append(memory, int64(g.GetMemoryBytes()))
+		mig, healthy = append(mig, g.GetMigEnabled()), append(healthy, g.GetHealthy())
+	}
+	if len(ids) > 0 {
 		_, err := tx.Exec(ctx, `
 			INSERT INTO devices (node_id, id, kind, index, model, serial, memory_bytes, pci_bus_id, mig_enabled, healthy, health_reason)
-			VALUES ($1, $2, 'gpu', $3, $4, $5, $6, $7, $8, $9, $10)
+			SELECT $1, g.id, 'gpu', g.index, g.model, g.serial, g.memory_bytes, g.pci_bus_id, g.mig_enabled, g.healthy, g.health_reason
+			  FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bool[], $9::bool[], $10::text[])
+			       AS g(id, index, model, serial, memory_bytes, pci_bus_id, mig_enabled, healthy, health_reason)
 			ON CONFLICT (node_id, id) DO UPDATE SET
 			    index = EXCLUDED.index, model = EXCLUDED.model, serial = EXCLUDED.serial,
 			    memory_bytes = EXCLUDED.memory_bytes, pci_bus_id = EXCLUDED.pci_bus_id,
 			    mig_enabled = EXCLUDED.mig_enabled, healthy = EXCLUDED.healthy,
 			    health_reason = EXCLUDED.health_reason, missing_since = NULL, updated_at = now()`,
-			nodeID, g.GetUuid(), int32(g.GetIndex()), g.GetModel(), g.GetSerial(), int64(g.GetMemoryBytes()),
-			g.GetPciBusId(), g.GetMigEnabled(), g.GetHealthy(), g.GetHealthReason())
+			nodeID, ids, indexes, models, serials, memory, buses, mig, healthy, reasons)
 		if err != nil {
-			return fmt.Errorf("upsert device %s: %w", g.GetUuid(), err)
+			return fmt.Errorf("upsert %d devices: %w", len(ids), err)
 		}
 	}
 	_, err := tx.Exec(ctx, `

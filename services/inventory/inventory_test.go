@@ -265,3 +265,17 @@ func TestAcceptanceChecksGateAdoption(t *testing.T) {
 		})
 	}
 }
+
+// TestReportWithARepeatedGPU: a report that lists a GPU twice stores it once,
+// as its last entry says, instead of failing the whole report.
+func TestReportWithARepeatedGPU(t *testing.T) {
+	t.Parallel()
+	pool, rt := setup(t)
+	report(t, pool, gpu(0, true), gpu(1, true), gpu(0, false))
+	if tr := tick(t, rt, inventory.Kind); tr.Done != 1 {
+		t.Fatalf("tick %+v", tr)
+	}
+	if d := devices(t, pool); len(d) != 2 || d[0] != (device{"GPU-0", false, false}) || d[1] != (device{"GPU-1", true, false}) {
+		t.Fatalf("devices %+v", d)
+	}
+}
