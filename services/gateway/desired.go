@@ -12,7 +12,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/outbox"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // Deliver sends node's desired state to it if this gateway holds its
@@ -122,9 +122,7 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 	if err != nil {
 		return err
 	}
-	var poke []workqueue.Item
-	err = pgx.BeginFunc(ctx, g.cfg.DB, func(tx pgx.Tx) error {
-		poke = poke[:0]
+	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var tenant string
 		var gen, observed int64
 		err := tx.QueryRow(ctx, `
@@ -138,8 +136,12 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 		if err != nil {
 			return err
 		}
-		if err := g.enqueueObserved(ctx, tx, s.nodeID, &poke); err != nil {
-			return err
+		// The kinds that wait on a node's convergence (capacity's bind
+		// check) run again, poked after the commit.
+		for _, k := range g.cfg.ObservedKinds {
+			if err := q.Enqueue(ctx, k, s.nodeID); err != nil {
+				return err
+			}
 		}
 		event := ""
 		switch {
@@ -155,25 +157,4 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: event, Payload: payload})
 		return err
 	})
-	if err == nil {
-		g.cfg.Poker.Poke(poke...)
-	}
-	return err
-}
-
-// enqueueObserved enqueues cfg.ObservedKinds for node in tx and adds them
-// to poke, for after the commit (a lost poke only waits for the poll).
-func (g *Gateway) enqueueObserved(ctx context.Context, tx pgx.Tx, node string, poke *[]workqueue.Item) error {
-	items := make([]workqueue.Item, 0, len(g.cfg.ObservedKinds))
-	for _, k := range g.cfg.ObservedKinds {
-		items = append(items, workqueue.Item{Kind: k, Key: node})
-	}
-	if len(items) == 0 {
-		return nil
-	}
-	if err := workqueue.EnqueueMany(ctx, tx, items); err != nil {
-		return err
-	}
-	*poke = append(*poke, items...)
-	return nil
 }
