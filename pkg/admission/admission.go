@@ -291,6 +291,7 @@ func (a *Admitter) record(ctx context.Context, tx pgx.Tx, c Call, res authz.Reso
 	}
 	ev := out.Event
 	ev.TenantID = cmp.Or(ev.TenantID, c.TenantID)
+	ev.Resource = cmp.Or(ev.Resource, res.ID)
 	if ev.Type == "" {
 		return fmt.Errorf("%s: an admitted mutation must name its outbox event", c.Method)
 	}

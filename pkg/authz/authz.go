@@ -32,6 +32,8 @@ const (
 	// TypeJoinToken is a join token, in its pool.
 	TypeJoinToken = "JoinToken"
 	TypeAudit     = "AuditLog"
+	// TypeWebhook is a webhook endpoint.
+	TypeWebhook = "Webhook"
 )
 
 // Resource is what a decision knows about the resource acted on: a row of

@@ -58,6 +58,20 @@ const (
 	PoolsUpdate Action = "compute:pools:update"
 
 	AuditList Action = "compute:audit:list"
+	// AuditVerify recomputes the audit hash chain (on the root tenant).
+	AuditVerify Action = "compute:audit:verify"
+
+	EventsList  Action = "compute:events:list"
+	EventsWatch Action = "compute:events:watch"
+
+	WebhooksCreate       Action = "compute:webhooks:create"
+	WebhooksGet          Action = "compute:webhooks:get"
+	WebhooksList         Action = "compute:webhooks:list"
+	WebhooksUpdate       Action = "compute:webhooks:update"
+	WebhooksDelete       Action = "compute:webhooks:delete"
+	WebhooksRotateSecret Action = "compute:webhooks:rotate-secret"
+	WebhooksTest         Action = "compute:webhooks:test"
+	WebhooksRedeliver    Action = "compute:webhooks:redeliver"
 
 	NodesGet   Action = "compute:nodes:get"
 	NodesList  Action = "compute:nodes:list"
@@ -95,7 +109,10 @@ var catalog = []Action{
 	APIKeysCreate, APIKeysList, APIKeysRevoke,
 	PoliciesPut, PoliciesGet, PoliciesList, PoliciesDelete,
 	PoolsCreate, PoolsGet, PoolsList, PoolsUpdate,
-	AuditList,
+	AuditList, AuditVerify,
+	EventsList, EventsWatch,
+	WebhooksCreate, WebhooksGet, WebhooksList, WebhooksUpdate, WebhooksDelete,
+	WebhooksRotateSecret, WebhooksTest, WebhooksRedeliver,
 	NodesGet, NodesList, NodesDrain, NodesExec, NodesUpdate,
 	CommandsRun, CommandsGet, CommandsList,
 	JoinTokensCreate, JoinTokensList, JoinTokensRevoke,

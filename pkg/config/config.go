@@ -62,6 +62,12 @@ type Config struct {
 	Dev Dev `yaml:"dev"`
 	// Capacity configures GPU reservations (the scheduler role's placer).
 	Capacity Capacity `yaml:"capacity"`
+	// Events configures the outbox relay, the event stream and retention.
+	Events Events `yaml:"events"`
+	// Webhooks configures webhook delivery.
+	Webhooks Webhooks `yaml:"webhooks"`
+	// Audit configures the audit hash chain and its signed checkpoints.
+	Audit Audit `yaml:"audit"`
 }
 
 // JoinService configures the node CA and joinservice's HPKE key. Keys come
@@ -260,6 +266,9 @@ func (c *Config) Defaults() {
 	r.Concurrency = cmp.Or(r.Concurrency, 8)
 	r.Batch = cmp.Or(r.Batch, 256)
 	c.Capacity.defaults()
+	c.Events.defaults()
+	c.Webhooks.defaults()
+	c.Audit.defaults()
 }
 
 // LoadOptions says where [Load] reads from.
@@ -401,6 +410,9 @@ func (c *Config) Validate() error {
 		bad(field, "set caCertFile and caKeyFile together")
 	}
 	errs = append(errs, c.Capacity.validate()...)
+	errs = append(errs, c.Events.validate()...)
+	errs = append(errs, c.Webhooks.validate()...)
+	errs = append(errs, c.Audit.validate()...)
 	return errors.Join(errs...)
 }
 

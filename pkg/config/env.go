@@ -112,6 +112,20 @@ func setFromString(fv reflect.Value, s string) error {
 		}
 		fv.Set(reflect.ValueOf(&n))
 		return nil
+	case []Duration:
+		var ds []Duration
+		for p := range strings.SplitSeq(s, ",") {
+			if p = strings.TrimSpace(p); p == "" {
+				continue
+			}
+			d, err := time.ParseDuration(p)
+			if err != nil {
+				return fmt.Errorf("expected comma-separated durations such as 5s,5m, got %q", s)
+			}
+			ds = append(ds, Duration(d))
+		}
+		fv.Set(reflect.ValueOf(ds))
+		return nil
 	case []string:
 		var parts []string
 		for p := range strings.SplitSeq(s, ",") {

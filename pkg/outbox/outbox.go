@@ -22,6 +22,10 @@ type Event struct {
 	TenantID string
 	// Type is a dotted name, e.g. "pool.created".
 	Type string
+	// Resource is the id of the resource the event is about (a node, a
+	// reservation, a command), when it has one: events.list and
+	// events.watch filter on it as "subject".
+	Resource string
 	// Payload is marshalled to JSON; nil is {}.
 	Payload any
 }
@@ -38,8 +42,8 @@ func Write(ctx context.Context, q Querier, e Event) (int64, error) {
 	}
 	var id int64
 	err := q.QueryRow(ctx, `
-		INSERT INTO outbox (tenant_id, type, subject, payload) VALUES ($1, $2, $3, $4) RETURNING id`,
-		e.TenantID, e.Type, Subject(e.TenantID, e.Type), payload).Scan(&id)
+		INSERT INTO outbox (tenant_id, type, subject, resource_id, payload) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+		e.TenantID, e.Type, Subject(e.TenantID, e.Type), e.Resource, payload).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("write outbox event %s: %w", e.Type, err)
 	}

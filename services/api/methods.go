@@ -52,7 +52,21 @@ var methods = map[string]Method{
 	computev1.PoolsService_List_FullMethodName:   {Action: authz.PoolsList},
 	computev1.PoolsService_Update_FullMethodName: {Action: authz.PoolsUpdate},
 
-	computev1.AuditService_List_FullMethodName: {Action: authz.AuditList},
+	computev1.AuditService_List_FullMethodName:   {Action: authz.AuditList},
+	computev1.AuditService_Verify_FullMethodName: {Action: authz.AuditVerify},
+
+	computev1.EventsService_List_FullMethodName:  {Action: authz.EventsList},
+	computev1.EventsService_Watch_FullMethodName: {Action: authz.EventsWatch},
+
+	computev1.WebhooksService_Create_FullMethodName:         {Action: authz.WebhooksCreate},
+	computev1.WebhooksService_Get_FullMethodName:            {Action: authz.WebhooksGet},
+	computev1.WebhooksService_List_FullMethodName:           {Action: authz.WebhooksList},
+	computev1.WebhooksService_Update_FullMethodName:         {Action: authz.WebhooksUpdate},
+	computev1.WebhooksService_Delete_FullMethodName:         {Action: authz.WebhooksDelete},
+	computev1.WebhooksService_RotateSecret_FullMethodName:   {Action: authz.WebhooksRotateSecret},
+	computev1.WebhooksService_Test_FullMethodName:           {Action: authz.WebhooksTest},
+	computev1.WebhooksService_ListDeliveries_FullMethodName: {Action: authz.WebhooksGet},
+	computev1.WebhooksService_Redeliver_FullMethodName:      {Action: authz.WebhooksRedeliver},
 
 	computev1.JoinTokensService_Create_FullMethodName: {Action: authz.JoinTokensCreate},
 	computev1.JoinTokensService_List_FullMethodName:   {Action: authz.JoinTokensList},

@@ -333,6 +333,228 @@ func (x *AuditServiceListResponse) GetNextPageToken() string {
 	return ""
 }
 
+// AuditServiceVerifyRequest asks for a verification of the chain.
+type AuditServiceVerifyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant: root (the chain spans every tenant). Empty means root.
+	TenantId      string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditServiceVerifyRequest) Reset() {
+	*x = AuditServiceVerifyRequest{}
+	mi := &file_bettercompute_compute_v1_audit_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditServiceVerifyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditServiceVerifyRequest) ProtoMessage() {}
+
+func (x *AuditServiceVerifyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_audit_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditServiceVerifyRequest.ProtoReflect.Descriptor instead.
+func (*AuditServiceVerifyRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_audit_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AuditServiceVerifyRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+// AuditCheckpoint is a signed chain head.
+type AuditCheckpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The chain position of the record whose hash was signed.
+	ChainSeq string `protobuf:"bytes,1,opt,name=chain_seq,json=chainSeq,proto3" json:"chain_seq,omitempty"`
+	// That record's hash, hex.
+	HeadHash string `protobuf:"bytes,2,opt,name=head_hash,json=headHash,proto3" json:"head_hash,omitempty"`
+	// When it was signed.
+	Time *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	// The Ed25519 signature over the checkpoint, base64; empty when the
+	// control plane has no audit key.
+	Signature string `protobuf:"bytes,4,opt,name=signature,proto3" json:"signature,omitempty"`
+	// The signing key's id (the first 16 hex digits of the SHA-256 of its
+	// public key).
+	KeyId         string `protobuf:"bytes,5,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditCheckpoint) Reset() {
+	*x = AuditCheckpoint{}
+	mi := &file_bettercompute_compute_v1_audit_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditCheckpoint) ProtoMessage() {}
+
+func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_audit_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditCheckpoint.ProtoReflect.Descriptor instead.
+func (*AuditCheckpoint) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_audit_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AuditCheckpoint) GetChainSeq() string {
+	if x != nil {
+		return x.ChainSeq
+	}
+	return ""
+}
+
+func (x *AuditCheckpoint) GetHeadHash() string {
+	if x != nil {
+		return x.HeadHash
+	}
+	return ""
+}
+
+func (x *AuditCheckpoint) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *AuditCheckpoint) GetSignature() string {
+	if x != nil {
+		return x.Signature
+	}
+	return ""
+}
+
+func (x *AuditCheckpoint) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+// AuditServiceVerifyResponse is the verdict.
+type AuditServiceVerifyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether every chained record and every checkpoint matched.
+	Ok bool `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	// How many chained records were checked.
+	RecordsChecked int64 `protobuf:"varint,2,opt,name=records_checked,json=recordsChecked,proto3" json:"records_checked,omitempty"`
+	// The id of the first record that does not match, when one does not.
+	FirstBadRecordId string `protobuf:"bytes,3,opt,name=first_bad_record_id,json=firstBadRecordId,proto3" json:"first_bad_record_id,omitempty"`
+	// What did not match, when something did not.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The newest checkpoint checked, when there is one.
+	LastCheckpoint *AuditCheckpoint `protobuf:"bytes,5,opt,name=last_checkpoint,json=lastCheckpoint,proto3" json:"last_checkpoint,omitempty"`
+	// How many records are written but not chained yet (the chain catches up
+	// within seconds).
+	RecordsUnchained int64 `protobuf:"varint,6,opt,name=records_unchained,json=recordsUnchained,proto3" json:"records_unchained,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *AuditServiceVerifyResponse) Reset() {
+	*x = AuditServiceVerifyResponse{}
+	mi := &file_bettercompute_compute_v1_audit_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditServiceVerifyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditServiceVerifyResponse) ProtoMessage() {}
+
+func (x *AuditServiceVerifyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_audit_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditServiceVerifyResponse.ProtoReflect.Descriptor instead.
+func (*AuditServiceVerifyResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_audit_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *AuditServiceVerifyResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *AuditServiceVerifyResponse) GetRecordsChecked() int64 {
+	if x != nil {
+		return x.RecordsChecked
+	}
+	return 0
+}
+
+func (x *AuditServiceVerifyResponse) GetFirstBadRecordId() string {
+	if x != nil {
+		return x.FirstBadRecordId
+	}
+	return ""
+}
+
+func (x *AuditServiceVerifyResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *AuditServiceVerifyResponse) GetLastCheckpoint() *AuditCheckpoint {
+	if x != nil {
+		return x.LastCheckpoint
+	}
+	return nil
+}
+
+func (x *AuditServiceVerifyResponse) GetRecordsUnchained() int64 {
+	if x != nil {
+		return x.RecordsUnchained
+	}
+	return 0
+}
+
 var File_bettercompute_compute_v1_audit_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_audit_proto_rawDesc = "" +
@@ -366,9 +588,25 @@ const file_bettercompute_compute_v1_audit_proto_rawDesc = "" +
 	"page_token\x18\t \x01(\tR\tpageToken\"\x83\x01\n" +
 	"\x18AuditServiceListResponse\x12?\n" +
 	"\arecords\x18\x01 \x03(\v2%.bettercompute.compute.v1.AuditRecordR\arecords\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2}\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"8\n" +
+	"\x19AuditServiceVerifyRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\"\xb0\x01\n" +
+	"\x0fAuditCheckpoint\x12\x1b\n" +
+	"\tchain_seq\x18\x01 \x01(\tR\bchainSeq\x12\x1b\n" +
+	"\thead_hash\x18\x02 \x01(\tR\bheadHash\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1c\n" +
+	"\tsignature\x18\x04 \x01(\tR\tsignature\x12\x15\n" +
+	"\x06key_id\x18\x05 \x01(\tR\x05keyId\"\x9d\x02\n" +
+	"\x1aAuditServiceVerifyResponse\x12\x0e\n" +
+	"\x02ok\x18\x01 \x01(\bR\x02ok\x12'\n" +
+	"\x0frecords_checked\x18\x02 \x01(\x03R\x0erecordsChecked\x12-\n" +
+	"\x13first_bad_record_id\x18\x03 \x01(\tR\x10firstBadRecordId\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12R\n" +
+	"\x0flast_checkpoint\x18\x05 \x01(\v2).bettercompute.compute.v1.AuditCheckpointR\x0elastCheckpoint\x12+\n" +
+	"\x11records_unchained\x18\x06 \x01(\x03R\x10recordsUnchained2\xf2\x01\n" +
 	"\fAuditService\x12m\n" +
-	"\x04List\x121.bettercompute.compute.v1.AuditServiceListRequest\x1a2.bettercompute.compute.v1.AuditServiceListResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
+	"\x04List\x121.bettercompute.compute.v1.AuditServiceListRequest\x1a2.bettercompute.compute.v1.AuditServiceListResponse\x12s\n" +
+	"\x06Verify\x123.bettercompute.compute.v1.AuditServiceVerifyRequest\x1a4.bettercompute.compute.v1.AuditServiceVerifyResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
 
 var (
 	file_bettercompute_compute_v1_audit_proto_rawDescOnce sync.Once
@@ -382,27 +620,34 @@ func file_bettercompute_compute_v1_audit_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_audit_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_bettercompute_compute_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_bettercompute_compute_v1_audit_proto_goTypes = []any{
-	(*AuditRecord)(nil),              // 0: bettercompute.compute.v1.AuditRecord
-	(*AuditServiceListRequest)(nil),  // 1: bettercompute.compute.v1.AuditServiceListRequest
-	(*AuditServiceListResponse)(nil), // 2: bettercompute.compute.v1.AuditServiceListResponse
-	(*timestamppb.Timestamp)(nil),    // 3: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),          // 4: google.protobuf.Struct
+	(*AuditRecord)(nil),                // 0: bettercompute.compute.v1.AuditRecord
+	(*AuditServiceListRequest)(nil),    // 1: bettercompute.compute.v1.AuditServiceListRequest
+	(*AuditServiceListResponse)(nil),   // 2: bettercompute.compute.v1.AuditServiceListResponse
+	(*AuditServiceVerifyRequest)(nil),  // 3: bettercompute.compute.v1.AuditServiceVerifyRequest
+	(*AuditCheckpoint)(nil),            // 4: bettercompute.compute.v1.AuditCheckpoint
+	(*AuditServiceVerifyResponse)(nil), // 5: bettercompute.compute.v1.AuditServiceVerifyResponse
+	(*timestamppb.Timestamp)(nil),      // 6: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),            // 7: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_audit_proto_depIdxs = []int32{
-	3, // 0: bettercompute.compute.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	4, // 1: bettercompute.compute.v1.AuditRecord.detail:type_name -> google.protobuf.Struct
-	3, // 2: bettercompute.compute.v1.AuditServiceListRequest.start_time:type_name -> google.protobuf.Timestamp
-	3, // 3: bettercompute.compute.v1.AuditServiceListRequest.end_time:type_name -> google.protobuf.Timestamp
+	6, // 0: bettercompute.compute.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	7, // 1: bettercompute.compute.v1.AuditRecord.detail:type_name -> google.protobuf.Struct
+	6, // 2: bettercompute.compute.v1.AuditServiceListRequest.start_time:type_name -> google.protobuf.Timestamp
+	6, // 3: bettercompute.compute.v1.AuditServiceListRequest.end_time:type_name -> google.protobuf.Timestamp
 	0, // 4: bettercompute.compute.v1.AuditServiceListResponse.records:type_name -> bettercompute.compute.v1.AuditRecord
-	1, // 5: bettercompute.compute.v1.AuditService.List:input_type -> bettercompute.compute.v1.AuditServiceListRequest
-	2, // 6: bettercompute.compute.v1.AuditService.List:output_type -> bettercompute.compute.v1.AuditServiceListResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6, // 5: bettercompute.compute.v1.AuditCheckpoint.time:type_name -> google.protobuf.Timestamp
+	4, // 6: bettercompute.compute.v1.AuditServiceVerifyResponse.last_checkpoint:type_name -> bettercompute.compute.v1.AuditCheckpoint
+	1, // 7: bettercompute.compute.v1.AuditService.List:input_type -> bettercompute.compute.v1.AuditServiceListRequest
+	3, // 8: bettercompute.compute.v1.AuditService.Verify:input_type -> bettercompute.compute.v1.AuditServiceVerifyRequest
+	2, // 9: bettercompute.compute.v1.AuditService.List:output_type -> bettercompute.compute.v1.AuditServiceListResponse
+	5, // 10: bettercompute.compute.v1.AuditService.Verify:output_type -> bettercompute.compute.v1.AuditServiceVerifyResponse
+	9, // [9:11] is the sub-list for method output_type
+	7, // [7:9] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_audit_proto_init() }
@@ -416,7 +661,7 @@ func file_bettercompute_compute_v1_audit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_audit_proto_rawDesc), len(file_bettercompute_compute_v1_audit_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

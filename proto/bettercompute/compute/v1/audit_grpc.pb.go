@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AuditService_List_FullMethodName = "/bettercompute.compute.v1.AuditService/List"
+	AuditService_List_FullMethodName   = "/bettercompute.compute.v1.AuditService/List"
+	AuditService_Verify_FullMethodName = "/bettercompute.compute.v1.AuditService/Verify"
 )
 
 // AuditServiceClient is the client API for AuditService service.
@@ -32,6 +33,12 @@ type AuditServiceClient interface {
 	// List pages through a tenant's records, newest first, with optional
 	// filters. Action compute:audit:list on tenant_id.
 	List(ctx context.Context, in *AuditServiceListRequest, opts ...grpc.CallOption) (*AuditServiceListResponse, error)
+	// Verify recomputes the audit hash chain (every record carries the hash of
+	// the previous record's hash and its own canonical fields) and checks it
+	// against the signed checkpoints, naming the first record that does not
+	// match. The chain spans every tenant: action compute:audit:verify on the
+	// root tenant.
+	Verify(ctx context.Context, in *AuditServiceVerifyRequest, opts ...grpc.CallOption) (*AuditServiceVerifyResponse, error)
 }
 
 type auditServiceClient struct {
@@ -52,6 +59,16 @@ func (c *auditServiceClient) List(ctx context.Context, in *AuditServiceListReque
 	return out, nil
 }
 
+func (c *auditServiceClient) Verify(ctx context.Context, in *AuditServiceVerifyRequest, opts ...grpc.CallOption) (*AuditServiceVerifyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AuditServiceVerifyResponse)
+	err := c.cc.Invoke(ctx, AuditService_Verify_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AuditServiceServer is the server API for AuditService service.
 // All implementations must embed UnimplementedAuditServiceServer
 // for forward compatibility.
@@ -62,6 +79,12 @@ type AuditServiceServer interface {
 	// List pages through a tenant's records, newest first, with optional
 	// filters. Action compute:audit:list on tenant_id.
 	List(context.Context, *AuditServiceListRequest) (*AuditServiceListResponse, error)
+	// Verify recomputes the audit hash chain (every record carries the hash of
+	// the previous record's hash and its own canonical fields) and checks it
+	// against the signed checkpoints, naming the first record that does not
+	// match. The chain spans every tenant: action compute:audit:verify on the
+	// root tenant.
+	Verify(context.Context, *AuditServiceVerifyRequest) (*AuditServiceVerifyResponse, error)
 	mustEmbedUnimplementedAuditServiceServer()
 }
 
@@ -74,6 +97,9 @@ type UnimplementedAuditServiceServer struct{}
 
 func (UnimplementedAuditServiceServer) List(context.Context, *AuditServiceListRequest) (*AuditServiceListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedAuditServiceServer) Verify(context.Context, *AuditServiceVerifyRequest) (*AuditServiceVerifyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Verify not implemented")
 }
 func (UnimplementedAuditServiceServer) mustEmbedUnimplementedAuditServiceServer() {}
 func (UnimplementedAuditServiceServer) testEmbeddedByValue()                      {}
@@ -114,6 +140,24 @@ func _AuditService_List_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AuditService_Verify_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AuditServiceVerifyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AuditServiceServer).Verify(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AuditService_Verify_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AuditServiceServer).Verify(ctx, req.(*AuditServiceVerifyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AuditService_ServiceDesc is the grpc.ServiceDesc for AuditService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -124,6 +168,10 @@ var AuditService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _AuditService_List_Handler,
+		},
+		{
+			MethodName: "Verify",
+			Handler:    _AuditService_Verify_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
