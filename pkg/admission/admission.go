@@ -394,3 +394,16 @@ func IsUnique(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "23505"
 }
+
+// PruneIdempotency deletes up to limit expired idempotency records (a key
+// past its TTL no longer replays) and returns how many.
+func PruneIdempotency(ctx context.Context, q interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM idempotency WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM idempotency WHERE expires_at <= now() ORDER BY expires_at LIMIT $1))`, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune idempotency records: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -10,6 +10,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -116,4 +117,24 @@ func split(held []Held) ([]string, []int64) {
 //	UPDATE things SET … WHERE id = $1 AND `+lease.Clause(2, 3, 4)
 func Clause(name, holder, fence int) string {
 	return fmt.Sprintf(`EXISTS (SELECT 1 FROM leases WHERE name = $%d AND holder = $%d AND fence = $%d AND expires_at > now())`, name, holder, fence)
+}
+
+// ErrLost is returned by [Hold] when the lease is no longer held.
+var ErrLost = errors.New("lease lost: write fenced")
+
+// Hold locks lease h's row in tx (FOR SHARE) if it still has holder and h's
+// fence and has not expired, so no new holder can take it until tx ends, and
+// returns [ErrLost] otherwise. Call it first in every transaction made under
+// a lease: the writes that follow are then fenced.
+func Hold(ctx context.Context, tx pgx.Tx, holder string, h Held) error {
+	var ok bool
+	err := tx.QueryRow(ctx, `SELECT true FROM leases WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > now() FOR SHARE`,
+		h.Name, holder, h.Fence).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLost
+	}
+	if err != nil {
+		return fmt.Errorf("check lease %s: %w", h.Name, err)
+	}
+	return nil
 }

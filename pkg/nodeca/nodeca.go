@@ -534,3 +534,16 @@ func RevokedSerial(ctx context.Context, q Querier, serial string) (bool, error) 
 	}
 	return Revoked(ctx, q, n)
 }
+
+// PruneExpired deletes up to limit certificate rows that expired before
+// before, and returns how many. An expired certificate fails verification
+// whatever its row says, so its revocation record is no longer needed once
+// the grace period has passed.
+func PruneExpired(ctx context.Context, q Querier, before time.Time, limit int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM node_certificates WHERE serial IN (
+		SELECT serial FROM node_certificates WHERE not_after < $1 ORDER BY not_after LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune node certificates: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

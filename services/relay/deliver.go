@@ -1,0 +1,194 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/webhooks"
+)
+
+// deliverLoop claims due deliveries and attempts them, in every relay
+// process: woken by the fan-out, by DeliverSubject, and every
+// webhooks.poll.
+func (s *Service) deliverLoop(ctx context.Context) {
+	poll := s.cfg.Webhooks.Poll.Std()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.wakeDeliver:
+		}
+		n, err := s.DeliverOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("claim deliveries", "err", err)
+		}
+		if n > 0 && len(s.slots) < cap(s.slots) {
+			t.Reset(0)
+		} else {
+			t.Reset(poll)
+		}
+	}
+}
+
+// DeliverOnce claims as many due deliveries as there are free attempt slots
+// (and per-endpoint room) and starts their attempts; it returns how many it
+// started. Attempts finish in the background; [Service.Wait] waits for them.
+func (s *Service) DeliverOnce(ctx context.Context) (int, error) {
+	free := cap(s.slots) - len(s.slots)
+	if free <= 0 {
+		return 0, nil
+	}
+	s.busyMu.Lock()
+	busy := make(map[string]int, len(s.busy))
+	for k, v := range s.busy {
+		busy[k] = v
+	}
+	s.busyMu.Unlock()
+	hold := s.cfg.Webhooks.Timeout.Std() + 30*time.Second
+	claimed, err := webhooks.Claim(ctx, s.db, free, s.cfg.Webhooks.PerEndpoint, busy, hold)
+	if err != nil {
+		return 0, err
+	}
+	for _, c := range claimed {
+		s.slots <- struct{}{}
+		s.busyMu.Lock()
+		s.busy[c.WebhookID]++
+		s.busyMu.Unlock()
+		s.inflight.Add(1)
+		go func() {
+			defer func() {
+				s.busyMu.Lock()
+				if s.busy[c.WebhookID]--; s.busy[c.WebhookID] <= 0 {
+					delete(s.busy, c.WebhookID)
+				}
+				s.busyMu.Unlock()
+				<-s.slots
+				s.inflight.Done()
+				poke(s.wakeDeliver) // room for the next one
+			}()
+			s.attempt(context.WithoutCancel(ctx), c)
+		}()
+	}
+	return len(claimed), nil
+}
+
+// Wait waits for the attempts in flight.
+func (s *Service) Wait() { s.inflight.Wait() }
+
+// body is what a webhook receives (Standard Webhooks' payload shape).
+type body struct {
+	Type      string          `json:"type"`
+	Timestamp string          `json:"timestamp"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// maxResponse bounds how much of a response is read.
+const maxResponse = 64 << 10
+
+// attempt sends one delivery and records the outcome.
+func (s *Service) attempt(ctx context.Context, c webhooks.Claimed) {
+	id := eventID(c.EventID)
+	b, _ := json.Marshal(body{Type: c.Type, Timestamp: c.At.UTC().Format(time.RFC3339Nano), Data: c.Payload})
+	now := time.Now()
+	actx, cancel := context.WithTimeout(ctx, s.cfg.Webhooks.Timeout.Std())
+	defer cancel()
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, c.Webhook.URL, bytes.NewReader(b))
+	var o webhooks.Outcome
+	if err == nil {
+		req.Header = webhooks.Headers(id, now, b, c.Webhook.Keys(now)...)
+		req.Header.Set("User-Agent", "better-compute-webhooks/1")
+		var resp *http.Response
+		start := time.Now()
+		resp, err = s.client.Do(req)
+		s.m.attemptSeconds.Observe(time.Since(start).Seconds())
+		if err == nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxResponse))
+			_ = resp.Body.Close()
+			o.Status = resp.StatusCode
+		}
+	}
+	switch {
+	case err != nil:
+		o.Err = err.Error()
+		if errors.Is(err, webhooks.ErrDestinationRefused) {
+			o.Err = "destination refused: " + err.Error() + " (set webhooks.allowPrivateNetworks to deliver to private networks)"
+		}
+	case o.Status < 200 || o.Status > 299:
+		o.Err = fmt.Sprintf("HTTP %d", o.Status)
+	}
+	if err := s.record(ctx, c, o); err != nil {
+		s.log.Warn("record a delivery attempt", "delivery", c.ID, "webhook", c.WebhookID, "err", err)
+	}
+}
+
+func eventID(id int64) string { return fmt.Sprintf("evt_%d", id) }
+
+// record stores an attempt's outcome: success; 410 Gone, which disables the
+// webhook; or a failure retried on the schedule, which disables a webhook
+// failing for webhooks.disableAfter.
+func (s *Service) record(ctx context.Context, c webhooks.Claimed, o webhooks.Outcome) error {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	outcome := "failed"
+	err := db.InTx(rctx, s.db, db.TxOptions{}, func(tx pgx.Tx) error {
+		if o.Err == "" {
+			outcome = "succeeded"
+			return webhooks.Succeed(rctx, tx, c.ID, c.WebhookID, o)
+		}
+		if o.Status == http.StatusGone {
+			outcome = "gone"
+			if _, err := webhooks.Fail(rctx, tx, c.ID, c.WebhookID, o, 0); err != nil {
+				return err
+			}
+			return s.disable(rctx, tx, c, webhooks.ReasonGone, o)
+		}
+		retry := s.retryIn(c.Attempts + 1)
+		since, err := webhooks.Fail(rctx, tx, c.ID, c.WebhookID, o, retry)
+		if err != nil {
+			return err
+		}
+		if !since.IsZero() && time.Since(since) >= s.cfg.Webhooks.DisableAfter.Std() {
+			return s.disable(rctx, tx, c, webhooks.ReasonFailing, o)
+		}
+		return nil
+	})
+	s.m.attempts.WithLabelValues(outcome).Inc()
+	return err
+}
+
+// retryIn is the wait before the attempt after attempt n (1-based), with up
+// to 10 % jitter; 0 when the schedule is spent.
+func (s *Service) retryIn(n int) time.Duration {
+	sched := s.cfg.Webhooks.RetrySchedule
+	if n > len(sched) {
+		return 0
+	}
+	d := sched[n-1].Std()
+	return d + time.Duration(rand.Int64N(int64(d)/10+1))
+}
+
+// disable turns the webhook off and says so with a webhook.disabled event.
+func (s *Service) disable(ctx context.Context, tx pgx.Tx, c webhooks.Claimed, reason string, o webhooks.Outcome) error {
+	changed, err := webhooks.Disable(ctx, tx, c.WebhookID, reason)
+	if err != nil || !changed {
+		return err
+	}
+	s.log.Warn("webhook disabled", "webhook", c.WebhookID, "tenant", c.Webhook.TenantID, "reason", reason, "status", o.Status, "err", o.Err)
+	_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: c.Webhook.TenantID, Type: "webhook.disabled", Resource: c.WebhookID,
+		Payload: map[string]any{"webhookId": c.WebhookID, "reason": reason, "lastStatusCode": o.Status, "lastError": o.Err}})
+	return err
+}

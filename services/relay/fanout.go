@@ -1,0 +1,115 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/webhooks"
+)
+
+// FanoutCursor is the cursor of events.fanout in event_cursors.
+const FanoutCursor = "fanout"
+
+// TestEventType is delivered only to the webhook it names (webhooks.test).
+const TestEventType = "webhook.test"
+
+// fanoutLoop runs events.fanout while this process leads: woken by the
+// relay after it sequences, and every second regardless (a resync that
+// needs no bus).
+func (s *Service) fanoutLoop(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.wakeFanout:
+		}
+		more := false
+		if s.Leading() {
+			var err error
+			if more, err = s.FanoutOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
+				s.log.Warn("fan out events", "err", err)
+			}
+		}
+		if more {
+			t.Reset(0)
+		} else {
+			t.Reset(time.Second)
+		}
+	}
+}
+
+// Matches reports whether webhook w receives event e: its tenant's events
+// (and its descendants' with IncludeDescendants) of the types it names. A
+// webhook.test event goes only to the webhook it tests.
+func Matches(w webhooks.Webhook, e events.Event) bool {
+	if e.Type == TestEventType {
+		return e.Resource == w.ID
+	}
+	if e.TenantID != w.TenantID && !(w.IncludeDescendants && iam.Covers(w.TenantID, e.TenantID)) {
+		return false
+	}
+	return events.Match(w.EventTypes, e.Type)
+}
+
+// FanoutOnce turns the next batch of sequenced events into deliveries and
+// moves the fan-out cursor past them, in one fenced transaction, and
+// reports whether a full batch was found. It reads only PostgreSQL: events
+// JetStream dropped, or that were never published, are fanned out all the
+// same.
+func (s *Service) FanoutOnce(ctx context.Context) (bool, error) {
+	batch := s.cfg.Events.Batch
+	var n int
+	var made int64
+	err := s.inLease(ctx, func(tx pgx.Tx) error {
+		cursor, err := events.LockCursor(ctx, tx, FanoutCursor)
+		if err != nil {
+			return err
+		}
+		evs, err := events.After(ctx, tx, cursor, batch)
+		if err != nil || len(evs) == 0 {
+			n = 0
+			return err
+		}
+		n = len(evs)
+		hooks, err := webhooks.Enabled(ctx, tx)
+		if err != nil {
+			return err
+		}
+		var plan []webhooks.Planned
+		for _, e := range evs {
+			for _, w := range hooks {
+				if Matches(w, e) {
+					plan = append(plan, webhooks.Planned{WebhookID: w.ID, EventID: e.ID, TenantID: w.TenantID})
+				}
+			}
+		}
+		if made, err = webhooks.Insert(ctx, tx, plan); err != nil {
+			return err
+		}
+		return events.SetCursor(ctx, tx, FanoutCursor, evs[len(evs)-1].Seq)
+	})
+	if err != nil {
+		return false, err
+	}
+	if made > 0 {
+		s.m.fannedOut.Add(float64(made))
+		poke(s.wakeDeliver)
+		s.pokeDeliverers()
+	}
+	return n == batch, nil
+}
+
+// pokeDeliverers wakes the deliverers of other relay processes.
+func (s *Service) pokeDeliverers() {
+	if s.nc != nil && s.nc.IsConnected() {
+		_ = s.nc.Publish(DeliverSubject, nil)
+	}
+}

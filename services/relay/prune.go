@@ -1,0 +1,85 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/pkg/admission"
+	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/nodeca"
+)
+
+// pruneBatch bounds one prune statement, so no transaction holds many row
+// locks for long.
+const pruneBatch = 5000
+
+// pruneLoop runs events.prune every events.pruneEvery while this process
+// leads.
+func (s *Service) pruneLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Events.PruneEvery.Std())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !s.Leading() {
+			continue
+		}
+		if _, err := s.PruneOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
+			s.log.Warn("prune events", "err", err)
+		}
+	}
+}
+
+// Pruned counts what one prune removed.
+type Pruned struct {
+	Events, Idempotency, Certificates int64
+}
+
+// PruneOnce deletes events older than events.retention that the fan-out
+// has passed (with their deliveries), expired idempotency records and node
+// certificates expired longer than events.certificateGrace ago, in batches,
+// then vacuums the tables it deleted from and those the relay updates, so
+// their scans stay short with autovacuum off.
+func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
+	var p Pruned
+	before := time.Now().Add(-s.cfg.Events.Retention.Std())
+	certBefore := time.Now().Add(-s.cfg.Events.CertificateGrace.Std())
+	for {
+		var ev, idem, certs int64
+		err := s.inLease(ctx, func(tx pgx.Tx) error {
+			var err error
+			if ev, err = events.Prune(ctx, tx, before, pruneBatch); err != nil {
+				return err
+			}
+			if idem, err = admission.PruneIdempotency(ctx, tx, pruneBatch); err != nil {
+				return err
+			}
+			certs, err = nodeca.PruneExpired(ctx, tx, certBefore, pruneBatch)
+			return err
+		})
+		if err != nil {
+			return p, err
+		}
+		p.Events += ev
+		p.Idempotency += idem
+		p.Certificates += certs
+		if ev < pruneBatch && idem < pruneBatch && certs < pruneBatch {
+			break
+		}
+	}
+	s.m.pruned.Add(float64(p.Events))
+	// VACUUM cannot run in a transaction; each is one statement, so it also
+	// works behind PgBouncer in transaction mode.
+	for _, table := range []string{"outbox", "webhook_deliveries", "event_cursors", "idempotency"} {
+		if _, err := s.db.Exec(ctx, "VACUUM (ANALYZE) "+table); err != nil {
+			s.log.Warn("vacuum", "table", table, "err", err)
+		}
+	}
+	return p, nil
+}
