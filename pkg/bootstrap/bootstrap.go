@@ -82,7 +82,7 @@ func Run(ctx context.Context, pool DB) (Credential, error) {
 		}); err != nil {
 			return err
 		}
-		if _, err := outbox.Write(ctx, tx, outbox.Event{TenantID: iam.RootTenant, Type: "apiKey.created",
+		if _, err := outbox.Write(ctx, tx, outbox.Event{TenantID: iam.RootTenant, Type: "apiKey.created", Resource: key.ID,
 			Payload: map[string]any{"id": key.ID, "identityId": ident.ID, "tenantId": iam.RootTenant}}); err != nil {
 			return err
 		}

@@ -327,7 +327,7 @@ func event(ctx context.Context, tx outbox.Querier, c Command) error {
 		"commandId": c.ID, "nodeId": c.NodeID, "seq": c.Seq, "kind": c.Kind, "state": string(c.State),
 		"reason": c.Reason, "attempts": c.Attempts,
 	}
-	_, err := outbox.Write(ctx, tx, outbox.Event{TenantID: c.TenantID, Type: "command." + string(c.State), Payload: payload})
+	_, err := outbox.Write(ctx, tx, outbox.Event{TenantID: c.TenantID, Type: "command." + string(c.State), Resource: c.ID, Payload: payload})
 	return err
 }
 

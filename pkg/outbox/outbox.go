@@ -9,6 +9,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/pkg/events"
 )
 
 // Querier runs statements: a pool, a connection or a transaction.
@@ -20,7 +22,8 @@ type Querier interface {
 type Event struct {
 	// TenantID is the tenant the event belongs to.
 	TenantID string
-	// Type is a dotted name, e.g. "pool.created".
+	// Type is a dotted name, e.g. "pool.created", listed in the event
+	// catalog (events.Catalog).
 	Type string
 	// Resource is the id of the resource the event is about (a node, a
 	// reservation, a command), when it has one: events.list and
@@ -34,8 +37,12 @@ type Event struct {
 func Subject(tenant, typ string) string { return "bc.events." + tenant + "." + typ }
 
 // Write inserts e and returns its id. Call it inside the transaction that
-// makes the change e reports.
+// makes the change e reports. A type missing from the event catalog is
+// refused, so no event type ships undocumented.
 func Write(ctx context.Context, q Querier, e Event) (int64, error) {
+	if _, ok := events.Lookup(e.Type); !ok {
+		return 0, fmt.Errorf("write outbox event: type %q is not in the event catalog (pkg/events)", e.Type)
+	}
 	payload := e.Payload
 	if payload == nil {
 		payload = map[string]any{}

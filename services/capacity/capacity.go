@@ -169,9 +169,11 @@ func runBind(ctx context.Context, rc *reconcile.RunContext, node string) (reconc
 	return reconcile.Done, err
 }
 
-// event writes an outbox event of tenant.
+// event writes an outbox event of tenant about the reservation
+// payload["reservationId"] (every reservation.* event of this package has it).
 func event(ctx context.Context, tx pgx.Tx, tenant, typ string, payload map[string]any) error {
-	if _, err := outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: typ, Payload: payload}); err != nil {
+	rsv, _ := payload["reservationId"].(string)
+	if _, err := outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: typ, Resource: rsv, Payload: payload}); err != nil {
 		return fmt.Errorf("write %s event: %w", typ, err)
 	}
 	return nil

@@ -154,7 +154,7 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 			return nil
 		}
 		payload := map[string]any{"nodeId": s.nodeID, "generation": gen, "observedGeneration": observed, "sections": sections}
-		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: event, Payload: payload})
+		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: event, Resource: s.nodeID, Payload: payload})
 		return err
 	})
 }

@@ -184,7 +184,7 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 		}); err != nil {
 			return err
 		}
-		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: node.TenantID, Type: event, Payload: map[string]any{
+		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: node.TenantID, Type: event, Resource: node.ID, Payload: map[string]any{
 			"nodeId": node.ID, "poolId": node.PoolID, "joinTokenId": tok.ID, "state": node.State,
 		}})
 		return err

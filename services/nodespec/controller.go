@@ -125,7 +125,7 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 		if err != nil {
 			return fmt.Errorf("store spec: %w", err)
 		}
-		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: "node.spec.changed",
+		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: "node.spec.changed", Resource: nodeID,
 			Payload: map[string]any{"nodeId": nodeID, "generation": bumped}})
 		return err
 	})

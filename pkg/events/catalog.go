@@ -1,0 +1,415 @@
+package events
+
+import (
+	"cmp"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+)
+
+// Type is one event type: its name, what it means, what its subject is and
+// the shape of its payload.
+type Type struct {
+	// Name is the dotted name, e.g. "pool.created": the last token of the
+	// JetStream subject, what webhooks and watchers subscribe to.
+	Name string
+	// Doc says when the event is written and what it means.
+	Doc string
+	// Subject is the kind of resource whose id the event's subject
+	// (outbox.Event.Resource) is: "node", "reservation", "command", "pool",
+	// "tenant", "identity", "apiKey", "joinToken", "policy", "webhook"; ""
+	// when the event is about no one resource.
+	Subject string
+	// Payload, when set, is the payload's message: the payload is that
+	// message in proto3 JSON. Nil when the payload is a plain JSON object,
+	// described by Fields.
+	Payload proto.Message
+	// Fields describe the payload's JSON fields when Payload is nil.
+	Fields []Field
+}
+
+// Field is one field of a plain JSON payload.
+type Field struct {
+	// Name is the JSON name.
+	Name string
+	// Type is the JSON type: "string", "integer", "boolean", "object" or
+	// "array".
+	Type string
+	// Doc says what it holds.
+	Doc string
+}
+
+// Catalog returns every event type, sorted by name. The slice and its
+// payload messages are the caller's.
+func Catalog() []Type {
+	ts := catalog()
+	slices.SortFunc(ts, func(a, b Type) int { return cmp.Compare(a.Name, b.Name) })
+	return ts
+}
+
+// Lookup returns the event type named name, and whether there is one.
+func Lookup(name string) (Type, bool) {
+	for _, t := range catalog() {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Type{}, false
+}
+
+// commandFields are the payload of every command.<state>.
+func commandFields() []Field {
+	return []Field{
+		{"commandId", "string", "The command."},
+		{"nodeId", "string", "The node it is for."},
+		{"seq", "integer", "Its place in the node's command sequence."},
+		{"kind", "string", "Its kind (see [command kinds](command-kinds.md))."},
+		{"state", "string", "Its new state: pending, in_flight, succeeded, failed, expired or cancelled."},
+		{"reason", "string", "Why it is in that state, when the control plane or the daemon said (e.g. BUSY, EXPIRED, timeout, journal-lost)."},
+		{"attempts", "integer", "How many times it was sent."},
+	}
+}
+
+// convergenceFields are the payload of the gateway's node.converged and
+// node.convergence_failed.
+func convergenceFields() []Field {
+	return []Field{
+		{"nodeId", "string", "The node."},
+		{"generation", "integer", "The node's current desired-state generation."},
+		{"observedGeneration", "integer", "The highest generation the node has reported observing."},
+		{"sections", "array", "The report's sections, each {section, state, reason, generation}: state is a SectionState name, e.g. SECTION_STATE_FAILED."},
+	}
+}
+
+// joinFields are the payload of node.joined and node.reclaimed.
+func joinFields() []Field {
+	return []Field{
+		{"nodeId", "string", "The node."},
+		{"poolId", "string", "The pool it joined."},
+		{"joinTokenId", "string", "The join token it redeemed."},
+		{"state", "string", "The node's state: adopting."},
+	}
+}
+
+// reservationFields are the payload of services/capacity's reservation.*
+// events: the reservation's id, then more.
+func reservationFields(more ...Field) []Field {
+	return append([]Field{{"reservationId", "string", "The reservation."}}, more...)
+}
+
+// catalog builds the catalog afresh: there is no registry to change, and no
+// caller shares another's messages or slices.
+//
+// Some types are built at run time rather than written as literals, so the
+// source walk of catalog_test.go cannot see them; they are enumerated here:
+// command.<state> (pkg/commands, one per commands.State), node.converged
+// and node.convergence_failed (services/gateway), node.joined and
+// node.reclaimed (services/joinservice), reservation.created and
+// reservation.placed (services/api), and the reservation.* types of
+// services/capacity, whose writer takes the type as an argument.
+func catalog() []Type {
+	return []Type{
+		// API keys.
+		{
+			Name:    "apiKey.created",
+			Subject: "apiKey",
+			Payload: &computev1.ApiKeysServiceCreateResponse{},
+			Doc: "An API key was created (apiKeys.create). The payload is the stored response, so `secret` is never set. " +
+				"`better-compute bootstrap` writes it too, in tenant root, for the root administrator's new key, with the payload " +
+				"`{id, identityId, tenantId}` instead.",
+		},
+		{
+			Name:    "apiKey.revoked",
+			Subject: "apiKey",
+			Payload: &computev1.ApiKeysServiceRevokeResponse{},
+			Doc:     "An API key was revoked (apiKeys.revoke): it no longer authenticates.",
+		},
+
+		// Commands: one type per state, written by pkg/commands on every
+		// state change, and two by the commands API.
+		{
+			Name:    "command.requested",
+			Subject: "command",
+			Payload: &computev1.CommandsServiceRunResponse{},
+			Doc:     "A command was queued through the API (commands.run); `command.pending` is written in the same transaction.",
+		},
+		{
+			Name:    "command.cancel_requested",
+			Subject: "command",
+			Payload: &computev1.CommandsServiceCancelResponse{},
+			Doc: "A command's cancellation was asked for (commands.cancel). A pending command is cancelled at once " +
+				"(`command.cancelled`); an in-flight one is sent Cancel until the daemon settles it.",
+		},
+		{
+			Name:    "command.pending",
+			Subject: "command",
+			Fields:  commandFields(),
+			Doc: "A command was queued, or went back to pending to be sent again: the daemon answered BUSY (reason `BUSY`, sent " +
+				"again after a back-off) or lost its journal while the command, which is retry-safe, was in flight (reason " +
+				"`journal-lost`).",
+		},
+		{
+			Name:    "command.in_flight",
+			Subject: "command",
+			Fields:  commandFields(),
+			Doc:     "The node's gateway claimed the command to send it to the daemon (`attempts` counts this send).",
+		},
+		{
+			Name:    "command.succeeded",
+			Subject: "command",
+			Fields:  commandFields(),
+			Doc: "The command succeeded: the daemon said so, or the command is self-terminating and the node came back with a new " +
+				"boot id (reason `the node reconnected with a new boot id`). The result is on the command (commands.get).",
+		},
+		{
+			Name:    "command.failed",
+			Subject: "command",
+			Fields:  commandFields(),
+			Doc: "The command failed: the daemon reported a failure (its reason) or rejected it (the reject code, e.g. " +
+				"`UNSUPPORTED`, `BAD_SIGNATURE`), it was in flight past its deadline plus its kind's timeout (reason `timeout`), " +
+				"or the daemon lost its journal while a command that is not retry-safe was in flight (reason `journal-lost`).",
+		},
+		{
+			Name:    "command.expired",
+			Subject: "command",
+			Fields:  commandFields(),
+			Doc:     "The command's deadline passed before it ran: the sweeper found it pending past it, or the daemon rejected it as expired (reason `EXPIRED`).",
+		},
+		{
+			Name:    "command.cancelled",
+			Subject: "command",
+			Fields:  commandFields(),
+			Doc: "The command was cancelled: while pending (commands.cancel), by the daemon after a Cancel, or when the daemon " +
+				"lost its journal after a cancellation was asked for.",
+		},
+
+		// Identities.
+		{
+			Name:    "identity.created",
+			Subject: "identity",
+			Payload: &computev1.IdentitiesServiceCreateResponse{},
+			Doc:     "An identity (a user or a service) was created (identities.create).",
+		},
+		{
+			Name:    "identity.revoked",
+			Subject: "identity",
+			Payload: &computev1.IdentitiesServiceRevokeResponse{},
+			Doc:     "An identity was revoked (identities.revoke).",
+		},
+
+		// Join tokens.
+		{
+			Name:    "joinToken.created",
+			Subject: "joinToken",
+			Payload: &computev1.JoinTokensServiceCreateResponse{},
+			Doc:     "A join token was created (joinTokens.create). The payload is the stored response, so `token` is never set.",
+		},
+		{
+			Name:    "joinToken.revoked",
+			Subject: "joinToken",
+			Payload: &computev1.JoinTokensServiceRevokeResponse{},
+			Doc:     "A join token was revoked (joinTokens.revoke): it can no longer be redeemed.",
+		},
+
+		// Nodes.
+		{
+			Name:    "node.joined",
+			Subject: "node",
+			Fields:  joinFields(),
+			Doc:     "New hardware redeemed a join token and became a node, adopting, with its first certificate (joinservice).",
+		},
+		{
+			Name:    "node.reclaimed",
+			Subject: "node",
+			Fields:  joinFields(),
+			Doc: "Hardware that had joined before joined again with a token of its tenant that allows reclaim: it got its node " +
+				"back, in the token's pool, adopting again, and the old installation's certificates were revoked (joinservice).",
+		},
+		{
+			Name:    "node.updated",
+			Subject: "node",
+			Payload: &computev1.NodesServiceUpdateResponse{},
+			Doc:     "A node's labels were replaced (nodes.update); its desired state is recomputed.",
+		},
+		{
+			Name:    "node.spec.changed",
+			Subject: "node",
+			Fields: []Field{
+				{"nodeId", "string", "The node."},
+				{"generation", "integer", "The new desired-state generation."},
+			},
+			Doc: "A node's desired state (its NodeSpec) changed and its generation went up (the nodespec controller); the " +
+				"gateway sends it to the node.",
+		},
+		{
+			Name:    "node.converged",
+			Subject: "node",
+			Fields:  convergenceFields(),
+			Doc:     "A node reported observing its current desired-state generation with no failed section (the gateway).",
+		},
+		{
+			Name:    "node.convergence_failed",
+			Subject: "node",
+			Fields:  convergenceFields(),
+			Doc:     "A node reported a section of its desired state failed to apply (the gateway); every report with a failed section writes one.",
+		},
+
+		// Policies.
+		{
+			Name:    "policy.put",
+			Subject: "policy",
+			Payload: &computev1.PoliciesServicePutResponse{},
+			Doc:     "A tenant's policy was created or replaced (policies.put). Its subject is `<tenantId>/<name>`.",
+		},
+		{
+			Name:    "policy.deleted",
+			Subject: "policy",
+			Fields: []Field{
+				{"tenantId", "string", "The policy's tenant."},
+				{"name", "string", "The policy's name."},
+			},
+			Doc: "A tenant's policy was deleted (policies.delete). Its subject is `<tenantId>/<name>`.",
+		},
+
+		// Pools.
+		{
+			Name:    "pool.created",
+			Subject: "pool",
+			Payload: &computev1.PoolsServiceCreateResponse{},
+			Doc:     "A pool was created (pools.create).",
+		},
+		{
+			Name:    "pool.updated",
+			Subject: "pool",
+			Payload: &computev1.PoolsServiceUpdateResponse{},
+			Doc:     "A pool was changed (pools.update); a changed site or health section gives every node of the pool a new desired state.",
+		},
+
+		// Capacity.
+		{
+			Name:    "quota.set",
+			Subject: "pool",
+			Payload: &computev1.CapacityServiceSetQuotaResponse{},
+			Doc:     "A tenant's GPU quota in a pool was set or removed (capacity.setQuota); `quota` is unset when it was removed.",
+		},
+		{
+			Name:    "reservation.created",
+			Subject: "reservation",
+			Payload: &computev1.ReservationsServiceCreateResponse{},
+			Doc:     "A reservation that starts later was created (reservations.create); it is pending until the placer places it (`reservation.placed`).",
+		},
+		{
+			Name:    "reservation.placed",
+			Subject: "reservation",
+			Payload: &computev1.ReservationsServiceCreateResponse{},
+			Doc: "A reservation's GPUs were booked on nodes. reservations.create writes it when the reservation starts now and " +
+				"fits, with the stored response as its payload; the placer writes it when it places a pending reservation later, " +
+				"with the payload `{reservationId}` only.",
+		},
+		{
+			Name:    "reservation.bound",
+			Subject: "reservation",
+			Fields:  reservationFields(),
+			Doc:     "Every node booked for a placed reservation has observed a desired state that exposes its GPUs: the reservation is usable (capacity.bind).",
+		},
+		{
+			Name:    "reservation.replaced",
+			Subject: "reservation",
+			Fields: reservationFields(
+				Field{"lostNodeId", "string", "The lost node whose GPUs were re-placed."}),
+			Doc: "A node booked for a live reservation was lost and, under capacity.lostNode replace, its GPUs were booked on " +
+				"other nodes (the placer).",
+		},
+		{
+			Name:    "reservation.released",
+			Subject: "reservation",
+			Payload: &computev1.ReservationsServiceReleaseResponse{},
+			Doc:     "A reservation was released (reservations.release); its bookings ended.",
+		},
+		{
+			Name:    "reservation.expired",
+			Subject: "reservation",
+			Fields:  reservationFields(),
+			Doc:     "A live reservation's end time passed; its bookings ended (the placer).",
+		},
+		{
+			Name:    "reservation.failed",
+			Subject: "reservation",
+			Fields: reservationFields(
+				Field{"reason", "string", "Why, e.g. the lost node and why its GPUs could not be re-placed."}),
+			Doc: "A live reservation failed because a booked node was lost: capacity.lostNode is fail, or it is replace and " +
+				"the GPUs could not be re-placed (the placer). Its bookings ended.",
+		},
+
+		// Tenants.
+		{
+			Name:    "tenant.created",
+			Subject: "tenant",
+			Payload: &computev1.TenantsServiceCreateResponse{},
+			Doc:     "A child tenant was created (tenants.create). The event belongs to the parent tenant; its subject is the new tenant.",
+		},
+
+		// Webhooks.
+		{
+			Name:    "webhook.created",
+			Subject: "webhook",
+			Payload: &computev1.WebhooksServiceCreateResponse{},
+			Doc:     "A webhook was registered (webhooks.create). The payload is the stored response, so `secret` is never set.",
+		},
+		{
+			Name:    "webhook.updated",
+			Subject: "webhook",
+			Payload: &computev1.WebhooksServiceUpdateResponse{},
+			Doc:     "A webhook was changed (webhooks.update), including being enabled or disabled by request.",
+		},
+		{
+			Name:    "webhook.deleted",
+			Subject: "webhook",
+			Payload: &computev1.WebhooksServiceDeleteResponse{},
+			Doc:     "A webhook was deleted with its pending deliveries (webhooks.delete); the payload is the webhook as it was.",
+		},
+		{
+			Name:    "webhook.secret_rotated",
+			Subject: "webhook",
+			Payload: &computev1.WebhooksServiceRotateSecretResponse{},
+			Doc: "A webhook's signing secret was rotated (webhooks.rotateSecret); the old one signs beside the new one until " +
+				"`webhook.previousSecretExpireTime`. `secret` is never set in the event.",
+		},
+		{
+			Name:    "webhook.test",
+			Subject: "webhook",
+			Fields: []Field{
+				{"webhookId", "string", "The webhook tested."},
+				{"message", "string", "A note saying it is a test (\"a test event from webhooks.test\")."},
+			},
+			Doc: "A test of a webhook (webhooks.test): delivered to that webhook only, whatever event types it subscribes to.",
+		},
+		{
+			Name:    "webhook.tested",
+			Subject: "webhook",
+			Payload: &computev1.WebhooksServiceTestResponse{},
+			Doc: "A webhook was tested (webhooks.test): a `webhook.test` event and its one delivery, to that webhook, were " +
+				"written; the payload is the delivery.",
+		},
+		{
+			Name:    "webhook.redelivered",
+			Subject: "webhook",
+			Payload: &computev1.WebhooksServiceRedeliverResponse{},
+			Doc:     "A delivery was made pending again, to be sent now whatever its state (webhooks.redeliver); the payload is the delivery. Its subject is the delivery's webhook.",
+		},
+		{
+			Name:    "webhook.disabled",
+			Subject: "webhook",
+			Fields: []Field{
+				{"webhookId", "string", "The webhook."},
+				{"reason", "string", "gone (the endpoint answered 410) or failing (every attempt failed for 5 days)."},
+				{"lastStatusCode", "integer", "The last attempt's HTTP status code; 0 when none answered."},
+				{"lastError", "string", "The last attempt's error."},
+			},
+			Doc: "Delivery disabled a webhook: its endpoint answered 410 Gone, or every attempt failed for 5 days. Its " +
+				"deliveries stay pending until it is enabled again (webhooks.update) or they expire.",
+		},
+	}
+}
