@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"strconv"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -64,6 +66,33 @@ func (s *auditLog) List(ctx context.Context, req *computev1.AuditServiceListRequ
 	}
 	if len(rs) > 0 {
 		out.NextPageToken = nextCursor(len(rs), size, strconv.FormatInt(rs[len(rs)-1].ID, 10))
+	}
+	return out, nil
+}
+
+// Verify recomputes the audit hash chain and checks its checkpoints with the
+// configured audit key. The chain spans every tenant, so it is verified on
+// root only.
+func (s *auditLog) Verify(ctx context.Context, req *computev1.AuditServiceVerifyRequest) (*computev1.AuditServiceVerifyResponse, error) {
+	if t := req.GetTenantId(); t != "" && t != "root" {
+		return nil, fault.New(fault.InvalidInput, "tenantId", "the audit chain spans every tenant: verify on root")
+	}
+	if err := s.read(ctx, "root", authz.TenantResource("root")); err != nil {
+		return nil, err
+	}
+	v, err := audit.Verify(ctx, s.db, s.auditKey)
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.AuditServiceVerifyResponse{
+		Ok: v.OK, RecordsChecked: v.RecordsChecked, FirstBadRecordId: v.FirstBadID, Reason: v.Reason,
+		RecordsUnchained: v.Unchained,
+	}
+	if cp := v.LastCheckpoint; cp != nil {
+		out.LastCheckpoint = &computev1.AuditCheckpoint{
+			ChainSeq: strconv.FormatInt(cp.ChainSeq, 10), HeadHash: hex.EncodeToString(cp.HeadHash), Time: ts(cp.At),
+			Signature: base64.StdEncoding.EncodeToString(cp.Signature), KeyId: cp.KeyID,
+		}
 	}
 	return out, nil
 }

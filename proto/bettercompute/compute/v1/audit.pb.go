@@ -336,7 +336,7 @@ func (x *AuditServiceListResponse) GetNextPageToken() string {
 // AuditServiceVerifyRequest asks for a verification of the chain.
 type AuditServiceVerifyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The tenant: root (the chain spans every tenant). Empty means root.
+	// The tenant: root (the chain spans every tenant). Required.
 	TenantId      string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
