@@ -73,3 +73,11 @@ func labels(m map[string]string) map[string]string {
 	}
 	return m
 }
+
+// Delete removes the projection row of a deleted resource.
+func Delete(ctx context.Context, q Querier, typ, id string) error {
+	if _, err := q.Exec(ctx, `DELETE FROM authz_projection WHERE type = $1 AND id = $2`, typ, id); err != nil {
+		return fmt.Errorf("delete projection of %s %s: %w", typ, id, err)
+	}
+	return nil
+}

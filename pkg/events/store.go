@@ -228,12 +228,24 @@ func After(ctx context.Context, q Querier, seq int64, limit int) ([]Event, error
 	return evs, nil
 }
 
-// LockCursor reads the named cursor, locking its row until tx ends.
+// LockCursor reads the named cursor, locking its row until tx ends. A
+// cursor that does not exist yet starts at 0, the oldest event kept.
 func LockCursor(ctx context.Context, tx pgx.Tx, name string) (int64, error) {
+	return lockCursor(ctx, tx, name, false)
+}
+
+// LockCursorFromHead is [LockCursor] for a cursor that, when new, starts at
+// the newest event: a subscriber added today does not replay the log.
+func LockCursorFromHead(ctx context.Context, tx pgx.Tx, name string) (int64, error) {
+	return lockCursor(ctx, tx, name, true)
+}
+
+func lockCursor(ctx context.Context, tx pgx.Tx, name string, fromHead bool) (int64, error) {
 	var seq int64
 	err := tx.QueryRow(ctx, `SELECT seq FROM event_cursors WHERE name = $1 FOR UPDATE`, name).Scan(&seq)
 	if errors.Is(err, pgx.ErrNoRows) {
-		_, err = tx.Exec(ctx, `INSERT INTO event_cursors (name) VALUES ($1) ON CONFLICT DO NOTHING`, name)
+		_, err = tx.Exec(ctx, `INSERT INTO event_cursors (name, seq)
+			SELECT $1, CASE WHEN $2 THEN coalesce(max(seq), 0) ELSE 0 END FROM outbox ON CONFLICT DO NOTHING`, name, fromHead)
 		if err == nil {
 			err = tx.QueryRow(ctx, `SELECT seq FROM event_cursors WHERE name = $1 FOR UPDATE`, name).Scan(&seq)
 		}

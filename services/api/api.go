@@ -11,13 +11,16 @@ package api
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -68,6 +71,17 @@ type Config struct {
 	Commands *commands.Poker
 	// Capacity tunes inline placement of reservations.
 	Capacity CapacityOptions
+	// AuditKey is the public half of the audit key, with which audit.verify
+	// checks checkpoint signatures; nil means it does not check them (and
+	// says so in its answer).
+	AuditKey ed25519.PublicKey
+	// NATS is the bus: events.watch is woken by the event stream, and
+	// webhooks.test and webhooks.redeliver poke the relays' deliverers. Nil
+	// polls the database.
+	NATS *nats.Conn
+	// AllowInsecureWebhooks permits http:// webhook endpoints on loopback
+	// (webhooks.allowInsecure).
+	AllowInsecureWebhooks bool
 }
 
 // CapacityOptions tune inline placement.
@@ -113,6 +127,14 @@ type Server struct {
 	cmdPoker *commands.Poker
 
 	capacity CapacityOptions
+	auditKey ed25519.PublicKey
+
+	nc                    *nats.Conn
+	allowInsecureWebhooks bool
+	watch                 *watchHub
+	watchOnce             sync.Once
+	closing               chan struct{}
+	closeOnce             sync.Once
 }
 
 // New builds the gRPC server with every service registered and checks the
@@ -142,13 +164,19 @@ func New(cfg Config) (*Server, error) {
 		poker:    cfg.Poker,
 		cmdPoker: cfg.Commands,
 		capacity: cfg.Capacity,
-		limiter:  newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
-		maxDL:    cmp.Or(cfg.MaxDeadline, 30*time.Second),
-		now:      now,
+		auditKey: cfg.AuditKey,
+		nc:       cfg.NATS,
+		closing:  make(chan struct{}),
+
+		allowInsecureWebhooks: cfg.AllowInsecureWebhooks,
+		limiter:               newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
+		maxDL:                 cmp.Or(cfg.MaxDeadline, 30*time.Second),
+		now:                   now,
 	}
 	gs := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
 		grpc.ChainUnaryInterceptor(unaryErrors(logger), s.unaryAuth),
+		grpc.ChainStreamInterceptor(s.streamAuth),
 		grpc.MaxRecvMsgSize(MaxRequestBytes),
 	)
 	computev1.RegisterSystemServiceServer(gs, cfg.System)
@@ -163,6 +191,8 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterCommandsServiceServer(gs, &commandsAPI{Server: s})
 	computev1.RegisterReservationsServiceServer(gs, &reservations{Server: s})
 	computev1.RegisterCapacityServiceServer(gs, &capacityGroup{Server: s})
+	computev1.RegisterEventsServiceServer(gs, &eventsAPI{Server: s})
+	computev1.RegisterWebhooksServiceServer(gs, &webhooksAPI{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -220,6 +250,8 @@ func (s *Server) Gateway(ctx context.Context, addr string) (http.Handler, error)
 		"reservations": computev1.RegisterReservationsServiceHandler,
 		"capacity":     computev1.RegisterCapacityServiceHandler,
 		"commands":     computev1.RegisterCommandsServiceHandler,
+		"events":       computev1.RegisterEventsServiceHandler,
+		"webhooks":     computev1.RegisterWebhooksServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)
@@ -237,6 +269,9 @@ func (s *Server) Gateway(ctx context.Context, addr string) (http.Handler, error)
 // Stop stops the gRPC server at once (the HTTP server drains first) and
 // closes the gateway's connection. It is safe to call more than once.
 func (s *Server) Stop() {
+	s.CloseStreams()
+	s.watchOnce.Do(func() {}) // no hub after Stop
+	s.watch.stop()
 	s.health.Shutdown()
 	s.grpc.Stop()
 	if s.conn != nil {

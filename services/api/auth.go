@@ -45,30 +45,84 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	if m.Anonymous {
 		return handler(ctx, req)
 	}
-	token, err := bearer(first(md, "authorization"))
+	p, err := s.authenticate(ctx, first(md, "authorization"))
 	if err != nil {
 		return nil, err
-	}
-	p, err := s.authn.Authenticate(ctx, token)
-	if err != nil {
-		return nil, err
-	}
-	if !s.limiter.allow(p.IdentityID) {
-		return nil, fault.New(fault.RateLimited, "", "identity %s is over its request rate; retry later", p.IdentityID)
 	}
 	if r, ok := req.(tenantScoped); ok {
-		tenant := r.GetTenantId()
-		switch {
-		case tenant == "":
-			return nil, fault.New(fault.InvalidInput, "tenantId", "required")
-		case !iam.ValidTenantID(tenant):
-			return nil, fault.New(fault.InvalidInput, "tenantId", "%q is not a tenant id", tenant)
-		case !p.Covers(tenant):
-			return nil, fault.New(fault.AccessDenied, "tenantId", "%s of tenant %s may not act in tenant %s", p.IdentityID, p.TenantID, tenant)
+		if err := precheck(p, r.GetTenantId()); err != nil {
+			return nil, err
 		}
 	}
 	return handler(iam.WithPrincipal(ctx, p), req)
 }
+
+// authenticate checks an Authorization header value (cached) and the
+// identity's rate limit.
+func (s *Server) authenticate(ctx context.Context, header string) (iam.Principal, error) {
+	token, err := bearer(header)
+	if err != nil {
+		return iam.Principal{}, err
+	}
+	p, err := s.authn.Authenticate(ctx, token)
+	if err != nil {
+		return iam.Principal{}, err
+	}
+	if !s.limiter.allow(p.IdentityID) {
+		return iam.Principal{}, fault.New(fault.RateLimited, "", "identity %s is over its request rate; retry later", p.IdentityID)
+	}
+	return p, nil
+}
+
+// precheck is the tenant pre-check: a request's tenant must be well formed
+// and covered by the caller's, before anything touches the database.
+func precheck(p iam.Principal, tenant string) error {
+	switch {
+	case tenant == "":
+		return fault.New(fault.InvalidInput, "tenantId", "required")
+	case !iam.ValidTenantID(tenant):
+		return fault.New(fault.InvalidInput, "tenantId", "%q is not a tenant id", tenant)
+	case !p.Covers(tenant):
+		return fault.New(fault.AccessDenied, "tenantId", "%s of tenant %s may not act in tenant %s", p.IdentityID, p.TenantID, tenant)
+	}
+	return nil
+}
+
+// streamAuth is unaryAuth for streaming methods: request id and
+// authentication before the handler; the handler, which reads the request,
+// makes the tenant pre-check. Streams have no deadline of the server's.
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	m, ok := s.methods[info.FullMethod]
+	if !ok {
+		if !strings.HasPrefix(info.FullMethod, "/"+APIPackage+".") {
+			return handler(srv, ss) // reflection
+		}
+		return ToStatus(fault.New(fault.Unsupported, "", "method %s is not served here", info.FullMethod)).Err()
+	}
+	ctx := ss.Context()
+	md, _ := metadata.FromIncomingContext(ctx)
+	ctx = withRequestID(ctx, first(md, RequestIDHeader))
+	if !m.Anonymous {
+		p, err := s.authenticate(ctx, first(md, "authorization"))
+		if err != nil {
+			return ToStatus(err).Err()
+		}
+		ctx = iam.WithPrincipal(ctx, p)
+	}
+	err := handler(srv, &contextStream{ServerStream: ss, ctx: ctx})
+	if err != nil {
+		return ToStatus(err).Err()
+	}
+	return nil
+}
+
+// contextStream is a server stream with the context streamAuth built.
+type contextStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (c *contextStream) Context() context.Context { return c.ctx }
 
 func first(md metadata.MD, key string) string {
 	if v := md.Get(key); len(v) > 0 {

@@ -75,12 +75,21 @@ type harness struct {
 
 func setup(t testing.TB, tune api.Tuning) *harness {
 	t.Helper()
+	return setupWith(t, tune, nil)
+}
+
+// setupWith is setup with a change to the configuration before start.
+func setupWith(t testing.TB, tune api.Tuning, change func(*config.Config)) *harness {
+	t.Helper()
 	url := pgtest.NewDB(t)
 	h := &harness{clock: &clock{t: time.Now()}, queries: &atomic.Int64{}}
 	tune.Now = h.clock.Now
 	port := 0
 	cfg := &config.Config{Database: config.Database{URL: url}, Server: config.Server{Host: "127.0.0.1", Port: &port, NoMigrate: true}}
 	cfg.Defaults()
+	if change != nil {
+		change(cfg)
+	}
 	a, err := app.New(cfg, app.Options{API: tune, DBTracer: counter{h.queries}})
 	if err != nil {
 		t.Fatal(err)

@@ -43,12 +43,13 @@ import (
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/inventory"
 	"github.com/bettercompute/bettercompute/services/nodespec"
+	"github.com/bettercompute/bettercompute/services/relay"
 	"github.com/bettercompute/bettercompute/services/system"
 )
 
 // built lists the roles that have a service in this release. A role named
 // explicitly that is not here fails at start; `all` runs these.
-var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleControllers, config.RoleScheduler}
+var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleScheduler, config.RoleSinks}
 
 // runtimeRoles are the roles whose reconcilers run on the reconciler runtime,
 // each a membership of its own.
@@ -117,6 +118,7 @@ type App struct {
 	pool    *pgxpool.Pool
 	runtime *reconcile.Runtime
 	gateway *gatewayServer
+	relay   *relay.Service
 	localGW atomic.Pointer[gateway.Gateway] // for in-process delivery
 	nc      *nats.Conn
 	api     *api.Server
@@ -216,6 +218,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
+	if err := a.startRelay(ctx); err != nil {
+		return err
+	}
 
 	addr := net.JoinHostPort(a.cfg.Server.Host, strconv.Itoa(*a.cfg.Server.Port))
 	if a.ln, err = net.Listen("tcp", addr); err != nil {
@@ -233,6 +238,9 @@ func (a *App) Start(ctx context.Context) (err error) {
 		Protocols:         &protocols,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelWarn),
+	}
+	if a.api != nil {
+		a.srv.RegisterOnShutdown(a.api.CloseStreams)
 	}
 	a.served = make(chan struct{})
 	go func() {
@@ -329,6 +337,9 @@ func (a *App) startRuntime(ctx context.Context) error {
 	if err := a.registerCommands(rt, roles); err != nil {
 		return err
 	}
+	if err := a.registerAudit(rt, roles); err != nil {
+		return err
+	}
 	if err := rt.Start(ctx); err != nil {
 		return err
 	}
@@ -367,7 +378,8 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		var err error
 		a.api, err = api.New(api.Config{
 			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
-			Capacity: a.apiCapacity(),
+			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
+			AuditKey: a.auditKey(),
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),
@@ -382,6 +394,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		if err != nil {
 			return nil, err
 		}
+		mux.HandleFunc("GET "+api.WatchPath, a.api.ServeWatch)
 		mux.Handle(api.Prefix, gw)
 	}
 	grpcSrv := a.api
@@ -458,6 +471,9 @@ func (a *App) stopLocked(ctx context.Context) {
 	}
 	if a.runtime != nil {
 		a.runtime.Stop() // releases its leases so other workers take over at once
+	}
+	if a.relay != nil {
+		a.relay.Stop() // releases the relay's lease to a standby
 	}
 	if a.nc != nil {
 		a.nc.Close()

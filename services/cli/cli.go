@@ -130,6 +130,8 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		newDev(g, stdout, stderr),
 		newProbe(stdout),
 		newAPI(stdout, stderr),
+		newAudit(stdout, stderr),
+		newEvents(stdout, stderr),
 		newBootstrap(g, stdout, stderr),
 	)
 	return root

@@ -21,6 +21,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/agent/sim"
 
+	"github.com/bettercompute/bettercompute/pkg/audit"
 	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
@@ -126,6 +127,18 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 		return nil, fmt.Errorf("command-signing key: %w", err)
 	}
 	env.CommandKey = signer.Public()
+	// The audit key, made once under the data dir like the command key.
+	if cfg.Audit.SigningKeyFile == "" {
+		cfg.Audit.SigningKeyFile = filepath.Join(dataDir, "pki", AuditKeyFile)
+	}
+	if _, err := audit.EnsureSigner(cfg.Audit.SigningKeyFile); err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+
+	// Webhooks to a receiver on this machine (http://127.0.0.1:…) work in
+	// dev; a deployment must opt in to both.
+	cfg.Webhooks.AllowInsecure = true
+	cfg.Webhooks.AllowPrivateNetworks = true
 
 	env.App, err = app.New(cfg, app.Options{Logger: logger})
 	if err != nil {
@@ -151,6 +164,9 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 // CommandKeyFile is the command-signing key's file name under
 // <dev.dataDir>/pki.
 const CommandKeyFile = "command-signing.key"
+
+// AuditKeyFile is the audit key's file name under <dev.dataDir>/pki.
+const AuditKeyFile = "audit.key"
 
 // DefaultGatewayListen is where dev's gateway listens unless configured.
 const DefaultGatewayListen = "127.0.0.1:8443"
@@ -240,6 +256,7 @@ func (e *Env) Banner() string {
 	fmt.Fprintf(&b, "  health   %s/healthz  %s/readyz\n", base, base)
 	fmt.Fprintf(&b, "  metrics  %s/metrics\n", base)
 	fmt.Fprintf(&b, "  NATS     %s\n", e.NATSURL)
+	fmt.Fprintf(&b, "  Events   better-compute events watch tenantId=root   (or SSE: curl -N -H 'Authorization: Bearer <key>' '%s%s?tenantId=root')\n", base, api.WatchPath)
 	if gw := e.App.GatewayAddr(); gw != "" {
 		fmt.Fprintf(&b, "  Gateway  %s (mTLS); join a node with\n", gw)
 		fmt.Fprintf(&b, "           bcd join --gateway %s --token <joinTokens.create> --joinservice-key %s --ca %s --root DIR\n", gw, e.JoinKeyFile, e.CAFile)

@@ -37,6 +37,11 @@ func (s *Service) fanoutLoop(ctx context.Context) {
 			if more, err = s.FanoutOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
 				s.log.Warn("fan out events", "err", err)
 			}
+			subMore, err := s.SubscribersOnce(ctx)
+			if err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
+				s.log.Warn("run event subscribers", "err", err)
+			}
+			more = more || subMore
 		}
 		if more {
 			t.Reset(0)
@@ -53,7 +58,8 @@ func Matches(w webhooks.Webhook, e events.Event) bool {
 	if e.Type == TestEventType {
 		return e.Resource == w.ID
 	}
-	if e.TenantID != w.TenantID && !(w.IncludeDescendants && iam.Covers(w.TenantID, e.TenantID)) {
+	own := e.TenantID == w.TenantID
+	if !own && (!w.IncludeDescendants || !iam.Covers(w.TenantID, e.TenantID)) {
 		return false
 	}
 	return events.Match(w.EventTypes, e.Type)

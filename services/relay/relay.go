@@ -79,6 +79,8 @@ type Config struct {
 	Client *http.Client
 	// Holder names this process in the lease; default outbox-relay/<uuid>.
 	Holder string
+	// Subscribers are the in-process subscribers the lease holder runs.
+	Subscribers []Subscriber
 }
 
 // Service is one relay process.
@@ -114,6 +116,11 @@ type Service struct {
 func New(cfg Config) (*Service, error) {
 	if cfg.DB == nil {
 		return nil, errors.New("relay: no database")
+	}
+	for _, sub := range cfg.Subscribers {
+		if err := sub.validate(); err != nil {
+			return nil, fmt.Errorf("relay: %w", err)
+		}
 	}
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
 	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, 5*cfg.Heartbeat)
