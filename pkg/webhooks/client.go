@@ -93,12 +93,15 @@ func NewClient(o Options) *http.Client {
 		dialer.Control = refuseControl
 	}
 	tr := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           dialer.DialContext,
-		TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12},
-		ForceAttemptHTTP2:     true,
-		TLSHandshakeTimeout:   10 * time.Second,
-		MaxIdleConns:          100,
+		Proxy:               nil,
+		DialContext:         dialer.DialContext,
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2:   true,
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConns:        1024,
+		// Deliveries to one endpoint run several at a time: keep their
+		// connections, or every attempt pays a dial and a handshake.
+		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}

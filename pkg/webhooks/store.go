@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -259,37 +261,62 @@ type Claimed struct {
 }
 
 // Claim takes up to limit due deliveries of enabled webhooks for an attempt,
-// at most room(webhook) of each webhook, where busy maps webhook ids to the
-// attempts this process already has in flight and perEndpoint bounds them.
-// A claimed delivery's next attempt moves to now + hold, so another process
+// at most perEndpoint minus busy[webhook] of each webhook, where busy maps
+// webhook ids to the attempts this process already has in flight. A
+// claimed delivery's next attempt moves to now + hold, so another process
 // takes it only if this one dies; a row another claimer took first is
 // skipped: the UPDATE re-checks that it is still due.
+//
+// Each webhook is probed on its own (webhook_deliveries_due, by webhook and
+// due time), in a random order, so a webhook with a long backlog costs only
+// its room, and never hides another webhook's due deliveries behind it.
 func Claim(ctx context.Context, q Querier, limit, perEndpoint int, busy map[string]int, hold time.Duration) ([]Claimed, error) {
-	busyIDs := make([]string, 0, len(busy))
-	busyN := make([]int32, 0, len(busy))
-	for id, n := range busy {
-		busyIDs = append(busyIDs, id)
-		busyN = append(busyN, int32(n))
+	rows, err := q.Query(ctx, `SELECT id FROM webhooks WHERE enabled`)
+	if err != nil {
+		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
-	// Candidates first (a window per webhook cannot take row locks), then
-	// the claim, which re-checks state and due time under the row lock.
-	rows, err := q.Query(ctx, `
-		WITH c AS (
-			SELECT x.id FROM (
-				SELECT d.id, d.webhook_id, row_number() OVER (PARTITION BY d.webhook_id ORDER BY d.next_attempt_at, d.id) AS rn
-				  FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id AND w.enabled
-				 WHERE d.state = 'pending' AND d.next_attempt_at <= now()
-			) x LEFT JOIN unnest($2::text[], $3::int[]) AS b(id, n) ON b.id = x.webhook_id
-			 WHERE x.rn <= $4 - coalesce(b.n, 0)
-			 LIMIT $1
-		), u AS (
-			UPDATE webhook_deliveries d SET next_attempt_at = now() + $5 * interval '1 microsecond'
-			  FROM c WHERE d.id = c.id AND d.state = 'pending' AND d.next_attempt_at <= now()
+	hooks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("claim deliveries: %w", err)
+	}
+	rand.Shuffle(len(hooks), func(i, j int) { hooks[i], hooks[j] = hooks[j], hooks[i] })
+	ids := make([]string, 0, len(hooks))
+	rooms := make([]int32, 0, len(hooks))
+	for _, h := range hooks {
+		if room := perEndpoint - busy[h]; room > 0 {
+			ids = append(ids, h)
+			rooms = append(rooms, int32(room))
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err = q.Query(ctx, `
+		SELECT d.id FROM unnest($2::text[], $3::int[]) WITH ORDINALITY AS h(id, room, ord)
+		CROSS JOIN LATERAL (
+			SELECT d.id FROM webhook_deliveries d
+			 WHERE d.webhook_id = h.id AND d.state = 'pending' AND d.next_attempt_at <= now()
+			 ORDER BY d.next_attempt_at LIMIT h.room) d
+		ORDER BY h.ord
+		LIMIT $1`, limit, ids, rooms)
+	if err != nil {
+		return nil, fmt.Errorf("claim deliveries: %w", err)
+	}
+	due, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(due) == 0 {
+		return nil, err
+	}
+	// The ids as an array keep the UPDATE on the primary key whatever the
+	// planner thinks of the candidates.
+	rows, err = q.Query(ctx, `
+		WITH u AS (
+			UPDATE webhook_deliveries d SET next_attempt_at = now() + $2 * interval '1 microsecond'
+			 WHERE d.id = ANY($1::bigint[]) AND d.state = 'pending' AND d.next_attempt_at <= now()
 			RETURNING d.*
 		)
 		SELECT `+deliveryColumns+`, o.created_at, o.payload, `+prefixed("w")+`
 		  FROM u d JOIN outbox o ON o.id = d.event_id JOIN webhooks w ON w.id = d.webhook_id`,
-		limit, busyIDs, busyN, perEndpoint, hold.Microseconds())
+		due, hold.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
@@ -321,39 +348,89 @@ type Outcome struct {
 	Err string
 }
 
-// Succeed records a successful attempt of delivery id: the delivery is
-// done and its webhook is no longer failing.
-func Succeed(ctx context.Context, tx pgx.Tx, id int64, webhookID string, o Outcome) error {
-	if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = 'succeeded', attempts = attempts + 1, last_status = $2,
-		last_error = '', finished_at = now() WHERE id = $1 AND state = 'pending'`, id, o.Status); err != nil {
-		return fmt.Errorf("record delivery: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE webhooks SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL`, webhookID); err != nil {
-		return fmt.Errorf("record delivery: %w", err)
-	}
-	return nil
+// Result is one attempt's outcome, to record.
+type Result struct {
+	// ID and WebhookID name the delivery.
+	ID        int64
+	WebhookID string
+	Outcome
+	// RetryIn, for a failure, is when to try again; 0 fails the delivery
+	// for good.
+	RetryIn time.Duration
 }
 
-// Fail records a failed attempt of delivery id. With retryIn > 0 the
-// delivery is retried then; otherwise it has failed for good. It returns
-// when the webhook started failing (the first failure since its last
-// success).
-func Fail(ctx context.Context, tx pgx.Tx, id int64, webhookID string, o Outcome, retryIn time.Duration) (time.Time, error) {
-	var err error
-	if retryIn > 0 {
-		_, err = tx.Exec(ctx, `UPDATE webhook_deliveries SET attempts = attempts + 1, last_status = $2, last_error = $3,
-			next_attempt_at = now() + $4 * interval '1 microsecond' WHERE id = $1 AND state = 'pending'`, id, o.Status, clip(o.Err), retryIn.Microseconds())
-	} else {
-		_, err = tx.Exec(ctx, `UPDATE webhook_deliveries SET state = 'failed', attempts = attempts + 1, last_status = $2, last_error = $3,
-			finished_at = now() WHERE id = $1 AND state = 'pending'`, id, o.Status, clip(o.Err))
+// OK reports whether the attempt succeeded.
+func (r Result) OK() bool { return r.Err == "" }
+
+// Record stores a batch of attempts' outcomes in tx: successes finish their
+// deliveries and end their webhooks' failing streaks; failures are retried
+// after RetryIn or fail for good, and start a streak where none was. It
+// returns when each webhook with only failures in the batch started
+// failing, to decide whether to disable it.
+func Record(ctx context.Context, tx pgx.Tx, rs []Result) (map[string]time.Time, error) {
+	if len(rs) == 0 {
+		return nil, nil
 	}
-	if err != nil {
-		return time.Time{}, fmt.Errorf("record failed delivery: %w", err)
+	ids := make([]int64, len(rs))
+	oks := make([]bool, len(rs))
+	statuses := make([]int32, len(rs))
+	errs := make([]string, len(rs))
+	retries := make([]int64, len(rs))
+	okHooks, failedHooks := map[string]bool{}, map[string]bool{}
+	for i, r := range rs {
+		ids[i], oks[i], statuses[i], errs[i], retries[i] = r.ID, r.OK(), int32(r.Status), clip(r.Err), r.RetryIn.Microseconds()
+		if r.OK() {
+			okHooks[r.WebhookID] = true
+		} else {
+			failedHooks[r.WebhookID] = true
+		}
 	}
-	var since time.Time
-	if err := tx.QueryRow(ctx, `UPDATE webhooks SET failing_since = coalesce(failing_since, now()) WHERE id = $1 RETURNING failing_since`,
-		webhookID).Scan(&since); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, fmt.Errorf("record failing webhook: %w", err)
+	if _, err := tx.Exec(ctx, `
+		UPDATE webhook_deliveries d SET
+		       state = CASE WHEN r.ok THEN 'succeeded' WHEN r.retry > 0 THEN 'pending' ELSE 'failed' END,
+		       attempts = d.attempts + 1, last_status = r.status, last_error = r.err,
+		       next_attempt_at = CASE WHEN NOT r.ok AND r.retry > 0 THEN now() + r.retry * interval '1 microsecond' ELSE d.next_attempt_at END,
+		       finished_at = CASE WHEN r.ok OR r.retry <= 0 THEN now() END
+		  FROM unnest($1::bigint[], $2::bool[], $3::int[], $4::text[], $5::bigint[]) AS r(id, ok, status, err, retry)
+		 WHERE d.id = r.id AND d.state = 'pending'`, ids, oks, statuses, errs, retries); err != nil {
+		return nil, fmt.Errorf("record deliveries: %w", err)
+	}
+	var ok, failed []string
+	for h := range okHooks {
+		ok = append(ok, h)
+	}
+	for h := range failedHooks {
+		if !okHooks[h] {
+			failed = append(failed, h)
+		}
+	}
+	// Sorted, so concurrent recorders lock webhooks in one order.
+	slices.Sort(ok)
+	slices.Sort(failed)
+	if len(ok) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE webhooks SET failing_since = NULL WHERE id = ANY($1) AND failing_since IS NOT NULL`, ok); err != nil {
+			return nil, fmt.Errorf("record deliveries: %w", err)
+		}
+	}
+	since := map[string]time.Time{}
+	if len(failed) > 0 {
+		rows, err := tx.Query(ctx, `UPDATE webhooks SET failing_since = coalesce(failing_since, now()) WHERE id = ANY($1) RETURNING id, failing_since`, failed)
+		if err != nil {
+			return nil, fmt.Errorf("record failing webhooks: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			var at time.Time
+			if err := rows.Scan(&id, &at); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			since[id] = at
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("record failing webhooks: %w", err)
+		}
 	}
 	return since, nil
 }
@@ -427,19 +504,4 @@ func Redeliver(ctx context.Context, q Querier, tenant string, id int64) (Deliver
 		return Delivery{}, fault.New(fault.NotFound, "deliveryId", "no delivery %d in tenant %q", id, tenant)
 	}
 	return ds[0], nil
-}
-
-// NextDue returns when the soonest pending delivery of an enabled webhook
-// is due, and false when there is none.
-func NextDue(ctx context.Context, q Querier) (time.Time, bool, error) {
-	var at *time.Time
-	err := q.QueryRow(ctx, `SELECT min(d.next_attempt_at) FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id AND w.enabled
-		WHERE d.state = 'pending'`).Scan(&at)
-	if err != nil {
-		return time.Time{}, false, fmt.Errorf("read next due delivery: %w", err)
-	}
-	if at == nil {
-		return time.Time{}, false, nil
-	}
-	return *at, true, nil
 }

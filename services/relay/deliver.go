@@ -58,8 +58,14 @@ func (s *Service) DeliverOnce(ctx context.Context) (int, error) {
 		busy[k] = v
 	}
 	s.busyMu.Unlock()
-	hold := s.cfg.Webhooks.Timeout.Std() + 30*time.Second
-	claimed, err := webhooks.Claim(ctx, s.db, free, s.cfg.Webhooks.PerEndpoint, busy, hold)
+	// A claim outlives the attempt it is for, and its record, comfortably;
+	// a relay that dies holding one leaves it to another after this.
+	hold := 2*s.cfg.Webhooks.Timeout.Std() + 5*time.Second
+	// A stopping relay finishes its claim rather than strand the rows it
+	// took until their hold passes.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	claimed, err := webhooks.Claim(cctx, s.db, free, s.cfg.Webhooks.PerEndpoint, busy, hold)
 	if err != nil {
 		return 0, err
 	}
@@ -130,44 +136,91 @@ func (s *Service) attempt(ctx context.Context, c webhooks.Claimed) {
 	case o.Status < 200 || o.Status > 299:
 		o.Err = fmt.Sprintf("HTTP %d", o.Status)
 	}
-	if err := s.record(ctx, c, o); err != nil {
-		s.log.Warn("record a delivery attempt", "delivery", c.ID, "webhook", c.WebhookID, "err", err)
+	s.results <- attemptResult{c: c, o: o}
+}
+
+// attemptResult is an attempt's outcome on its way to the recorder.
+type attemptResult struct {
+	c webhooks.Claimed
+	o webhooks.Outcome
+}
+
+// recordBatch bounds the outcomes recorded in one transaction.
+const recordBatch = 500
+
+// recorder stores attempts' outcomes in batches, one transaction each, so
+// delivery throughput is not one transaction per attempt. It ends when
+// results is closed, after recording what was sent.
+func (s *Service) recorder() {
+	for r := range s.results {
+		batch := []attemptResult{r}
+	fill:
+		for len(batch) < recordBatch {
+			select {
+			case r, ok := <-s.results:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		if err := s.record(batch); err != nil {
+			// The deliveries stay claimed until their hold passes, then are
+			// attempted again: at least once.
+			s.log.Warn("record delivery attempts", "n", len(batch), "err", err)
+		}
 	}
 }
 
 func eventID(id int64) string { return fmt.Sprintf("evt_%d", id) }
 
-// record stores an attempt's outcome: success; 410 Gone, which disables the
-// webhook; or a failure retried on the schedule, which disables a webhook
-// failing for webhooks.disableAfter.
-func (s *Service) record(ctx context.Context, c webhooks.Claimed, o webhooks.Outcome) error {
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// record stores a batch of outcomes: successes; 410 Gone, which fails the
+// delivery and disables the webhook; other failures, retried on the
+// schedule, which disable a webhook failing for webhooks.disableAfter.
+func (s *Service) record(batch []attemptResult) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	outcome := "failed"
-	err := db.InTx(rctx, s.db, db.TxOptions{}, func(tx pgx.Tx) error {
-		if o.Err == "" {
-			outcome = "succeeded"
-			return webhooks.Succeed(rctx, tx, c.ID, c.WebhookID, o)
+	rs := make([]webhooks.Result, len(batch))
+	gone := map[string]attemptResult{}
+	hooks := map[string]attemptResult{}
+	for i, b := range batch {
+		r := webhooks.Result{ID: b.c.ID, WebhookID: b.c.WebhookID, Outcome: b.o}
+		switch {
+		case b.o.Err == "":
+			s.m.attempts.WithLabelValues("succeeded").Inc()
+		case b.o.Status == http.StatusGone:
+			gone[b.c.WebhookID] = b
+			s.m.attempts.WithLabelValues("gone").Inc()
+		default:
+			r.RetryIn = s.retryIn(b.c.Attempts + 1)
+			s.m.attempts.WithLabelValues("failed").Inc()
 		}
-		if o.Status == http.StatusGone {
-			outcome = "gone"
-			if _, err := webhooks.Fail(rctx, tx, c.ID, c.WebhookID, o, 0); err != nil {
-				return err
-			}
-			return s.disable(rctx, tx, c, webhooks.ReasonGone, o)
-		}
-		retry := s.retryIn(c.Attempts + 1)
-		since, err := webhooks.Fail(rctx, tx, c.ID, c.WebhookID, o, retry)
+		hooks[b.c.WebhookID] = b
+		rs[i] = r
+	}
+	return db.InTx(ctx, s.db, db.TxOptions{}, func(tx pgx.Tx) error {
+		since, err := webhooks.Record(ctx, tx, rs)
 		if err != nil {
 			return err
 		}
-		if !since.IsZero() && time.Since(since) >= s.cfg.Webhooks.DisableAfter.Std() {
-			return s.disable(rctx, tx, c, webhooks.ReasonFailing, o)
+		for id, b := range gone {
+			if err := s.disable(ctx, tx, b.c, webhooks.ReasonGone, b.o); err != nil {
+				return err
+			}
+			delete(since, id)
+		}
+		for id, at := range since {
+			if time.Since(at) >= s.cfg.Webhooks.DisableAfter.Std() {
+				b := hooks[id]
+				if err := s.disable(ctx, tx, b.c, webhooks.ReasonFailing, b.o); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})
-	s.m.attempts.WithLabelValues(outcome).Inc()
-	return err
 }
 
 // retryIn is the wait before the attempt after attempt n (1-based), with up

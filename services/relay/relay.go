@@ -107,6 +107,8 @@ type Service struct {
 	sub     *nats.Subscription
 
 	inflight sync.WaitGroup
+	results  chan attemptResult
+	recorded sync.WaitGroup
 	busyMu   sync.Mutex
 	busy     map[string]int
 	slots    chan struct{}
@@ -136,6 +138,7 @@ func New(cfg Config) (*Service, error) {
 		wakeDeliver: make(chan struct{}, 1),
 		busy:        map[string]int{},
 		slots:       make(chan struct{}, cfg.Webhooks.Concurrency),
+		results:     make(chan attemptResult, cfg.Webhooks.Concurrency),
 	}
 	if s.client == nil {
 		s.client = webhooks.NewClient(webhooks.Options{
@@ -181,6 +184,11 @@ func (s *Service) Start(ctx context.Context) error {
 		s.sub = sub
 	}
 	s.takeLease(ctx)
+	s.recorded.Add(1)
+	go func() {
+		defer s.recorded.Done()
+		s.recorder()
+	}()
 	for _, loop := range []func(context.Context){s.leaseLoop, s.relayLoop, s.fanoutLoop, s.deliverLoop, s.pruneLoop} {
 		s.wg.Add(1)
 		go func() {
@@ -215,6 +223,8 @@ func (s *Service) stop(release bool) {
 	s.cancel()
 	s.wg.Wait()
 	s.inflight.Wait()
+	close(s.results) // the recorder records what the attempts sent, then ends
+	s.recorded.Wait()
 	if h := s.held.Swap(nil); h != nil && release {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

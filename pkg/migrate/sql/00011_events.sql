@@ -74,7 +74,8 @@ CREATE TABLE webhook_deliveries (
     finished_at     timestamptz,
     UNIQUE (webhook_id, event_id)
 );
-CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
+-- The claim probes each webhook's due deliveries, oldest first.
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (webhook_id, next_attempt_at) WHERE state = 'pending';
 CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries (webhook_id, id);
 CREATE INDEX webhook_deliveries_event ON webhook_deliveries (event_id);
 
