@@ -132,6 +132,7 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		newAPI(stdout, stderr),
 		newAudit(stdout, stderr),
 		newEvents(stdout, stderr),
+		newWebhooks(stdout, stderr),
 		newBootstrap(g, stdout, stderr),
 	)
 	return root
