@@ -41,7 +41,9 @@ func TestEventsWatchPrintsAndResumes(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var out, errb syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- runEventsWatch(ctx, f, []string{"tenantId=root", "types=tenant.created"}, false, &out, &errb) }()
+	go func() {
+		done <- runEventsWatch(ctx, f, []string{"tenantId=root", "types=tenant.created"}, false, &out, &errb)
+	}()
 	// New events only: create a tenant once the watch is up.
 	deadline := time.Now().Add(20 * time.Second)
 	created := false
