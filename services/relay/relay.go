@@ -97,7 +97,7 @@ type Service struct {
 	held     atomic.Pointer[lease.Held]
 	streamOK atomic.Bool
 
-	wakeRelay, wakeFanout, wakeDeliver chan struct{}
+	wakeRelay, wakeFanout, wakeDeliver, wakePublish chan struct{}
 
 	mu      sync.Mutex
 	started bool
@@ -136,6 +136,7 @@ func New(cfg Config) (*Service, error) {
 		wakeRelay:   make(chan struct{}, 1),
 		wakeFanout:  make(chan struct{}, 1),
 		wakeDeliver: make(chan struct{}, 1),
+		wakePublish: make(chan struct{}, 1),
 		busy:        map[string]int{},
 		slots:       make(chan struct{}, cfg.Webhooks.Concurrency),
 		results:     make(chan attemptResult, cfg.Webhooks.Concurrency),
@@ -189,7 +190,7 @@ func (s *Service) Start(ctx context.Context) error {
 		defer s.recorded.Done()
 		s.recorder()
 	}()
-	for _, loop := range []func(context.Context){s.leaseLoop, s.relayLoop, s.fanoutLoop, s.deliverLoop, s.pruneLoop} {
+	for _, loop := range []func(context.Context){s.leaseLoop, s.relayLoop, s.publishLoop, s.fanoutLoop, s.deliverLoop, s.pruneLoop} {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -286,6 +287,7 @@ func (s *Service) takeLease(ctx context.Context) {
 		s.log.Info("leading the outbox relay", "fence", h.Fence)
 		poke(s.wakeRelay)
 		poke(s.wakeFanout)
+		poke(s.wakePublish)
 	}
 }
 
@@ -311,7 +313,8 @@ func (s *Service) inLease(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return err
 }
 
-// relayLoop sequences and publishes while this process leads.
+// relayLoop sequences committed events while this process leads, and wakes
+// the fan-out and the publisher. It never waits for the bus.
 func (s *Service) relayLoop(ctx context.Context) {
 	poll := s.cfg.Events.Poll.Std()
 	t := time.NewTimer(0)
@@ -326,8 +329,8 @@ func (s *Service) relayLoop(ctx context.Context) {
 		more := false
 		if s.Leading() {
 			var err error
-			if more, err = s.RelayOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
-				s.log.Warn("relay events", "err", err)
+			if more, err = s.SequenceOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
+				s.log.Warn("sequence events", "err", err)
 			}
 		}
 		if more {
@@ -338,10 +341,38 @@ func (s *Service) relayLoop(ctx context.Context) {
 	}
 }
 
-// RelayOnce sequences one batch of committed events and publishes one
-// batch of unpublished ones; it reports whether a full batch was found (run
-// again at once). It needs the lease.
-func (s *Service) RelayOnce(ctx context.Context) (bool, error) {
+// publishLoop publishes sequenced events while this process leads and the
+// bus is up: woken by the sequencer, and every second for a backlog left
+// by a bus that was down.
+func (s *Service) publishLoop(ctx context.Context) {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.wakePublish:
+		}
+		more := false
+		if s.Leading() && s.js != nil && s.nc.IsConnected() {
+			n, err := s.publish(ctx, s.cfg.Events.Batch)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("publish events", "err", err)
+			}
+			more = err == nil && n == s.cfg.Events.Batch
+		}
+		if more {
+			t.Reset(0)
+		} else {
+			t.Reset(time.Second)
+		}
+	}
+}
+
+// SequenceOnce gives one batch of committed events their seqs and reports
+// whether the batch was full (run again at once). It needs the lease.
+func (s *Service) SequenceOnce(ctx context.Context) (bool, error) {
 	batch := s.cfg.Events.Batch
 	var seqd []events.Event
 	err := s.inLease(ctx, func(tx pgx.Tx) error {
@@ -355,16 +386,22 @@ func (s *Service) RelayOnce(ctx context.Context) (bool, error) {
 	if len(seqd) > 0 {
 		s.m.sequenced.Add(float64(len(seqd)))
 		poke(s.wakeFanout)
+		poke(s.wakePublish)
 	}
-	more := len(seqd) == batch
-	if s.js == nil || !s.nc.IsConnected() {
-		return more, nil
-	}
-	n, err := s.publish(ctx, batch)
-	if err != nil {
+	return len(seqd) == batch, nil
+}
+
+// RelayOnce sequences one batch of committed events and publishes one
+// batch of unpublished ones; it reports whether a full batch was found.
+// It needs the lease. (The loops run the two halves on their own, so a
+// slow bus never delays the fan-out.)
+func (s *Service) RelayOnce(ctx context.Context) (bool, error) {
+	more, err := s.SequenceOnce(ctx)
+	if err != nil || s.js == nil || !s.nc.IsConnected() {
 		return more, err
 	}
-	return more || n == batch, nil
+	n, err := s.publish(ctx, s.cfg.Events.Batch)
+	return more || n == s.cfg.Events.Batch, err
 }
 
 // envelope is an event as published and as the API shows it (proto3 JSON
