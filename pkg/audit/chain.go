@@ -20,24 +20,19 @@ import (
 	"cmp"
 	"context"
 	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/keyfile"
 )
 
 // chainLock keys the transaction-scoped advisory lock under which the chain
@@ -286,47 +281,19 @@ func (s *Signer) sign(chainSeq int64, headHash []byte) []byte {
 // PKCS #8). A missing or unreadable file, or another key type, is
 // INVALID_CONFIG "audit.signingKeyFile".
 func LoadSigner(path string) (*Signer, error) {
-	const field = "audit.signingKeyFile"
-	b, err := os.ReadFile(path)
+	key, err := keyfile.LoadEd25519(path, "audit.signingKeyFile", "audit key")
 	if err != nil {
-		return nil, fault.Wrap(err, fault.InvalidConfig, field, "read audit key: %v", err)
+		return nil, err
 	}
-	blk, _ := pem.Decode(b)
-	if blk == nil || blk.Type != "PRIVATE KEY" {
-		return nil, fault.New(fault.InvalidConfig, field, "%s: want a PEM \"PRIVATE KEY\" block", path)
-	}
-	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
-	if err != nil {
-		return nil, fault.Wrap(err, fault.InvalidConfig, field, "%s: %v", path, err)
-	}
-	ek, ok := k.(ed25519.PrivateKey)
-	if !ok {
-		return nil, fault.New(fault.InvalidConfig, field, "%s: want an Ed25519 key, got %T", path, k)
-	}
-	return NewSigner(ek), nil
+	return NewSigner(key), nil
 }
 
 // EnsureSigner loads the key at path, generating it (mode 0600) first when
 // the file does not exist: the dev control plane's key.
 func EnsureSigner(path string) (*Signer, error) {
-	if _, err := os.Stat(path); err == nil {
-		return LoadSigner(path)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	_, key, err := ed25519.GenerateKey(rand.Reader)
+	key, err := keyfile.EnsureEd25519(path, "audit.signingKeyFile", "audit key")
 	if err != nil {
 		return nil, err
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		return nil, fmt.Errorf("write audit key: %w", err)
 	}
 	return NewSigner(key), nil
 }
