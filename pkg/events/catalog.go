@@ -3,6 +3,7 @@ package events
 import (
 	"cmp"
 	"slices"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 
@@ -49,14 +50,20 @@ func Catalog() []Type {
 	return ts
 }
 
+// byName indexes the catalog once; every write looks its type up. It is
+// never changed after it is built.
+var byName = sync.OnceValue(func() map[string]Type {
+	m := map[string]Type{}
+	for _, t := range catalog() {
+		m[t.Name] = t
+	}
+	return m
+})
+
 // Lookup returns the event type named name, and whether there is one.
 func Lookup(name string) (Type, bool) {
-	for _, t := range catalog() {
-		if t.Name == name {
-			return t, true
-		}
-	}
-	return Type{}, false
+	t, ok := byName()[name]
+	return t, ok
 }
 
 // commandFields are the payload of every command.<state>.

@@ -82,6 +82,10 @@ type Config struct {
 	// AllowInsecureWebhooks permits http:// webhook endpoints on loopback
 	// (webhooks.allowInsecure).
 	AllowInsecureWebhooks bool
+	// AllowPrivateWebhooks permits webhook endpoints at private addresses
+	// (webhooks.allowPrivateNetworks); without it a literal private
+	// address is refused at create and update.
+	AllowPrivateWebhooks bool
 }
 
 // CapacityOptions tune inline placement.
@@ -131,6 +135,7 @@ type Server struct {
 
 	nc                    *nats.Conn
 	allowInsecureWebhooks bool
+	allowPrivateWebhooks  bool
 	watch                 *watchHub
 	watchOnce             sync.Once
 	closing               chan struct{}
@@ -169,6 +174,7 @@ func New(cfg Config) (*Server, error) {
 		closing:  make(chan struct{}),
 
 		allowInsecureWebhooks: cfg.AllowInsecureWebhooks,
+		allowPrivateWebhooks:  cfg.AllowPrivateWebhooks,
 		limiter:               newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
 		maxDL:                 cmp.Or(cfg.MaxDeadline, 30*time.Second),
 		now:                   now,

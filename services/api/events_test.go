@@ -390,3 +390,22 @@ func TestEventsWatchOverGRPCAndListBySubject(t *testing.T) {
 	code, body := h.rest(t, h.root, "events/list", `{"tenantId":"root","after":"-4"}`)
 	wantREST(t, code, body, fault.InvalidInput, "after")
 }
+
+func TestWebhookToAPrivateAddressIsRefusedAtCreate(t *testing.T) {
+	t.Parallel()
+	h := setup(t, api.Tuning{}) // webhooks.allowPrivateNetworks and allowInsecure off
+	for _, u := range []string{
+		"https://10.1.2.3/hook", "https://169.254.169.254/latest", "https://[fd00:ec2::254]/x", "https://localhost/x",
+		"https://127.0.0.1:8443/x", "http://127.0.0.1/x",
+	} {
+		code, body := h.rest(t, h.root, "webhooks/create", `{"tenantId":"root","url":"`+u+`","eventTypes":["*"]}`)
+		wantREST(t, code, body, fault.InvalidInput, "url")
+	}
+	code, body := h.rest(t, h.root, "webhooks/create", `{"tenantId":"root","url":"https://hooks.example.com/bc","eventTypes":["*"]}`)
+	if code != 200 {
+		t.Fatalf("a public https endpoint: %d %v", code, body)
+	}
+	id := body["webhook"].(map[string]any)["id"].(string)
+	code, body = h.rest(t, h.root, "webhooks/update", `{"tenantId":"root","id":"`+id+`","url":"https://192.168.0.9/"}`)
+	wantREST(t, code, body, fault.InvalidInput, "url")
+}

@@ -379,7 +379,8 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		a.api, err = api.New(api.Config{
 			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
-			AuditKey: a.auditKey(),
+			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks,
+			AuditKey:             a.auditKey(),
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),

@@ -47,6 +47,15 @@ func (f *fixture) connect(t testing.TB, id, boot, journal string) *daemon {
 	if m := d.next(); m.GetWelcome() == nil {
 		t.Fatalf("first message %v", m)
 	}
+	// The session's own start-up dispatch must be over before the test
+	// dispatches, or it re-sends what the test just claimed.
+	deadline := time.Now().Add(10 * time.Second)
+	for !f.gw.Ready(id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("session of %s never ready", id)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	return d
 }
 

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -106,6 +107,9 @@ type session struct {
 	sendMu    sync.Mutex // a gRPC stream takes one sender at a time
 	stream    agentv1.NodeService_SessionServer
 	delivered int64 // the highest desired-state generation sent
+	// ready is set once the session has been sent what was due at its
+	// start (desired state, commands) and reads the daemon's messages.
+	ready atomic.Bool
 }
 
 // send sends m on the session's stream.
@@ -113,6 +117,16 @@ func (s *session) send(m *agentv1.SessionResponse) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	return s.stream.Send(m)
+}
+
+// Ready reports whether this gateway holds a session of nodeID that has
+// been sent what was due at its start (its desired state, its in-flight and
+// pending commands) and now reads the daemon's messages.
+func (g *Gateway) Ready(nodeID string) bool {
+	g.mu.Lock()
+	s, ok := g.sessions[nodeID]
+	g.mu.Unlock()
+	return ok && s.ready.Load()
 }
 
 // errSuperseded ends a session that a newer one of the same node replaced.
@@ -319,6 +333,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	if err := g.dispatch(sctx, s, true); err != nil {
 		log.WarnContext(ctx, "dispatch commands", "err", err)
 	}
+	s.ready.Store(true)
 
 	msgs := make(chan *agentv1.SessionRequest)
 	recvErr := make(chan error, 1)

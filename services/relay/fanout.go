@@ -89,11 +89,19 @@ func (s *Service) FanoutOnce(ctx context.Context) (bool, error) {
 		if err != nil {
 			return err
 		}
+		// By tenant, so each event looks only at its own tenant's webhooks
+		// and its ancestors' (at most 8 levels), however many there are.
+		byTenant := map[string][]webhooks.Webhook{}
+		for _, w := range hooks {
+			byTenant[w.TenantID] = append(byTenant[w.TenantID], w)
+		}
 		var plan []webhooks.Planned
 		for _, e := range evs {
-			for _, w := range hooks {
-				if Matches(w, e) {
-					plan = append(plan, webhooks.Planned{WebhookID: w.ID, EventID: e.ID, TenantID: w.TenantID})
+			for _, t := range iam.Ancestors(e.TenantID) {
+				for _, w := range byTenant[t] {
+					if Matches(w, e) {
+						plan = append(plan, webhooks.Planned{WebhookID: w.ID, EventID: e.ID, TenantID: w.TenantID})
+					}
 				}
 			}
 		}
