@@ -136,8 +136,14 @@ func TestOutboxAndDeliveriesReachASteadySize(t *testing.T) {
 func TestInProcessSubscribersSeeEachEventOnceInOrder(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	before := e.write("acme", "node.updated", 3) // before the subscriber existed: not replayed
-	_ = before
+	// Events sequenced before the subscriber existed are not replayed.
+	e.write("acme", "node.updated", 3)
+	first := e.start(e.cfg)
+	waitFor(t, "the first events sequenced", func() bool {
+		st, err := events.ReadStats(t.Context(), e.pool)
+		return err == nil && st.Unsequenced == 0
+	})
+	first.Stop()
 	var mu sync.Mutex
 	var seen []int64
 	fail := true

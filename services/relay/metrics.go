@@ -1,7 +1,11 @@
 package relay
 
 import (
+	"context"
 	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -16,7 +20,7 @@ type metrics struct {
 	attemptSeconds prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, pool querier) (*metrics, error) {
 	m := &metrics{
 		leading: prometheus.NewGauge(prometheus.GaugeOpts{Name: "bc_outbox_relay_leading",
 			Help: "1 while this process holds the outbox relay's lease."}),
@@ -36,10 +40,48 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.leading, m.sequenced, m.published, m.fannedOut, m.pruned, m.attempts, m.attemptSeconds} {
+	for _, c := range []prometheus.Collector{m.leading, m.sequenced, m.published, m.fannedOut, m.pruned, m.attempts, m.attemptSeconds, newBacklog(pool)} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("relay metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// backlog reports, on each scrape, what waits in the database: events not
+// yet sequenced, events not yet published to JetStream, and deliveries due
+// now. Each count reads a partial index of what waits, never the whole log.
+type backlog struct {
+	pool    querier
+	waiting *prometheus.Desc
+}
+
+// querier is what the collector needs of the pool.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func newBacklog(pool querier) *backlog {
+	return &backlog{pool: pool, waiting: prometheus.NewDesc("bc_events_waiting",
+		"What waits in the database, by stage: unsequenced (for the relay), unpublished (for JetStream), due (webhook deliveries due now).",
+		[]string{"stage"}, nil)}
+}
+
+func (b *backlog) Describe(ch chan<- *prometheus.Desc) { ch <- b.waiting }
+
+func (b *backlog) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var unseq, unpub, due int64
+	err := b.pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM outbox WHERE seq IS NULL),
+		(SELECT count(*) FROM outbox WHERE sent_at IS NULL AND seq IS NOT NULL),
+		(SELECT count(*) FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= now())`).Scan(&unseq, &unpub, &due)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(b.waiting, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(b.waiting, prometheus.GaugeValue, float64(unseq), "unsequenced")
+	ch <- prometheus.MustNewConstMetric(b.waiting, prometheus.GaugeValue, float64(unpub), "unpublished")
+	ch <- prometheus.MustNewConstMetric(b.waiting, prometheus.GaugeValue, float64(due), "due")
 }

@@ -156,7 +156,7 @@ func New(cfg Config) (*Service, error) {
 		s.js = js
 	}
 	var err error
-	if s.m, err = newMetrics(cfg.Registerer); err != nil {
+	if s.m, err = newMetrics(cfg.Registerer, cfg.DB); err != nil {
 		return nil, err
 	}
 	return s, nil

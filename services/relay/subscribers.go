@@ -19,7 +19,8 @@ import (
 // cursor: what Handle writes to the database commits exactly once with the
 // cursor, and an error rolls both back and retries the batch on the next
 // pass (so one event that always fails holds its subscriber back, and says
-// so in the log). A new subscriber starts at the newest event.
+// so in the log). A new subscriber starts after the newest event sequenced
+// when it first runs.
 type Subscriber struct {
 	// Name identifies the subscriber's cursor: lower case, digits, dots and
 	// dashes.
