@@ -120,13 +120,15 @@ type App struct {
 	gateway *gatewayServer
 	relay   *relay.Service
 	localGW atomic.Pointer[gateway.Gateway] // for in-process delivery
-	nc      *nats.Conn
-	api     *api.Server
-	srv     *http.Server
-	ln      net.Listener
-	served  chan struct{}
-	tracing func(context.Context) error
-	checks  []health.Check
+	// deliverSlots bounds specChanged's deliveries in flight.
+	deliverSlots chan struct{}
+	nc           *nats.Conn
+	api          *api.Server
+	srv          *http.Server
+	ln           net.Listener
+	served       chan struct{}
+	tracing      func(context.Context) error
+	checks       []health.Check
 }
 
 // New validates cfg (defaults must already be filled) and resolves the roles.
@@ -169,7 +171,8 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	if reg == nil {
 		reg = telemetry.NewRegistry()
 	}
-	return &App{cfg: cfg, logger: logger, reg: reg, roles: roles, opts: opts, tracing: func(context.Context) error { return nil }}, nil
+	return &App{cfg: cfg, logger: logger, reg: reg, roles: roles, opts: opts, tracing: func(context.Context) error { return nil },
+		deliverSlots: make(chan struct{}, deliverers)}, nil
 }
 
 // Roles returns the roles this process runs.

@@ -139,18 +139,32 @@ func (g *gatewayServer) stop(ctx context.Context) {
 // bc.nodespec.<node id>, sent after a generation change.
 const SpecPokePrefix = "bc.nodespec."
 
-// specChanged is the nodespec controller's hook: deliver in process when this
-// process runs the gateway, and poke other gateways over the bus.
-func (a *App) specChanged(ctx context.Context, nodeID string, _ int64) {
-	if gw := a.localGW.Load(); gw != nil {
-		if err := gw.Deliver(ctx, nodeID); err != nil {
-			a.logger.Warn("deliver desired state", "node", nodeID, "err", err)
-		}
+// specChanged is the nodespec controller's hook after a generation change.
+// When this process's gateway holds the node's session it delivers here,
+// once, off the controller's path (at most deliverers at a time, so a
+// fleet-wide change holds the controller back only when delivery cannot keep
+// up); otherwise it pokes the other gateways over the bus. Gateways also
+// resync from the database, so a lost poke only delays delivery.
+func (a *App) specChanged(_ context.Context, nodeID string, _ int64) {
+	if gw := a.localGW.Load(); gw != nil && gw.Holds(nodeID) {
+		a.deliverSlots <- struct{}{}
+		go func() {
+			defer func() { <-a.deliverSlots }()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := gw.Deliver(ctx, nodeID); err != nil {
+				a.logger.Warn("deliver desired state", "node", nodeID, "err", err)
+			}
+		}()
+		return
 	}
 	if a.nc != nil && a.nc.IsConnected() {
 		_ = a.nc.Publish(SpecPokePrefix+nodeID, nil)
 	}
 }
+
+// deliverers bounds the in-process deliveries of desired state in flight.
+const deliverers = 32
 
 // GatewayAddr returns the gateway's listen address, or "" when the process
 // runs no gateway.

@@ -21,7 +21,10 @@ import (
 // for a change that touches every node (pools.update of the site settings),
 // with the bus up and down. The fleet is dev's simulated nodes (real agent,
 // mock NVML) over the real gateway; BC_BENCH_NODES sets its size (default
-// 20).
+// 20), BC_BENCH_MAXCONNS the pool (database.maxConns) and
+// BC_BENCH_CONCURRENCY the runtime's runs in flight (runtime.concurrency).
+// fleet-specs-stored-s is when every node's new spec was stored (the
+// nodespec controller's share of fleet-change-s).
 func BenchmarkConvergence(b *testing.B) {
 	n := 20
 	if v, err := strconv.Atoi(os.Getenv("BC_BENCH_NODES")); err == nil && v > 0 {
@@ -37,11 +40,12 @@ func BenchmarkConvergence(b *testing.B) {
 			dbURL := pgtest.NewDB(b)
 			port := 0
 			cfg := &config.Config{
-				Database: config.Database{URL: dbURL},
+				Database: config.Database{URL: dbURL, MaxConns: maxConnsForBench()},
 				NATS:     config.NATS{URL: ns.URL()},
 				Server:   config.Server{Host: "127.0.0.1", Port: &port},
 				Dev:      config.Dev{DataDir: b.TempDir(), SimNodes: &n},
 				Gateway:  config.Gateway{Listen: "127.0.0.1:0"},
+				Runtime:  config.Runtime{Concurrency: concurrencyForBench()},
 			}
 			cfg.Defaults()
 			env, err := dev.Start(b.Context(), cfg, nil)
@@ -111,9 +115,14 @@ func BenchmarkConvergence(b *testing.B) {
 			start := time.Now()
 			var out struct{}
 			call(b, env, "pools/update", map[string]any{"tenantId": "root", "id": pool, "site": map[string]any{"logLevel": "debug"}, "updateMask": "site"}, &out)
+			var specced time.Duration
 			for {
-				var done int
-				_ = db.QueryRow(b.Context(), `SELECT count(*) FROM nodes WHERE observed_generation = generation AND spec->'site'->>'logLevel' = 'debug'`).Scan(&done)
+				var done, computed int
+				_ = db.QueryRow(b.Context(), `SELECT count(*) FILTER (WHERE observed_generation = generation AND spec->'site'->>'logLevel' = 'debug'),
+					count(*) FILTER (WHERE spec->'site'->>'logLevel' = 'debug') FROM nodes`).Scan(&done, &computed)
+				if computed == n && specced == 0 {
+					specced = time.Since(start)
+				}
 				if done == n {
 					break
 				}
@@ -123,7 +132,18 @@ func BenchmarkConvergence(b *testing.B) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			b.ReportMetric(time.Since(start).Seconds(), "fleet-change-s")
+			b.ReportMetric(specced.Seconds(), "fleet-specs-stored-s")
 			b.ReportMetric(float64(n), "nodes")
 		})
 	}
+}
+
+func maxConnsForBench() int {
+	n, _ := strconv.Atoi(os.Getenv("BC_BENCH_MAXCONNS"))
+	return n
+}
+
+func concurrencyForBench() int {
+	n, _ := strconv.Atoi(os.Getenv("BC_BENCH_CONCURRENCY"))
+	return n
 }

@@ -119,6 +119,14 @@ func (s *session) send(m *agentv1.SessionResponse) error {
 	return s.stream.Send(m)
 }
 
+// Holds reports whether this gateway holds a session of nodeID.
+func (g *Gateway) Holds(nodeID string) bool {
+	g.mu.Lock()
+	_, ok := g.sessions[nodeID]
+	g.mu.Unlock()
+	return ok
+}
+
 // Ready reports whether this gateway holds a session of nodeID that has
 // been sent what was due at its start (its desired state, its in-flight and
 // pending commands) and now reads the daemon's messages.
