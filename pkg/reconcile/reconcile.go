@@ -102,7 +102,20 @@ type Reconciler struct {
 	// periodic keys are resynced. For ShardByNone it is called with every
 	// shard.
 	Keys func(ctx context.Context, q Querier, shards []int) ([]string, error)
+	// RunBatch, when set, reconciles several claimed keys at once, in one
+	// transaction ([BatchContext.InTx]), so a claim of many keys costs a
+	// few commits instead of one per key. It is all or nothing: nil settles
+	// every key Done; an error (a lost lease included) is logged and each
+	// key is then run on its own with Run, which a batching reconciler must
+	// have too. A key that needs SyncAgain is Run's to say.
+	RunBatch func(ctx context.Context, rc *BatchContext, keys []string) error
+	// BatchSize bounds the keys of one RunBatch call; 0 means 64. A claim
+	// is split so that every run slot gets a share.
+	BatchSize int
 }
+
+// DefaultBatchSize is a RunBatch call's bound when BatchSize is 0.
+const DefaultBatchSize = 64
 
 var namePattern = regexp.MustCompile(`^[a-z][a-z0-9.-]*$`)
 
@@ -123,6 +136,9 @@ func (r *Reconciler) validate() error {
 	}
 	if r.Run == nil {
 		return fmt.Errorf("reconciler %s: no Run", r.Name)
+	}
+	if r.BatchSize < 0 {
+		return fmt.Errorf("reconciler %s: batch size %d: want 0 (the default) or more", r.Name, r.BatchSize)
 	}
 	for _, p := range r.Periodic {
 		if p.Key == "" || p.Every <= 0 {

@@ -793,15 +793,87 @@ func (rt *Runtime) runAll(ctx context.Context, claimed []workqueue.Claimed) []wo
 	results := make([]workqueue.Result, len(claimed))
 	sem := make(chan struct{}, rt.cfg.Concurrency)
 	var wg sync.WaitGroup
+	batched := map[string][]int{} // kind → indexes into claimed
+	var kinds []string
 	for i, c := range claimed {
+		if rec := rt.byName[c.Kind]; rec != nil && rec.RunBatch != nil {
+			if batched[c.Kind] == nil {
+				kinds = append(kinds, c.Kind)
+			}
+			batched[c.Kind] = append(batched[c.Kind], i)
+			continue
+		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			results[i] = rt.runOne(ctx, c)
 		})
 	}
+	for _, kind := range kinds {
+		rec, idx := rt.byName[kind], batched[kind]
+		// Split the claim so every run slot gets a share, up to the
+		// reconciler's batch size.
+		size := min(cmp.Or(rec.BatchSize, DefaultBatchSize), (len(idx)+rt.cfg.Concurrency-1)/rt.cfg.Concurrency)
+		for chunk := range slices.Chunk(idx, max(size, 1)) {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				rt.runBatch(ctx, rec, claimed, chunk, results)
+			})
+		}
+	}
 	wg.Wait()
 	return results
+}
+
+// runBatch runs the claimed keys at idx with rec.RunBatch, and each on its
+// own with Run if the batch fails.
+func (rt *Runtime) runBatch(ctx context.Context, rec *Reconciler, claimed []workqueue.Claimed, idx []int, results []workqueue.Result) {
+	if len(idx) == 1 {
+		results[idx[0]] = rt.runOne(ctx, claimed[idx[0]])
+		return
+	}
+	bctx, cancel := context.WithTimeout(ctx, rt.cfg.ClaimTTL*9/10)
+	defer cancel()
+	bctx, span := rt.tracer.Start(bctx, "reconcile batch "+rec.Name, trace.WithAttributes(
+		attribute.String("reconcile.kind", rec.Name), attribute.Int("reconcile.keys", len(idx))))
+	defer span.End()
+	bc := &BatchContext{rt: rt, Kind: rec.Name, Worker: rt.WorkerID(rec.Role), Logger: rt.log.With("kind", rec.Name)}
+	keys := make([]string, len(idx))
+	seen := map[lease.Held]bool{}
+	for j, i := range idx {
+		c := claimed[i]
+		keys[j] = c.Key
+		if h := (lease.Held{Name: c.Lease, Fence: c.Fence}); !seen[h] {
+			seen[h] = true
+			bc.leases = append(bc.leases, h)
+		}
+	}
+	bc.Keys = keys
+	start := time.Now()
+	err := safeRunBatch(bctx, rec, bc, keys)
+	rt.met.runSeconds.WithLabelValues(rec.Name).Observe(time.Since(start).Seconds())
+	if err == nil {
+		for _, i := range idx {
+			results[i] = workqueue.Result{Claimed: claimed[i], Outcome: workqueue.Done}
+		}
+		rt.met.runs.WithLabelValues(rec.Name, "done").Add(float64(len(idx)))
+		return
+	}
+	span.RecordError(err)
+	bc.Logger.WarnContext(ctx, "batch failed; running its keys one by one", "keys", len(keys), "err", err)
+	for _, i := range idx {
+		results[i] = rt.runOne(ctx, claimed[i])
+	}
+}
+
+func safeRunBatch(ctx context.Context, rec *Reconciler, bc *BatchContext, keys []string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return rec.RunBatch(ctx, bc, keys)
 }
 
 func (rt *Runtime) runOne(ctx context.Context, c workqueue.Claimed) (res workqueue.Result) {
@@ -898,6 +970,57 @@ type RunContext struct {
 
 // DB returns the pool, for reads. Write with [RunContext.InTx].
 func (rc *RunContext) DB() *pgxpool.Pool { return rc.rt.pool }
+
+// BatchContext is what a [Reconciler.RunBatch] call gets besides its keys.
+type BatchContext struct {
+	rt     *Runtime
+	leases []lease.Held
+	// Kind is the reconciler; Keys the keys of the batch.
+	Kind string
+	Keys []string
+	// Worker holds the batch's leases.
+	Worker string
+	// Logger carries the kind.
+	Logger *slog.Logger
+}
+
+// DB returns the pool, for reads. Write with [BatchContext.InTx].
+func (bc *BatchContext) DB() *pgxpool.Pool { return bc.rt.pool }
+
+// InTx runs fn in one transaction fenced by every lease the batch's keys
+// were claimed under: it first locks those lease rows (FOR SHARE, in name
+// order) if each still has this worker and its fence and has not expired,
+// so none changes hands until the transaction ends. A lost lease returns
+// [ErrFenced] and writes nothing (the runtime then runs each key on its own,
+// and those under a lost lease are fenced there). Keys fn enqueues through
+// q are poked after commit.
+func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error) error {
+	names := make([]string, len(bc.leases))
+	fences := make([]int64, len(bc.leases))
+	for i, h := range bc.leases {
+		names[i], fences[i] = h.Name, h.Fence
+	}
+	q := &Queue{}
+	err := db.InTx(ctx, bc.rt.pool, db.TxOptions{}, func(tx pgx.Tx) error {
+		q.items = q.items[:0]
+		q.tx = tx
+		var held int
+		err := tx.QueryRow(ctx, `SELECT count(*) FROM (
+			SELECT 1 FROM leases l JOIN unnest($1::text[], $2::bigint[]) AS h(name, fence) ON l.name = h.name AND l.fence = h.fence
+			 WHERE l.holder = $3 AND l.expires_at > now() ORDER BY l.name FOR SHARE OF l) x`, names, fences, bc.Worker).Scan(&held)
+		if err != nil {
+			return fmt.Errorf("check leases: %w", err)
+		}
+		if held != len(bc.leases) {
+			return ErrFenced
+		}
+		return fn(tx, q)
+	})
+	if err == nil {
+		bc.rt.poker.Poke(q.items...)
+	}
+	return err
+}
 
 // InTx runs fn in a fenced transaction: it first locks the run's lease row,
 // and only if it still has this run's holder and fence and has not expired,

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -53,7 +55,8 @@ func Reconciler(cfg Config) reconcile.Reconciler {
 	if c.reg == nil {
 		c.reg = Builtin()
 	}
-	return reconcile.Reconciler{Name: Kind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleNodeSpec, Run: c.run, Keys: keys}
+	return reconcile.Reconciler{Name: Kind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleNodeSpec,
+		Run: c.run, RunBatch: c.runBatch, Keys: keys}
 }
 
 // keys lists the nodes past adoption in shards, for resync.
@@ -70,75 +73,114 @@ type controller struct {
 	changed func(ctx context.Context, nodeID string, generation int64)
 }
 
-// run recomputes node nodeID's spec and stores it, bumping the generation,
-// only when its canonical JSON differs from the stored one (or none was
-// stored yet: adoption writes generation 1). A conflict is stored in
-// spec_error and leaves spec and generation alone.
+// run recomputes one node's spec in its own transaction.
 func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
 	var bumped int64
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
-		bumped = 0
-		var n Node
-		var stored []byte
-		var gen int64
-		var specErr *string
-		err := tx.QueryRow(ctx, `SELECT tenant_id, pool_id, state, labels, spec::text, generation, spec_error
-			FROM nodes WHERE id = $1 FOR UPDATE`, nodeID).Scan(&n.TenantID, &n.PoolID, &n.State, &n.Labels, &stored, &gen, &specErr)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // gone
-		}
-		if err != nil {
-			return fmt.Errorf("read node: %w", err)
-		}
-		if n.State == "adopting" {
-			return nil // desired state applies once adopted
-		}
-		n.ID = nodeID
-		spec, err := c.reg.Compute(ctx, tx, n)
-		var conflict *ConflictError
-		if errors.As(err, &conflict) {
-			rc.Logger.WarnContext(ctx, "desired state conflict", "error", err)
-			_, err = tx.Exec(ctx, `UPDATE nodes SET spec_error = $2, updated_at = now()
-				WHERE id = $1 AND spec_error IS DISTINCT FROM $2`, nodeID, conflict.Error())
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		want, err := Canonical(spec)
-		if err != nil {
-			return err
-		}
-		have, err := CanonicalJSON(stored)
-		if err != nil {
-			return fmt.Errorf("stored spec: %w", err)
-		}
-		if gen > 0 && bytes.Equal(want, have) {
-			if specErr != nil {
-				_, err = tx.Exec(ctx, `UPDATE nodes SET spec_error = NULL, updated_at = now() WHERE id = $1`, nodeID)
-			}
-			return err
-		}
-		var tenant string
-		err = tx.QueryRow(ctx, `UPDATE nodes SET spec = $2::jsonb, generation = generation + 1, spec_error = NULL, updated_at = now()
-			WHERE id = $1 RETURNING generation, tenant_id`, nodeID, string(want)).Scan(&bumped, &tenant)
-		if err != nil {
-			return fmt.Errorf("store spec: %w", err)
-		}
-		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: "node.spec.changed", Resource: nodeID,
-			Payload: map[string]any{"nodeId": nodeID, "generation": bumped}})
+		var err error
+		bumped, err = c.recompute(ctx, tx, rc.Logger, nodeID)
 		return err
 	})
 	if err != nil {
 		return reconcile.Done, err
 	}
-	if bumped > 0 {
-		rc.Logger.InfoContext(ctx, "desired state changed", "generation", bumped)
-		if c.changed != nil {
-			c.changed(ctx, nodeID, bumped)
-		}
-	}
+	c.notify(ctx, rc.Logger, nodeID, bumped)
 	return reconcile.Done, nil
+}
+
+// runBatch recomputes a batch of nodes in one transaction: a fleet-wide
+// change costs a commit per batch, not per node. Nodes are locked in id
+// order. Any error rolls the whole batch back, and the runtime then runs
+// each node on its own.
+func (c *controller) runBatch(ctx context.Context, bc *reconcile.BatchContext, nodeIDs []string) error {
+	ids := slices.Sorted(slices.Values(nodeIDs))
+	bumped := make([]int64, len(ids))
+	err := bc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
+		for i, id := range ids {
+			var err error
+			if bumped[i], err = c.recompute(ctx, tx, bc.Logger.With("key", id), id); err != nil {
+				return fmt.Errorf("node %s: %w", id, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i, id := range ids {
+		c.notify(ctx, bc.Logger.With("key", id), id, bumped[i])
+	}
+	return nil
+}
+
+// notify tells the gateway hook about a committed generation change.
+func (c *controller) notify(ctx context.Context, log *slog.Logger, nodeID string, bumped int64) {
+	if bumped == 0 {
+		return
+	}
+	log.InfoContext(ctx, "desired state changed", "generation", bumped)
+	if c.changed != nil {
+		c.changed(ctx, nodeID, bumped)
+	}
+}
+
+// recompute recomputes node nodeID's spec in tx and stores it, bumping the
+// generation, only when its canonical JSON differs from the stored one (or
+// none was stored yet: adoption writes generation 1), and returns the new
+// generation (0 when it did not move). A conflict is stored in spec_error
+// and leaves spec and generation alone.
+func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger, nodeID string) (int64, error) {
+	var n Node
+	var stored []byte
+	var gen int64
+	var specErr *string
+	err := tx.QueryRow(ctx, `SELECT tenant_id, pool_id, state, labels, spec::text, generation, spec_error
+		FROM nodes WHERE id = $1 FOR UPDATE`, nodeID).Scan(&n.TenantID, &n.PoolID, &n.State, &n.Labels, &stored, &gen, &specErr)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil // gone
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read node: %w", err)
+	}
+	if n.State == "adopting" {
+		return 0, nil // desired state applies once adopted
+	}
+	n.ID = nodeID
+	spec, err := c.reg.Compute(ctx, tx, n)
+	var conflict *ConflictError
+	if errors.As(err, &conflict) {
+		log.WarnContext(ctx, "desired state conflict", "error", err)
+		_, err = tx.Exec(ctx, `UPDATE nodes SET spec_error = $2, updated_at = now()
+			WHERE id = $1 AND spec_error IS DISTINCT FROM $2`, nodeID, conflict.Error())
+		return 0, err
+	}
+	if err != nil {
+		return 0, err
+	}
+	want, err := Canonical(spec)
+	if err != nil {
+		return 0, err
+	}
+	have, err := CanonicalJSON(stored)
+	if err != nil {
+		return 0, fmt.Errorf("stored spec: %w", err)
+	}
+	if gen > 0 && bytes.Equal(want, have) {
+		if specErr != nil {
+			_, err = tx.Exec(ctx, `UPDATE nodes SET spec_error = NULL, updated_at = now() WHERE id = $1`, nodeID)
+		}
+		return 0, err
+	}
+	var bumped int64
+	var tenant string
+	err = tx.QueryRow(ctx, `UPDATE nodes SET spec = $2::jsonb, generation = generation + 1, spec_error = NULL, updated_at = now()
+		WHERE id = $1 RETURNING generation, tenant_id`, nodeID, string(want)).Scan(&bumped, &tenant)
+	if err != nil {
+		return 0, fmt.Errorf("store spec: %w", err)
+	}
+	_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: "node.spec.changed", Resource: nodeID,
+		Payload: map[string]any{"nodeId": nodeID, "generation": bumped}})
+	return bumped, err
 }
 
 // identity is the system's part: the node's identity section.
