@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -101,60 +104,155 @@ func (g *Gateway) redeliver(ctx context.Context, ids []string, delivered []int64
 	return errors.Join(errs...)
 }
 
+// observedReport is one session's Observed waiting for the batch writer.
+type observedReport struct {
+	s        *session
+	obs      *agentv1.Observed
+	sections []map[string]any
+	status   []byte
+	failed   bool
+	done     chan error
+}
+
+// maxObservedBatch bounds the reports one transaction stores.
+const maxObservedBatch = 256
+
 // storeObserved records how far the node converged: the database keeps the
 // highest observed generation reported, so a late report cannot lower it;
 // section status is the latest report's. A report that reaches the current
 // generation is a node.converged event; one with a failed section is
 // node.convergence_failed.
+//
+// Reports from every session go through one writer that stores whatever
+// has queued up in one transaction (with the bind check's wake-ups and the
+// events), so a fleet converging costs a commit per batch, not per node,
+// and a lone report waits for no one. The session waits for its report's
+// commit, so its messages keep their order; a batch that fails is stored
+// again report by report.
 func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Observed) error {
-	sections := make([]map[string]any, 0, len(obs.GetSections()))
-	failed := false
+	r := &observedReport{s: s, obs: obs, done: make(chan error, 1)}
 	for _, st := range obs.GetSections() {
 		state := st.GetState().String()
 		if st.GetState() == agentv1.SectionState_SECTION_STATE_FAILED || st.GetState() == agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
-			failed = true
+			r.failed = true
 		}
-		sections = append(sections, map[string]any{
+		r.sections = append(r.sections, map[string]any{
 			"section": st.GetSection(), "state": state, "reason": st.GetReason(), "generation": st.GetGeneration(),
 		})
 	}
-	status, err := json.Marshal(sections)
+	if r.sections == nil {
+		r.sections = []map[string]any{}
+	}
+	var err error
+	if r.status, err = json.Marshal(r.sections); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	batching := g.started
+	g.mu.Unlock()
+	if !batching {
+		return g.storeReports(ctx, []*observedReport{r})
+	}
+	select {
+	case g.observed <- r:
+	case <-g.stop:
+		return errors.New("gateway stopping")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err() // the writer still stores it
+	}
+}
+
+// observedLoop is the batch writer of Observed reports.
+func (g *Gateway) observedLoop() {
+	defer close(g.observedDone)
+	for {
+		var first *observedReport
+		select {
+		case <-g.stop:
+			return
+		case first = <-g.observed:
+		}
+		batch := []*observedReport{first}
+	fill:
+		for len(batch) < maxObservedBatch {
+			select {
+			case r := <-g.observed:
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := g.storeReports(ctx, batch)
+		if err != nil && len(batch) > 1 {
+			g.log.Warn("store a batch of observed reports; storing them one by one", "reports", len(batch), "err", err)
+			for _, r := range batch {
+				r.done <- g.storeReports(ctx, []*observedReport{r})
+			}
+		} else {
+			for _, r := range batch {
+				r.done <- err
+			}
+		}
+		cancel()
+	}
+}
+
+// storeReports stores reports in one transaction, locking nodes in id
+// order (reports of one node in the order they came).
+func (g *Gateway) storeReports(ctx context.Context, reports []*observedReport) error {
+	sorted := slices.Clone(reports)
+	slices.SortStableFunc(sorted, func(a, b *observedReport) int { return strings.Compare(a.s.nodeID, b.s.nodeID) })
+	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+		for _, r := range sorted {
+			if err := g.storeReport(ctx, tx, q, r); err != nil {
+				return fmt.Errorf("node %s: %w", r.s.nodeID, err)
+			}
+		}
+		return nil
+	})
+}
+
+// storeReport stores one report in tx.
+func (g *Gateway) storeReport(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, r *observedReport) error {
+	s, obs := r.s, r.obs
+	var tenant string
+	var gen, observed int64
+	err := tx.QueryRow(ctx, `
+		UPDATE nodes SET observed_generation = greatest(observed_generation, $2), section_status = $3, updated_at = now()
+		 WHERE id = $1 AND session_epoch = $4
+		RETURNING tenant_id, generation, observed_generation`,
+		s.nodeID, obs.GetObservedGeneration(), r.status, s.epoch).Scan(&tenant, &gen, &observed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // a superseded session's late report
+	}
 	if err != nil {
 		return err
 	}
-	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
-		var tenant string
-		var gen, observed int64
-		err := tx.QueryRow(ctx, `
-			UPDATE nodes SET observed_generation = greatest(observed_generation, $2), section_status = $3, updated_at = now()
-			 WHERE id = $1 AND session_epoch = $4
-			RETURNING tenant_id, generation, observed_generation`,
-			s.nodeID, obs.GetObservedGeneration(), status, s.epoch).Scan(&tenant, &gen, &observed)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // a superseded session's late report
-		}
-		if err != nil {
+	// The kinds that wait on a node's convergence (capacity's bind
+	// check) run again, poked after the commit.
+	for _, k := range g.cfg.ObservedKinds {
+		if err := q.Enqueue(ctx, k, s.nodeID); err != nil {
 			return err
 		}
-		// The kinds that wait on a node's convergence (capacity's bind
-		// check) run again, poked after the commit.
-		for _, k := range g.cfg.ObservedKinds {
-			if err := q.Enqueue(ctx, k, s.nodeID); err != nil {
-				return err
-			}
-		}
-		event := ""
-		switch {
-		case failed:
-			event = "node.convergence_failed"
-		case observed >= gen && obs.GetObservedGeneration() == gen:
-			event = "node.converged"
-		}
-		if event == "" {
-			return nil
-		}
-		payload := map[string]any{"nodeId": s.nodeID, "generation": gen, "observedGeneration": observed, "sections": sections}
-		_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: event, Resource: s.nodeID, Payload: payload})
-		return err
-	})
+	}
+	event := ""
+	switch {
+	case r.failed:
+		event = "node.convergence_failed"
+	case observed >= gen && obs.GetObservedGeneration() == gen:
+		event = "node.converged"
+	}
+	if event == "" {
+		return nil
+	}
+	payload := map[string]any{"nodeId": s.nodeID, "generation": gen, "observedGeneration": observed, "sections": r.sections}
+	_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: event, Resource: s.nodeID, Payload: payload})
+	return err
 }

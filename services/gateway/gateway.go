@@ -96,6 +96,10 @@ type Gateway struct {
 	stop     chan struct{}
 	done     chan struct{}
 	started  bool
+
+	// observed feeds the batch writer of Observed reports.
+	observed     chan *observedReport
+	observedDone chan struct{}
 }
 
 type session struct {
@@ -161,7 +165,8 @@ func New(cfg Config) (*Gateway, error) {
 	if kinds == nil {
 		kinds = commands.Default
 	}
-	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{})}, nil
+	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{}),
+		observed: make(chan *observedReport, maxObservedBatch), observedDone: make(chan struct{})}, nil
 }
 
 // Start runs the liveness writer until Stop.
@@ -173,6 +178,7 @@ func (g *Gateway) Start() {
 	}
 	g.started = true
 	go g.livenessLoop()
+	go g.observedLoop()
 }
 
 // Stop ends every session and the liveness writer, after a last write.
@@ -193,6 +199,7 @@ func (g *Gateway) Stop() {
 	g.mu.Unlock()
 	if started {
 		<-g.done
+		<-g.observedDone
 	}
 }
 
