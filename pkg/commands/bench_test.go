@@ -29,7 +29,7 @@ func BenchmarkEnqueueSettle(b *testing.B) {
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		err := reconcile.InTx(b.Context(), db, nil, func(tx pgx.Tx, _ *reconcile.Queue) error {
-			_, _, err := commands.Enqueue(b.Context(), tx, commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `{"sections":["gpus"]}`, NotAfter: time.Now().Add(time.Minute)})
+			_, _, err := kinds.Enqueue(b.Context(), tx, commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `{"sections":["gpus"]}`, NotAfter: time.Now().Add(time.Minute)})
 			return err
 		})
 		if err != nil {
@@ -40,7 +40,7 @@ func BenchmarkEnqueueSettle(b *testing.B) {
 			b.Fatalf("claimed %d: %v", len(cs), err)
 		}
 		err = reconcile.InTx(b.Context(), db, nil, func(tx pgx.Tx, q *reconcile.Queue) error {
-			_, err := commands.Default.Apply(b.Context(), tx, q, "node_a", 1, &agentv1.CommandUpdate{Id: cs[0].ID, Seq: cs[0].Seq, Outcome: agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED})
+			_, err := kinds.Apply(b.Context(), tx, q, "node_a", 1, &agentv1.CommandUpdate{Id: cs[0].ID, Seq: cs[0].Seq, Outcome: agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED})
 			return err
 		})
 		if err != nil {

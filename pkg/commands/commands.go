@@ -192,10 +192,6 @@ type Request struct {
 	CreatedBy string
 }
 
-// Enqueue queues req on [Default]. See [Registry.Enqueue].
-func Enqueue(ctx context.Context, tx pgx.Tx, req Request) (Command, bool, error) {
-	return Default.Enqueue(ctx, tx, req)
-}
 
 // Encode encodes payload into the CommandBody of kind k. A payload that is
 // not the kind's message (another message, JSON that does not fit, not an

@@ -52,7 +52,7 @@ func enqueue(t *testing.T, db *pgxpool.Pool, req commands.Request) (commands.Com
 		created bool
 	}
 	r, err := inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (res, error) {
-		c, created, err := commands.Enqueue(t.Context(), tx, req)
+		c, created, err := kinds.Enqueue(t.Context(), tx, req)
 		return res{c, created}, err
 	})
 	if err != nil {
@@ -77,7 +77,7 @@ func claim(t *testing.T, db *pgxpool.Pool, node string) []commands.Command {
 func apply(t *testing.T, db *pgxpool.Pool, node string, epoch int64, u *agentv1.CommandUpdate) commands.Applied {
 	t.Helper()
 	a, err := inTx(t, db, func(tx pgx.Tx, q *reconcile.Queue) (commands.Applied, error) {
-		return commands.Default.Apply(t.Context(), tx, q, node, epoch, u)
+		return kinds.Apply(t.Context(), tx, q, node, epoch, u)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func TestEnqueueBadInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (commands.Command, error) {
-				c, _, err := commands.Enqueue(t.Context(), tx, tc.req)
+				c, _, err := kinds.Enqueue(t.Context(), tx, tc.req)
 				return c, err
 			})
 			fe, ok := fault.As(err)
@@ -319,7 +319,7 @@ func TestSweeper(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rt.Stop)
-	if err := rt.Register(commands.Default.Sweeper(0)); err != nil {
+	if err := rt.Register(kinds.Sweeper(0)); err != nil {
 		t.Fatal(err)
 	}
 	if err := workqueue.Enqueue(t.Context(), db, commands.SweeperName, "all"); err != nil {
@@ -361,7 +361,7 @@ func TestReconnect(t *testing.T) {
 	reconnect := func(oldBoot, oldJournal, newBoot, newJournal string) {
 		t.Helper()
 		if _, err := inTx(t, db, func(tx pgx.Tx, q *reconcile.Queue) (int, error) {
-			return 0, commands.Default.Reconnect(t.Context(), tx, q, "node_a", oldBoot, oldJournal, newBoot, newJournal)
+			return 0, kinds.Reconnect(t.Context(), tx, q, "node_a", oldBoot, oldJournal, newBoot, newJournal)
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -455,7 +455,7 @@ func TestSignerAndWire(t *testing.T) {
 	}
 	body, _ := (commands.Kind{Name: "node.reboot", Field: "node_reboot"}).Encode(`{"reason": "test"}`)
 	c := commands.Command{ID: "cmd_1", NodeID: "node_a", Seq: 3, Kind: "node.reboot", Payload: body, NotAfter: time.Now().Add(time.Minute)}
-	w := commands.Default.Wire(c, s)
+	w := kinds.Wire(c, s)
 	if err := commandsig.Verify(w, s.Public()); err != nil || w.GetKeyId() != s.KeyID || w.GetTimeout().AsDuration() != 15*time.Minute {
 		t.Fatalf("signed reboot does not verify: %v (key %q timeout %s)", err, w.GetKeyId(), w.GetTimeout().AsDuration())
 	}
@@ -464,7 +464,7 @@ func TestSignerAndWire(t *testing.T) {
 		t.Fatalf("body %v %v", &b, err)
 	}
 	c.Kind = "diag.nvml"
-	if w := commands.Default.Wire(c, s); len(w.GetSignature()) != 0 {
+	if w := kinds.Wire(c, s); len(w.GetSignature()) != 0 {
 		t.Fatal("a non-destructive kind was signed")
 	}
 	for _, bad := range []string{t.TempDir() + "/missing.key", writeFile(t, "not pem")} {

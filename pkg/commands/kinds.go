@@ -152,6 +152,4 @@ func Builtin() *Registry {
 	return r
 }
 
-// Default is the process's registry: the built-in kinds plus whatever
-// modules register at start.
-var Default = Builtin()
+

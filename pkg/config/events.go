@@ -3,7 +3,6 @@ package config
 import (
 	"cmp"
 	"regexp"
-	"slices"
 	"time"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
@@ -84,12 +83,14 @@ func (c *Events) validate() []error {
 
 var streamNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
-// DefaultRetrySchedule is how long a failed webhook delivery waits before
-// each next attempt (Standard Webhooks' schedule): 8 attempts over about 27
-// hours.
-var DefaultRetrySchedule = []Duration{
-	Duration(5 * time.Second), Duration(5 * time.Minute), Duration(30 * time.Minute), Duration(2 * time.Hour),
-	Duration(5 * time.Hour), Duration(10 * time.Hour), Duration(10 * time.Hour),
+// DefaultRetrySchedule returns how long a failed webhook delivery waits
+// before each next attempt (Standard Webhooks' schedule): 8 attempts over
+// about 27 hours.
+func DefaultRetrySchedule() []Duration {
+	return []Duration{
+		Duration(5 * time.Second), Duration(5 * time.Minute), Duration(30 * time.Minute), Duration(2 * time.Hour),
+		Duration(5 * time.Hour), Duration(10 * time.Hour), Duration(10 * time.Hour),
+	}
 }
 
 // Webhooks configures webhook delivery.
@@ -123,7 +124,7 @@ type Webhooks struct {
 func (c *Webhooks) defaults() {
 	c.Timeout = cmp.Or(c.Timeout, Duration(15*time.Second))
 	if len(c.RetrySchedule) == 0 {
-		c.RetrySchedule = slices.Clone(DefaultRetrySchedule)
+		c.RetrySchedule = DefaultRetrySchedule()
 	}
 	c.DisableAfter = cmp.Or(c.DisableAfter, Duration(5*24*time.Hour))
 	c.Concurrency = cmp.Or(c.Concurrency, 64)

@@ -82,6 +82,9 @@ type Config struct {
 	// AllowInsecureWebhooks permits http:// webhook endpoints on loopback
 	// (webhooks.allowInsecure).
 	AllowInsecureWebhooks bool
+	// Kinds is the command-kind registry commands.run checks and queues
+	// through; nil means commands.Builtin().
+	Kinds *commands.Registry
 	// AllowPrivateWebhooks permits webhook endpoints at private addresses
 	// (webhooks.allowPrivateNetworks); without it a literal private
 	// address is refused at create and update.
@@ -129,6 +132,7 @@ type Server struct {
 	poker   *workqueue.Poker
 	// cmdPoker wakes the gateway of a node with new commands.
 	cmdPoker *commands.Poker
+	kinds    *commands.Registry
 
 	capacity CapacityOptions
 	auditKey ed25519.PublicKey
@@ -159,6 +163,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Methods == nil {
 		cfg.Methods = Methods()
 	}
+	if cfg.Kinds == nil {
+		cfg.Kinds = commands.Builtin()
+	}
 	s := &Server{
 		logger:   logger,
 		methods:  cfg.Methods,
@@ -168,6 +175,7 @@ func New(cfg Config) (*Server, error) {
 		db:       cfg.DB,
 		poker:    cfg.Poker,
 		cmdPoker: cfg.Commands,
+		kinds:    cfg.Kinds,
 		capacity: cfg.Capacity,
 		auditKey: cfg.AuditKey,
 		nc:       cfg.NATS,

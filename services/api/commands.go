@@ -79,10 +79,10 @@ func (s *commandsAPI) node(ctx context.Context, tenant, nodeID string) (authz.Re
 // the caller's identity, and the gateway holding the node is poked after
 // commit.
 func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRunRequest) (*computev1.CommandsServiceRunResponse, error) {
-	k, ok := commands.Default.Lookup(req.GetKind())
+	k, ok := s.kinds.Lookup(req.GetKind())
 	if !ok || !k.API {
 		var allowed []string
-		for _, k := range commands.Default.Kinds() {
+		for _, k := range s.kinds.Kinds() {
 			if k.API {
 				allowed = append(allowed, k.Name)
 			}
@@ -123,7 +123,7 @@ func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRun
 		Resource: res,
 		Existing: true, // decided on the node; the node's projection row is not ours to write
 		Work: func(ctx context.Context, tx pgx.Tx, _ string) (admission.Outcome, error) {
-			c, _, err := commands.Enqueue(ctx, tx, commands.Request{
+			c, _, err := s.kinds.Enqueue(ctx, tx, commands.Request{
 				NodeID: req.GetNodeId(), Kind: k.Name, Payload: payload, IdempotencyKey: key,
 				NotAfter: s.now().Add(time.Duration(secs) * time.Second), CreatedBy: p.IdentityID,
 			})

@@ -8,6 +8,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/bus"
+	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fault"
@@ -101,6 +103,10 @@ type Options struct {
 	API api.Tuning
 	// DBTracer, when set, sees every query of the process's pool.
 	DBTracer pgx.QueryTracer
+	// Kinds is the command-kind registry every role of the process uses
+	// (commands.run, acceptance checks, the gateway, the sweeper); nil
+	// means commands.Builtin().
+	Kinds *commands.Registry
 }
 
 // App is one running process.
@@ -122,13 +128,15 @@ type App struct {
 	localGW atomic.Pointer[gateway.Gateway] // for in-process delivery
 	// deliverSlots bounds specChanged's deliveries in flight.
 	deliverSlots chan struct{}
-	nc           *nats.Conn
-	api          *api.Server
-	srv          *http.Server
-	ln           net.Listener
-	served       chan struct{}
-	tracing      func(context.Context) error
-	checks       []health.Check
+	// kinds is the command-kind registry.
+	kinds   *commands.Registry
+	nc      *nats.Conn
+	api     *api.Server
+	srv     *http.Server
+	ln      net.Listener
+	served  chan struct{}
+	tracing func(context.Context) error
+	checks  []health.Check
 }
 
 // New validates cfg (defaults must already be filled) and resolves the roles.
@@ -172,7 +180,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 		reg = telemetry.NewRegistry()
 	}
 	return &App{cfg: cfg, logger: logger, reg: reg, roles: roles, opts: opts, tracing: func(context.Context) error { return nil },
-		deliverSlots: make(chan struct{}, deliverers)}, nil
+		deliverSlots: make(chan struct{}, deliverers), kinds: cmp.Or(opts.Kinds, commands.Builtin())}, nil
 }
 
 // Roles returns the roles this process runs.
@@ -313,7 +321,7 @@ func (a *App) startRuntime(ctx context.Context) error {
 		return err
 	}
 	if slices.Contains(roles, reconcile.RoleControllers) {
-		for _, r := range inventory.New(inventory.Config{Commands: a.commandPoker()}) {
+		for _, r := range inventory.New(inventory.Config{Commands: a.commandPoker(), Kinds: a.kinds}) {
 			if err := rt.Register(r); err != nil {
 				return err
 			}
@@ -382,8 +390,8 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		a.api, err = api.New(api.Config{
 			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
-			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks,
-			AuditKey:             a.auditKey(),
+			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Kinds: a.kinds,
+			AuditKey: a.auditKey(),
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),

@@ -20,7 +20,7 @@ func (a *App) registerCommands(rt *reconcile.Runtime, roles []string) error {
 	if !slices.Contains(roles, reconcile.RoleCommandSweeper) {
 		return nil
 	}
-	return rt.Register(commands.Default.Sweeper(a.cfg.Commands.SweepInterval.Std()))
+	return rt.Register(a.kinds.Sweeper(a.cfg.Commands.SweepInterval.Std()))
 }
 
 // commandSigner loads the command-signing key, or returns nil when none is

@@ -64,6 +64,7 @@ func (a *App) startGateway(context.Context) error {
 		Signer:            signer,
 		Logger:            a.logger.With("role", "gateway"),
 		ObservedKinds:     observedKinds,
+		Kinds:             a.kinds,
 	})
 	if err != nil {
 		return err

@@ -77,7 +77,6 @@ func getenvDuration(b *testing.B, name string) time.Duration {
 }
 
 func benchCommands(b *testing.B, n int, up bool, samples int, resync time.Duration) {
-	registerTestKinds()
 	ns := natstest.New(b)
 	dbURL := pgtest.NewDB(b)
 	env := commandEnvOn(b, dbURL, b.TempDir(), "127.0.0.1:0", ns.URL(), resync, 5*time.Second)
@@ -176,7 +175,7 @@ func benchCommands(b *testing.B, n int, up bool, samples int, resync time.Durati
 		ids := make([]string, 0, n)
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			for _, node := range nodes {
-				c, _, err := commands.Enqueue(ctx, tx, commands.Request{NodeID: node, Kind: "diag.nvml",
+				c, _, err := testKinds().Enqueue(ctx, tx, commands.Request{NodeID: node, Kind: "diag.nvml",
 					IdempotencyKey: "burst-" + strconv.Itoa(round), NotAfter: time.Now().Add(5 * time.Minute)})
 				if err != nil {
 					return err

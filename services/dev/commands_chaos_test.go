@@ -20,7 +20,6 @@ import (
 // runs.
 func TestCommandsChaosBusAndGateway(t *testing.T) {
 	t.Parallel()
-	registerTestKinds()
 	dbURL := pgtest.NewDB(t)
 	db, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {

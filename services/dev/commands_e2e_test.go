@@ -25,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/services/app"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
 
@@ -40,11 +41,15 @@ const (
 	kindShortTimeout = "e2e.short-timeout"
 )
 
-var registerTestKinds = sync.OnceFunc(func() {
-	commands.Default.MustRegister(commands.Kind{Name: kindDaemonUnknown, Field: "diag_nvml", RetrySafe: true,
+// testKinds is the built-in kinds and the two above: the control planes
+// of these tests run with it, and the tests queue through it.
+var testKinds = sync.OnceValue(func() *commands.Registry {
+	r := commands.Builtin()
+	r.MustRegister(commands.Kind{Name: kindDaemonUnknown, Field: "diag_nvml", RetrySafe: true,
 		Lane: commands.LaneDiag, Timeout: time.Minute, Doc: "e2e: a kind the daemons do not know."})
-	commands.Default.MustRegister(commands.Kind{Name: kindShortTimeout, Field: "diag_nvml",
+	r.MustRegister(commands.Kind{Name: kindShortTimeout, Field: "diag_nvml",
 		Lane: commands.LaneDiag, Timeout: time.Second, Doc: "e2e: a kind with a one-second timeout."})
+	return r
 })
 
 // commandEnv starts a dev control plane (real PostgreSQL, embedded NATS)
@@ -52,7 +57,6 @@ var registerTestKinds = sync.OnceFunc(func() {
 // it with a pool on its database.
 func commandEnv(t testing.TB, natsURL string) (*dev.Env, *pgxpool.Pool) {
 	t.Helper()
-	registerTestKinds()
 	dbURL := pgtest.NewDB(t)
 	env := commandEnvOn(t, dbURL, t.TempDir(), "127.0.0.1:0", natsURL, 100*time.Millisecond, 100*time.Millisecond)
 	db, err := pgxpool.New(context.Background(), dbURL)
@@ -80,7 +84,7 @@ func commandEnvOn(t testing.TB, db, dataDir, gw, natsURL string, resync, heartbe
 		Commands: config.Commands{SweepInterval: config.Duration(100 * time.Millisecond)},
 	}
 	cfg.Defaults()
-	env, err := dev.Start(context.Background(), cfg, nil)
+	env, err := dev.StartWith(context.Background(), cfg, app.Options{Kinds: testKinds()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +244,7 @@ func enqueue(t testing.TB, db *pgxpool.Pool, req commands.Request) commands.Comm
 	var c commands.Command
 	err := pgx.BeginFunc(context.Background(), db, func(tx pgx.Tx) error {
 		var err error
-		c, _, err = commands.Enqueue(context.Background(), tx, req)
+		c, _, err = testKinds().Enqueue(context.Background(), tx, req)
 		return err
 	})
 	if err != nil {

@@ -60,7 +60,14 @@ type Env struct {
 // Start resolves PostgreSQL and NATS as the package comment says and starts
 // every built role. cfg must have defaults filled and be valid; a nil logger
 // discards. Stop the Env when done.
-func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env, err error) {
+func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*Env, error) {
+	return StartWith(ctx, cfg, app.Options{Logger: logger})
+}
+
+// StartWith is [Start] with the process options of the control plane (its
+// logger, its command kinds).
+func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *Env, err error) {
+	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -140,7 +147,8 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (_ *Env
 	cfg.Webhooks.AllowInsecure = true
 	cfg.Webhooks.AllowPrivateNetworks = true
 
-	env.App, err = app.New(cfg, app.Options{Logger: logger})
+	opts.Logger = logger
+	env.App, err = app.New(cfg, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -41,7 +41,7 @@ func BenchmarkEnqueueToDispatched(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
 		err := reconcile.InTx(b.Context(), f.db, nil, func(tx pgx.Tx, _ *reconcile.Queue) error {
-			_, _, err := commands.Enqueue(b.Context(), tx, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: time.Now().Add(time.Minute)})
+			_, _, err := commands.Builtin().Enqueue(b.Context(), tx, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: time.Now().Add(time.Minute)})
 			return err
 		})
 		if err != nil {

@@ -101,7 +101,7 @@ func (f *fixture) enqueue(t testing.TB, node, kind, key string, payload any) com
 	var c commands.Command
 	err := reconcile.InTx(t.Context(), f.db, nil, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		var err error
-		c, _, err = commands.Enqueue(t.Context(), tx, commands.Request{NodeID: node, Kind: kind, IdempotencyKey: key, Payload: payload, NotAfter: time.Now().Add(10 * time.Minute)})
+		c, _, err = commands.Builtin().Enqueue(t.Context(), tx, commands.Request{NodeID: node, Kind: kind, IdempotencyKey: key, Payload: payload, NotAfter: time.Now().Add(10 * time.Minute)})
 		return err
 	})
 	if err != nil {

@@ -71,7 +71,7 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// LivenessInterval is how often liveness is written; default 5s.
 	LivenessInterval time.Duration
-	// Kinds is the command kinds registry; nil means commands.Default.
+	// Kinds is the command kinds registry; nil means commands.Builtin().
 	Kinds *commands.Registry
 	// Signer signs destructive commands at dispatch; nil sends them
 	// unsigned (the daemon rejects them BAD_SIGNATURE).
@@ -163,7 +163,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	kinds := cfg.Kinds
 	if kinds == nil {
-		kinds = commands.Default
+		kinds = commands.Builtin()
 	}
 	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{}),
 		observed: make(chan *observedReport, maxObservedBatch), observedDone: make(chan struct{})}, nil

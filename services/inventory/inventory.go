@@ -60,6 +60,9 @@ type Config struct {
 	// Commands wakes the gateway holding a node after an acceptance check
 	// was queued; nil leaves delivery to the gateway's resync.
 	Commands *commands.Poker
+	// Kinds is the command-kind registry acceptance checks are queued
+	// through; nil means commands.Builtin().
+	Kinds *commands.Registry
 }
 
 // Reconcilers returns the inventory controller's reconcilers without
@@ -68,6 +71,9 @@ func Reconcilers() []reconcile.Reconciler { return New(Config{}) }
 
 // New returns the inventory controller's reconcilers.
 func New(cfg Config) []reconcile.Reconciler {
+	if cfg.Kinds == nil {
+		cfg.Kinds = commands.Builtin()
+	}
 	c := &controller{cfg: cfg}
 	return []reconcile.Reconciler{
 		{Name: Kind, ShardBy: reconcile.ShardByNode, Run: c.run, Keys: keys},
@@ -125,7 +131,7 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 		// the reason in its AcceptancePassed condition.
 		next := state
 		if state == "adopting" {
-			acc, err := accept(ctx, tx, nodeID, bootID, acceptance)
+			acc, err := accept(ctx, tx, c.cfg.Kinds, nodeID, bootID, acceptance)
 			if err != nil {
 				return err
 			}
@@ -178,14 +184,14 @@ type acceptance struct {
 // once per boot (idempotency key acceptance:<kind>:<boot id>) whose final
 // state wakes this controller. All succeeded → adopted; any failed, expired
 // or cancelled → failed; otherwise the node waits, adopting.
-func accept(ctx context.Context, tx pgx.Tx, nodeID, bootID string, checks []string) (acceptance, error) {
+func accept(ctx context.Context, tx pgx.Tx, kinds *commands.Registry, nodeID, bootID string, checks []string) (acceptance, error) {
 	if len(checks) == 0 {
 		return acceptance{state: "adopted"}, nil
 	}
 	out := acceptance{state: "adopted", cond: &Condition{Type: AcceptancePassed, Status: true}}
 	var pending []string
 	for _, kind := range checks {
-		c, created, err := commands.Enqueue(ctx, tx, commands.Request{
+		c, created, err := kinds.Enqueue(ctx, tx, commands.Request{
 			NodeID: nodeID, Kind: kind, IdempotencyKey: "acceptance:" + kind + ":" + bootID,
 			NotAfter: time.Now().Add(AcceptanceTimeout), OwnerKind: Kind, OwnerKey: nodeID,
 		})

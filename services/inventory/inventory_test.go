@@ -191,7 +191,7 @@ func settle(t *testing.T, pool *pgxpool.Pool, outcome agentv1.CommandOutcome, re
 		t.Fatalf("claimed %+v %v; want the diag.nvml check", cs, err)
 	}
 	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		_, err := commands.Default.Apply(t.Context(), tx, commands.TxWaker(tx), "node_1", 1,
+		_, err := commands.Builtin().Apply(t.Context(), tx, commands.TxWaker(tx), "node_1", 1,
 			&agentv1.CommandUpdate{Id: cs[0].ID, Seq: cs[0].Seq, Outcome: outcome, Reason: reason})
 		return err
 	})
