@@ -104,18 +104,25 @@ func (g *Gateway) redeliver(ctx context.Context, ids []string, delivered []int64
 	return errors.Join(errs...)
 }
 
-// observedReport is one session's Observed waiting for the batch writer.
+// report is one session's report (Observed, an inventory) waiting for the
+// batch writer: store writes it in the batch's transaction.
+type report struct {
+	nodeID string
+	store  func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error
+	done   chan error
+}
+
+// maxReportBatch bounds the reports one transaction stores.
+const maxReportBatch = 256
+
+// observedReport is an Observed, prepared for storing.
 type observedReport struct {
 	s        *session
 	obs      *agentv1.Observed
 	sections []map[string]any
 	status   []byte
 	failed   bool
-	done     chan error
 }
-
-// maxObservedBatch bounds the reports one transaction stores.
-const maxObservedBatch = 256
 
 // storeObserved records how far the node converged: the database keeps the
 // highest observed generation reported, so a late report cannot lower it;
@@ -123,14 +130,9 @@ const maxObservedBatch = 256
 // generation is a node.converged event; one with a failed section is
 // node.convergence_failed.
 //
-// Reports from every session go through one writer that stores whatever
-// has queued up in one transaction (with the bind check's wake-ups and the
-// events), so a fleet converging costs a commit per batch, not per node,
-// and a lone report waits for no one. The session waits for its report's
-// commit, so its messages keep their order; a batch that fails is stored
-// again report by report.
+// It goes through the batch writer ([Gateway.submit]).
 func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Observed) error {
-	r := &observedReport{s: s, obs: obs, done: make(chan error, 1)}
+	r := &observedReport{s: s, obs: obs}
 	for _, st := range obs.GetSections() {
 		state := st.GetState().String()
 		if st.GetState() == agentv1.SectionState_SECTION_STATE_FAILED || st.GetState() == agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
@@ -147,14 +149,28 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 	if r.status, err = json.Marshal(r.sections); err != nil {
 		return err
 	}
+	return g.submit(ctx, s.nodeID, func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error {
+		return g.storeReport(ctx, tx, q, r)
+	})
+}
+
+// submit stores a session's report through the batch writer: reports from
+// every session go through one writer that stores whatever has queued up in
+// one transaction (with the wake-ups and events they write), so a fleet
+// converging or reconnecting costs a commit per batch, not per node, and a
+// lone report waits for no one. The session waits for its report's commit,
+// so its messages keep their order; a batch that fails is stored again
+// report by report. Before Start, reports are stored one by one.
+func (g *Gateway) submit(ctx context.Context, nodeID string, store func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error) error {
+	r := &report{nodeID: nodeID, store: store, done: make(chan error, 1)}
 	g.mu.Lock()
 	batching := g.started
 	g.mu.Unlock()
 	if !batching {
-		return g.storeReports(ctx, []*observedReport{r})
+		return g.storeReports(ctx, []*report{r})
 	}
 	select {
-	case g.observed <- r:
+	case g.reports <- r:
 	case <-g.stop:
 		return errors.New("gateway stopping")
 	case <-ctx.Done():
@@ -168,21 +184,21 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 	}
 }
 
-// observedLoop is the batch writer of Observed reports.
-func (g *Gateway) observedLoop() {
-	defer close(g.observedDone)
+// reportLoop is the batch writer of sessions' reports.
+func (g *Gateway) reportLoop() {
+	defer close(g.reportsDone)
 	for {
-		var first *observedReport
+		var first *report
 		select {
 		case <-g.stop:
 			return
-		case first = <-g.observed:
+		case first = <-g.reports:
 		}
-		batch := []*observedReport{first}
+		batch := []*report{first}
 	fill:
-		for len(batch) < maxObservedBatch {
+		for len(batch) < maxReportBatch {
 			select {
-			case r := <-g.observed:
+			case r := <-g.reports:
 				batch = append(batch, r)
 			default:
 				break fill
@@ -191,9 +207,9 @@ func (g *Gateway) observedLoop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := g.storeReports(ctx, batch)
 		if err != nil && len(batch) > 1 {
-			g.log.Warn("store a batch of observed reports; storing them one by one", "reports", len(batch), "err", err)
+			g.log.Warn("store a batch of reports; storing them one by one", "reports", len(batch), "err", err)
 			for _, r := range batch {
-				r.done <- g.storeReports(ctx, []*observedReport{r})
+				r.done <- g.storeReports(ctx, []*report{r})
 			}
 		} else {
 			for _, r := range batch {
@@ -206,20 +222,20 @@ func (g *Gateway) observedLoop() {
 
 // storeReports stores reports in one transaction, locking nodes in id
 // order (reports of one node in the order they came).
-func (g *Gateway) storeReports(ctx context.Context, reports []*observedReport) error {
+func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 	sorted := slices.Clone(reports)
-	slices.SortStableFunc(sorted, func(a, b *observedReport) int { return strings.Compare(a.s.nodeID, b.s.nodeID) })
+	slices.SortStableFunc(sorted, func(a, b *report) int { return strings.Compare(a.nodeID, b.nodeID) })
 	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		for _, r := range sorted {
-			if err := g.storeReport(ctx, tx, q, r); err != nil {
-				return fmt.Errorf("node %s: %w", r.s.nodeID, err)
+			if err := r.store(ctx, tx, q); err != nil {
+				return fmt.Errorf("node %s: %w", r.nodeID, err)
 			}
 		}
 		return nil
 	})
 }
 
-// storeReport stores one report in tx.
+// storeReport stores one Observed in tx.
 func (g *Gateway) storeReport(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, r *observedReport) error {
 	s, obs := r.s, r.obs
 	var tenant string

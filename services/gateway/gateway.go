@@ -97,9 +97,9 @@ type Gateway struct {
 	done     chan struct{}
 	started  bool
 
-	// observed feeds the batch writer of Observed reports.
-	observed     chan *observedReport
-	observedDone chan struct{}
+	// reports feeds the batch writer of sessions' reports.
+	reports     chan *report
+	reportsDone chan struct{}
 }
 
 type session struct {
@@ -166,7 +166,7 @@ func New(cfg Config) (*Gateway, error) {
 		kinds = commands.Builtin()
 	}
 	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{}),
-		observed: make(chan *observedReport, maxObservedBatch), observedDone: make(chan struct{})}, nil
+		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{})}, nil
 }
 
 // Start runs the liveness writer until Stop.
@@ -178,7 +178,7 @@ func (g *Gateway) Start() {
 	}
 	g.started = true
 	go g.livenessLoop()
-	go g.observedLoop()
+	go g.reportLoop()
 }
 
 // Stop ends every session and the liveness writer, after a last write.
@@ -199,7 +199,7 @@ func (g *Gateway) Stop() {
 	g.mu.Unlock()
 	if started {
 		<-g.done
-		<-g.observedDone
+		<-g.reportsDone
 	}
 }
 
@@ -406,13 +406,14 @@ func (g *Gateway) markSeen(s *session) {
 }
 
 // storeInventory keeps the latest report, if the session is still the
-// node's current one, and enqueues the inventory controller.
+// node's current one, and enqueues the inventory controller, through the
+// batch writer (a reconnecting fleet's inventories commit in batches).
 func (g *Gateway) storeInventory(ctx context.Context, s *session, inv *agentv1.InventoryReport) error {
 	report, err := protojson.Marshal(inv)
 	if err != nil {
 		return err
 	}
-	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+	return g.submit(ctx, s.nodeID, func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error {
 		tag, err := tx.Exec(ctx, `
 			INSERT INTO node_inventory (node_id, session_epoch, report, received_at)
 			SELECT id, session_epoch, $3, now() FROM nodes WHERE id = $1 AND session_epoch = $2
