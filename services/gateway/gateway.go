@@ -169,10 +169,16 @@ func New(cfg Config) (*Gateway, error) {
 		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{})}, nil
 }
 
-// Start runs the liveness writer until Stop.
+// Start runs the liveness writer and the report writer until Stop. A second
+// Start, or one after Stop, does nothing.
 func (g *Gateway) Start() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	select {
+	case <-g.stop:
+		return // stopped: nothing starts again
+	default:
+	}
 	if g.started {
 		return
 	}
