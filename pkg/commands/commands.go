@@ -192,7 +192,6 @@ type Request struct {
 	CreatedBy string
 }
 
-
 // Encode encodes payload into the CommandBody of kind k. A payload that is
 // not the kind's message (another message, JSON that does not fit, not an
 // object) is INVALID_INPUT "payload".

@@ -151,5 +151,3 @@ func Builtin() *Registry {
 		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."})
 	return r
 }
-
-
