@@ -40,6 +40,8 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
 // DB is what admission needs of the database: a pool.
@@ -63,6 +65,9 @@ type Config struct {
 	IdempotencyTTL time.Duration
 	// Logger receives clean-up failures; nil discards.
 	Logger *slog.Logger
+	// Poker wakes the owners of the keys a mutation's work enqueued, after
+	// its commit; nil leaves them to their poll.
+	Poker *workqueue.Poker
 }
 
 // Admitter runs admissions.
@@ -71,6 +76,7 @@ type Admitter struct {
 	authz  Authorizer
 	ttl    time.Duration
 	logger *slog.Logger
+	poker  *workqueue.Poker
 }
 
 // New returns an Admitter.
@@ -80,6 +86,7 @@ func New(cfg Config) *Admitter {
 		authz:  cfg.Authorizer,
 		ttl:    cmp.Or(cfg.IdempotencyTTL, 24*time.Hour),
 		logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		poker:  cfg.Poker,
 	}
 }
 
@@ -134,8 +141,9 @@ type Create struct {
 	Existing bool
 	// Draft, when set, writes the method's own draft row in transaction 1.
 	Draft func(ctx context.Context, tx pgx.Tx, id string) error
-	// Work does the method's work in transaction 2.
-	Work func(ctx context.Context, tx pgx.Tx, id string) (Outcome, error)
+	// Work does the method's work in transaction 2. What it enqueues or
+	// registers through q is poked or run after the commit.
+	Work func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (Outcome, error)
 }
 
 // Result is an admitted create's answer.
@@ -231,8 +239,9 @@ func (a *Admitter) Create(ctx context.Context, c Create) (Result, error) {
 
 	// Transaction 2: the work, projection, audit, outbox, stored result.
 	var out Outcome
+	var q *reconcile.Queue
 	err = db.InTx(ctx, a.db, db.TxOptions{}, func(tx pgx.Tx) error {
-		stored = nil
+		stored, q = nil, reconcile.NewQueue(tx)
 		if keyed {
 			err := tx.QueryRow(ctx, `SELECT response FROM idempotency
 				WHERE tenant_id = $1 AND identity_id = $2 AND method = $3 AND key = $4 FOR UPDATE`, scope...).Scan(&stored)
@@ -247,7 +256,7 @@ func (a *Admitter) Create(ctx context.Context, c Create) (Result, error) {
 			}
 		}
 		var err error
-		if out, err = c.Work(ctx, tx, id); err != nil {
+		if out, err = c.Work(ctx, tx, q, id); err != nil {
 			return err
 		}
 		audited := res
@@ -275,6 +284,7 @@ func (a *Admitter) Create(ctx context.Context, c Create) (Result, error) {
 	if stored != nil {
 		return Result{Response: stored, ResourceID: id, Replayed: true}, nil
 	}
+	q.Committed(a.poker)
 	return Result{Response: out.Response, ResourceID: id}, nil
 }
 
@@ -353,8 +363,9 @@ type Mutation struct {
 	// Resource is the resource acted on (from the projection, or built from
 	// the request for resources without a row).
 	Resource authz.Resource
-	// Work does the method's work in the mutation's transaction.
-	Work func(ctx context.Context, tx pgx.Tx) (Outcome, error)
+	// Work does the method's work in the mutation's transaction. What it
+	// enqueues or registers through q is poked or run after the commit.
+	Work func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (Outcome, error)
 }
 
 // Mutate makes m's one decision (a denial writes a "deny" audit row), then
@@ -370,9 +381,11 @@ func (a *Admitter) Mutate(ctx context.Context, m Mutation) ([]byte, error) {
 		return nil, err
 	}
 	var out Outcome
+	var q *reconcile.Queue
 	err := db.InTx(ctx, a.db, db.TxOptions{}, func(tx pgx.Tx) error {
+		q = reconcile.NewQueue(tx)
 		var err error
-		if out, err = m.Work(ctx, tx); err != nil {
+		if out, err = m.Work(ctx, tx, q); err != nil {
 			return err
 		}
 		return a.record(ctx, tx, m.Call, m.Resource, out)
@@ -380,6 +393,7 @@ func (a *Admitter) Mutate(ctx context.Context, m Mutation) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	q.Committed(a.poker)
 	return out.Response, nil
 }
 

@@ -9,7 +9,6 @@ package nodespec
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -33,25 +32,23 @@ func Invalidate(ctx context.Context, q *reconcile.Queue, nodeID string) error {
 }
 
 // InvalidatePool invalidates every node of pool that has desired state (is
-// past adopting), in tx, in one statement per thousand nodes, and returns the
-// items to poke after commit.
-func InvalidatePool(ctx context.Context, tx workqueue.Querier, poolID string) ([]workqueue.Item, error) {
+// past adopting) in q's transaction, in one statement per thousand nodes,
+// poked after commit.
+func InvalidatePool(ctx context.Context, tx workqueue.Querier, q *reconcile.Queue, poolID string) error {
 	rows, err := tx.Query(ctx, `SELECT id FROM nodes WHERE pool_id = $1 AND state <> 'adopting'`, poolID)
 	if err != nil {
-		return nil, fmt.Errorf("invalidate pool %s: %w", poolID, err)
+		return fmt.Errorf("invalidate pool %s: %w", poolID, err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("invalidate pool %s: %w", poolID, err)
+		return fmt.Errorf("invalidate pool %s: %w", poolID, err)
 	}
 	items := make([]workqueue.Item, len(ids))
 	for i, id := range ids {
 		items[i] = workqueue.Item{Kind: Kind, Key: id}
 	}
-	for chunk := range slices.Chunk(items, 1000) {
-		if err := workqueue.EnqueueMany(ctx, tx, chunk); err != nil {
-			return nil, fmt.Errorf("invalidate pool %s: %w", poolID, err)
-		}
+	if err := q.EnqueueMany(ctx, items); err != nil {
+		return fmt.Errorf("invalidate pool %s: %w", poolID, err)
 	}
-	return items, nil
+	return nil
 }

@@ -1002,7 +1002,7 @@ func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) e
 	}
 	q := &Queue{}
 	err := db.InTx(ctx, bc.rt.pool, db.TxOptions{}, func(tx pgx.Tx) error {
-		q.items = q.items[:0]
+		q.items, q.after = q.items[:0], nil
 		q.tx = tx
 		var held int
 		err := tx.QueryRow(ctx, `SELECT count(*) FROM (
@@ -1017,7 +1017,7 @@ func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) e
 		return fn(tx, q)
 	})
 	if err == nil {
-		bc.rt.poker.Poke(q.items...)
+		q.Committed(bc.rt.poker)
 	}
 	return err
 }
@@ -1030,7 +1030,7 @@ func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) e
 func (rc *RunContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error) error {
 	q := &Queue{}
 	err := db.InTx(ctx, rc.rt.pool, db.TxOptions{}, func(tx pgx.Tx) error {
-		q.items = q.items[:0]
+		q.items, q.after = q.items[:0], nil
 		q.tx = tx
 		var ok bool
 		err := tx.QueryRow(ctx, `SELECT true FROM leases WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > now() FOR SHARE`,
@@ -1044,7 +1044,7 @@ func (rc *RunContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) err
 		return fn(tx, q)
 	})
 	if err == nil {
-		rc.rt.poker.Poke(q.items...)
+		q.Committed(rc.rt.poker)
 	}
 	return err
 }
@@ -1061,29 +1061,59 @@ func (rt *Runtime) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error)
 func InTx(ctx context.Context, pool *pgxpool.Pool, poker *workqueue.Poker, fn func(tx pgx.Tx, q *Queue) error) error {
 	q := &Queue{}
 	err := db.InTx(ctx, pool, db.TxOptions{}, func(tx pgx.Tx) error {
-		q.items = q.items[:0]
+		q.items, q.after = q.items[:0], nil
 		q.tx = tx
 		return fn(tx, q)
 	})
 	if err == nil {
-		poker.Poke(q.items...)
+		q.Committed(poker)
 	}
 	return err
 }
 
-// Queue enqueues within one transaction and remembers what to poke.
+// Queue enqueues within one transaction and remembers what to do after its
+// commit: poke the workers owning the keys, and run the hooks a change
+// registered (a gateway poke). It is the one way a change and its wake-ups
+// commit together and are announced after.
 type Queue struct {
 	tx    pgx.Tx
 	items []workqueue.Item
+	after []func()
 }
+
+// NewQueue returns a queue over tx, for a caller that commits tx itself and
+// then calls [Queue.Committed] (admission does). Retry the transaction with
+// a new queue.
+func NewQueue(tx pgx.Tx) *Queue { return &Queue{tx: tx} }
 
 // Enqueue queues (kind, key) in the transaction.
 func (q *Queue) Enqueue(ctx context.Context, kind, key string) error {
-	if err := workqueue.Enqueue(ctx, q.tx, kind, key); err != nil {
-		return err
+	return q.EnqueueMany(ctx, []workqueue.Item{{Kind: kind, Key: key}})
+}
+
+// EnqueueMany queues items in the transaction, in statements of at most
+// 1,000 items.
+func (q *Queue) EnqueueMany(ctx context.Context, items []workqueue.Item) error {
+	for chunk := range slices.Chunk(items, 1000) {
+		if err := workqueue.EnqueueMany(ctx, q.tx, chunk); err != nil {
+			return err
+		}
 	}
-	q.items = append(q.items, workqueue.Item{Kind: kind, Key: key})
+	q.items = append(q.items, items...)
 	return nil
+}
+
+// AfterCommit runs f after the transaction commits (never if it does not).
+func (q *Queue) AfterCommit(f func()) { q.after = append(q.after, f) }
+
+// Committed pokes the owners of the enqueued keys through poker (which may
+// be nil) and runs the after-commit hooks. Call it once the transaction has
+// committed.
+func (q *Queue) Committed(poker *workqueue.Poker) {
+	poker.Poke(q.items...)
+	for _, f := range q.after {
+		f()
+	}
 }
 
 // janitor removes worker rows that expired more than a minute ago. Leases

@@ -129,7 +129,6 @@ type Server struct {
 	limiter *limiter
 	maxDL   time.Duration
 	now     func() time.Time
-	poker   *workqueue.Poker
 	// cmdPoker wakes the gateway of a node with new commands.
 	cmdPoker *commands.Poker
 	kinds    *commands.Registry
@@ -171,9 +170,8 @@ func New(cfg Config) (*Server, error) {
 		methods:  cfg.Methods,
 		authn:    iam.NewAuthenticator(iam.AuthConfig{DB: cfg.DB, TTL: cfg.AuthTTL, Now: now}),
 		authz:    az,
-		adm:      admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger}),
+		adm:      admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger, Poker: cfg.Poker}),
 		db:       cfg.DB,
-		poker:    cfg.Poker,
 		cmdPoker: cfg.Commands,
 		kinds:    cfg.Kinds,
 		capacity: cfg.Capacity,

@@ -11,6 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // apiKeys implements computev1.ApiKeysServiceServer.
@@ -49,7 +50,7 @@ func (s *apiKeys) Create(ctx context.Context, req *computev1.ApiKeysServiceCreat
 	res, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: authz.Resource{Type: authz.TypeAPIKey, ID: key.ID, TenantID: req.GetTenantId()},
-		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			if id != key.ID {
 				// A concurrent identical request owns this key's id and its
 				// secret; only it may store the key.
@@ -111,7 +112,7 @@ func (s *apiKeys) Revoke(ctx context.Context, req *computev1.ApiKeysServiceRevok
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			k, err := iam.RevokeKey(ctx, tx, req.GetTenantId(), req.GetId())
 			if err != nil {
 				return admission.Outcome{}, err

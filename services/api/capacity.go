@@ -14,6 +14,7 @@ import (
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // capacityGroup implements computev1.CapacityServiceServer.
@@ -104,7 +105,7 @@ func (s *capacityGroup) SetQuota(ctx context.Context, req *computev1.CapacitySer
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, _ *reconcile.Queue) (admission.Outcome, error) {
 			var exists bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)`, req.GetForTenantId()).Scan(&exists); err != nil {
 				return admission.Outcome{}, err

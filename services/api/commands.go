@@ -19,6 +19,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // commandsAPI implements computev1.CommandsServiceServer: commands.run
@@ -122,7 +123,7 @@ func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRun
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Existing: true, // decided on the node; the node's projection row is not ours to write
-		Work: func(ctx context.Context, tx pgx.Tx, _ string) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, _ string) (admission.Outcome, error) {
 			c, _, err := s.kinds.Enqueue(ctx, tx, commands.Request{
 				NodeID: req.GetNodeId(), Kind: k.Name, Payload: payload, IdempotencyKey: key,
 				NotAfter: s.now().Add(time.Duration(secs) * time.Second), CreatedBy: p.IdentityID,
@@ -137,13 +138,13 @@ func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRun
 			o, err := outcome(&computev1.CommandsServiceRunResponse{Command: pb}, "command.requested", nil)
 			o.Detail = map[string]any{"commandId": c.ID, "kind": c.Kind}
 			o.Event.Resource = c.ID
+			q.AfterCommit(func() { s.cmdPoker.Poke(req.GetNodeId()) }) // wake the node's gateway
 			return o, err
 		},
 	}, out)
 	if err != nil {
 		return nil, err
 	}
-	s.cmdPoker.Poke(req.GetNodeId())
 	return out, nil
 }
 
@@ -227,8 +228,8 @@ func (s *commandsAPI) Cancel(ctx context.Context, req *computev1.CommandsService
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
-			c, err := commands.Cancel(ctx, tx, commands.TxWaker(tx), req.GetNodeId(), req.GetCommandId())
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
+			c, err := commands.Cancel(ctx, tx, q, req.GetNodeId(), req.GetCommandId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}
@@ -239,12 +240,12 @@ func (s *commandsAPI) Cancel(ctx context.Context, req *computev1.CommandsService
 			o, err := outcome(&computev1.CommandsServiceCancelResponse{Command: pb}, "command.cancel_requested", nil)
 			o.Detail = map[string]any{"commandId": c.ID, "state": string(c.State)}
 			o.Event.Resource = c.ID
+			q.AfterCommit(func() { s.cmdPoker.Poke(req.GetNodeId()) }) // wake the node's gateway
 			return o, err
 		},
 	}, out)
 	if err != nil {
 		return nil, err
 	}
-	s.cmdPoker.Poke(req.GetNodeId())
 	return out, nil
 }

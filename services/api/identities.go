@@ -11,6 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // identities implements computev1.IdentitiesServiceServer.
@@ -42,7 +43,7 @@ func (s *identities) Create(ctx context.Context, req *computev1.IdentitiesServic
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: authz.Resource{Type: authz.TypeIdentity, TenantID: req.GetTenantId()},
 		NewID:    func() string { return iam.NewID("idn") },
-		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			i, err := iam.CreateIdentity(ctx, tx, iam.Identity{ID: id, TenantID: req.GetTenantId(), Kind: kind, Name: req.GetName()})
 			if err != nil {
 				return admission.Outcome{}, err
@@ -94,7 +95,7 @@ func (s *identities) Revoke(ctx context.Context, req *computev1.IdentitiesServic
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			i, err := iam.RevokeIdentity(ctx, tx, req.GetTenantId(), req.GetId())
 			if err != nil {
 				return admission.Outcome{}, err

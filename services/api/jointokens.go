@@ -16,6 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/jointoken"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // joinTokens implements computev1.JoinTokensServiceServer.
@@ -104,7 +105,7 @@ func (s *joinTokens) Create(ctx context.Context, req *computev1.JoinTokensServic
 		Call: admission.Call{TenantID: req.GetTenantId()},
 		Resource: authz.Resource{Type: authz.TypeJoinToken, ID: secret.ID, TenantID: req.GetTenantId(), PoolID: p.ID,
 			Labels: req.GetLabels()},
-		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			if id != secret.ID {
 				// A concurrent identical request owns this id and its secret;
 				// only it may store the token.
@@ -169,7 +170,7 @@ func (s *joinTokens) Revoke(ctx context.Context, req *computev1.JoinTokensServic
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			t, err := jointoken.Revoke(ctx, tx, req.GetTenantId(), req.GetId())
 			if err != nil {
 				return admission.Outcome{}, err

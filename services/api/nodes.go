@@ -17,7 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // nodes implements computev1.NodesServiceServer.
@@ -155,12 +155,12 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			if _, err := tx.Exec(ctx, `UPDATE nodes SET labels = $3, updated_at = now() WHERE tenant_id = $1 AND id = $2`,
 				req.GetTenantId(), req.GetId(), labels); err != nil {
 				return admission.Outcome{}, fmt.Errorf("update node %s: %w", req.GetId(), err)
 			}
-			if err := workqueue.Enqueue(ctx, tx, nodespec.Kind, req.GetId()); err != nil {
+			if err := nodespec.Invalidate(ctx, q, req.GetId()); err != nil {
 				return admission.Outcome{}, err
 			}
 			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetId())
@@ -175,6 +175,5 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 	if err != nil {
 		return nil, err
 	}
-	s.poker.Poke(workqueue.Item{Kind: nodespec.Kind, Key: req.GetId()})
 	return out, nil
 }

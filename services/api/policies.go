@@ -10,6 +10,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // policies implements computev1.PoliciesServiceServer.
@@ -49,7 +50,7 @@ func (s *policies) Put(ctx context.Context, req *computev1.PoliciesServicePutReq
 	err := s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: policyResource(req.GetTenantId(), req.GetName()),
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			p, err := authz.PutPolicy(ctx, tx, authz.Policy{TenantID: req.GetTenantId(), Name: req.GetName(), Body: req.GetBody()})
 			if err != nil {
 				return admission.Outcome{}, err
@@ -111,7 +112,7 @@ func (s *policies) Delete(ctx context.Context, req *computev1.PoliciesServiceDel
 	err := s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: policyResource(req.GetTenantId(), req.GetName()),
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			if err := authz.DeletePolicy(ctx, tx, req.GetTenantId(), req.GetName()); err != nil {
 				return admission.Outcome{}, err
 			}

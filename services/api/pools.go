@@ -19,7 +19,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // pools implements computev1.PoolsServiceServer.
@@ -68,7 +68,7 @@ func (s *pools) Create(ctx context.Context, req *computev1.PoolsServiceCreateReq
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: authz.Resource{Type: authz.TypePool, TenantID: req.GetTenantId(), Labels: req.GetLabels()},
 		NewID:    func() string { return iam.NewID("pool") },
-		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			p, err := poolstore.Create(ctx, tx, poolstore.Pool{
 				ID: id, TenantID: req.GetTenantId(), Name: req.GetName(), Class: req.GetClass(),
 				Description: req.GetDescription(), Labels: req.GetLabels(), Acceptance: acceptance,
@@ -211,11 +211,10 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	out := &computev1.PoolsServiceUpdateResponse{}
-	var poke []workqueue.Item
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			p, err := poolstore.Apply(ctx, tx, req.GetTenantId(), req.GetId(), u)
 			if err != nil {
 				return admission.Outcome{}, err
@@ -223,11 +222,9 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			if u.Site != nil || u.Health != nil {
 				// Every node of the pool gets a new desired state, in this
 				// transaction.
-				items, err := nodespec.InvalidatePool(ctx, tx, p.ID)
-				if err != nil {
+				if err := nodespec.InvalidatePool(ctx, tx, q, p.ID); err != nil {
 					return admission.Outcome{}, err
 				}
-				poke = items
 			}
 			return outcome(&computev1.PoolsServiceUpdateResponse{Pool: poolPB(p)}, "pool.updated", poolResource(p))
 		},
@@ -235,6 +232,5 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 	if err != nil {
 		return nil, err
 	}
-	s.poker.Poke(poke...)
 	return out, nil
 }

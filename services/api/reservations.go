@@ -14,7 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // TypeReservation is a reservation's type in the authorization projection;
@@ -113,13 +113,11 @@ func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsSe
 		return nil, err
 	}
 	out := &computev1.ReservationsServiceCreateResponse{}
-	var poke []workqueue.Item
 	_, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: authz.Resource{Type: TypeReservation, TenantID: req.GetTenantId(), PoolID: req.GetPoolId()},
 		NewID:    func() string { return iam.NewID("rsv") },
-		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
-			poke = poke[:0]
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			r := r
 			r.ID = id
 			if err := capstore.Insert(ctx, tx, r); err != nil {
@@ -133,10 +131,9 @@ func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsSe
 					return admission.Outcome{}, err
 				}
 				for _, n := range nodes {
-					if err := workqueue.Enqueue(ctx, tx, nodespec.Kind, n); err != nil {
+					if err := nodespec.Invalidate(ctx, q, n); err != nil {
 						return admission.Outcome{}, err
 					}
-					poke = append(poke, workqueue.Item{Kind: nodespec.Kind, Key: n})
 				}
 				event = "reservation.placed"
 			}
@@ -150,7 +147,6 @@ func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsSe
 	if err != nil {
 		return nil, err
 	}
-	s.poker.Poke(poke...)
 	return out, nil
 }
 
@@ -211,12 +207,10 @@ func (s *reservations) Release(ctx context.Context, req *computev1.ReservationsS
 		return nil, err
 	}
 	out := &computev1.ReservationsServiceReleaseResponse{}
-	var poke []workqueue.Item
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
-			poke = poke[:0]
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			if _, err := capstore.Lock(ctx, tx, req.GetId()); err != nil {
 				return admission.Outcome{}, err
 			}
@@ -225,10 +219,9 @@ func (s *reservations) Release(ctx context.Context, req *computev1.ReservationsS
 				return admission.Outcome{}, err
 			}
 			for _, n := range nodes {
-				if err := workqueue.Enqueue(ctx, tx, nodespec.Kind, n); err != nil {
+				if err := nodespec.Invalidate(ctx, q, n); err != nil {
 					return admission.Outcome{}, err
 				}
-				poke = append(poke, workqueue.Item{Kind: nodespec.Kind, Key: n})
 			}
 			r, err := capstore.Get(ctx, tx, req.GetTenantId(), req.GetId())
 			if err != nil {
@@ -240,6 +233,5 @@ func (s *reservations) Release(ctx context.Context, req *computev1.ReservationsS
 	if err != nil {
 		return nil, err
 	}
-	s.poker.Poke(poke...)
 	return out, nil
 }

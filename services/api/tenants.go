@@ -12,6 +12,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
 // tenants implements computev1.TenantsServiceServer.
@@ -42,7 +43,7 @@ func (s *tenants) Create(ctx context.Context, req *computev1.TenantsServiceCreat
 	_, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: authz.Resource{Type: authz.TypeTenant, ID: req.GetId(), TenantID: req.GetId(), Labels: req.GetLabels()},
-		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			t, err := iam.CreateTenant(ctx, tx, iam.Tenant{ID: id, ParentID: req.GetTenantId(), Name: name, Labels: req.GetLabels()})
 			if err != nil {
 				return admission.Outcome{}, err

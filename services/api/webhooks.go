@@ -19,6 +19,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
 
@@ -122,7 +123,7 @@ func (s *webhooksAPI) Create(ctx context.Context, req *computev1.WebhooksService
 	res, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: authz.Resource{Type: authz.TypeWebhook, ID: newID, TenantID: req.GetTenantId()},
-		Work: func(ctx context.Context, tx pgx.Tx, id string) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			if id != newID {
 				return admission.Outcome{}, fault.New(fault.Conflict, "idempotencyKey", "a request under idempotency key %q is still creating this webhook; retry to read its result", req.GetIdempotencyKey())
 			}
@@ -220,7 +221,7 @@ func (s *webhooksAPI) Update(ctx context.Context, req *computev1.WebhooksService
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetId())
 			if err != nil {
 				return admission.Outcome{}, err
@@ -265,7 +266,7 @@ func (s *webhooksAPI) Delete(ctx context.Context, req *computev1.WebhooksService
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetId())
 			if err != nil {
 				return admission.Outcome{}, err
@@ -295,7 +296,7 @@ func (s *webhooksAPI) RotateSecret(ctx context.Context, req *computev1.WebhooksS
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetId())
 			if err != nil {
 				return admission.Outcome{}, err
@@ -325,7 +326,7 @@ func (s *webhooksAPI) Test(ctx context.Context, req *computev1.WebhooksServiceTe
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			// The test event and its one delivery commit together; the
 			// fan-out sends webhook.test only to the webhook it names, so it
 			// adds nothing.
@@ -339,14 +340,13 @@ func (s *webhooksAPI) Test(ctx context.Context, req *computev1.WebhooksServiceTe
 				return admission.Outcome{}, err
 			}
 			d.EventType = "webhook.test"
-			o, err := outcome(&computev1.WebhooksServiceTestResponse{Delivery: deliveryPB(d)}, "webhook.tested", nil)
-			return o, err
+			q.AfterCommit(s.pokeDeliverers)
+			return outcome(&computev1.WebhooksServiceTestResponse{Delivery: deliveryPB(d)}, "webhook.tested", nil)
 		},
 	}, out)
 	if err != nil {
 		return nil, err
 	}
-	s.pokeDeliverers()
 	return out, nil
 }
 
@@ -414,18 +414,18 @@ func (s *webhooksAPI) Redeliver(ctx context.Context, req *computev1.WebhooksServ
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
-		Work: func(ctx context.Context, tx pgx.Tx) (admission.Outcome, error) {
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
 			d, err := webhooks.Redeliver(ctx, tx, req.GetTenantId(), id)
 			if err != nil {
 				return admission.Outcome{}, err
 			}
+			q.AfterCommit(s.pokeDeliverers)
 			return outcome(&computev1.WebhooksServiceRedeliverResponse{Delivery: deliveryPB(d)}, "webhook.redelivered", nil)
 		},
 	}, out)
 	if err != nil {
 		return nil, err
 	}
-	s.pokeDeliverers()
 	return out, nil
 }
 
