@@ -58,6 +58,16 @@ type Current struct {
 	NodeID string
 	// GPUs is the set of GPU UUIDs in the node's inventory.
 	GPUs map[string]bool
+	// Write writes a file atomically; nil means state.WriteAtomic.
+	Write func(path string, data []byte, mode os.FileMode) error
+}
+
+// write is c.Write, or state.WriteAtomic.
+func (c Current) write(path string, data []byte, mode os.FileMode) error {
+	if c.Write != nil {
+		return c.Write(path, data, mode)
+	}
+	return state.WriteAtomic(path, data, mode)
 }
 
 // ReadFile returns the content of rel (a path under Root), or nil when the
@@ -128,6 +138,9 @@ type Config struct {
 	GPUs func(ctx context.Context) ([]string, error)
 	// Logger logs section failures; nil means slog.Default().
 	Logger *slog.Logger
+	// Write writes a file atomically; nil means state.WriteAtomic (the
+	// store's own WriteAtomic skips fsyncs for a simulated node).
+	Write func(path string, data []byte, mode os.FileMode) error
 }
 
 // Converger runs every section's handler against a desired state. Converge
@@ -226,7 +239,7 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 	if spec == nil {
 		spec = &agentv1.NodeSpec{}
 	}
-	cur := Current{Root: c.cfg.Root, NodeID: c.cfg.NodeID, GPUs: map[string]bool{}}
+	cur := Current{Root: c.cfg.Root, NodeID: c.cfg.NodeID, GPUs: map[string]bool{}, Write: c.cfg.Write}
 	var gpuErr error
 	if c.cfg.GPUs != nil {
 		uuids, err := c.cfg.GPUs(ctx)
@@ -258,7 +271,7 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 	}
 	if complete && gen > c.observed.Load() {
 		path := filepath.Join(c.cfg.Root, ObservedGenerationFile)
-		if err := state.WriteAtomic(path, []byte(strconv.FormatInt(gen, 10)+"\n"), 0o644); err != nil {
+		if err := (Current{Write: c.cfg.Write}).write(path, []byte(strconv.FormatInt(gen, 10)+"\n"), 0o644); err != nil {
 			// Not advancing is safe: the control plane sends the spec again.
 			c.cfg.Logger.ErrorContext(ctx, "persisting the observed generation", "err", err)
 		} else {
@@ -272,7 +285,7 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 func (c *Converger) persistDesired(ctx context.Context, ds *agentv1.DesiredState) {
 	b, err := protojson.Marshal(ds)
 	if err == nil {
-		err = state.WriteAtomic(filepath.Join(c.cfg.Root, DesiredStateFile), b, 0o600)
+		err = (Current{Write: c.cfg.Write}).write(filepath.Join(c.cfg.Root, DesiredStateFile), b, 0o600)
 	}
 	if err != nil {
 		c.cfg.Logger.ErrorContext(ctx, "persisting the desired state", "err", err)
@@ -300,7 +313,8 @@ func (c *Converger) run(ctx context.Context, h Handler, cur Current, spec *agent
 }
 
 // applyFiles carries out file actions under root.
-func applyFiles(root string, actions []Action) error {
+func applyFiles(cur Current, actions []Action) error {
+	root := cur.Root
 	for _, a := range actions {
 		path := filepath.Join(root, a.Path)
 		if a.Remove {
@@ -312,7 +326,7 @@ func applyFiles(root string, actions []Action) error {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return err
 		}
-		if err := state.WriteAtomic(path, a.Data, 0o644); err != nil {
+		if err := cur.write(path, a.Data, 0o644); err != nil {
 			return err
 		}
 	}

@@ -162,7 +162,7 @@ func exposure(spec CDISpec) string {
 }
 
 func (devicesHandler) Apply(_ context.Context, cur Current, p Plan) error {
-	return applyFiles(cur.Root, p.Actions)
+	return applyFiles(cur, p.Actions)
 }
 
 // SiteFileContent is SiteFile: the section's fields, each left out when
@@ -214,7 +214,7 @@ func (siteHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 }
 
 func (siteHandler) Apply(_ context.Context, cur Current, p Plan) error {
-	return applyFiles(cur.Root, p.Actions)
+	return applyFiles(cur, p.Actions)
 }
 
 // Health is the health section as the daemon's checks use it. Zero
@@ -291,7 +291,7 @@ func (*healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 }
 
 func (h *healthHandler) Apply(_ context.Context, cur Current, p Plan) error {
-	if err := applyFiles(cur.Root, p.Actions); err != nil {
+	if err := applyFiles(cur, p.Actions); err != nil {
 		return err
 	}
 	return h.load(cur.Root)

@@ -153,7 +153,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := cfg.Logger.With("node", id.NodeID)
-	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Logger: log})
+	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Logger: log,
+		Write: cfg.State.WriteAtomic})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}

@@ -46,6 +46,8 @@ var ErrNotJoined = errors.New("state: node has not joined (run bcd join)")
 type Store struct {
 	root string
 	mu   sync.Mutex
+	// noSync skips the fsyncs of atomic writes (OpenUnsynced).
+	noSync bool
 }
 
 // Identity is what a node holds after joining: its id, its certificate
@@ -72,8 +74,28 @@ func Open(root string) (*Store, error) {
 	return &Store{root: root}, nil
 }
 
+// OpenUnsynced is [Open] for a simulated node: its writes are still atomic
+// (a temporary file renamed into place) but never fsynced. Many simulated
+// nodes share one disk, where a real fleet has one per node; their fsyncs
+// would measure that disk, not the control plane. Never use it for a real
+// node: a crash could lose a journal entry or an observed generation.
+func OpenUnsynced(root string) (*Store, error) {
+	s, err := Open(root)
+	if err != nil {
+		return nil, err
+	}
+	s.noSync = true
+	return s, nil
+}
+
 // Root is the root directory.
 func (s *Store) Root() string { return s.root }
+
+// WriteAtomic writes data to path (under Root) atomically, as the package's
+// WriteAtomic does, without the fsyncs for a store from OpenUnsynced.
+func (s *Store) WriteAtomic(path string, data []byte, mode os.FileMode) error {
+	return writeFile(path, data, mode, !s.noSync)
+}
 
 // Key returns the node key, generating and storing an ECDSA P-256 key on
 // first use.
@@ -106,7 +128,7 @@ func (s *Store) Key() (*ecdsa.PrivateKey, error) {
 		if err != nil {
 			return nil, fmt.Errorf("state: marshal key: %w", err)
 		}
-		if err := writeAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		if err := s.WriteAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 			return nil, err
 		}
 		return k, nil
@@ -159,13 +181,13 @@ func (s *Store) SaveIdentity(id Identity) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := writeAtomic(filepath.Join(s.root, chainFile), encodeCerts(id.Chain), 0o644); err != nil {
+	if err := s.WriteAtomic(filepath.Join(s.root, chainFile), encodeCerts(id.Chain), 0o644); err != nil {
 		return err
 	}
-	if err := writeAtomic(filepath.Join(s.root, bundleFile), encodeCerts(id.Bundle), 0o644); err != nil {
+	if err := s.WriteAtomic(filepath.Join(s.root, bundleFile), encodeCerts(id.Bundle), 0o644); err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(s.root, nodeIDFile), []byte(id.NodeID+"\n"), 0o644)
+	return s.WriteAtomic(filepath.Join(s.root, nodeIDFile), []byte(id.NodeID+"\n"), 0o644)
 }
 
 // JournalID returns the journal id, creating the journal directory and a
@@ -186,7 +208,7 @@ func (s *Store) JournalID() (string, error) {
 		return "", fmt.Errorf("state: %w", err)
 	}
 	id := "jrn_" + randomHex(16)
-	if err := writeAtomic(path, []byte(id+"\n"), 0o644); err != nil {
+	if err := s.WriteAtomic(path, []byte(id+"\n"), 0o644); err != nil {
 		return "", err
 	}
 	return id, nil
@@ -241,15 +263,15 @@ func readCerts(path string) ([][]byte, error) {
 	return ders, nil
 }
 
-// WriteAtomic writes data to path atomically (see writeAtomic): other
+// WriteAtomic writes data to path atomically (see writeFile): other
 // packages of bcd use it for their files under the root.
 func WriteAtomic(path string, data []byte, mode os.FileMode) error {
-	return writeAtomic(path, data, mode)
+	return writeFile(path, data, mode, true)
 }
 
-// writeAtomic writes data to a temporary file beside path, syncs it and
-// renames it over path, then syncs the directory.
-func writeAtomic(path string, data []byte, mode os.FileMode) (err error) {
+// writeFile writes data to a temporary file beside path, syncs it (when
+// sync is set), renames it over path, then syncs the directory.
+func writeFile(path string, data []byte, mode os.FileMode, sync bool) (err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -268,15 +290,20 @@ func writeAtomic(path string, data []byte, mode os.FileMode) (err error) {
 		_ = f.Close()
 		return fmt.Errorf("state: write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("state: sync %s: %w", path, err)
+	if sync {
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("state: sync %s: %w", path, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		return fmt.Errorf("state: %w", err)
+	}
+	if !sync {
+		return nil
 	}
 	if d, err := os.Open(dir); err == nil {
 		_ = d.Sync()
