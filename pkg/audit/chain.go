@@ -211,6 +211,20 @@ func CheckpointMessage(chainSeq int64, headHash []byte) []byte {
 	return append(m, headHash...)
 }
 
+// FirstCheckpoint is [Checkpoint] only while there is no checkpoint at all:
+// audit.chain calls it, so a new log is covered (newest rows deleted are
+// caught) from its first chained rows, not an audit.checkpointEvery later.
+func FirstCheckpoint(ctx context.Context, tx pgx.Tx, signer *Signer) (bool, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM audit_checkpoints)`).Scan(&exists); err != nil {
+		return false, fmt.Errorf("read audit checkpoints: %w", err)
+	}
+	if exists {
+		return false, nil
+	}
+	return Checkpoint(ctx, tx, signer)
+}
+
 // Checkpoint records the chain head in audit_checkpoints when the chain has
 // grown since the newest checkpoint, signed by signer (an Ed25519 signature
 // over [CheckpointMessage]); with a nil signer the row has no signature and

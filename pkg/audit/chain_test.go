@@ -495,10 +495,16 @@ func TestReconcilers(t *testing.T) {
 		}
 	}
 	tick(audit.ChainName)
-	if v := verify(t, db, s.Public()); !v.OK || v.RecordsChecked != 5 || v.LastCheckpoint != nil {
+	// The first chained rows get the first checkpoint at once.
+	if v := verify(t, db, s.Public()); !v.OK || v.RecordsChecked != 5 || v.LastCheckpoint == nil || v.LastCheckpoint.ChainSeq != 5 {
 		t.Fatalf("after audit.chain: %+v", v)
 	}
+	// Later ones wait for audit.checkpoint.
 	write(t, db, 2)
+	tick(audit.ChainName)
+	if v := verify(t, db, s.Public()); !v.OK || v.RecordsChecked != 7 || v.LastCheckpoint == nil || v.LastCheckpoint.ChainSeq != 5 {
+		t.Fatalf("after a second audit.chain: %+v", v)
+	}
 	tick(audit.CheckpointName)
 	v := verify(t, db, s.Public())
 	if !v.OK || v.RecordsChecked != 7 || v.LastCheckpoint == nil || v.LastCheckpoint.ChainSeq != 7 || v.LastCheckpoint.KeyID != s.KeyID() {

@@ -37,7 +37,8 @@ type Config struct {
 
 // Reconcilers returns the audit chain's reconcilers, both singletons
 // (shardBy none) of the controllers membership with a periodic key "all":
-// audit.chain chains committed rows ([Chain]) every ChainEvery, and
+// audit.chain chains committed rows ([Chain]) every ChainEvery (and writes
+// the very first checkpoint, [FirstCheckpoint]), and
 // audit.checkpoint chains, then records the head ([Checkpoint]) every
 // CheckpointEvery. Every write is fenced by the run's lease.
 func Reconcilers(cfg Config) []reconcile.Reconciler {
@@ -51,6 +52,14 @@ func Reconcilers(cfg Config) []reconcile.Reconciler {
 			Periodic: []reconcile.Periodic{{Key: "all", Every: chainEvery}},
 			Run: func(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile.Result, error) {
 				full, err := chainAll(ctx, rc)
+				if err != nil {
+					return reconcile.Done, err
+				}
+				// The first checkpoint comes with the first chained rows.
+				err = rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
+					_, err := FirstCheckpoint(ctx, tx, cfg.Signer)
+					return err
+				})
 				if err != nil || !full {
 					return reconcile.Done, err
 				}
