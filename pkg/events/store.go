@@ -206,18 +206,6 @@ func splitPatterns(ps []string) (exact, prefixes []string, all bool) {
 	return exact, prefixes, all
 }
 
-// Get returns the event with outbox id id.
-func Get(ctx context.Context, q Querier, id int64) (Event, error) {
-	evs, err := collect(q.Query(ctx, `SELECT `+columns+` FROM outbox WHERE id = $1`, id))
-	if err != nil {
-		return Event{}, fmt.Errorf("read event: %w", err)
-	}
-	if len(evs) == 0 {
-		return Event{}, pgx.ErrNoRows
-	}
-	return evs[0], nil
-}
-
 // After returns up to limit sequenced events after seq, in seq order: the
 // fan-out's read.
 func After(ctx context.Context, q Querier, seq int64, limit int) ([]Event, error) {

@@ -1032,14 +1032,12 @@ func (rc *RunContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) err
 	err := db.InTx(ctx, rc.rt.pool, db.TxOptions{}, func(tx pgx.Tx) error {
 		q.items, q.after = q.items[:0], nil
 		q.tx = tx
-		var ok bool
-		err := tx.QueryRow(ctx, `SELECT true FROM leases WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > now() FOR SHARE`,
-			rc.Lease, rc.Worker, rc.Fence).Scan(&ok)
-		if errors.Is(err, pgx.ErrNoRows) {
+		err := lease.Hold(ctx, tx, rc.Worker, lease.Held{Name: rc.Lease, Fence: rc.Fence})
+		if errors.Is(err, lease.ErrLost) {
 			return ErrFenced
 		}
 		if err != nil {
-			return fmt.Errorf("check lease: %w", err)
+			return err
 		}
 		return fn(tx, q)
 	})

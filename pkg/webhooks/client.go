@@ -60,6 +60,28 @@ func CheckURL(raw string, allowInsecure bool) error {
 	}
 }
 
+// CheckEndpoint is CheckURL under o's rules, and, without
+// o.AllowPrivateNetworks, also refuses a host that is a literal refused
+// address ([IsRefusedAddr]) or a localhost name — at once, rather than at
+// every delivery. A name is checked on each address dialled ([NewClient]).
+func CheckEndpoint(raw string, o Options) error {
+	if err := CheckURL(raw, o.AllowInsecure); err != nil {
+		return err
+	}
+	if o.AllowPrivateNetworks {
+		return nil
+	}
+	u, _ := url.Parse(raw) // CheckURL parsed it
+	host := strings.ToLower(u.Hostname())
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return fault.New(fault.InvalidInput, "url", "%s is a loopback name: webhooks to private networks are refused (webhooks.allowPrivateNetworks)", host)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && IsRefusedAddr(ip) {
+		return fault.New(fault.InvalidInput, "url", "%s is a private, loopback, link-local or metadata address: webhooks to private networks are refused (webhooks.allowPrivateNetworks)", host)
+	}
+	return nil
+}
+
 func isLoopbackHost(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true

@@ -170,3 +170,27 @@ func TestClient(t *testing.T) {
 		}
 	})
 }
+
+func TestCheckEndpointRefusesLiteralPrivateHosts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		url     string
+		private bool
+		ok      bool
+	}{
+		{"https://hooks.example.com/x", false, true},
+		{"https://10.1.2.3/x", false, false},
+		{"https://[fd00:ec2::254]/x", false, false},
+		{"https://api.localhost/x", false, false},
+		{"https://10.1.2.3/x", true, true},
+		{"http://127.0.0.1:9000/x", true, false}, // http still needs AllowInsecure
+	} {
+		err := webhooks.CheckEndpoint(c.url, webhooks.Options{AllowPrivateNetworks: c.private})
+		if c.ok && err != nil {
+			t.Errorf("%s (private %v): %v", c.url, c.private, err)
+		}
+		if fe, is := fault.As(err); !c.ok && (!is || fe.Code != fault.InvalidInput || fe.Field != "url") {
+			t.Errorf("%s (private %v): %v, want INVALID_INPUT url", c.url, c.private, err)
+		}
+	}
+}

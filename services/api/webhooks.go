@@ -3,8 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"net/netip"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,28 +60,7 @@ func (s *webhooksAPI) checkURL(u string) error {
 	if err := required("url", u); err != nil {
 		return err
 	}
-	if err := webhooks.CheckURL(u, s.allowInsecureWebhooks); err != nil {
-		return err
-	}
-	// A literal private address is refused now rather than at every
-	// delivery (a name is checked on each address dialled).
-	if !s.allowPrivateWebhooks {
-		if host := hostOf(u); host == "localhost" || strings.HasSuffix(host, ".localhost") {
-			return fault.New(fault.InvalidInput, "url", "%s is a loopback name: webhooks to private networks are refused (webhooks.allowPrivateNetworks)", host)
-		} else if ip, err := netip.ParseAddr(host); err == nil && webhooks.IsRefusedAddr(ip) {
-			return fault.New(fault.InvalidInput, "url", "%s is a private, loopback, link-local or metadata address: webhooks to private networks are refused (webhooks.allowPrivateNetworks)", host)
-		}
-	}
-	return nil
-}
-
-// hostOf is the host of a URL CheckURL accepted, without brackets.
-func hostOf(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return ""
-	}
-	return strings.ToLower(u.Hostname())
+	return webhooks.CheckEndpoint(u, webhooks.Options{AllowInsecure: s.allowInsecureWebhooks, AllowPrivateNetworks: s.allowPrivateWebhooks})
 }
 
 // checkTypes validates a webhook's event types.

@@ -35,7 +35,7 @@ func insertEvents(b *testing.B, e *env, n int) {
 func benchEnv(b *testing.B) *env { return setupTB(b) }
 
 // BenchmarkRelayToJetStream: b.N committed events, sequenced and published
-// with acks by one relay (RelayOnce in a loop, as its loop runs it).
+// with acks by one running relay.
 func BenchmarkRelayToJetStream(b *testing.B) {
 	e := benchEnv(b)
 	r, err := relay.New(e.cfg)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
@@ -107,7 +108,7 @@ const maxResponse = 64 << 10
 
 // attempt sends one delivery and records the outcome.
 func (s *Service) attempt(ctx context.Context, c webhooks.Claimed) {
-	id := eventID(c.EventID)
+	id := events.EventID(c.EventID)
 	b, _ := json.Marshal(body{Type: c.Type, Timestamp: c.At.UTC().Format(time.RFC3339Nano), Data: c.Payload})
 	now := time.Now()
 	actx, cancel := context.WithTimeout(ctx, s.cfg.Webhooks.Timeout.Std())
@@ -173,8 +174,6 @@ func (s *Service) recorder() {
 		}
 	}
 }
-
-func eventID(id int64) string { return fmt.Sprintf("evt_%d", id) }
 
 // record stores a batch of outcomes: successes; 410 Gone, which fails the
 // delivery and disables the webhook; other failures, retried on the

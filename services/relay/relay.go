@@ -391,19 +391,6 @@ func (s *Service) SequenceOnce(ctx context.Context) (bool, error) {
 	return len(seqd) == batch, nil
 }
 
-// RelayOnce sequences one batch of committed events and publishes one
-// batch of unpublished ones; it reports whether a full batch was found.
-// It needs the lease. (The loops run the two halves on their own, so a
-// slow bus never delays the fan-out.)
-func (s *Service) RelayOnce(ctx context.Context) (bool, error) {
-	more, err := s.SequenceOnce(ctx)
-	if err != nil || s.js == nil || !s.nc.IsConnected() {
-		return more, err
-	}
-	n, err := s.publish(ctx, s.cfg.Events.Batch)
-	return more || n == s.cfg.Events.Batch, err
-}
-
 // envelope is an event as published and as the API shows it (proto3 JSON
 // of bettercompute.compute.v1.Event).
 type envelope struct {
