@@ -31,11 +31,55 @@ const (
 	RoleAll                Role = "all"
 )
 
+// roleTable is the one table of roles: every list of roles (here, in the
+// reconciler runtime, in the lease names, in the app) derives from it. Its
+// order is the stable order of every list.
+var roleTable = []struct {
+	role Role
+	// built: this release has a service for the role; `all` runs the
+	// built roles.
+	built bool
+	// membership: the role's reconcilers run on the reconciler runtime,
+	// as a membership of their own, with their own shard leases.
+	membership bool
+}{
+	{RoleAPI, true, false},
+	{RoleJoinService, false, false},
+	{RoleGateway, true, false},
+	{RoleNodeSpecController, true, true},
+	{RolePlacer, true, false},
+	{RoleCommandSweeper, true, true},
+	{RoleOutboxRelay, true, false},
+	{RoleControllers, true, true},
+	{RoleMetal, false, false},
+	{RoleVPS, false, false},
+	{RoleScheduler, true, true},
+	{RoleSinks, true, false},
+	{RoleIAM, false, false},
+}
+
 // AllRoles lists every role except [RoleAll], in a stable order.
-var AllRoles = []Role{
-	RoleAPI, RoleJoinService, RoleGateway, RoleNodeSpecController, RolePlacer,
-	RoleCommandSweeper, RoleOutboxRelay, RoleControllers, RoleMetal, RoleVPS,
-	RoleScheduler, RoleSinks, RoleIAM,
+var AllRoles = rolesWhere(func(bool, bool) bool { return true })
+
+// BuiltRoles lists the roles that have a service in this release, in the
+// order of [AllRoles]. A role named explicitly that is not built fails at
+// start; `all` runs these.
+var BuiltRoles = rolesWhere(func(built, _ bool) bool { return built })
+
+// RuntimeRoles lists the roles that are memberships of the reconciler
+// runtime ("controllers", "scheduler", "nodespec-controller",
+// "command-sweeper"), in the order of [AllRoles]: each has its own worker
+// rows and shard leases.
+var RuntimeRoles = rolesWhere(func(_, membership bool) bool { return membership })
+
+func rolesWhere(keep func(built, membership bool) bool) []Role {
+	var out []Role
+	for _, r := range roleTable {
+		if keep(r.built, r.membership) {
+			out = append(out, r.role)
+		}
+	}
+	return out
 }
 
 // ParseRoles parses role names; each entry may itself be a comma-separated

@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
 )
 
 // Querier runs statements: a pool, a connection or a transaction.
@@ -34,7 +36,7 @@ type Held struct {
 // leases are "shard:<n>", every other membership's "<membership>/shard:<n>"
 // (the scheduler's are "scheduler/shard:<n>").
 func Shard(membership string, n int) string {
-	if membership == "controllers" {
+	if membership == string(config.RoleControllers) {
 		return fmt.Sprintf("shard:%d", n)
 	}
 	return fmt.Sprintf("%s/shard:%d", membership, n)

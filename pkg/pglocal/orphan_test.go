@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bettercompute/bettercompute/pkg/pglocal"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 )
 
 // orphanDirEnv, when set, makes TestClusterDiesWithItsParent the child: it
@@ -46,18 +47,14 @@ func TestClusterDiesWithItsParent(t *testing.T) {
 	url, _, _ = strings.Cut(url, "\n")
 
 	// The cluster must go away on its own; poll, with a deadline.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.UntilNil(t, 30*time.Second, "postgres to go away with the process that started it", func() error {
 		_, qerr := query(t, url, "SELECT 1::text")
 		pid, alive := postmaster(dir)
 		if qerr != nil && !alive {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("postgres (pid %d) outlived the process that started it (query error: %v)", pid, qerr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("postgres (pid %d) is alive %v (query error: %v)", pid, alive, qerr)
+	})
 }
 
 // postmaster reports the pid in dir's postmaster.pid and whether it runs.

@@ -15,7 +15,8 @@
 // template and closed to connections, which a template copy needs.
 //
 // Use [Main] (or [Run]) in TestMain so that a private cluster started for the
-// binary is stopped and its directory removed:
+// binary is stopped and its directory removed, and, with Main, so that the
+// package's tests fail if they leave goroutines running:
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 package pgtest
@@ -36,6 +37,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/migrate"
@@ -271,17 +273,12 @@ func New(t testing.TB) *pgxpool.Pool {
 
 // Run runs m's tests, then stops what the package started: it closes its
 // connections and stops a private cluster, removing its directory. It
-// returns m's exit code, for a TestMain that does more, such as checking for
-// leaked goroutines:
+// returns m's exit code, for a TestMain that does more than [Main] (which
+// also checks for leaked goroutines):
 //
 //	func TestMain(m *testing.M) {
 //		code := pgtest.Run(m)
-//		if code == 0 {
-//			if err := goleak.Find(); err != nil {
-//				fmt.Fprintln(os.Stderr, err)
-//				code = 1
-//			}
-//		}
+//		// … more checks, setting code …
 //		os.Exit(code)
 //	}
 //
@@ -298,10 +295,19 @@ func Run(m *testing.M) int {
 	return code
 }
 
-// Main is TestMain for a package that needs nothing else: it calls [Run] and
-// exits with its code.
+// Main is TestMain for a package that needs nothing else: it calls [Run],
+// then fails the binary if the tests left goroutines running (goleak: a
+// pool, a server or a loop that a test did not close or stop), and exits
+// with its code.
 func Main(m *testing.M) {
-	os.Exit(Run(m))
+	code := Run(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked by the tests:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // Shutdown closes the package's connections and stops a server it started.

@@ -12,21 +12,11 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/bus"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/reconcile/reconciletest"
 	"github.com/bettercompute/bettercompute/pkg/shard"
 )
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 func TestChaosBus(t *testing.T) {
 	t.Parallel()
@@ -37,7 +27,7 @@ func TestChaosBus(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	eventually(t, 10*time.Second, "the bus to connect", nc.IsConnected)
+	poll.Until(t, 10*time.Second, "the bus to connect", nc.IsConnected)
 
 	reg := prometheus.NewRegistry()
 	c := &counter{}
@@ -59,7 +49,7 @@ func TestChaosBus(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rt.Stop)
-	eventually(t, 10*time.Second, "every shard to be owned", func() bool { return len(rt.Owned(reconcile.RoleControllers)) == shard.Count })
+	poll.Until(t, 10*time.Second, "every shard to be owned", func() bool { return len(rt.Owned(reconcile.RoleControllers)) == shard.Count })
 
 	pokes := func() float64 { return pokesReceived(t, reg) }
 	change := func(keys ...string) {
@@ -80,7 +70,7 @@ func TestChaosBus(t *testing.T) {
 	t.Run("a poke wakes the owner", func(t *testing.T) {
 		before := pokes()
 		change("up-1")
-		eventually(t, 10*time.Second, "the poked key to run", func() bool { return c.count("up-1") == 1 })
+		poll.Until(t, 10*time.Second, "the poked key to run", func() bool { return c.count("up-1") == 1 })
 		if pokes() <= before {
 			t.Fatal("the key ran without a poke arriving")
 		}
@@ -88,13 +78,13 @@ func TestChaosBus(t *testing.T) {
 
 	t.Run("with the bus stopped every key still runs", func(t *testing.T) {
 		ns.Stop()
-		eventually(t, 15*time.Second, "the client to notice", func() bool { return !nc.IsConnected() })
+		poll.Until(t, 15*time.Second, "the client to notice", func() bool { return !nc.IsConnected() })
 		keys := make([]string, 50)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("down-%d", i)
 		}
 		change(keys...)
-		eventually(t, 30*time.Second, "every key to run by polling", func() bool {
+		poll.Until(t, 30*time.Second, "every key to run by polling", func() bool {
 			for _, k := range keys {
 				if c.count(k) != 1 {
 					return false
@@ -106,19 +96,19 @@ func TestChaosBus(t *testing.T) {
 
 	t.Run("after the bus restarts empty pokes resume", func(t *testing.T) {
 		ns.RestartEmpty()
-		eventually(t, 15*time.Second, "the client to reconnect", nc.IsConnected)
+		poll.Until(t, 15*time.Second, "the client to reconnect", nc.IsConnected)
 		before := pokes()
 		// The subscription is re-established just after the reconnect: keep
 		// changing state until a poke arrives and wakes the worker.
 		i := 0
-		eventually(t, 15*time.Second, "a poke to wake the worker", func() bool {
+		poll.Until(t, 15*time.Second, "a poke to wake the worker", func() bool {
 			i++
 			change(fmt.Sprintf("after-%d", i))
 			time.Sleep(50 * time.Millisecond)
 			return pokes() > before
 		})
 		key := fmt.Sprintf("after-%d", i)
-		eventually(t, 10*time.Second, "the poked key to run", func() bool { return c.count(key) == 1 })
+		poll.Until(t, 10*time.Second, "the poked key to run", func() bool { return c.count(key) == 1 })
 	})
 }
 
@@ -181,7 +171,7 @@ func TestChaosResyncReachesEveryKeyWithoutPokes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(rt.Stop)
-	eventually(t, 30*time.Second, "resync to reach every thing", func() bool {
+	poll.Until(t, 30*time.Second, "resync to reach every thing", func() bool {
 		var left int
 		_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM things WHERE NOT done`).Scan(&left)
 		return left == 0
@@ -228,7 +218,7 @@ func TestChaosWorkerKilledMidRunLosesNoKey(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the run never started")
 	}
-	a.Kill()
+	reconciletest.Kill(a)
 	expire(t, pool, a.WorkerID(reconcile.RoleControllers))
 
 	b, err := reconcile.New(pool, nil, cfg)
@@ -242,7 +232,7 @@ func TestChaosWorkerKilledMidRunLosesNoKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Stop)
-	eventually(t, 30*time.Second, "the survivor to run the key", func() bool { return queued(t, pool, "thing") == 0 })
+	poll.Until(t, 30*time.Second, "the survivor to run the key", func() bool { return queued(t, pool, "thing") == 0 })
 	rows, err := pool.Query(t.Context(), `SELECT worker FROM effects`)
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,8 @@ import (
 	"regexp"
 	"slices"
 	"time"
+
+	"github.com/bettercompute/bettercompute/pkg/config"
 )
 
 // Result is what a run asks for next.
@@ -61,21 +63,28 @@ const (
 	ShardByNone ShardBy = "none"
 )
 
-// Roles (memberships) a reconciler can declare. Each role's workers divide
-// the shards among themselves, under their own leases.
+// Roles (memberships) a reconciler can declare, named as the configuration
+// names them ([config.RuntimeRoles]). Each role's workers divide the shards
+// among themselves, under their own leases.
 const (
-	RoleControllers = "controllers"
-	RoleScheduler   = "scheduler"
+	RoleControllers = string(config.RoleControllers)
+	RoleScheduler   = string(config.RoleScheduler)
 	// RoleNodeSpec is the nodespec-controller deployable's membership: the
 	// desired-state controller scales on its own node shards.
-	RoleNodeSpec = "nodespec-controller"
+	RoleNodeSpec = string(config.RoleNodeSpecController)
 	// RoleCommandSweeper is the command-sweeper deployable's membership: it
 	// runs the command-sweeper singleton.
-	RoleCommandSweeper = "command-sweeper"
+	RoleCommandSweeper = string(config.RoleCommandSweeper)
 )
 
-// Roles lists the memberships a runtime can host.
-var Roles = []string{RoleControllers, RoleScheduler, RoleNodeSpec, RoleCommandSweeper}
+// Roles lists the memberships a runtime can host: [config.RuntimeRoles].
+var Roles = func() []string {
+	out := make([]string, len(config.RuntimeRoles))
+	for i, r := range config.RuntimeRoles {
+		out[i] = string(r)
+	}
+	return out
+}()
 
 // Periodic is a key also enqueued every Every, by whichever worker owns it.
 type Periodic struct {

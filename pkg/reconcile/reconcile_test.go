@@ -18,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/lease"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/reconcile/reconciletest"
 	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
@@ -376,7 +377,7 @@ func TestShardsSplitAndMove(t *testing.T) {
 	// A worker dies: its rows expire (database time) and the others take
 	// its shards.
 	dead := rts[2]
-	dead.Kill()
+	reconciletest.Kill(dead)
 	expire(t, pool, dead.WorkerID(reconcile.RoleControllers))
 	settleMembership(t, rts[0], rts[1])
 	if total, per := ownedCount(rts[0], rts[1]); total != shard.Count {
@@ -427,7 +428,7 @@ func TestPausedHolderIsFenced(t *testing.T) {
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
-	a.Kill()
+	reconciletest.Kill(a)
 	expire(t, pool, aID)
 
 	b := newRuntime(t, pool, cfg, cb.reconciler("thing"))

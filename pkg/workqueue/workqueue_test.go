@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
@@ -65,19 +66,13 @@ func TestSettleReleasesAKeyDirtiedWhileSettling(t *testing.T) {
 	}()
 	// Wait until the settle waits for the row lock, then let the enqueue
 	// commit.
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	poll.Until(t, 10*time.Second, "the settle to wait for the enqueue's row lock", func() bool {
 		var waiting int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the settle never waited for the enqueue's row lock")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return waiting > 0
+	})
 	if err := dirty.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/app"
 )
@@ -85,19 +86,17 @@ func (h *harness) verifyREST(t *testing.T) map[string]any {
 // checkpointed, the newest checkpoint covers them all.
 func (h *harness) settled(t *testing.T, checkpointed bool) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		body := h.verifyREST(t)
+	var body map[string]any
+	poll.UntilNil(t, 30*time.Second, "the audit chain to settle", func() error {
+		body = h.verifyREST(t)
 		cp, _ := body["lastCheckpoint"].(map[string]any)
 		covered := !checkpointed || (cp != nil && cp["chainSeq"] == body["recordsChecked"])
 		if body["ok"] == true && body["recordsUnchained"] == "0" && body["recordsChecked"] != "0" && covered {
-			return body
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the audit chain did not settle: %v", body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("%v", body)
+	})
+	return body
 }
 
 // mutate makes n pools as root, each an audit row.

@@ -16,6 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 	"github.com/bettercompute/bettercompute/services/api"
 
@@ -84,24 +85,22 @@ func (r *hookReceiver) setKeys(keys ...[]byte) {
 // wait returns the first request of typ, waiting up to 20 s.
 func (r *hookReceiver) wait(t *testing.T, typ string, n int) []hookRequest {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var out []hookRequest
+	poll.UntilNil(t, 20*time.Second, fmt.Sprintf("%d %s deliveries", n, typ), func() error {
 		r.mu.Lock()
-		var out []hookRequest
+		defer r.mu.Unlock()
+		out = nil
 		for _, g := range r.got {
 			if g.Type == typ {
 				out = append(out, g)
 			}
 		}
-		r.mu.Unlock()
 		if len(out) >= n {
-			return out
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %d %s deliveries (have %d)", n, typ, len(out))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("have %d", len(out))
+	})
+	return out
 }
 
 func TestWebhooksEndToEndThroughTheAPI(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/api"
@@ -48,19 +49,16 @@ func TestNodesGetSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := computev1.NewNodesServiceClient(h.conn)
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	poll.UntilNil(t, 20*time.Second, "the spec to be computed", func() error {
 		got, err := c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", Id: "node_x"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got.GetGeneration() == 1 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the spec was never computed: %v", got)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("got %v", got)
+	})
 
 	t.Run("over REST", func(t *testing.T) {
 		code, body := h.rest(t, acmeKey, "nodes/getSpec", `{"tenantId":"acme","id":"node_x"}`)

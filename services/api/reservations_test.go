@@ -13,6 +13,7 @@ import (
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/api"
 )
@@ -87,7 +88,7 @@ func TestReservationsCreate(t *testing.T) {
 			t.Fatalf("reservation %v", first)
 		}
 		node := first.GetBookings()[0].GetNodeId()
-		waitFor(t, "the node's spec to expose the reservation", func() bool {
+		poll.Until(t, 30*time.Second, "the node's spec to expose the reservation", func() bool {
 			return h.count(t, `SELECT count(*) FROM nodes WHERE id = $1 AND spec->'devices'->'assignments' @> $2::jsonb`,
 				node, fmt.Sprintf(`[{"reservationId": %q}]`, first.GetId())) == 1
 		})
@@ -159,7 +160,7 @@ func TestReservationsCreate(t *testing.T) {
 		if err != nil || again.GetReservation().GetState() != "released" || !again.GetReservation().GetFinishTime().AsTime().Equal(r.GetFinishTime().AsTime()) {
 			t.Fatalf("second release changed it: %v %v", again, err)
 		}
-		waitFor(t, "the node's spec to withdraw the reservation", func() bool {
+		poll.Until(t, 30*time.Second, "the node's spec to withdraw the reservation", func() bool {
 			return h.count(t, `SELECT count(*) FROM nodes WHERE spec::text LIKE '%' || $1 || '%'`, first.GetId()) == 0
 		})
 		_, err = c.Release(ctx, &computev1.ReservationsServiceReleaseRequest{TenantId: "root", Id: "rsv_nope"})
@@ -230,17 +231,6 @@ func TestReservationsConcurrentCreates(t *testing.T) {
 	}
 	if n := h.count(t, `SELECT count(*) FROM reservations`); n != 16 {
 		t.Fatalf("%d reservations stored; refused creates must leave none", n)
-	}
-}
-
-// waitFor polls cond until it holds, failing after 30 s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

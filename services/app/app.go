@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,6 +37,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/health"
 	"github.com/bettercompute/bettercompute/pkg/migrate"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/startstop"
 	"github.com/bettercompute/bettercompute/pkg/telemetry"
 	"github.com/bettercompute/bettercompute/pkg/version"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
@@ -51,11 +51,11 @@ import (
 
 // built lists the roles that have a service in this release. A role named
 // explicitly that is not here fails at start; `all` runs these.
-var built = []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleScheduler, config.RoleSinks}
+var built = config.BuiltRoles
 
 // runtimeRoles are the roles whose reconcilers run on the reconciler runtime,
 // each a membership of its own.
-var runtimeRoles = []config.Role{config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleScheduler}
+var runtimeRoles = config.RuntimeRoles
 
 // ResolveRoles expands the configured roles into the ones to run. `all` means
 // every built role, and the rest are returned as notBuilt so the caller can
@@ -117,9 +117,7 @@ type App struct {
 	roles  []config.Role
 	opts   Options
 
-	mu      sync.Mutex
-	started bool
-	stopped bool
+	life    startstop.Once
 	ready   atomic.Bool
 	pool    *pgxpool.Pool
 	runtime *reconcile.Runtime
@@ -189,20 +187,23 @@ func (a *App) Roles() []config.Role { return a.roles }
 // Start connects to the database (migrating it unless server.noMigrate is
 // set, else refusing a schema behind this binary), connects to the bus when
 // one is configured, builds the roles' services and starts serving. On error
-// everything already started is stopped.
-func (a *App) Start(ctx context.Context) (err error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.started || a.stopped {
+// everything already started is stopped. A second Start, or one after Stop,
+// is an error.
+func (a *App) Start(ctx context.Context) error {
+	err := a.life.Start(func() error {
+		if err := a.start(ctx); err != nil {
+			a.stop(context.WithoutCancel(ctx))
+			return err
+		}
+		return nil
+	})
+	if errors.Is(err, startstop.ErrStarted) || errors.Is(err, startstop.ErrStopped) {
 		return errors.New("app: Start called twice or after Stop")
 	}
-	a.started = true
-	defer func() {
-		if err != nil {
-			a.stopLocked(context.WithoutCancel(ctx))
-		}
-	}()
+	return err
+}
 
+func (a *App) start(ctx context.Context) (err error) {
 	if a.tracing, err = telemetry.SetupTracing(ctx, a.cfg.Telemetry.OTLPEndpoint, a.cfg.Telemetry.ServiceName); err != nil {
 		return err
 	}
@@ -450,19 +451,13 @@ func (a *App) dialAddr() string {
 }
 
 // Stop stops serving (draining requests for up to server.shutdownTimeout),
-// then closes the bus and the database. It tolerates Stop before Start and
-// a second Stop.
+// then closes the bus and the database. It tolerates Stop before Start, a
+// second Stop, and Stop concurrent with Start (it waits for Start).
 func (a *App) Stop(ctx context.Context) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.stopLocked(ctx)
+	a.life.Stop(func(bool) { a.stop(ctx) })
 }
 
-func (a *App) stopLocked(ctx context.Context) {
-	if a.stopped {
-		return
-	}
-	a.stopped = true
+func (a *App) stop(ctx context.Context) {
 	a.ready.Store(false)
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.Server.ShutdownTimeout.Std())
 	defer cancel()

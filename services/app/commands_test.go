@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/app"
 )
@@ -44,20 +46,16 @@ func TestCommandSweeperRole(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	poll.UntilNil(t, 20*time.Second, "the command-sweeper role to expire the command", func() error {
 		c, err := commands.Lookup(t.Context(), db, "node_s", "cmd_s")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if c.State == commands.Expired && c.Reason == "EXPIRED" {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the command-sweeper role did not expire the command: %s", c.State)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("state %s", c.State)
+	})
 }
 
 func TestCommandSigningKeyFile(t *testing.T) {

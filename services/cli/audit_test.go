@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/app"
 )
 
@@ -81,21 +83,17 @@ func TestAuditVerifyCommand(t *testing.T) {
 		}
 	}
 	// Wait for the chain and a checkpoint to cover every row.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.UntilNil(t, 30*time.Second, "the chain to settle", func() error {
 		code, out, stderr := execCLI(t, "", "audit", "verify", "--json", "--client-config", cfgFile)
 		var v auditVerdict
 		if err := json.Unmarshal([]byte(out), &v); err != nil || code != ExitOK {
 			t.Fatalf("audit verify --json: exit %d (%v)\n%s%s", code, err, out, stderr)
 		}
 		if v.OK && v.RecordsUnchained == "0" && v.LastCheckpoint != nil && v.LastCheckpoint.ChainSeq == v.RecordsChecked {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the chain did not settle: %s", out)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return errors.New(out)
+	})
 
 	t.Run("an intact chain exits 0", func(t *testing.T) {
 		code, out, stderr := execCLI(t, "", "audit", "verify", "--client-config", cfgFile)

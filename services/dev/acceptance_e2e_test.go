@@ -1,6 +1,7 @@
 package dev_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 )
 
 // TestAcceptanceChecksWithRealDaemons joins simulated daemons to a pool that
@@ -52,18 +54,16 @@ func TestAcceptanceChecksWithRealDaemons(t *testing.T) {
 	}
 	wait := func(id, state string) node {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		var n node
+		poll.UntilNil(t, 30*time.Second, "node "+id+" to be "+state, func() error {
 			var got struct{ Node node }
 			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id}, &got)
-			if got.Node.State == state {
-				return got.Node
+			if n = got.Node; n.State == state {
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("node %s is %+v; want %s", id, got.Node, state)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return fmt.Errorf("node %s is %+v", id, n)
+		})
+		return n
 	}
 	accepted := func(n node) (bool, string, bool) {
 		for _, c := range n.Conditions {

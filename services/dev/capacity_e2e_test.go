@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
@@ -62,17 +64,15 @@ func getReservation(t testing.TB, env *dev.Env, id string) reservation {
 // waitState polls reservations.get until the reservation is in state.
 func waitState(t testing.TB, env *dev.Env, id, state string) reservation {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		r := getReservation(t, env, id)
+	var r reservation
+	poll.UntilNil(t, 60*time.Second, "reservation "+id+" to be "+state, func() error {
+		r = getReservation(t, env, id)
 		if r.State == state {
-			return r
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("reservation %s is %s (%s), want %s", id, r.State, r.Reason, state)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("it is %s (%s)", r.State, r.Reason)
+	})
+	return r
 }
 
 // exposed reads what a node's devices handler exposes: reservation → GPUs,
@@ -128,8 +128,7 @@ func booked(t testing.TB, db *pgxpool.Pool, node string) map[string][]string {
 // waitExposes waits until every node in dirs exposes exactly its bookings.
 func waitExposes(t testing.TB, db *pgxpool.Pool, dirs map[string]string, what string) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	poll.UntilNil(t, 60*time.Second, what, func() error {
 		var wrong []string
 		for node, dir := range dirs {
 			if got, want := exposed(t, dir), booked(t, db, node); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -137,13 +136,10 @@ func waitExposes(t testing.TB, db *pgxpool.Pool, dirs map[string]string, what st
 			}
 		}
 		if len(wrong) == 0 {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s", what, strings.Join(wrong, "; "))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return errors.New(strings.Join(wrong, "; "))
+	})
 }
 
 // agentNode is one real agent (join, session, converge) with a mock DGX
@@ -298,17 +294,13 @@ func TestReservationsEndToEnd(t *testing.T) {
 				Booked   int
 			}
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		poll.UntilNil(t, 30*time.Second, "ten GPUs booked by one tenant", func() error {
 			call(t, env, "capacity/get", map[string]any{"tenantId": "root", "poolId": poolID}, &got)
 			if got.Total.Booked == 10 && len(got.Tenants) == 1 && got.Tenants[0].Booked == 10 {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("capacity %+v", got)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return fmt.Errorf("capacity %+v", got)
+		})
 		if got.Total.Free != 6 || len(got.Models) != 1 || !strings.HasPrefix(got.Models[0].Model, "NVIDIA H200") {
 			t.Fatalf("capacity %+v", got)
 		}

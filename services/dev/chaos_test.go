@@ -13,6 +13,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
 
@@ -179,18 +180,11 @@ func TestChaosGatewayRestartAndLostBus(t *testing.T) {
 		}
 		// The controller computes the latest spec while every node is away
 		// (three quick changes may coalesce into fewer generations).
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		poll.Until(t, 30*time.Second, "the changes to be computed", func() bool {
 			var done int
 			_ = db.QueryRow(t.Context(), `SELECT count(*) FROM nodes WHERE spec->'site'->>'logLevel' = 'error' AND generation >= 4`).Scan(&done)
-			if done == n {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the changes were not computed")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return done == n
+		})
 		f, _ = fleet(t, first, n, fleetRoot) // the same nodes, back again (stopped by the test's end)
 		waitConverged(t, db, n, 4, "error", "returning nodes converging on the latest spec")
 	})

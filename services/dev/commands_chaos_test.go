@@ -11,6 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 )
 
 // TestCommandsChaosBusAndGateway delivers commands queued by "another
@@ -66,19 +67,19 @@ func TestCommandsChaosBusAndGateway(t *testing.T) {
 
 	t.Run("bus stopped: the gateway's resync delivers before the deadline", func(t *testing.T) {
 		ns.Stop()
-		waitFor(t, 10*time.Second, "the client to see the bus down", func() bool { return !nc.IsConnected() })
+		poll.Until(t, 10*time.Second, "the client to see the bus down", func() bool { return !nc.IsConnected() })
 		delivered(t, queue(t, "bus-down", 20*time.Second), "bus-down")
 	})
 
 	t.Run("bus restarted empty: commands still go", func(t *testing.T) {
 		ns.RestartEmpty()
-		waitFor(t, 30*time.Second, "the client to reconnect", nc.IsConnected)
+		poll.Until(t, 30*time.Second, "the client to reconnect", nc.IsConnected)
 		delivered(t, queue(t, "bus-back", 20*time.Second), "bus-back")
 	})
 
 	t.Run("gateway restarted while a command runs: the outcome arrives once, the re-sent seq never runs again", func(t *testing.T) {
 		c := queue(t, "gate:restart", 30*time.Second)
-		waitFor(t, 30*time.Second, "the diag running", func() bool { return h.count("gate:restart") == 1 })
+		poll.Until(t, 30*time.Second, "the diag running", func() bool { return h.count("gate:restart") == 1 })
 		var epoch int64
 		_ = db.QueryRow(context.Background(), `SELECT session_epoch FROM nodes WHERE id = $1`, node).Scan(&epoch)
 		env.Stop(context.Background())
@@ -86,7 +87,7 @@ func TestCommandsChaosBusAndGateway(t *testing.T) {
 		// waits in the daemon's outbox and journal.
 		h.open("gate:restart")
 		env = commandEnvOn(t, dbURL, dataDir, gw, ns.URL(), 100*time.Millisecond, 100*time.Millisecond)
-		waitFor(t, 30*time.Second, "the node reconnecting", func() bool {
+		poll.Until(t, 30*time.Second, "the node reconnecting", func() bool {
 			var now int64
 			_ = db.QueryRow(context.Background(), `SELECT session_epoch FROM nodes WHERE id = $1`, node).Scan(&now)
 			return now > epoch

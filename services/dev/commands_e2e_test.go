@@ -25,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/app"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
@@ -131,7 +132,7 @@ func startFleet(t testing.TB, db *pgxpool.Pool, cfg sim.Config, n int, epoch int
 		t.Fatal(err)
 	}
 	t.Cleanup(f.Stop)
-	waitFor(t, 2*time.Minute+time.Duration(n)*100*time.Millisecond, "fleet "+cfg.Prefix+" connected and converged", func() bool {
+	poll.Until(t, 2*time.Minute+time.Duration(n)*100*time.Millisecond, "fleet "+cfg.Prefix+" connected and converged", func() bool {
 		var ready int
 		err := db.QueryRow(context.Background(), `SELECT count(*) FROM nodes WHERE id = ANY($1) AND session_epoch >= $2
 			AND observed_generation >= 1 AND observed_generation = generation`, f.Nodes(), epoch).Scan(&ready)
@@ -140,16 +141,10 @@ func startFleet(t testing.TB, db *pgxpool.Pool, cfg sim.Config, n int, epoch int
 	return f
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor is [poll.Until], under the name commands_bench_test.go calls.
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, within, what, cond)
 }
 
 // cmdJSON is a command as the REST API answers it.
@@ -218,7 +213,7 @@ func cancelCmd(t testing.TB, env *dev.Env, node, id string) cmdJSON {
 func waitFinal(t testing.TB, env *dev.Env, node, id string) cmdJSON {
 	t.Helper()
 	var c cmdJSON
-	waitFor(t, 30*time.Second, "command "+id+" to finish", func() bool {
+	poll.Until(t, 30*time.Second, "command "+id+" to finish", func() bool {
 		c = getCmd(t, env, node, id)
 		return c.final()
 	})
@@ -396,7 +391,7 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 		c := enqueue(t, db, commands.Request{NodeID: hnode, Kind: "diag.nvml", Payload: diagLevel("held"),
 			NotAfter: time.Now().Add(time.Minute), MinGeneration: gen + 1})
 		// Delivered and held: in flight, not accepted, not run.
-		waitFor(t, 30*time.Second, "the command sent", func() bool { return dbCmd(t, db, hnode, c.ID).DispatchedAt != nil })
+		poll.Until(t, 30*time.Second, "the command sent", func() bool { return dbCmd(t, db, hnode, c.ID).DispatchedAt != nil })
 		if got := dbCmd(t, db, hnode, c.ID); got.State != commands.InFlight || got.AcceptedAt != nil || h.count("held") != 0 {
 			t.Fatalf("held command: %s accepted %v runs %d", got.State, got.AcceptedAt, h.count("held"))
 		}
@@ -425,7 +420,7 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 		gen := nodeGeneration(t, db, hnode)
 		c := enqueue(t, db, commands.Request{NodeID: hnode, Kind: "diag.nvml", Payload: diagLevel("held-cancelled"),
 			NotAfter: time.Now().Add(time.Minute), MinGeneration: gen + 5})
-		waitFor(t, 30*time.Second, "the command sent", func() bool { return dbCmd(t, db, hnode, c.ID).DispatchedAt != nil })
+		poll.Until(t, 30*time.Second, "the command sent", func() bool { return dbCmd(t, db, hnode, c.ID).DispatchedAt != nil })
 		cancelCmd(t, env, hnode, c.ID)
 		wantFinal(t, env, hnode, c.ID, "cancelled", "cancel")
 		if h.count("held-cancelled") != 0 {
@@ -441,9 +436,9 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 
 	t.Run("a full lane answers BUSY: the command backs off, is sent again and runs", func(t *testing.T) {
 		first := runCmd(t, env, hnode, "diag.nvml", diagLevel("gate:lane"), "busy-first")
-		waitFor(t, 30*time.Second, "the first diag running", func() bool { return h.count("gate:lane") == 1 })
+		poll.Until(t, 30*time.Second, "the first diag running", func() bool { return h.count("gate:lane") == 1 })
 		second := runCmd(t, env, hnode, "diag.nvml", diagLevel("after-busy"), "busy-second")
-		waitFor(t, 30*time.Second, "the second diag rejected BUSY", func() bool { return dbCmd(t, db, hnode, second.ID).BusyCount >= 1 })
+		poll.Until(t, 30*time.Second, "the second diag rejected BUSY", func() bool { return dbCmd(t, db, hnode, second.ID).BusyCount >= 1 })
 		h.open("gate:lane")
 		wantFinal(t, env, hnode, first.ID, "succeeded", "")
 		got := wantFinal(t, env, hnode, second.ID, "succeeded", "")
@@ -495,7 +490,7 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 		}
 		c := runCmd(t, env, node, "inventory.refresh", map[string]any{"sections": []string{"gpus"}, "rescan": true}, "refresh")
 		wantFinal(t, env, node, c.ID, "succeeded", "")
-		waitFor(t, 30*time.Second, "the refreshed inventory stored", func() bool {
+		poll.Until(t, 30*time.Second, "the refreshed inventory stored", func() bool {
 			var after time.Time
 			_ = db.QueryRow(context.Background(), `SELECT received_at FROM node_inventory WHERE node_id = $1`, node).Scan(&after)
 			return after.After(before)
@@ -619,7 +614,7 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 
 	t.Run("cancel: an in-flight command is cancelled on the daemon", func(t *testing.T) {
 		c := runCmd(t, env, node, "diag.nvml", diagLevel("gate:never"), "cancel-inflight")
-		waitFor(t, 30*time.Second, "the diag running", func() bool { return h.count("gate:never") == 1 })
+		poll.Until(t, 30*time.Second, "the diag running", func() bool { return h.count("gate:never") == 1 })
 		got := cancelCmd(t, env, node, c.ID)
 		if got.State != "in_flight" || got.CancelRequestedTime == "" {
 			t.Fatalf("cancel answered %+v", got)
@@ -686,7 +681,7 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 
 	t.Run("duplicate delivery: a daemon restarted mid-command answers the re-sent seq from its journal", func(t *testing.T) {
 		c := runCmd(t, env, node, "diag.nvml", diagLevel("gate:dup"), "dup")
-		waitFor(t, 30*time.Second, "the diag running", func() bool { return h.count("gate:dup") == 1 })
+		poll.Until(t, 30*time.Second, "the diag running", func() bool { return h.count("gate:dup") == 1 })
 		hooked.Restart(0, false) // same boot, same journal
 		h.open("gate:dup")       // a second run would now finish at once
 		got := wantFinal(t, env, node, c.ID, "failed", command.InterruptedReason[:len("interrupted")])
@@ -700,7 +695,7 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 
 	t.Run("journal lost: an in-flight retry-safe command is sent again and succeeds", func(t *testing.T) {
 		c := runCmd(t, env, hooked.Nodes()[1], "diag.nvml", diagLevel("gate:lost"), "lost-safe")
-		waitFor(t, 30*time.Second, "the diag running", func() bool { return h.count("gate:lost") == 1 })
+		poll.Until(t, 30*time.Second, "the diag running", func() bool { return h.count("gate:lost") == 1 })
 		hooked.WipeJournal(1)
 		h.open("gate:lost")
 		got := wantFinal(t, env, hooked.Nodes()[1], c.ID, "succeeded", "")
@@ -713,7 +708,7 @@ func TestCommandsLifecycleEndToEnd(t *testing.T) {
 		n1 := hooked.Nodes()[1]
 		boot := hooked.BootID(1)
 		c := runCmd(t, env, n1, "node.reboot", map[string]any{"reason": "e2e"}, "lost-reboot")
-		waitFor(t, 30*time.Second, "the reboot under way", func() bool {
+		poll.Until(t, 30*time.Second, "the reboot under way", func() bool {
 			return reboots[1].Load() == 1 && dbCmd(t, db, n1, c.ID).AcceptedAt != nil
 		})
 		hooked.WipeJournal(1)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/migrate"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
 
@@ -95,8 +97,7 @@ func TestDevBootsAndAnswers(t *testing.T) {
 	if len(env.Fleet.Nodes()) != 3 {
 		t.Fatalf("fleet %v", env.Fleet.Nodes())
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.UntilNil(t, 30*time.Second, "the simulated fleet to be adopted", func() error {
 		var list struct {
 			Nodes []struct {
 				State   string
@@ -111,13 +112,10 @@ func TestDevBootsAndAnswers(t *testing.T) {
 			}
 		}
 		if adopted == 3 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the simulated fleet was not adopted: %+v", list)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("%+v", list)
+	})
 }
 
 // TestDevBinary runs the real better-compute binary: `dev` prints its URLs,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
 
@@ -130,17 +132,13 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 		}
 	}
 	var got struct{ Node node }
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.UntilNil(t, 30*time.Second, "the node to be adopted with its GPUs", func() error {
 		call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id.NodeID}, &got)
 		if got.Node.State == "adopted" && len(got.Node.Devices) == 8 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node never adopted with its GPUs: %+v", got.Node)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("%+v", got.Node)
+	})
 	n := got.Node
 	if n.SessionEpoch != "1" || n.GatewayID != cfg.Gateway.ID || n.LastSeenAt == "" {
 		t.Fatalf("session not visible: %+v", n)
@@ -169,18 +167,16 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	}
 	waitConverged := func(t *testing.T, what string, cond func(specNode) bool) specNode {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		var n specNode
+		poll.UntilNil(t, 30*time.Second, what, func() error {
 			var got struct{ Node specNode }
 			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id.NodeID}, &got)
-			if got.Node.Generation != "0" && got.Node.Generation == got.Node.ObservedGeneration && cond(got.Node) {
-				return got.Node
+			if n = got.Node; n.Generation != "0" && n.Generation == n.ObservedGeneration && cond(n) {
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %+v", what, got.Node)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return fmt.Errorf("%+v", n)
+		})
+		return n
 	}
 	first := waitConverged(t, "the node applying generation 1", func(n specNode) bool { return n.Schedulable && len(n.Sections) == 8 })
 	var upd struct{ Pool struct{ Generation string } }

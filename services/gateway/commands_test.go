@@ -12,6 +12,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
@@ -49,13 +50,7 @@ func (f *fixture) connect(t testing.TB, id, boot, journal string) *daemon {
 	}
 	// The session's own start-up dispatch must be over before the test
 	// dispatches, or it re-sends what the test just claimed.
-	deadline := time.Now().Add(10 * time.Second)
-	for !f.gw.Ready(id) {
-		if time.Now().After(deadline) {
-			t.Fatalf("session of %s never ready", id)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "the session of "+id+" to be ready", func() bool { return f.gw.Ready(id) })
 	return d
 }
 
@@ -121,7 +116,7 @@ func (f *fixture) state(t testing.TB, id string) (commands.State, string) {
 
 func (f *fixture) waitState(t testing.TB, id string, want commands.State) {
 	t.Helper()
-	eventually(t, "command "+id+" to be "+string(want), func() bool {
+	poll.Until(t, 15*time.Second, "command "+id+" to be "+string(want), func() bool {
 		s, _ := f.state(t, id)
 		return s == want
 	})
@@ -187,7 +182,7 @@ func TestCommandResyncWithoutBusAndDuplicateDelivery(t *testing.T) {
 		t.Fatalf("resync sent %v", first)
 	}
 	d.update(first, agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED, 0, nil)
-	eventually(t, "accepted", func() bool {
+	poll.Until(t, 15*time.Second, "accepted", func() bool {
 		cmd, _ := commands.Lookup(t.Context(), f.db, "node_a", c.ID)
 		return cmd.AcceptedAt != nil
 	})
@@ -252,7 +247,7 @@ func TestCommandRebootSignedAndNewBoot(t *testing.T) {
 		t.Fatalf("reboot not signed with the command key: %v", err)
 	}
 	d.update(got, agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED, 0, nil)
-	eventually(t, "accepted", func() bool {
+	poll.Until(t, 15*time.Second, "accepted", func() bool {
 		cmd, _ := commands.Lookup(t.Context(), f.db, "node_a", c.ID)
 		return cmd.AcceptedAt != nil
 	})

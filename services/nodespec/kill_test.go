@@ -2,6 +2,7 @@ package nodespec_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,7 +11,9 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/reconcile/reconciletest"
 	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
@@ -51,7 +54,7 @@ func TestControllerKilledMidRunBumpsOnce(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the worker never ran the key")
 	}
-	a.Kill()
+	reconciletest.Kill(a)
 	e.exec(t, `UPDATE workers SET expires_at = now() - interval '1 second' WHERE id = $1`, a.WorkerID(reconcile.RoleNodeSpec))
 	e.exec(t, `UPDATE leases SET expires_at = now() - interval '1 second' WHERE holder = $1`, a.WorkerID(reconcile.RoleNodeSpec))
 	if _, gen, _ := e.spec(t); gen != 1 {
@@ -61,17 +64,16 @@ func TestControllerKilledMidRunBumpsOnce(t *testing.T) {
 	// The survivor retries the key and bumps once.
 	block.Store(false)
 	b := startWorker(t, e.pool, reg)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.UntilNil(t, 30*time.Second, "the survivor to bump the generation once", func() error {
 		spec, gen, _ := e.spec(t)
 		if gen == 2 && spec.GetIdentity().GetLabels()["rack"] == "r2" {
-			break
+			return nil
 		}
-		if gen > 2 || time.Now().After(deadline) {
+		if gen > 2 {
 			t.Fatalf("generation %d, labels %v", gen, spec.GetIdentity().GetLabels())
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("generation %d, labels %v", gen, spec.GetIdentity().GetLabels())
+	})
 	b.Stop()
 	if _, gen, _ := e.spec(t); gen != 2 {
 		t.Fatalf("generation %d after the retry: bumped more than once", gen)

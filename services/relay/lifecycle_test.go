@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 	"github.com/bettercompute/bettercompute/services/relay"
 )
@@ -25,7 +26,7 @@ func TestRelayKilledMidBatchLosesNothing(t *testing.T) {
 	cfg := e.cfg
 	cfg.Events.Batch = 50 // many batches, so the kill lands inside the run
 	r1 := e.start(cfg)
-	waitFor(t, "r1 leading", r1.Leading)
+	poll.Until(t, 20*time.Second, "r1 leading", r1.Leading)
 	var ids []int64
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -33,11 +34,11 @@ func TestRelayKilledMidBatchLosesNothing(t *testing.T) {
 		defer wg.Done()
 		ids = e.write("acme", "node.updated", 300)
 	}()
-	waitFor(t, "some deliveries", func() bool { _, n := rcv.ids(); return n >= 20 })
+	poll.Until(t, 20*time.Second, "some deliveries", func() bool { _, n := rcv.ids(); return n >= 20 })
 	r1.Kill()
 	r2 := e.start(cfg)
 	wg.Wait()
-	waitFor(t, "r2 leading", r2.Leading)
+	poll.Until(t, 20*time.Second, "r2 leading", r2.Leading)
 	waitReceived(t, rcv, ids)
 	got, n := rcv.ids()
 	if len(got) != len(ids) {
@@ -52,7 +53,7 @@ func TestRelayKilledMidBatchLosesNothing(t *testing.T) {
 		}
 		seen[id] = true
 	}
-	waitFor(t, "all published", func() bool { return len(e.streamIDs()) == len(ids) })
+	poll.Until(t, 20*time.Second, "all published", func() bool { return len(e.streamIDs()) == len(ids) })
 }
 
 func TestFailingForDisableAfterDisablesTheWebhook(t *testing.T) {
@@ -68,7 +69,7 @@ func TestFailingForDisableAfterDisablesTheWebhook(t *testing.T) {
 	}
 	e.start(e.cfg)
 	e.write("acme", "node.updated", 1)
-	waitFor(t, "disabled as failing", func() bool {
+	poll.Until(t, 20*time.Second, "disabled as failing", func() bool {
 		var reason string
 		_ = e.pool.QueryRow(t.Context(), `SELECT disabled_reason FROM webhooks WHERE id = $1 AND NOT enabled`, w.ID).Scan(&reason)
 		return reason == webhooks.ReasonFailing
@@ -87,7 +88,7 @@ func TestFailingForDisableAfterDisablesTheWebhook(t *testing.T) {
 	}
 	ids := e.write("acme", "node.updated", 1)
 	waitReceived(t, rcv, ids)
-	waitFor(t, "the streak cleared", func() bool {
+	poll.Until(t, 20*time.Second, "the streak cleared", func() bool {
 		var failing bool
 		_ = e.pool.QueryRow(t.Context(), `SELECT failing_since IS NOT NULL FROM webhooks WHERE id = $1`, w.ID).Scan(&failing)
 		return !failing
@@ -104,7 +105,7 @@ func TestOutboxAndDeliveriesReachASteadySize(t *testing.T) {
 	cfg.Events.Retention = 1 // 1 ns: everything the fan-out passed goes
 	cfg.Events.PruneEvery = 1 << 62
 	r := e.start(cfg)
-	waitFor(t, "leading", r.Leading)
+	poll.Until(t, 20*time.Second, "leading", r.Leading)
 	const perRound = 40
 	var sizes []int
 	for round := range 15 {
@@ -139,7 +140,7 @@ func TestInProcessSubscribersSeeEachEventOnceInOrder(t *testing.T) {
 	// Events sequenced before the subscriber existed are not replayed.
 	e.write("acme", "node.updated", 3)
 	first := e.start(e.cfg)
-	waitFor(t, "the first events sequenced", func() bool {
+	poll.Until(t, 20*time.Second, "the first events sequenced", func() bool {
 		st, err := events.ReadStats(t.Context(), e.pool)
 		return err == nil && st.Unsequenced == 0
 	})
@@ -166,16 +167,16 @@ func TestInProcessSubscribersSeeEachEventOnceInOrder(t *testing.T) {
 		},
 	}}
 	r := e.start(cfg)
-	waitFor(t, "leading", r.Leading)
+	poll.Until(t, 20*time.Second, "leading", r.Leading)
 	// Let the subscriber take its place at the head before writing.
-	waitFor(t, "the subscriber's cursor", func() bool {
+	poll.Until(t, 20*time.Second, "the subscriber's cursor", func() bool {
 		var n int
 		_ = e.pool.QueryRow(t.Context(), `SELECT count(*) FROM event_cursors WHERE name = 'sub:test-sub'`).Scan(&n)
 		return n == 1
 	})
 	e.write("acme", "pool.created", 2) // filtered out
 	e.write("acme", "node.updated", 5)
-	waitFor(t, "every node event committed once", func() bool {
+	poll.Until(t, 20*time.Second, "every node event committed once", func() bool {
 		var n int
 		_ = e.pool.QueryRow(t.Context(), `SELECT count(*) FROM event_cursors WHERE name LIKE 'seen:%'`).Scan(&n)
 		return n == 5

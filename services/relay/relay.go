@@ -205,9 +205,6 @@ func (s *Service) Start(ctx context.Context) error {
 // double stop.
 func (s *Service) Stop() { s.stop(true) }
 
-// Kill stops like a crashed process: the lease is left to expire.
-func (s *Service) Kill() { s.stop(false) }
-
 func (s *Service) stop(release bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

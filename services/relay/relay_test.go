@@ -25,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 	"github.com/bettercompute/bettercompute/services/relay"
 )
@@ -198,22 +199,10 @@ func (r *receiver) ids() (map[string]bool, int) {
 	return m, len(r.got)
 }
 
-// waitFor polls cond until it holds or 20 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitReceived waits until r has every event of ids.
 func waitReceived(t *testing.T, r *receiver, ids []int64) {
 	t.Helper()
-	waitFor(t, "every event at the receiver", func() bool {
+	poll.Until(t, 20*time.Second, "every event at the receiver", func() bool {
 		got, _ := r.ids()
 		for _, id := range ids {
 			if !got[events.EventID(id)] {
@@ -268,7 +257,7 @@ func TestDeliversSignedEventsInOrderToTheStreamAndWebhooks(t *testing.T) {
 	waitReceived(t, rcv, ids)
 
 	// The stream has every event once, in commit order.
-	waitFor(t, "every event published", func() bool { return len(e.streamIDs()) == 23 })
+	poll.Until(t, 20*time.Second, "every event published", func() bool { return len(e.streamIDs()) == 23 })
 	want := []string{}
 	for _, id := range append(slices.Clone(ids), other...) {
 		want = append(want, events.EventID(id))
@@ -324,7 +313,7 @@ func TestRetriesAfterA500WithBackOff(t *testing.T) {
 	if tries != 3 {
 		t.Fatalf("%d attempts, want 3 (two 500s, then 204)", tries)
 	}
-	waitFor(t, "the success recorded", func() bool { return onlyDelivery(t, e).State == webhooks.Succeeded })
+	poll.Until(t, 20*time.Second, "the success recorded", func() bool { return onlyDelivery(t, e).State == webhooks.Succeeded })
 	d := onlyDelivery(t, e)
 	if d.State != webhooks.Succeeded || d.Attempts != 3 || d.LastStatus != 204 {
 		t.Fatalf("delivery %+v: want succeeded on attempt 3", d)
@@ -360,7 +349,7 @@ func TestGoneDisablesTheWebhookWithAnEvent(t *testing.T) {
 	setURL(t, e, rcv)
 	e.start(e.cfg)
 	e.write("acme", "node.updated", 1)
-	waitFor(t, "the webhook disabled", func() bool {
+	poll.Until(t, 20*time.Second, "the webhook disabled", func() bool {
 		var enabled bool
 		var reason string
 		_ = e.pool.QueryRow(t.Context(), `SELECT enabled, disabled_reason FROM webhooks WHERE id = $1`, w.ID).Scan(&enabled, &reason)
@@ -370,7 +359,7 @@ func TestGoneDisablesTheWebhookWithAnEvent(t *testing.T) {
 		t.Fatalf("delivery %+v: want failed once with 410, no retry", d)
 	}
 	evs, err := events.List(t.Context(), e.pool, events.Filter{TenantID: "acme", Types: []string{"webhook.disabled"}, Limit: 10})
-	waitFor(t, "webhook.disabled sequenced", func() bool {
+	poll.Until(t, 20*time.Second, "webhook.disabled sequenced", func() bool {
 		evs, err = events.List(t.Context(), e.pool, events.Filter{TenantID: "acme", Types: []string{"webhook.disabled"}, Limit: 10})
 		return err == nil && len(evs) == 1
 	})
@@ -399,7 +388,7 @@ func TestReceiverDownThenUpGetsEverything(t *testing.T) {
 	}
 	e.start(e.cfg)
 	ids := e.write("acme", "node.updated", 5)
-	waitFor(t, "failed attempts recorded", func() bool {
+	poll.Until(t, 20*time.Second, "failed attempts recorded", func() bool {
 		var n int
 		_ = e.pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries WHERE attempts >= 1 AND last_error <> ''`).Scan(&n)
 		return n == 5
@@ -453,7 +442,7 @@ func TestPrivateAddressRefusedWithoutAllowPrivateNetworks(t *testing.T) {
 	cfg.Webhooks.AllowPrivateNetworks = false
 	e.start(cfg)
 	e.write("acme", "node.updated", 1)
-	waitFor(t, "a refused attempt", func() bool {
+	poll.Until(t, 20*time.Second, "a refused attempt", func() bool {
 		var msg string
 		_ = e.pool.QueryRow(t.Context(), `SELECT last_error FROM webhook_deliveries`).Scan(&msg)
 		return msg != ""
@@ -475,7 +464,7 @@ func TestBusStoppedDeliveriesStillHappen(t *testing.T) {
 	setURL(t, e, rcv)
 	e.start(e.cfg)
 	e.ns.Stop()
-	waitFor(t, "the client to notice", func() bool { return !e.nc.IsConnected() })
+	poll.Until(t, 20*time.Second, "the client to notice", func() bool { return !e.nc.IsConnected() })
 	ids := e.write("acme", "node.updated", 10)
 	waitReceived(t, rcv, ids)
 	st, err := events.ReadStats(t.Context(), e.pool)
@@ -484,7 +473,7 @@ func TestBusStoppedDeliveriesStillHappen(t *testing.T) {
 	}
 	// Back up: the backlog is published in order.
 	e.ns.Restart()
-	waitFor(t, "the backlog published", func() bool {
+	poll.Until(t, 20*time.Second, "the backlog published", func() bool {
 		st, err := events.ReadStats(t.Context(), e.pool)
 		return err == nil && st.Unpublished == 0
 	})
@@ -506,12 +495,12 @@ func TestBusRestartedEmptyRecreatesTheStreamAndLosesNothing(t *testing.T) {
 	e.start(e.cfg)
 	first := e.write("acme", "node.updated", 5)
 	waitReceived(t, rcv, first)
-	waitFor(t, "published", func() bool { return len(e.streamIDs()) == 5 })
+	poll.Until(t, 20*time.Second, "published", func() bool { return len(e.streamIDs()) == 5 })
 	e.ns.RestartEmpty()
-	waitFor(t, "reconnected", e.nc.IsConnected)
+	poll.Until(t, 20*time.Second, "reconnected", e.nc.IsConnected)
 	second := e.write("acme", "node.updated", 5)
 	waitReceived(t, rcv, second)
-	waitFor(t, "the stream re-created with the new events", func() bool {
+	poll.Until(t, 20*time.Second, "the stream re-created with the new events", func() bool {
 		ids := e.streamIDs()
 		return len(ids) == 5 && ids[0] == events.EventID(second[0])
 	})
@@ -527,7 +516,7 @@ func TestTwoRelaysOnePublishesAndTheStandbyTakesOver(t *testing.T) {
 	rcv := newReceiver(t, key)
 	setURL(t, e, rcv)
 	r1 := e.start(e.cfg)
-	waitFor(t, "r1 leading", r1.Leading)
+	poll.Until(t, 20*time.Second, "r1 leading", r1.Leading)
 	r2 := e.start(e.cfg)
 	ids := e.write("acme", "node.updated", 20)
 	waitReceived(t, rcv, ids)
@@ -538,9 +527,9 @@ func TestTwoRelaysOnePublishesAndTheStandbyTakesOver(t *testing.T) {
 	// the lease, then relays.
 	r1.Kill()
 	more := e.write("acme", "node.updated", 5)
-	waitFor(t, "r2 leading", r2.Leading)
+	poll.Until(t, 20*time.Second, "r2 leading", r2.Leading)
 	waitReceived(t, rcv, more)
-	waitFor(t, "all published", func() bool { return len(e.streamIDs()) == 25 })
+	poll.Until(t, 20*time.Second, "all published", func() bool { return len(e.streamIDs()) == 25 })
 	got := e.streamIDs()
 	seen := map[string]bool{}
 	for _, id := range got {

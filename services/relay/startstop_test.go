@@ -3,10 +3,12 @@ package relay_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 
 	"github.com/bettercompute/bettercompute/services/relay"
 )
@@ -36,7 +38,7 @@ func TestStartStopToleratesEveryOrder(t *testing.T) {
 	if err := r.Start(t.Context()); err == nil {
 		t.Fatal("a second Start was accepted")
 	}
-	waitFor(t, "leading", r.Leading)
+	poll.Until(t, 20*time.Second, "leading", r.Leading)
 	r.Stop()
 	r.Stop()
 	if r.Leading() {

@@ -1,0 +1,145 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/lease"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
+)
+
+// The transaction API: a change and the work it implies commit together
+// (InTx, Queue), fenced by the run's leases inside a run.
+
+// InTx runs fn in one transaction fenced by every lease the batch's keys
+// were claimed under: it first locks those lease rows (FOR SHARE, in name
+// order) if each still has this worker and its fence and has not expired,
+// so none changes hands until the transaction ends. A lost lease returns
+// [ErrFenced] and writes nothing (the runtime then runs each key on its own,
+// and those under a lost lease are fenced there). Keys fn enqueues through
+// q are poked after commit.
+func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error) error {
+	names := make([]string, len(bc.leases))
+	fences := make([]int64, len(bc.leases))
+	for i, h := range bc.leases {
+		names[i], fences[i] = h.Name, h.Fence
+	}
+	q := &Queue{}
+	err := db.InTx(ctx, bc.rt.pool, db.TxOptions{}, func(tx pgx.Tx) error {
+		q.items, q.after = q.items[:0], nil
+		q.tx = tx
+		var held int
+		err := tx.QueryRow(ctx, `SELECT count(*) FROM (
+			SELECT 1 FROM leases l JOIN unnest($1::text[], $2::bigint[]) AS h(name, fence) ON l.name = h.name AND l.fence = h.fence
+			 WHERE l.holder = $3 AND l.expires_at > now() ORDER BY l.name FOR SHARE OF l) x`, names, fences, bc.Worker).Scan(&held)
+		if err != nil {
+			return fmt.Errorf("check leases: %w", err)
+		}
+		if held != len(bc.leases) {
+			return ErrFenced
+		}
+		return fn(tx, q)
+	})
+	if err == nil {
+		q.Committed(bc.rt.poker)
+	}
+	return err
+}
+
+// InTx runs fn in a fenced transaction: it first locks the run's lease row,
+// and only if it still has this run's holder and fence and has not expired,
+// so no new holder can take the lease until the transaction ends. A lost
+// lease returns [ErrFenced] and writes nothing. Keys fn enqueues through q
+// are poked after commit.
+func (rc *RunContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error) error {
+	q := &Queue{}
+	err := db.InTx(ctx, rc.rt.pool, db.TxOptions{}, func(tx pgx.Tx) error {
+		q.items, q.after = q.items[:0], nil
+		q.tx = tx
+		err := lease.Hold(ctx, tx, rc.Worker, lease.Held{Name: rc.Lease, Fence: rc.Fence})
+		if errors.Is(err, lease.ErrLost) {
+			return ErrFenced
+		}
+		if err != nil {
+			return err
+		}
+		return fn(tx, q)
+	})
+	if err == nil {
+		q.Committed(rc.rt.poker)
+	}
+	return err
+}
+
+// InTx runs fn in a transaction and pokes the keys it enqueued through q
+// after commit: the way to change state and enqueue the work it implies
+// outside a run.
+func (rt *Runtime) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error) error {
+	return InTx(ctx, rt.pool, rt.poker, fn)
+}
+
+// InTx is [Runtime.InTx] for processes that enqueue without running a
+// runtime (the API): poker may be nil.
+func InTx(ctx context.Context, pool *pgxpool.Pool, poker *workqueue.Poker, fn func(tx pgx.Tx, q *Queue) error) error {
+	q := &Queue{}
+	err := db.InTx(ctx, pool, db.TxOptions{}, func(tx pgx.Tx) error {
+		q.items, q.after = q.items[:0], nil
+		q.tx = tx
+		return fn(tx, q)
+	})
+	if err == nil {
+		q.Committed(poker)
+	}
+	return err
+}
+
+// Queue enqueues within one transaction and remembers what to do after its
+// commit: poke the workers owning the keys, and run the hooks a change
+// registered (a gateway poke). It is the one way a change and its wake-ups
+// commit together and are announced after.
+type Queue struct {
+	tx    pgx.Tx
+	items []workqueue.Item
+	after []func()
+}
+
+// NewQueue returns a queue over tx, for a caller that commits tx itself and
+// then calls [Queue.Committed] (admission does). Retry the transaction with
+// a new queue.
+func NewQueue(tx pgx.Tx) *Queue { return &Queue{tx: tx} }
+
+// Enqueue queues (kind, key) in the transaction.
+func (q *Queue) Enqueue(ctx context.Context, kind, key string) error {
+	return q.EnqueueMany(ctx, []workqueue.Item{{Kind: kind, Key: key}})
+}
+
+// EnqueueMany queues items in the transaction, in statements of at most
+// 1,000 items.
+func (q *Queue) EnqueueMany(ctx context.Context, items []workqueue.Item) error {
+	for chunk := range slices.Chunk(items, 1000) {
+		if err := workqueue.EnqueueMany(ctx, q.tx, chunk); err != nil {
+			return err
+		}
+	}
+	q.items = append(q.items, items...)
+	return nil
+}
+
+// AfterCommit runs f after the transaction commits (never if it does not).
+func (q *Queue) AfterCommit(f func()) { q.after = append(q.after, f) }
+
+// Committed pokes the owners of the enqueued keys through poker (which may
+// be nil) and runs the after-commit hooks. Call it once the transaction has
+// committed.
+func (q *Queue) Committed(poker *workqueue.Poker) {
+	poker.Poke(q.items...)
+	for _, f := range q.after {
+		f()
+	}
+}
