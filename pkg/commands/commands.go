@@ -36,6 +36,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
@@ -279,14 +280,12 @@ func (r *Registry) Enqueue(ctx context.Context, tx pgx.Tx, req Request) (Command
 	if !future {
 		return Command{}, false, fault.New(fault.InvalidInput, "notAfter", "notAfter %s is not in the future", req.NotAfter.UTC().Format(time.RFC3339))
 	}
-	var seq int64
-	var tenant string
-	err = tx.QueryRow(ctx, `UPDATE nodes SET next_cmd_seq = next_cmd_seq + 1 WHERE id = $1 RETURNING next_cmd_seq - 1, tenant_id`, req.NodeID).Scan(&seq, &tenant)
+	seq, tenant, err := nodes.NextCommandSeq(ctx, tx, req.NodeID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Command{}, false, fault.New(fault.NotFound, "nodeId", "node %s does not exist", req.NodeID)
 	}
 	if err != nil {
-		return Command{}, false, fmt.Errorf("enqueue: next seq: %w", err)
+		return Command{}, false, fmt.Errorf("enqueue: %w", err)
 	}
 	id := iam.NewID("cmd")
 	key := req.IdempotencyKey

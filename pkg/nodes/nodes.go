@@ -5,6 +5,14 @@
 // the lifecycle controller adopts it. A node presenting a hardware key that
 // is already known takes back its old id when its join token allows it
 // ([Reclaim]).
+//
+// This package is the only writer of the nodes table: every statement that
+// inserts, updates or deletes a node is here, one documented function per
+// write, and a test fails when one appears anywhere else in the
+// repository. Callers pass their transaction (a [Querier]) and keep their
+// fences in it; the guards each write needs — a generation that never goes
+// backwards, a session epoch that fences a superseded session's late
+// writes — are in the statements themselves.
 package nodes
 
 import (

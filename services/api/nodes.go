@@ -156,9 +156,8 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			if _, err := tx.Exec(ctx, `UPDATE nodes SET labels = $3, updated_at = now() WHERE tenant_id = $1 AND id = $2`,
-				req.GetTenantId(), req.GetId(), labels); err != nil {
-				return admission.Outcome{}, fmt.Errorf("update node %s: %w", req.GetId(), err)
+			if err := nodestore.SetLabels(ctx, tx, req.GetTenantId(), req.GetId(), labels); err != nil {
+				return admission.Outcome{}, err
 			}
 			if err := nodespec.Invalidate(ctx, q, req.GetId()); err != nil {
 				return admission.Outcome{}, err

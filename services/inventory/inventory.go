@@ -10,7 +10,6 @@ package inventory
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -23,6 +22,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
@@ -152,17 +152,17 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 				return err
 			}
 		}
-		b, err := json.Marshal(conds)
-		if err != nil {
-			return err
-		}
 		if rep.GetHost().GetHostname() != "" {
-			if _, err := tx.Exec(ctx, `UPDATE nodes SET hostname = $2 WHERE id = $1`, nodeID, rep.GetHost().GetHostname()); err != nil {
+			if err := nodestore.SetHostname(ctx, tx, nodeID, rep.GetHost().GetHostname()); err != nil {
 				return err
 			}
 		}
-		if _, err := tx.Exec(ctx, `UPDATE nodes SET conditions = $2, state = $3, updated_at = now() WHERE id = $1`, nodeID, b, next); err != nil {
-			return fmt.Errorf("update node: %w", err)
+		stored := make([]nodestore.Condition, len(conds))
+		for i, c := range conds {
+			stored[i] = nodestore.Condition(c)
+		}
+		if err := nodestore.SetState(ctx, tx, nodeID, next, stored); err != nil {
+			return err
 		}
 		_, err = tx.Exec(ctx, `UPDATE node_inventory SET applied_at = clock_timestamp() WHERE node_id = $1 AND received_at = $2`, nodeID, received)
 		return err
