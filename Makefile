@@ -31,10 +31,12 @@ test: ## run every module's tests with -race (real PostgreSQL and an embedded NA
 	done
 
 .PHONY: bench
-bench: ## run every module's benchmarks
-	@set -e; for m in $(MODULES); do \
-		echo "== $$m"; (cd $$m && $(GO) test $(BENCHFLAGS) ./...); \
+bench: ## run every module's benchmarks; print one table of them beside this machine's limits (pgbench), written to .bench/results.md
+	@mkdir -p .bench; : > .bench/raw.txt
+	@set -e -o pipefail; for m in $(MODULES); do \
+		echo "== $$m"; (cd $$m && $(GO) test $(BENCHFLAGS) ./... 2>&1 | tee -a ../.bench/raw.txt); \
 	done
+	$(GO) run ./tools/cmd/benchtable --in .bench/raw.txt --out .bench/results.md
 
 .PHONY: lint
 lint: ## gofmt, go vet and golangci-lint (pinned in tools/) over every module

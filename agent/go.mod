@@ -7,6 +7,7 @@ replace github.com/bettercompute/bettercompute/proto => ../proto
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/bettercompute/bettercompute/proto v0.0.0
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
@@ -16,5 +17,4 @@ require (
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b // indirect
 )

@@ -47,8 +47,10 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/bettercompute/bettercompute/agent/command"
@@ -98,6 +100,10 @@ type Config struct {
 	// session and with false when that session ends (simulators count
 	// sessions with it).
 	OnSession func(up bool)
+	// OnObserved, when set, is called after an Observed report was sent
+	// with the observed generation it carried (simulators time
+	// convergence with it).
+	OnObserved func(observedGeneration int64)
 	// ReconvergeInterval is how often the newest desired state is converged
 	// again (retrying failed sections); one minute by default.
 	ReconvergeInterval time.Duration
@@ -362,9 +368,18 @@ func (r *runner) verifyGateway(cs tls.ConnectionState) error {
 
 // sessionLoop runs sessions until ctx ends, backing off between them.
 func (r *runner) sessionLoop(ctx context.Context) {
-	b := backoff{min: r.cfg.MinBackoff, max: r.cfg.MaxBackoff}
+	reconnect(ctx, backoff{min: r.cfg.MinBackoff, max: r.cfg.MaxBackoff}, r.session, func(err error, d time.Duration) {
+		r.log.WarnContext(ctx, "session ended; reconnecting", "err", err, "in", d)
+	})
+}
+
+// reconnect runs session until ctx ends, waiting b's next delay after each
+// (or longer, when the gateway's refusal says so); a welcomed session starts
+// the back-off over. ended hears each session's end and the wait before
+// the next.
+func reconnect(ctx context.Context, b backoff, session func(context.Context) (welcomed bool, err error), ended func(err error, in time.Duration)) {
 	for {
-		welcomed, err := r.session(ctx)
+		welcomed, err := session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -372,7 +387,10 @@ func (r *runner) sessionLoop(ctx context.Context) {
 			b.reset()
 		}
 		d := b.next()
-		r.log.WarnContext(ctx, "session ended; reconnecting", "err", err, "in", d)
+		if retry := retryDelay(err); retry > d {
+			d = retry // a gateway admitting a reconnect storm says when
+		}
+		ended(err, d)
 		if !sleep(ctx, d) {
 			return
 		}
@@ -479,6 +497,9 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 				r.putBackResult(o) // the next session reports it
 				return true, fmt.Errorf("session: observed: %w", err)
 			}
+			if r.cfg.OnObserved != nil {
+				r.cfg.OnObserved(o.GetObservedGeneration())
+			}
 		case m := <-msgs:
 			switch b := m.GetBody().(type) {
 			case *agentv1.SessionResponse_DesiredState:
@@ -503,6 +524,25 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 			}
 		}
 	}
+}
+
+// maxRetryDelay caps the retry delay a gateway may ask for.
+const maxRetryDelay = 5 * time.Minute
+
+// retryDelay is the delay a gateway's refusal asks for (a RetryInfo
+// detail, as a gateway admitting a reconnect storm sends with
+// RESOURCE_EXHAUSTED), at most maxRetryDelay; 0 when it asks none.
+func retryDelay(err error) time.Duration {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return 0
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay().IsValid() {
+			return min(ri.GetRetryDelay().AsDuration(), maxRetryDelay)
+		}
+	}
+	return 0
 }
 
 // backoff is exponential back-off with ±50 % jitter.

@@ -56,6 +56,9 @@ type Config struct {
 	// OnSession, when set, is called by every node with true when its
 	// session is established and false when it ends (see session.Config).
 	OnSession func(up bool)
+	// OnObserved, when set, is called by daemon i after it sent an
+	// Observed report of observedGeneration (see session.Config).
+	OnObserved func(i int, observedGeneration int64)
 	// CommandKey is the control plane's command-signing public key every
 	// daemon pins; nil refuses destructive commands (BAD_SIGNATURE).
 	CommandKey ed25519.PublicKey
@@ -68,6 +71,11 @@ type Config struct {
 	// (tests: slow, blocking or counting ones); see
 	// session.Config.CommandExecutors.
 	Executors map[string]command.Func
+	// NoLogFiles keeps the daemons from holding a log file of their own
+	// (for logs.collect): a load simulator's 10,000 nodes would hold
+	// 10,000 more open files beside their connections. They then log to
+	// Logger only, and logs.collect finds no agent log on them.
+	NoLogFiles bool
 	// RebootHook, when set, replaces the simulated reboot of daemon i
 	// (tests: a reboot that never comes, to keep node.reboot in flight).
 	RebootHook func(ctx context.Context, i int, reason string) error
@@ -141,9 +149,12 @@ func Start(ctx context.Context, cfg Config, n int) (*Fleet, error) {
 	defer f.mu.Unlock()
 	for i := range n {
 		id, _ := stores[i].Identity()
-		lf, err := command.OpenLog(command.LogPath(stores[i].Root()), 0)
-		if err != nil {
-			cfg.Logger.Warn("simulated node logs only to the fleet's logger", "node", id.NodeID, "err", err)
+		var lf *command.LogFile
+		if !cfg.NoLogFiles {
+			var err error
+			if lf, err = command.OpenLog(command.LogPath(stores[i].Root()), 0); err != nil {
+				cfg.Logger.Warn("simulated node logs only to the fleet's logger", "node", id.NodeID, "err", err)
+			}
 		}
 		f.nodes = append(f.nodes, id.NodeID)
 		f.ds = append(f.ds, &daemon{store: stores[i], inv: invs[i], log: lf, nodeID: id.NodeID})
@@ -189,6 +200,9 @@ func (f *Fleet) run(i int) {
 		BootID: d.boot, AgentVersion: "sim", Logger: logger, OnSession: f.cfg.OnSession,
 		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
 		CommandExecutors: f.cfg.Executors,
+	}
+	if f.cfg.OnObserved != nil {
+		cfg.OnObserved = func(gen int64) { f.cfg.OnObserved(i, gen) }
 	}
 	done := d.done
 	f.wg.Go(func() {

@@ -572,28 +572,50 @@ func Unbook(ctx context.Context, q Querier, id, node string) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
-// NodeAssignments returns the active bookings on node by reservation (sorted
-// by reservation, devices sorted): the node's devices section.
-func NodeAssignments(ctx context.Context, q Querier, node string) (map[string][]string, []string, error) {
-	rows, err := q.Query(ctx, `SELECT reservation_id, device_id FROM bookings WHERE node_id = $1 AND active
-		ORDER BY reservation_id, device_id`, node)
+// Assignments is one node's active bookings by reservation: Order lists the
+// reservations sorted, Devices their devices sorted.
+type Assignments struct {
+	Order   []string
+	Devices map[string][]string
+}
+
+// NodesAssignments is [NodeAssignments] for many nodes in one statement:
+// nodes without bookings are absent from the map.
+func NodesAssignments(ctx context.Context, q Querier, nodes []string) (map[string]*Assignments, error) {
+	rows, err := q.Query(ctx, `SELECT node_id, reservation_id, device_id FROM bookings WHERE node_id = ANY($1) AND active
+		ORDER BY node_id, reservation_id, device_id`, nodes)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read bookings of %s: %w", node, err)
+		return nil, fmt.Errorf("read bookings of %d nodes: %w", len(nodes), err)
 	}
 	defer rows.Close()
-	out := map[string][]string{}
-	var order []string
+	out := map[string]*Assignments{}
 	for rows.Next() {
-		var rsv, dev string
-		if err := rows.Scan(&rsv, &dev); err != nil {
-			return nil, nil, err
+		var node, rsv, dev string
+		if err := rows.Scan(&node, &rsv, &dev); err != nil {
+			return nil, err
 		}
-		if _, ok := out[rsv]; !ok {
-			order = append(order, rsv)
+		a := out[node]
+		if a == nil {
+			a = &Assignments{Devices: map[string][]string{}}
+			out[node] = a
 		}
-		out[rsv] = append(out[rsv], dev)
+		if _, ok := a.Devices[rsv]; !ok {
+			a.Order = append(a.Order, rsv)
+		}
+		a.Devices[rsv] = append(a.Devices[rsv], dev)
 	}
-	return out, order, rows.Err()
+	return out, rows.Err()
+}
+
+// AwaitingBind returns which of nodes hold an active booking of a placed
+// reservation: the nodes whose convergence may bind one ([Bind]).
+func AwaitingBind(ctx context.Context, q Querier, nodes []string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT b.node_id FROM bookings b JOIN reservations r ON r.id = b.reservation_id
+		WHERE b.node_id = ANY($1) AND b.active AND r.state = 'placed'`, nodes)
+	if err != nil {
+		return nil, fmt.Errorf("nodes awaiting bind: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // Bind moves every placed reservation with bookings on node to bound when

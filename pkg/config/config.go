@@ -110,6 +110,17 @@ type Gateway struct {
 	// LivenessInterval is how often liveness is written, one statement for
 	// all sessions; default 5s.
 	LivenessInterval Duration `yaml:"livenessInterval"`
+	// AdmitRate is how many sessions a second the gateway opens (each
+	// costs a revocation check and a transaction); default 1000. A
+	// reconnect storm queues behind it instead of on the database.
+	AdmitRate float64 `yaml:"admitRate"`
+	// AdmitBurst is how many sessions may open at once above the rate;
+	// default 200.
+	AdmitBurst int `yaml:"admitBurst"`
+	// AdmitWait is the longest a session waits for admission; one that
+	// would wait longer is refused RESOURCE_EXHAUSTED with a jittered
+	// retry delay, which the daemon honours. Default 10s.
+	AdmitWait Duration `yaml:"admitWait"`
 }
 
 // Commands configures the command queue.
@@ -255,6 +266,9 @@ func (c *Config) Defaults() {
 	}
 	c.Gateway.HeartbeatInterval = cmp.Or(c.Gateway.HeartbeatInterval, Duration(10*time.Second))
 	c.Gateway.LivenessInterval = cmp.Or(c.Gateway.LivenessInterval, Duration(5*time.Second))
+	c.Gateway.AdmitRate = cmp.Or(c.Gateway.AdmitRate, 1000)
+	c.Gateway.AdmitBurst = cmp.Or(c.Gateway.AdmitBurst, 200)
+	c.Gateway.AdmitWait = cmp.Or(c.Gateway.AdmitWait, Duration(10*time.Second))
 	c.Commands.SweepInterval = cmp.Or(c.Commands.SweepInterval, Duration(5*time.Second))
 	r := &c.Runtime
 	r.Heartbeat = cmp.Or(r.Heartbeat, Duration(2*time.Second))
@@ -367,6 +381,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Gateway.HeartbeatInterval <= 0 {
 		bad("gateway.heartbeatInterval", "expected a positive duration, got %s", c.Gateway.HeartbeatInterval.Std())
+	}
+	if c.Gateway.AdmitRate < 0 {
+		bad("gateway.admitRate", "expected a positive number of sessions per second, got %g", c.Gateway.AdmitRate)
+	}
+	if c.Gateway.AdmitBurst < 0 {
+		bad("gateway.admitBurst", "expected a positive number of sessions, got %d", c.Gateway.AdmitBurst)
+	}
+	if c.Gateway.AdmitWait < 0 {
+		bad("gateway.admitWait", "expected a positive duration, got %s", c.Gateway.AdmitWait.Std())
 	}
 	if c.Gateway.LivenessInterval <= 0 {
 		bad("gateway.livenessInterval", "expected a positive duration, got %s", c.Gateway.LivenessInterval.Std())

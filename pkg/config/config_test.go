@@ -73,11 +73,12 @@ server:
 log: {level: debug}
 `)
 		c, err := config.Load(config.LoadOptions{Path: p, LookupEnv: env(map[string]string{
-			"DATABASE_URL":    "postgres://alias@db/bc",
-			"BC_DATABASE_URL": "postgres://env@db/bc",
-			"BC_SERVER_PORT":  "9100",
-			"NATS_URL":        "nats://127.0.0.1:4222",
-			"BC_ROLES":        "api, controllers",
+			"DATABASE_URL":          "postgres://alias@db/bc",
+			"BC_DATABASE_URL":       "postgres://env@db/bc",
+			"BC_SERVER_PORT":        "9100",
+			"NATS_URL":              "nats://127.0.0.1:4222",
+			"BC_ROLES":              "api, controllers",
+			"BC_GATEWAY_ADMIT_RATE": "250.5",
 		})})
 		if err != nil {
 			t.Fatal(err)
@@ -97,6 +98,9 @@ log: {level: debug}
 		}
 		if !slices.Equal(c.Roles, []string{"api", "controllers"}) {
 			t.Errorf("roles = %v", c.Roles)
+		}
+		if c.Gateway.AdmitRate != 250.5 || c.Gateway.AdmitBurst != 200 {
+			t.Errorf("gateway.admitRate = %g, admitBurst = %d", c.Gateway.AdmitRate, c.Gateway.AdmitBurst)
 		}
 	})
 
@@ -131,6 +135,8 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"env bool", "", map[string]string{"BC_DATABASE_PGBOUNCER": "maybe"}, []string{"database.pgbouncer"}},
 		{"env duration", "", map[string]string{"BC_SERVER_SHUTDOWN_TIMEOUT": "10"}, []string{"server.shutdownTimeout"}},
 		{"env nested camel case", "", map[string]string{"BC_RUNTIME_LEASE_TTL": "soon"}, []string{"runtime.leaseTTL"}},
+		{"env number", "", map[string]string{"BC_GATEWAY_ADMIT_RATE": "fast"}, []string{"gateway.admitRate"}},
+		{"wrong type number", "gateway:\n  admitRate: fast\n", nil, []string{"gateway.admitRate"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -186,6 +192,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"gateway listen", func(c *config.Config) { c.Gateway.Listen = "8443" }, "gateway.listen"},
 		{"gateway id", func(c *config.Config) { c.Gateway.ID = "GW 1" }, "gateway.id"},
 		{"gateway liveness", func(c *config.Config) { c.Gateway.LivenessInterval = -1 }, "gateway.livenessInterval"},
+		{"gateway admit rate", func(c *config.Config) { c.Gateway.AdmitRate = -5 }, "gateway.admitRate"},
+		{"gateway admit burst", func(c *config.Config) { c.Gateway.AdmitBurst = -1 }, "gateway.admitBurst"},
+		{"gateway admit wait", func(c *config.Config) { c.Gateway.AdmitWait = -1 }, "gateway.admitWait"},
 		{"command sweep interval", func(c *config.Config) { c.Commands.SweepInterval = -1 }, "commands.sweepInterval"},
 		{"capacity lost-node policy", func(c *config.Config) { c.Capacity.LostNode = "panic" }, "capacity.lostNode"},
 		{"capacity tick", func(c *config.Config) { c.Capacity.TickEvery = -1 }, "capacity.tickEvery"},
@@ -287,5 +296,25 @@ func TestCapacityDefaultsAndNotBuiltPlacer(t *testing.T) {
 	err := c.Validate()
 	if fault.CodeOf(err) != fault.Unsupported || !strings.Contains(err.Error(), "not built yet") {
 		t.Fatalf("a placer not built: %v", err)
+	}
+}
+
+func TestRoleLists(t *testing.T) {
+	t.Parallel()
+	if len(config.AllRoles) != 13 || slices.Contains(config.AllRoles, config.RoleAll) {
+		t.Fatalf("all roles: %v", config.AllRoles)
+	}
+	want := []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleScheduler, config.RoleSinks}
+	if !slices.Equal(config.BuiltRoles, want) {
+		t.Errorf("built roles %v, want %v", config.BuiltRoles, want)
+	}
+	want = []config.Role{config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleScheduler}
+	if !slices.Equal(config.RuntimeRoles, want) {
+		t.Errorf("runtime roles %v, want %v", config.RuntimeRoles, want)
+	}
+	for _, r := range config.RuntimeRoles {
+		if !slices.Contains(config.BuiltRoles, r) {
+			t.Errorf("runtime role %s is not built", r)
+		}
 	}
 }

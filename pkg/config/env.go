@@ -145,6 +145,12 @@ func setFromString(fv reflect.Value, s string) error {
 			return fmt.Errorf("expected an integer, got %q", s)
 		}
 		fv.SetInt(n)
+	case reflect.Float64:
+		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil {
+			return fmt.Errorf("expected a number, got %q", s)
+		}
+		fv.SetFloat(f)
 	case reflect.Bool:
 		b, err := strconv.ParseBool(strings.TrimSpace(s))
 		if err != nil {
@@ -219,6 +225,8 @@ func typeWord(t reflect.Type) string {
 		return typeWord(t.Elem())
 	case t.Kind() == reflect.Int, t.Kind() == reflect.Int32, t.Kind() == reflect.Int64:
 		return "an integer"
+	case t.Kind() == reflect.Float64:
+		return "a number"
 	case t.Kind() == reflect.Bool:
 		return "true or false"
 	case t.Kind() == reflect.Slice:

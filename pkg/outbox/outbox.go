@@ -6,9 +6,11 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bettercompute/bettercompute/pkg/events"
 )
@@ -16,6 +18,12 @@ import (
 // Querier runs statements: a pool, a connection or a transaction.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// BatchQuerier also runs statements that return no rows.
+type BatchQuerier interface {
+	Querier
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // Event is one committed fact others may care about.
@@ -55,4 +63,42 @@ func Write(ctx context.Context, q Querier, e Event) (int64, error) {
 		return 0, fmt.Errorf("write outbox event %s: %w", e.Type, err)
 	}
 	return id, nil
+}
+
+// WriteMany inserts es in one statement, in order: what a batch of changes
+// (a batch of nodes converging, a batch of specs stored) writes instead of
+// a statement per event. Like [Write] it refuses a type missing from the
+// catalog, and then writes none.
+func WriteMany(ctx context.Context, q BatchQuerier, es []Event) error {
+	if len(es) == 0 {
+		return nil
+	}
+	tenants := make([]string, len(es))
+	types := make([]string, len(es))
+	subjects := make([]string, len(es))
+	resources := make([]string, len(es))
+	payloads := make([]string, len(es))
+	for i, e := range es {
+		if _, ok := events.Lookup(e.Type); !ok {
+			return fmt.Errorf("write outbox events: type %q is not in the event catalog (pkg/events)", e.Type)
+		}
+		payload := e.Payload
+		if payload == nil {
+			payload = map[string]any{}
+		}
+		b, err := json.Marshal(payload)
+		if err != nil {
+			return fmt.Errorf("write outbox event %s: %w", e.Type, err)
+		}
+		tenants[i], types[i], subjects[i], resources[i], payloads[i] = e.TenantID, e.Type, Subject(e.TenantID, e.Type), e.Resource, string(b)
+	}
+	_, err := q.Exec(ctx, `
+		INSERT INTO outbox (tenant_id, type, subject, resource_id, payload)
+		SELECT t, ty, su, r, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+		    WITH ORDINALITY AS e(t, ty, su, r, p, ord) ORDER BY ord`,
+		tenants, types, subjects, resources, payloads)
+	if err != nil {
+		return fmt.Errorf("write %d outbox events: %w", len(es), err)
+	}
+	return nil
 }

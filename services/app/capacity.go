@@ -7,6 +7,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/capacity"
+	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
@@ -52,5 +53,6 @@ func (a *App) apiCapacity() api.CapacityOptions {
 }
 
 // observedKinds are the work kinds the gateway enqueues, with the node id,
-// when it stores a node's observed generation.
-var observedKinds = []string{capacity.KindBind}
+// when it stores a node's observed generation: capacity's bind check, for
+// the nodes with a booking waiting to bind.
+var observedKinds = []gateway.ObservedKind{{Kind: capacity.KindBind, Waiting: capacity.AwaitingBind}}

@@ -22,6 +22,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/joinservice"
+	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
 // gatewayServer is the gateway role's listener.
@@ -61,6 +62,9 @@ func (a *App) startGateway(context.Context) error {
 		Poker:             &workqueue.Poker{NC: a.nc},
 		HeartbeatInterval: gc.HeartbeatInterval.Std(),
 		LivenessInterval:  gc.LivenessInterval.Std(),
+		AdmitRate:         gc.AdmitRate,
+		AdmitBurst:        gc.AdmitBurst,
+		AdmitWait:         gc.AdmitWait.Std(),
 		Signer:            signer,
 		Logger:            a.logger.With("role", "gateway"),
 		ObservedKinds:     observedKinds,
@@ -90,11 +94,16 @@ func (a *App) startGateway(context.Context) error {
 	gw.Start()
 	a.localGW.Store(gw)
 	if a.nc != nil {
-		// Pokes from nodespec controllers in other processes.
-		sub, err := a.nc.Subscribe(SpecPokePrefix+"*", func(m *nats.Msg) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// Pokes from nodespec controllers in other processes: the nodes of
+		// a batch this gateway holds, one per line.
+		sub, err := a.nc.Subscribe(SpecPokePrefix+gc.ID, func(m *nats.Msg) {
+			ids := strings.Fields(string(m.Data))
+			if len(ids) > maxPokeNodes {
+				ids = ids[:maxPokeNodes]
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := gw.Deliver(ctx, strings.TrimPrefix(m.Subject, SpecPokePrefix)); err != nil {
+			if err := gw.Deliver(ctx, ids...); err != nil {
 				a.logger.Warn("deliver desired state", "err", err)
 			}
 		})
@@ -137,30 +146,48 @@ func (g *gatewayServer) stop(ctx context.Context) {
 }
 
 // SpecPokePrefix starts the subject of a desired-state poke:
-// bc.nodespec.<node id>, sent after a generation change.
+// bc.nodespec.<gateway id>, sent after a batch of generation changes to the
+// gateway holding the nodes' sessions, their ids one per line.
 const SpecPokePrefix = "bc.nodespec."
 
-// specChanged is the nodespec controller's hook after a generation change.
-// When this process's gateway holds the node's session it delivers here,
-// once, off the controller's path (at most deliverers at a time, so a
-// fleet-wide change holds the controller back only when delivery cannot keep
-// up); otherwise it pokes the other gateways over the bus. Gateways also
-// resync from the database, so a lost poke only delays delivery.
-func (a *App) specChanged(_ context.Context, nodeID string, _ int64) {
-	if gw := a.localGW.Load(); gw != nil && gw.Holds(nodeID) {
+// maxPokeNodes bounds the node ids a gateway reads from one poke.
+const maxPokeNodes = 10000
+
+// specChanged is the nodespec controller's hook after a commit that moved
+// nodes' generations. The nodes whose session this process's gateway holds
+// are delivered here, once, off the controller's path (at most deliverers
+// batches at a time, so a fleet-wide change holds the controller back only
+// when delivery cannot keep up); for the others, the gateway that holds
+// each (nodes.gateway_id) is poked over the bus, once per batch. Gateways
+// also resync from the database, so a lost poke only delays delivery.
+func (a *App) specChanged(_ context.Context, changes []nodespec.Change) {
+	gw := a.localGW.Load()
+	var local []string
+	remote := map[string][]string{}
+	for _, ch := range changes {
+		switch {
+		case gw != nil && gw.Holds(ch.NodeID):
+			local = append(local, ch.NodeID)
+		case ch.GatewayID != "":
+			remote[ch.GatewayID] = append(remote[ch.GatewayID], ch.NodeID)
+		}
+	}
+	if len(local) > 0 {
 		a.deliverSlots <- struct{}{}
 		go func() {
 			defer func() { <-a.deliverSlots }()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := gw.Deliver(ctx, nodeID); err != nil {
-				a.logger.Warn("deliver desired state", "node", nodeID, "err", err)
+			if err := gw.Deliver(ctx, local...); err != nil {
+				a.logger.Warn("deliver desired state", "nodes", len(local), "err", err)
 			}
 		}()
+	}
+	if a.nc == nil || !a.nc.IsConnected() {
 		return
 	}
-	if a.nc != nil && a.nc.IsConnected() {
-		_ = a.nc.Publish(SpecPokePrefix+nodeID, nil)
+	for gateway, ids := range remote {
+		_ = a.nc.Publish(SpecPokePrefix+gateway, []byte(strings.Join(ids, "\n")))
 	}
 }
 
@@ -182,4 +209,13 @@ func (a *App) JoinService() *joinservice.Service {
 		return nil
 	}
 	return a.gateway.js
+}
+
+// GatewaySessions returns how many daemon sessions the process's gateway
+// holds; 0 when it runs no gateway.
+func (a *App) GatewaySessions() int {
+	if gw := a.localGW.Load(); gw != nil {
+		return gw.Sessions()
+	}
+	return 0
 }

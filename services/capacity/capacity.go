@@ -87,23 +87,34 @@ func (c *Config) defaults() error {
 }
 
 // Register adds the capacity contributor to reg: the devices section.
-func Register(reg *nodespec.Registry) error { return reg.Register(Module, Contribute) }
+func Register(reg *nodespec.Registry) error { return reg.RegisterBatch(Module, Contribute) }
 
-// Contribute is the capacity module's part of a node's desired state: the
-// devices section, exactly the node's active bookings by reservation.
-func Contribute(ctx context.Context, q reconcile.Querier, n nodespec.Node) (*agentv1.NodeSpec, error) {
-	byRsv, order, err := capstore.NodeAssignments(ctx, q, n.ID)
+// Contribute is the capacity module's part of nodes' desired state: the
+// devices section, exactly each node's active bookings by reservation, read
+// for every node in one statement.
+func Contribute(ctx context.Context, q reconcile.Querier, nodes []nodespec.Node) ([]*agentv1.NodeSpec, error) {
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
+		ids[i] = n.ID
+	}
+	byNode, err := capstore.NodesAssignments(ctx, q, ids)
 	if err != nil {
 		return nil, err
 	}
-	if len(order) == 0 {
-		return &agentv1.NodeSpec{}, nil
+	out := make([]*agentv1.NodeSpec, len(nodes))
+	for i, n := range nodes {
+		a := byNode[n.ID]
+		if a == nil {
+			out[i] = &agentv1.NodeSpec{}
+			continue
+		}
+		sec := &agentv1.DeviceAssignments{}
+		for _, rsv := range a.Order {
+			sec.Assignments = append(sec.Assignments, &agentv1.DeviceAssignment{ReservationId: rsv, GpuUuids: a.Devices[rsv]})
+		}
+		out[i] = &agentv1.NodeSpec{Devices: sec}
 	}
-	sec := &agentv1.DeviceAssignments{}
-	for _, rsv := range order {
-		sec.Assignments = append(sec.Assignments, &agentv1.DeviceAssignment{ReservationId: rsv, GpuUuids: byRsv[rsv]})
-	}
-	return &agentv1.NodeSpec{Devices: sec}, nil
+	return out, nil
 }
 
 // Reconcilers returns the scheduler role's capacity reconcilers.
@@ -146,6 +157,13 @@ func poolKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]string,
 		return nil, err
 	}
 	return inShards(ids, shards), nil
+}
+
+// AwaitingBind returns which of nodeIDs have a booking waiting to bind, in
+// tx: the nodes whose convergence needs the bind check (KindBind), which
+// the gateway enqueues with their Observed reports.
+func AwaitingBind(ctx context.Context, tx pgx.Tx, nodeIDs []string) ([]string, error) {
+	return capstore.AwaitingBind(ctx, tx, nodeIDs)
 }
 
 // runBind binds the placed reservations with bookings on node whose booked

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,42 +15,113 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
-// Deliver sends node's desired state to it if this gateway holds its
-// session and the node has not been sent its current generation. The
-// nodespec controller's change hook calls it (in process, or through a poke
-// over the bus); the liveness tick calls it for every node behind, so a lost
-// call only delays delivery.
-func (g *Gateway) Deliver(ctx context.Context, nodeID string) error {
+// Deliver sends their desired state to the nodes of nodeIDs whose session
+// this gateway holds and that have not been sent their current generation,
+// reading every spec in one statement. The nodespec controller's change
+// hook calls it with the nodes of a batch (in process, or through a poke
+// over the bus); the liveness tick resyncs every session, so a lost call
+// only delays delivery.
+func (g *Gateway) Deliver(ctx context.Context, nodeIDs ...string) error {
 	g.mu.Lock()
-	s, ok := g.sessions[nodeID]
-	g.mu.Unlock()
-	if !ok {
-		return nil
+	held := make([]*session, 0, len(nodeIDs))
+	for _, id := range nodeIDs {
+		if s, ok := g.sessions[id]; ok {
+			held = append(held, s)
+		}
 	}
-	return g.deliver(ctx, s)
+	g.mu.Unlock()
+	return g.deliver(ctx, held)
 }
 
-// deliver sends the stored spec when its generation is ahead of what the
-// session was sent (or, after Welcome, of what the node reported).
-func (g *Gateway) deliver(ctx context.Context, s *session) error {
-	var gen int64
-	var raw []byte
-	err := g.cfg.DB.QueryRow(ctx, `SELECT generation, spec FROM nodes WHERE id = $1 AND session_epoch = $2`, s.nodeID, s.epoch).Scan(&gen, &raw)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // superseded
+// Resync sends their desired state to every session whose node is ahead of
+// what was sent: delivery without the bus. The liveness loop calls it every
+// interval.
+func (g *Gateway) Resync(ctx context.Context) error {
+	g.mu.Lock()
+	all := make([]*session, 0, len(g.sessions))
+	for _, s := range g.sessions {
+		all = append(all, s)
 	}
+	g.mu.Unlock()
+	return g.deliver(ctx, all)
+}
+
+// deliverers bounds the sends of one delivery in flight, so a node slow to
+// read holds back no other.
+const deliverers = 16
+
+// deliver sends each session whose node's stored generation is ahead of
+// what it was sent (or, after Welcome, of what the node reported) that
+// spec, in one statement for all of them; a superseded session (its epoch
+// no longer its node's) and a node not adopted yet get nothing.
+func (g *Gateway) deliver(ctx context.Context, sessions []*session) error {
+	if len(sessions) == 0 {
+		return nil
+	}
+	ids := make([]string, len(sessions))
+	epochs := make([]int64, len(sessions))
+	sent := make([]int64, len(sessions))
+	byNode := make(map[string]*session, len(sessions))
+	g.mu.Lock()
+	for i, s := range sessions {
+		ids[i], epochs[i], sent[i] = s.nodeID, s.epoch, s.delivered
+		byNode[s.nodeID] = s
+	}
+	g.mu.Unlock()
+	rows, err := g.cfg.DB.Query(ctx, `
+		SELECT n.id, n.generation, n.spec::text FROM nodes n
+		  JOIN unnest($1::text[], $2::bigint[], $3::bigint[]) AS s(id, epoch, delivered) ON s.id = n.id
+		 WHERE n.session_epoch = s.epoch AND n.generation >= 1 AND n.generation > s.delivered`, ids, epochs, sent)
 	if err != nil {
 		return fmt.Errorf("read desired state: %w", err)
 	}
+	type pending struct {
+		s   *session
+		gen int64
+		raw []byte
+	}
+	var todo []pending
+	for rows.Next() {
+		var p pending
+		var id string
+		if err := rows.Scan(&id, &p.gen, &p.raw); err != nil {
+			rows.Close()
+			return fmt.Errorf("read desired state: %w", err)
+		}
+		p.s = byNode[id]
+		todo = append(todo, p)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read desired state: %w", err)
+	}
+	errs := make([]error, len(todo))
+	sem := make(chan struct{}, deliverers)
+	var wg sync.WaitGroup
+	for i, p := range todo {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = g.send(p.s, p.gen, p.raw)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// send sends session s the spec raw of generation gen, unless it was sent
+// that generation meanwhile.
+func (g *Gateway) send(s *session, gen int64, raw []byte) error {
 	g.mu.Lock()
 	behind := gen > s.delivered
 	g.mu.Unlock()
-	if gen < 1 || !behind {
-		return nil // not adopted yet, or already sent
+	if !behind {
+		return nil
 	}
 	var spec agentv1.NodeSpec
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, &spec); err != nil {
@@ -58,7 +130,7 @@ func (g *Gateway) deliver(ctx context.Context, s *session) error {
 	if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_DesiredState{
 		DesiredState: &agentv1.DesiredState{Generation: gen, Spec: &spec},
 	}}); err != nil {
-		return err
+		return fmt.Errorf("send desired state to %s: %w", s.nodeID, err)
 	}
 	g.mu.Lock()
 	s.delivered = max(s.delivered, gen)
@@ -66,50 +138,15 @@ func (g *Gateway) deliver(ctx context.Context, s *session) error {
 	return nil
 }
 
-// Resync sends their desired state to every session whose node is ahead of
-// what was sent. The liveness loop calls it every interval.
-func (g *Gateway) Resync(ctx context.Context) error {
-	g.mu.Lock()
-	ids := make([]string, 0, len(g.sessions))
-	delivered := make([]int64, 0, len(g.sessions))
-	for _, s := range g.sessions {
-		ids = append(ids, s.nodeID)
-		delivered = append(delivered, s.delivered)
-	}
-	g.mu.Unlock()
-	if len(ids) == 0 {
-		return nil
-	}
-	return g.redeliver(ctx, ids, delivered)
-}
-
-// redeliver finds, in one statement, every session whose node's generation is
-// ahead of what was sent, and sends them their desired state: delivery
-// without the bus.
-func (g *Gateway) redeliver(ctx context.Context, ids []string, delivered []int64) error {
-	rows, err := g.cfg.DB.Query(ctx, `
-		SELECT n.id FROM nodes n JOIN unnest($1::text[], $2::bigint[]) AS s(id, delivered) ON s.id = n.id
-		 WHERE n.generation > s.delivered`, ids, delivered)
-	if err != nil {
-		return fmt.Errorf("find nodes behind: %w", err)
-	}
-	behind, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, id := range behind {
-		errs = append(errs, g.Deliver(ctx, id))
-	}
-	return errors.Join(errs...)
-}
-
 // report is one session's report (Observed, an inventory) waiting for the
-// batch writer: store writes it in the batch's transaction.
+// batch writer. An Observed (observed set) is stored with the batch's other
+// Observed reports in one statement ([nodestore.RecordObserved]); any other
+// report's store writes it in the batch's transaction.
 type report struct {
-	nodeID string
-	store  func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error
-	done   chan error
+	nodeID   string
+	observed *observedReport
+	store    func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error
+	done     chan error
 }
 
 // maxReportBatch bounds the reports one transaction stores.
@@ -149,9 +186,7 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 	if r.status, err = json.Marshal(r.sections); err != nil {
 		return err
 	}
-	return g.submit(ctx, s.nodeID, func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error {
-		return g.storeReport(ctx, tx, q, r)
-	})
+	return g.submitReport(ctx, &report{nodeID: s.nodeID, observed: r})
 }
 
 // submit stores a session's report through the batch writer: reports from
@@ -162,7 +197,12 @@ func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Ob
 // so its messages keep their order; a batch that fails is stored again
 // report by report. Before Start, reports are stored one by one.
 func (g *Gateway) submit(ctx context.Context, nodeID string, store func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error) error {
-	r := &report{nodeID: nodeID, store: store, done: make(chan error, 1)}
+	return g.submitReport(ctx, &report{nodeID: nodeID, store: store})
+}
+
+// submitReport is [Gateway.submit] for a prepared report.
+func (g *Gateway) submitReport(ctx context.Context, r *report) error {
+	r.done = make(chan error, 1)
 	g.mu.Lock()
 	batching := g.started
 	g.mu.Unlock()
@@ -220,44 +260,78 @@ func (g *Gateway) reportLoop() {
 	}
 }
 
-// storeReports stores reports in one transaction, locking nodes in id
-// order (reports of one node in the order they came).
+// storeReports stores reports in one transaction: the Observed ones first,
+// in one statement (which locks their nodes in id order), then, in node
+// order (reports of one node in the order they came), the rest of each.
 func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 	sorted := slices.Clone(reports)
 	slices.SortStableFunc(sorted, func(a, b *report) int { return strings.Compare(a.nodeID, b.nodeID) })
+	var obs []nodestore.Observation
+	for _, r := range sorted {
+		if o := r.observed; o != nil {
+			obs = append(obs, nodestore.Observation{NodeID: o.s.nodeID, Epoch: o.s.epoch,
+				Generation: o.obs.GetObservedGeneration(), SectionStatus: o.status})
+		}
+	}
 	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+		stored, err := nodestore.RecordObserved(ctx, tx, obs)
+		if err != nil {
+			return err
+		}
+		var converged []string
+		var events []outbox.Event
+		next := 0
 		for _, r := range sorted {
+			if r.observed != nil {
+				if st := stored[next]; st.Stored {
+					converged = append(converged, r.nodeID)
+					if e, ok := observedEvent(r.observed, st); ok {
+						events = append(events, e)
+					}
+				}
+				next++
+				continue
+			}
 			if err := r.store(ctx, tx, q); err != nil {
 				return fmt.Errorf("node %s: %w", r.nodeID, err)
 			}
 		}
-		return nil
+		if err := g.wakeObserved(ctx, tx, q, slices.Compact(converged)); err != nil {
+			return err
+		}
+		return outbox.WriteMany(ctx, tx, events)
 	})
 }
 
-// storeReport stores one Observed in tx.
-func (g *Gateway) storeReport(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, r *observedReport) error {
-	s, obs := r.s, r.obs
-	var tenant string
-	var gen, observed int64
-	err := tx.QueryRow(ctx, `
-		UPDATE nodes SET observed_generation = greatest(observed_generation, $2), section_status = $3, updated_at = now()
-		 WHERE id = $1 AND session_epoch = $4
-		RETURNING tenant_id, generation, observed_generation`,
-		s.nodeID, obs.GetObservedGeneration(), r.status, s.epoch).Scan(&tenant, &gen, &observed)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // a superseded session's late report
+// wakeObserved enqueues, for the nodes whose reports were stored, the kinds
+// that wait on their convergence (capacity's bind check), in one statement
+// per kind, poked after the commit.
+func (g *Gateway) wakeObserved(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, nodeIDs []string) error {
+	if len(nodeIDs) == 0 {
+		return nil
 	}
-	if err != nil {
-		return err
-	}
-	// The kinds that wait on a node's convergence (capacity's bind
-	// check) run again, poked after the commit.
+	var items []workqueue.Item
 	for _, k := range g.cfg.ObservedKinds {
-		if err := q.Enqueue(ctx, k, s.nodeID); err != nil {
-			return err
+		ids := nodeIDs
+		if k.Waiting != nil {
+			var err error
+			if ids, err = k.Waiting(ctx, tx, nodeIDs); err != nil {
+				return fmt.Errorf("nodes waiting on %s: %w", k.Kind, err)
+			}
+		}
+		for _, id := range ids {
+			items = append(items, workqueue.Item{Kind: k.Kind, Key: id})
 		}
 	}
+	return q.EnqueueMany(ctx, items)
+}
+
+// observedEvent is the event of one stored Observed: node.converged when it
+// reached the node's current generation, node.convergence_failed when a
+// section failed, none otherwise.
+func observedEvent(r *observedReport, st nodestore.Observed) (outbox.Event, bool) {
+	s, obs := r.s, r.obs
+	gen, observed := st.Generation, st.ObservedGeneration
 	event := ""
 	switch {
 	case r.failed:
@@ -266,9 +340,8 @@ func (g *Gateway) storeReport(ctx context.Context, tx pgx.Tx, q *reconcile.Queue
 		event = "node.converged"
 	}
 	if event == "" {
-		return nil
+		return outbox.Event{}, false
 	}
 	payload := map[string]any{"nodeId": s.nodeID, "generation": gen, "observedGeneration": observed, "sections": r.sections}
-	_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: event, Resource: s.nodeID, Payload: payload})
-	return err
+	return outbox.Event{TenantID: st.TenantID, Type: event, Resource: s.nodeID, Payload: payload}, true
 }

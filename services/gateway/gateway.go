@@ -18,7 +18,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -37,7 +36,9 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/startstop"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
@@ -81,7 +82,23 @@ type Config struct {
 	// ObservedKinds are work kinds enqueued with the node id, in the same
 	// transaction, whenever a node's observed generation is stored (and
 	// poked after commit): capacity's bind check.
-	ObservedKinds []string
+	ObservedKinds []ObservedKind
+	// AdmitRate bounds the sessions opened per second, AdmitBurst how many
+	// may open at once above it, AdmitWait how long one waits for its turn
+	// before it is told to retry later (see admission). A zero AdmitRate
+	// admits every session at once.
+	AdmitRate  float64
+	AdmitBurst int
+	AdmitWait  time.Duration
+}
+
+// ObservedKind is a work kind that waits on nodes' convergence.
+type ObservedKind struct {
+	Kind string
+	// Waiting, when set, returns which of nodeIDs have work of the kind
+	// waiting on their convergence, read in the transaction that stores
+	// their reports; only those are enqueued. Nil enqueues every node.
+	Waiting func(ctx context.Context, tx pgx.Tx, nodeIDs []string) ([]string, error)
 }
 
 // Gateway implements agentv1.NodeServiceServer.
@@ -91,8 +108,11 @@ type Gateway struct {
 	log   *slog.Logger
 	kinds *commands.Registry
 
-	mu       sync.Mutex
-	sessions map[string]*session // by node id
+	life startstop.Once
+	mu   sync.Mutex
+	// sessions, by node id, and started (the report writer runs) are
+	// guarded by mu; stop is closed, under mu, by Stop.
+	sessions map[string]*session
 	stop     chan struct{}
 	done     chan struct{}
 	started  bool
@@ -100,6 +120,7 @@ type Gateway struct {
 	// reports feeds the batch writer of sessions' reports.
 	reports     chan *report
 	reportsDone chan struct{}
+	admission   *admission
 }
 
 type session struct {
@@ -131,16 +152,6 @@ func (g *Gateway) Holds(nodeID string) bool {
 	return ok
 }
 
-// Ready reports whether this gateway holds a session of nodeID that has
-// been sent what was due at its start (its desired state, its in-flight and
-// pending commands) and now reads the daemon's messages.
-func (g *Gateway) Ready(nodeID string) bool {
-	g.mu.Lock()
-	s, ok := g.sessions[nodeID]
-	g.mu.Unlock()
-	return ok && s.ready.Load()
-}
-
 // errSuperseded ends a session that a newer one of the same node replaced.
 var errSuperseded = errors.New("superseded by a newer session of this node")
 
@@ -166,47 +177,39 @@ func New(cfg Config) (*Gateway, error) {
 		kinds = commands.Builtin()
 	}
 	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{}),
-		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{})}, nil
+		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{}),
+		admission: newAdmission(cfg.AdmitRate, cfg.AdmitBurst, cmp.Or(cfg.AdmitWait, 10*time.Second))}, nil
 }
 
 // Start runs the liveness writer and the report writer until Stop. A second
 // Start, or one after Stop, does nothing.
 func (g *Gateway) Start() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	select {
-	case <-g.stop:
-		return // stopped: nothing starts again
-	default:
-	}
-	if g.started {
-		return
-	}
-	g.started = true
-	go g.livenessLoop()
-	go g.reportLoop()
+	_ = g.life.Start(func() error {
+		g.mu.Lock()
+		g.started = true
+		g.mu.Unlock()
+		go g.livenessLoop()
+		go g.reportLoop()
+		return nil
+	})
 }
 
 // Stop ends every session and the liveness writer, after a last write.
-// It tolerates Stop before Start and a second Stop.
+// It tolerates Stop before Start, a second Stop, and Stop concurrent with
+// Start (it waits for Start).
 func (g *Gateway) Stop() {
-	g.mu.Lock()
-	started := g.started
-	select {
-	case <-g.stop:
-		g.mu.Unlock()
-		return
-	default:
+	g.life.Stop(func(started bool) {
+		g.mu.Lock()
 		close(g.stop)
-	}
-	for _, s := range g.sessions {
-		s.cancel(errors.New("gateway stopping"))
-	}
-	g.mu.Unlock()
-	if started {
-		<-g.done
-		<-g.reportsDone
-	}
+		for _, s := range g.sessions {
+			s.cancel(errors.New("gateway stopping"))
+		}
+		g.mu.Unlock()
+		if started {
+			<-g.done
+			<-g.reportsDone
+		}
+	})
 }
 
 // Sessions returns how many sessions the gateway holds.
@@ -229,6 +232,12 @@ func (g *Gateway) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv
 		return nil, err
 	}
 	return g.cfg.Joiner.Renew(ctx, chain, req)
+}
+
+// hasChain reports whether p presented a certificate the TLS layer verified.
+func hasChain(p *peer.Peer) bool {
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	return ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0
 }
 
 // verifiedNode returns the caller's verified chain and node id, checking the
@@ -267,6 +276,13 @@ func (g *Gateway) verifiedNode(ctx context.Context) ([]*x509.Certificate, string
 // Session holds one node's stream. See the package comment.
 func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	ctx := stream.Context()
+	// A caller with no verified certificate takes no one's turn.
+	if p, ok := peer.FromContext(ctx); !ok || !hasChain(p) {
+		return status.Error(codes.Unauthenticated, "a node certificate is required")
+	}
+	if err := g.admission.admit(ctx, g.stop); err != nil {
+		return err
+	}
 	_, certNode, err := g.verifiedNode(ctx)
 	if err != nil {
 		return err
@@ -287,18 +303,12 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	// (a new boot, a new journal) commit together.
 	var epoch, observed int64
 	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
-		var oldBoot, oldJournal string
-		err := tx.QueryRow(ctx, `
-			WITH old AS (SELECT id, boot_id, journal_id FROM nodes WHERE id = $1 FOR UPDATE)
-			UPDATE nodes n SET session_epoch = session_epoch + 1, gateway_id = $2, boot_id = $3, journal_id = $4,
-			       last_seen_at = now()
-			  FROM old WHERE n.id = old.id
-			RETURNING n.session_epoch, n.observed_generation, old.boot_id, old.journal_id`,
-			certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId()).Scan(&epoch, &observed, &oldBoot, &oldJournal)
+		opened, err := nodestore.OpenSession(ctx, tx, certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId())
 		if err != nil {
 			return err
 		}
-		return g.kinds.Reconnect(ctx, tx, q, certNode, oldBoot, oldJournal, hello.GetBootId(), hello.GetJournalId())
+		epoch, observed = opened.Epoch, opened.ObservedGeneration
+		return g.kinds.Reconnect(ctx, tx, q, certNode, opened.PrevBootID, opened.PrevJournalID, hello.GetBootId(), hello.GetJournalId())
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return status.Errorf(codes.NotFound, "node %s does not exist", certNode)
@@ -346,7 +356,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 		return err
 	}
 	// A node behind its generation gets the full spec right after Welcome.
-	if err := g.deliver(sctx, s); err != nil {
+	if err := g.deliver(sctx, []*session{s}); err != nil {
 		log.WarnContext(ctx, "deliver desired state", "err", err)
 	}
 	// Then the commands: in-flight ones again (the daemon's journal dedupes
@@ -477,41 +487,22 @@ func (g *Gateway) livenessLoop() {
 // the superseded ones.
 func (g *Gateway) FlushLiveness(ctx context.Context) error {
 	g.mu.Lock()
-	ids := make([]string, 0, len(g.sessions))
-	epochs := make([]int64, 0, len(g.sessions))
-	seen := make([]bool, 0, len(g.sessions))
+	live := make([]nodestore.Liveness, 0, len(g.sessions))
 	for _, s := range g.sessions {
-		ids = append(ids, s.nodeID)
-		epochs = append(epochs, s.epoch)
-		seen = append(seen, s.seen)
+		live = append(live, nodestore.Liveness{NodeID: s.nodeID, Epoch: s.epoch, Seen: s.seen})
 		s.seen = false
 	}
 	g.mu.Unlock()
-	if len(ids) == 0 {
+	if len(live) == 0 {
 		return nil
 	}
-	rows, err := g.cfg.DB.Query(ctx, `
-		WITH s AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bool[]) AS s(id, epoch, seen)),
-		     u AS (
-			UPDATE nodes n SET last_seen_at = now()
-			  FROM s WHERE n.id = s.id AND n.session_epoch = s.epoch AND s.seen
-			RETURNING n.id)
-		SELECT s.id, s.epoch FROM s LEFT JOIN nodes n ON n.id = s.id
-		 WHERE n.session_epoch IS DISTINCT FROM s.epoch`, ids, epochs, seen)
+	stale, err := nodestore.WriteLiveness(ctx, g.cfg.DB, live)
 	if err != nil {
-		return fmt.Errorf("liveness: %w", err)
-	}
-	type staleSession struct {
-		ID    string
-		Epoch int64
-	}
-	stale, err := pgx.CollectRows(rows, pgx.RowToStructByPos[staleSession])
-	if err != nil {
-		return fmt.Errorf("liveness: %w", err)
+		return err
 	}
 	g.mu.Lock()
 	for _, st := range stale {
-		if s, ok := g.sessions[st.ID]; ok && s.epoch == st.Epoch {
+		if s, ok := g.sessions[st.NodeID]; ok && s.epoch == st.Epoch {
 			s.cancel(errSuperseded)
 		}
 	}

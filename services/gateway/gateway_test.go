@@ -28,6 +28,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/gateway"
 )
@@ -111,6 +112,8 @@ type fixture struct {
 	joiner  *joiner
 	revoked map[string]bool
 	signer  *commands.Signer
+	// tune, set before serve, changes the gateway's configuration.
+	tune func(*gateway.Config)
 }
 
 func setup(t testing.TB) *fixture {
@@ -124,13 +127,17 @@ func setup(t testing.TB) *fixture {
 // serve runs a gateway over mTLS on a free port.
 func (f *fixture) serve(t testing.TB, id string) (*gateway.Gateway, string) {
 	t.Helper()
-	gw, err := gateway.New(gateway.Config{
+	cfg := gateway.Config{
 		ID: id, DB: f.db, Joiner: f.joiner, TrustDomain: trustDomain,
 		Revoked: func(_ context.Context, serial string) (bool, error) { return f.revoked[serial], nil },
 		// Liveness is flushed by hand in tests.
 		LivenessInterval: time.Hour,
 		Signer:           f.signer,
-	})
+	}
+	if f.tune != nil {
+		f.tune(&cfg)
+	}
+	gw, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,17 +223,6 @@ func open(t testing.TB, c agentv1.NodeServiceClient, id string) (agentv1.NodeSer
 	return stream, w
 }
 
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestSession(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -247,7 +243,7 @@ func TestSession(t *testing.T) {
 	if err := stream.Send(inventory()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the report to be stored and the controller enqueued", func() bool {
+	poll.Until(t, 15*time.Second, "the report to be stored and the controller enqueued", func() bool {
 		var n int
 		_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM node_inventory i JOIN work_queue w ON w.kind = 'inventory' AND w.key = i.node_id WHERE i.node_id = 'node_a' AND i.report->'gpus'->0->>'uuid' = 'GPU-1'`).Scan(&n)
 		return n == 1
@@ -260,7 +256,7 @@ func TestSession(t *testing.T) {
 	if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{Sequence: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "liveness to be written", func() bool {
+	poll.Until(t, 15*time.Second, "liveness to be written", func() bool {
 		if err := f.gw.FlushLiveness(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -353,7 +349,7 @@ func TestNewerSessionSupersedesOlder(t *testing.T) {
 		if _, err := old.Recv(); status.Code(err) != codes.Aborted {
 			t.Fatalf("the older session got %v, want Aborted", err)
 		}
-		eventually(t, "one session", func() bool { return f.gw.Sessions() == 1 })
+		poll.Until(t, 15*time.Second, "one session", func() bool { return f.gw.Sessions() == 1 })
 	})
 
 	t.Run("on another gateway the older session's late messages are ignored", func(t *testing.T) {
@@ -428,14 +424,14 @@ func TestDesiredStateDeliveryAndObserved(t *testing.T) {
 		return obs, events
 	}
 	observed(t, 2, 2, agentv1.SectionState_SECTION_STATE_CONVERGED)
-	eventually(t, "the observed generation and a node.converged event", func() bool { o, e := stored(); return o == 2 && e == 1 })
+	poll.Until(t, 15*time.Second, "the observed generation and a node.converged event", func() bool { o, e := stored(); return o == 2 && e == 1 })
 
 	t.Run("a late report cannot lower the observed generation", func(t *testing.T) {
 		observed(t, 1, 1, agentv1.SectionState_SECTION_STATE_CONVERGED)
 		if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the late report to be processed", func() bool {
+		poll.Until(t, 15*time.Second, "the late report to be processed", func() bool {
 			var status string
 			_ = f.db.QueryRow(t.Context(), `SELECT section_status->0->>'generation' FROM nodes WHERE id = 'node_a'`).Scan(&status)
 			return status == "1"
@@ -463,7 +459,7 @@ func TestDesiredStateDeliveryAndObserved(t *testing.T) {
 			t.Fatal(err)
 		}
 		observed(t, 3, 2, agentv1.SectionState_SECTION_STATE_FAILED)
-		eventually(t, "a node.convergence_failed event", func() bool {
+		poll.Until(t, 15*time.Second, "a node.convergence_failed event", func() bool {
 			var n int
 			_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE type = 'node.convergence_failed'`).Scan(&n)
 			return n == 1
@@ -471,7 +467,7 @@ func TestDesiredStateDeliveryAndObserved(t *testing.T) {
 		// A terminal failure still lets the generation count as observed,
 		// and the failure stays visible.
 		observed(t, 3, 3, agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL)
-		eventually(t, "the terminal failure to be stored with the generation observed", func() bool {
+		poll.Until(t, 15*time.Second, "the terminal failure to be stored with the generation observed", func() bool {
 			var obs int64
 			var state string
 			_ = f.db.QueryRow(t.Context(), `SELECT observed_generation, section_status->0->>'state' FROM nodes WHERE id = 'node_a'`).Scan(&obs, &state)
@@ -537,7 +533,7 @@ func TestDesiredStateDeliveryAndObserved(t *testing.T) {
 		if err := s3.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Observed{Observed: &agentv1.Observed{Generation: 3, ObservedGeneration: 3}}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the re-sent generation observed", func() bool {
+		poll.Until(t, 15*time.Second, "the re-sent generation observed", func() bool {
 			var obs int64
 			_ = f.db.QueryRow(t.Context(), `SELECT observed_generation FROM nodes WHERE id = 'node_a'`).Scan(&obs)
 			return obs == 3

@@ -1,11 +1,20 @@
 package gateway_test
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
+	"github.com/bettercompute/bettercompute/services/gateway"
 )
 
 // TestObservedReportsOfManySessionsAreStoredOnceEach: 40 nodes converge at
@@ -14,7 +23,71 @@ import (
 func TestObservedReportsOfManySessionsAreStoredOnceEach(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	const n = 40
+	converge(t, f, 40)
+}
+
+// TestObservedWakesOnlyTheNodesAKindWaitsOn: the kinds that wait on
+// convergence are enqueued, in the reports' transaction, for the nodes
+// their Waiting says wait (here the even ones) and none else; a kind with
+// no Waiting for every node.
+func TestObservedWakesOnlyTheNodesAKindWaitsOn(t *testing.T) {
+	t.Parallel()
+	f := &fixture{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}}
+	var asked sync.Map
+	kinds := []gateway.ObservedKind{
+		{Kind: "test.even", Waiting: func(ctx context.Context, tx pgx.Tx, ids []string) ([]string, error) {
+			var even []string
+			for _, id := range ids {
+				asked.Store(id, true)
+				var i int
+				if _, err := fmt.Sscanf(id, "node_%d", &i); err != nil {
+					return nil, err
+				}
+				if i%2 == 0 {
+					even = append(even, id)
+				}
+			}
+			// Read in the reports' transaction: the node is stored.
+			var observed int64
+			if err := tx.QueryRow(ctx, `SELECT observed_generation FROM nodes WHERE id = $1`, ids[0]).Scan(&observed); err != nil || observed != 1 {
+				return nil, fmt.Errorf("node %s observed %d in the transaction (%v), want 1", ids[0], observed, err)
+			}
+			return even, nil
+		}},
+		{Kind: "test.all"},
+	}
+	f.tune = func(c *gateway.Config) { c.ObservedKinds = kinds }
+	f.gw, f.addr = f.serve(t, "gw-1")
+	ids := converge(t, f, 10)
+	for _, kind := range []string{"test.even", "test.all"} {
+		rows, err := f.db.Query(t.Context(), `SELECT key FROM work_queue WHERE kind = $1 ORDER BY key`, kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ids
+		if kind == "test.even" {
+			want = slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return (id[len(id)-1]-'0')%2 == 1 })
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s enqueued for %v, want %v", kind, got, want)
+		}
+	}
+	for _, id := range ids {
+		if _, ok := asked.Load(id); !ok {
+			t.Errorf("Waiting was not asked about %s", id)
+		}
+	}
+}
+
+// converge connects n nodes (node_00, …) adopted at generation 1, has each
+// report Observed at 1 at once, and checks every report was stored once,
+// with one node.converged each. It returns the node ids.
+func converge(t *testing.T, f *fixture, n int) []string {
+	t.Helper()
 	var ids []string
 	for i := range n {
 		id := fmt.Sprintf("node_%02d", i)
@@ -42,7 +115,7 @@ func TestObservedReportsOfManySessionsAreStoredOnceEach(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	eventually(t, "every node observed at generation 1", func() bool {
+	poll.Until(t, 15*time.Second, "every node observed at generation 1", func() bool {
 		var done int
 		_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM nodes WHERE observed_generation = 1`).Scan(&done)
 		return done == n
@@ -54,4 +127,5 @@ func TestObservedReportsOfManySessionsAreStoredOnceEach(t *testing.T) {
 	if events != n || distinct != n {
 		t.Fatalf("%d node.converged events for %d nodes (%d distinct): want one each", events, n, distinct)
 	}
+	return ids
 }

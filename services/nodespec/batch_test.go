@@ -71,8 +71,21 @@ func TestAPoolChangeIsStoredInBatchesAndKeepsEveryGuarantee(t *testing.T) {
 	// sets a different log level) moves to its next generation.
 	e.exec(t, `UPDATE pools SET site = '{"logLevel": "debug"}' WHERE id = 'pool_a'`)
 	invalidate()
+	stmts, batches := e.statements.Load(), e.batches.Load()
 	if tr := e.tick(t, nodespec.Kind); tr.Done != len(ids) || tr.Failed != 0 {
 		t.Fatalf("change pass %+v", tr)
+	}
+	// A batch costs a handful of statements whatever its size (the claim's
+	// share, the leases, one read per contributor, one store, one events
+	// insert, the settle), where a statement per node and contributor
+	// would cost five per node.
+	got, nb := e.statements.Load()-stmts, e.batches.Load()-batches
+	t.Logf("the change pass of %d nodes: %d statements, %d batches", len(ids), got, nb)
+	if nb < 1 || nb >= int64(len(ids)) {
+		t.Errorf("%d batches for %d nodes", nb, len(ids))
+	}
+	if got > 10*nb+5 {
+		t.Errorf("the change pass of %d nodes took %d statements in %d batches: more than 10 a batch", len(ids), got, nb)
 	}
 	if got := events() - before; got != len(ids)-1 {
 		t.Fatalf("%d node.spec.changed for %d changed nodes", got, len(ids)-1)

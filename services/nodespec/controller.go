@@ -14,6 +14,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -32,11 +33,20 @@ const (
 type Config struct {
 	// Registry holds the contributors; nil means [Builtin]'s.
 	Registry *Registry
-	// Changed, when set, is called after the commit that moved node's
-	// generation to generation: the hook that pokes the gateway holding the
-	// node's session. A lost call only delays delivery, which finds nodes
-	// behind their generation from the database.
-	Changed func(ctx context.Context, nodeID string, generation int64)
+	// Changed, when set, is called after each commit that moved nodes'
+	// generations, with every node it moved: the hook that pokes the
+	// gateways holding their sessions. A lost call only delays delivery,
+	// which finds nodes behind their generation from the database.
+	Changed func(ctx context.Context, changes []Change)
+}
+
+// Change is one node's committed generation change.
+type Change struct {
+	NodeID     string
+	Generation int64
+	// GatewayID is the gateway that held the node's session when its spec
+	// was stored ("" when none ever did).
+	GatewayID string
 }
 
 // Builtin returns a registry with the system's contributors: "system"
@@ -45,7 +55,7 @@ type Config struct {
 func Builtin() *Registry {
 	r := &Registry{}
 	_ = r.Register(ModuleSystem, identity)
-	_ = r.Register(ModulePool, poolSettings)
+	_ = r.RegisterBatch(ModulePool, poolSettings)
 	return r
 }
 
@@ -70,117 +80,124 @@ func keys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, err
 
 type controller struct {
 	reg     *Registry
-	changed func(ctx context.Context, nodeID string, generation int64)
+	changed func(ctx context.Context, changes []Change)
 }
 
 // run recomputes one node's spec in its own transaction.
 func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
-	var bumped int64
+	var changes []Change
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		var err error
-		bumped, err = c.recompute(ctx, tx, rc.Logger, nodeID)
+		changes, err = c.recompute(ctx, tx, rc.Logger, []string{nodeID})
 		return err
 	})
 	if err != nil {
 		return reconcile.Done, err
 	}
-	c.notify(ctx, rc.Logger, nodeID, bumped)
+	c.notify(ctx, rc.Logger, changes)
 	return reconcile.Done, nil
 }
 
-// runBatch recomputes a batch of nodes in one transaction: a fleet-wide
-// change costs a commit per batch, not per node. Nodes are locked in id
-// order. Any error rolls the whole batch back, and the runtime then runs
-// each node on its own.
+// runBatch recomputes a batch of nodes in one transaction, in a handful of
+// statements whatever its size: a fleet-wide change costs a commit per
+// batch, not per node. Any error rolls the whole batch back, and the
+// runtime then runs each node on its own.
 func (c *controller) runBatch(ctx context.Context, bc *reconcile.BatchContext, nodeIDs []string) error {
-	ids := slices.Sorted(slices.Values(nodeIDs))
-	bumped := make([]int64, len(ids))
+	var changes []Change
 	err := bc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
-		for i, id := range ids {
-			var err error
-			if bumped[i], err = c.recompute(ctx, tx, bc.Logger.With("key", id), id); err != nil {
-				return fmt.Errorf("node %s: %w", id, err)
-			}
-		}
-		return nil
+		var err error
+		changes, err = c.recompute(ctx, tx, bc.Logger, nodeIDs)
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	for i, id := range ids {
-		c.notify(ctx, bc.Logger.With("key", id), id, bumped[i])
-	}
+	c.notify(ctx, bc.Logger, changes)
 	return nil
 }
 
-// notify tells the gateway hook about a committed generation change.
-func (c *controller) notify(ctx context.Context, log *slog.Logger, nodeID string, bumped int64) {
-	if bumped == 0 {
+// notify tells the gateway hook about committed generation changes.
+func (c *controller) notify(ctx context.Context, log *slog.Logger, changes []Change) {
+	if len(changes) == 0 {
 		return
 	}
-	log.InfoContext(ctx, "desired state changed", "generation", bumped)
+	for _, ch := range changes {
+		log.DebugContext(ctx, "desired state changed", "key", ch.NodeID, "generation", ch.Generation)
+	}
+	log.InfoContext(ctx, "desired state changed", "nodes", len(changes))
 	if c.changed != nil {
-		c.changed(ctx, nodeID, bumped)
+		c.changed(ctx, changes)
 	}
 }
 
-// recompute recomputes node nodeID's spec in tx and stores it, bumping the
-// generation, only when its canonical JSON differs from the stored one (or
-// none was stored yet: adoption writes generation 1), and returns the new
-// generation (0 when it did not move). A conflict is stored in spec_error
-// and leaves spec and generation alone.
-func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger, nodeID string) (int64, error) {
-	var n Node
-	var stored []byte
-	var gen int64
-	var specErr *string
-	err := tx.QueryRow(ctx, `SELECT tenant_id, pool_id, state, labels, spec::text, generation, spec_error
-		FROM nodes WHERE id = $1 FOR UPDATE`, nodeID).Scan(&n.TenantID, &n.PoolID, &n.State, &n.Labels, &stored, &gen, &specErr)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil // gone
-	}
+// recompute recomputes the specs of nodeIDs in tx (locked in id order) and
+// stores each whose canonical JSON differs from the stored one (or that had
+// none yet: adoption writes generation 1), bumping its generation, and
+// returns those it moved. Nodes gone or still adopting are skipped. A
+// conflict is stored in the node's spec_error and leaves its spec and
+// generation alone. Each contributor is asked once for all the nodes, the
+// changed specs are stored in one statement and their events written in
+// another.
+func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger, nodeIDs []string) ([]Change, error) {
+	locked, err := nodestore.LockForSpec(ctx, tx, nodeIDs)
 	if err != nil {
-		return 0, fmt.Errorf("read node: %w", err)
+		return nil, err
 	}
-	if n.State == "adopting" {
-		return 0, nil // desired state applies once adopted
+	locked = slices.DeleteFunc(locked, func(n nodestore.SpecState) bool { return n.State == "adopting" }) // desired state applies once adopted
+	if len(locked) == 0 {
+		return nil, nil
 	}
-	n.ID = nodeID
-	spec, err := c.reg.Compute(ctx, tx, n)
-	var conflict *ConflictError
-	if errors.As(err, &conflict) {
-		log.WarnContext(ctx, "desired state conflict", "error", err)
-		_, err = tx.Exec(ctx, `UPDATE nodes SET spec_error = $2, updated_at = now()
-			WHERE id = $1 AND spec_error IS DISTINCT FROM $2`, nodeID, conflict.Error())
-		return 0, err
+	nodes := make([]Node, len(locked))
+	for i, n := range locked {
+		nodes[i] = Node{ID: n.ID, TenantID: n.TenantID, PoolID: n.PoolID, State: n.State, Labels: n.Labels}
 	}
+	computed, err := c.reg.ComputeBatch(ctx, tx, nodes)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	want, err := Canonical(spec)
-	if err != nil {
-		return 0, err
-	}
-	have, err := CanonicalJSON(stored)
-	if err != nil {
-		return 0, fmt.Errorf("stored spec: %w", err)
-	}
-	if gen > 0 && bytes.Equal(want, have) {
-		if specErr != nil {
-			_, err = tx.Exec(ctx, `UPDATE nodes SET spec_error = NULL, updated_at = now() WHERE id = $1`, nodeID)
+	var store []nodestore.SpecWrite
+	for i, n := range locked {
+		var conflict *ConflictError
+		if errors.As(computed[i].Err, &conflict) {
+			log.WarnContext(ctx, "desired state conflict", "key", n.ID, "error", conflict)
+			if err := nodestore.SetSpecError(ctx, tx, n.ID, conflict.Error()); err != nil {
+				return nil, err
+			}
+			continue
 		}
-		return 0, err
+		if computed[i].Err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.ID, computed[i].Err)
+		}
+		want, err := Canonical(computed[i].Spec)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.ID, err)
+		}
+		have, err := CanonicalJSON(n.Spec)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: stored spec: %w", n.ID, err)
+		}
+		if n.Generation > 0 && bytes.Equal(want, have) {
+			if n.SpecError != "" {
+				if err := nodestore.ClearSpecError(ctx, tx, n.ID); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		}
+		store = append(store, nodestore.SpecWrite{ID: n.ID, Spec: want})
 	}
-	var bumped int64
-	var tenant string
-	err = tx.QueryRow(ctx, `UPDATE nodes SET spec = $2::jsonb, generation = generation + 1, spec_error = NULL, updated_at = now()
-		WHERE id = $1 RETURNING generation, tenant_id`, nodeID, string(want)).Scan(&bumped, &tenant)
+	stored, err := nodestore.StoreSpecs(ctx, tx, store)
 	if err != nil {
-		return 0, fmt.Errorf("store spec: %w", err)
+		return nil, err
 	}
-	_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: tenant, Type: "node.spec.changed", Resource: nodeID,
-		Payload: map[string]any{"nodeId": nodeID, "generation": bumped}})
-	return bumped, err
+	changes := make([]Change, len(stored))
+	events := make([]outbox.Event, len(stored))
+	for i, st := range stored {
+		changes[i] = Change{NodeID: st.ID, Generation: st.Generation, GatewayID: st.GatewayID}
+		events[i] = outbox.Event{TenantID: st.TenantID, Type: "node.spec.changed", Resource: st.ID,
+			Payload: map[string]any{"nodeId": st.ID, "generation": st.Generation}}
+	}
+	return changes, outbox.WriteMany(ctx, tx, events)
 }
 
 // identity is the system's part: the node's identity section.
@@ -190,27 +207,57 @@ func identity(_ context.Context, _ reconcile.Querier, n Node) (*agentv1.NodeSpec
 	}}, nil
 }
 
-// poolSettings is the pool's part: the site and health settings of the
-// node's pool (pools.site, pools.health), each only when set.
-func poolSettings(ctx context.Context, q reconcile.Querier, n Node) (*agentv1.NodeSpec, error) {
-	var site, health []byte
-	err := q.QueryRow(ctx, `SELECT site::text, health::text FROM pools WHERE id = $1`, n.PoolID).Scan(&site, &health)
+// poolSettings is the pool's part: the site and health settings of each
+// node's pool (pools.site, pools.health), each only when set; every pool
+// of the batch is read once.
+func poolSettings(ctx context.Context, q reconcile.Querier, nodes []Node) ([]*agentv1.NodeSpec, error) {
+	var ids []string
+	for _, n := range nodes {
+		if !slices.Contains(ids, n.PoolID) {
+			ids = append(ids, n.PoolID)
+		}
+	}
+	rows, err := q.Query(ctx, `SELECT id, site::text, health::text FROM pools WHERE id = ANY($1)`, ids)
 	if err != nil {
-		return nil, fmt.Errorf("read pool %s: %w", n.PoolID, err)
+		return nil, fmt.Errorf("read pools: %w", err)
 	}
-	out := &agentv1.NodeSpec{Site: &agentv1.SiteSettings{}, Health: &agentv1.HealthSettings{}}
-	opts := protojson.UnmarshalOptions{DiscardUnknown: true}
-	if err := opts.Unmarshal(site, out.Site); err != nil {
-		return nil, fmt.Errorf("pool %s site settings: %w", n.PoolID, err)
+	parts := map[string]*agentv1.NodeSpec{}
+	for rows.Next() {
+		var id string
+		var site, health []byte
+		if err := rows.Scan(&id, &site, &health); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read pools: %w", err)
+		}
+		out := &agentv1.NodeSpec{Site: &agentv1.SiteSettings{}, Health: &agentv1.HealthSettings{}}
+		opts := protojson.UnmarshalOptions{DiscardUnknown: true}
+		if err := opts.Unmarshal(site, out.Site); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("pool %s site settings: %w", id, err)
+		}
+		if err := opts.Unmarshal(health, out.Health); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("pool %s health settings: %w", id, err)
+		}
+		if proto.Size(out.Site) == 0 {
+			out.Site = nil
+		}
+		if proto.Size(out.Health) == 0 {
+			out.Health = nil
+		}
+		parts[id] = out
 	}
-	if err := opts.Unmarshal(health, out.Health); err != nil {
-		return nil, fmt.Errorf("pool %s health settings: %w", n.PoolID, err)
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read pools: %w", err)
 	}
-	if proto.Size(out.Site) == 0 {
-		out.Site = nil
-	}
-	if proto.Size(out.Health) == 0 {
-		out.Health = nil
+	out := make([]*agentv1.NodeSpec, len(nodes))
+	for i, n := range nodes {
+		p, ok := parts[n.PoolID]
+		if !ok {
+			return nil, fmt.Errorf("read pool %s: %w", n.PoolID, pgx.ErrNoRows)
+		}
+		// Each node gets its own copy: the merge writes into parts.
+		out[i] = proto.CloneOf(p)
 	}
 	return out, nil
 }

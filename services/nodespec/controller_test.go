@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,13 +37,26 @@ type env struct {
 	mu   sync.Mutex
 	// changed records the Changed hook's calls: generations by node.
 	changed map[string][]int64
+	// statements counts the statements on pool; batches the Changed calls.
+	statements, batches atomic.Int64
 }
+
+// counter counts statements.
+type counter struct{ n *atomic.Int64 }
+
+func (c counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // setup registers reg (Builtin when nil) and, with state "adopted", adopts
 // node_1 directly.
 func setup(t *testing.T, reg *nodespec.Registry, state string) *env {
 	t.Helper()
-	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 8})
+	e := &env{changed: map[string][]int64{}}
+	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 8, Tracer: counter{&e.statements}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,11 +65,14 @@ func setup(t *testing.T, reg *nodespec.Registry, state string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{pool: pool, rt: rt, changed: map[string][]int64{}}
-	rs := append(inventory.Reconcilers(), nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: func(_ context.Context, node string, gen int64) {
+	e.pool, e.rt = pool, rt
+	rs := append(inventory.Reconcilers(), nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: func(_ context.Context, changes []nodespec.Change) {
+		e.batches.Add(1)
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		e.changed[node] = append(e.changed[node], gen)
+		for _, ch := range changes {
+			e.changed[ch.NodeID] = append(e.changed[ch.NodeID], ch.Generation)
+		}
 	}}))
 	for _, r := range rs {
 		if err := rt.Register(r); err != nil {

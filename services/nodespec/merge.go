@@ -45,6 +45,12 @@ type Node struct {
 // contributes nothing. It reads through q, the controller's transaction.
 type ContributeFunc func(ctx context.Context, q reconcile.Querier, node Node) (*agentv1.NodeSpec, error)
 
+// BatchContributeFunc is a [ContributeFunc] for many nodes at once, for a
+// module whose part reads the same rows for many nodes (a pool's settings)
+// or can read every node's in one statement: it returns one part per node,
+// in order (nil contributes nothing).
+type BatchContributeFunc func(ctx context.Context, q reconcile.Querier, nodes []Node) ([]*agentv1.NodeSpec, error)
+
 // Part is one module's contribution.
 type Part struct {
 	Module string
@@ -67,7 +73,7 @@ func (e *ConflictError) Error() string {
 // Registry holds the contributors, in registration order.
 type Registry struct {
 	names []string
-	fns   []ContributeFunc
+	fns   []BatchContributeFunc
 }
 
 var moduleName = regexp.MustCompile(`^[a-z][a-z0-9.-]*$`)
@@ -75,6 +81,24 @@ var moduleName = regexp.MustCompile(`^[a-z][a-z0-9.-]*$`)
 // Register adds module's contributor after those already registered. Call
 // it before the controller runs.
 func (r *Registry) Register(module string, fn ContributeFunc) error {
+	if fn == nil {
+		return fmt.Errorf("nodespec: bad contributor %q", module)
+	}
+	return r.RegisterBatch(module, func(ctx context.Context, q reconcile.Querier, nodes []Node) ([]*agentv1.NodeSpec, error) {
+		out := make([]*agentv1.NodeSpec, len(nodes))
+		for i, n := range nodes {
+			var err error
+			if out[i], err = fn(ctx, q, n); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	})
+}
+
+// RegisterBatch adds module's batch contributor after those already
+// registered. Call it before the controller runs.
+func (r *Registry) RegisterBatch(module string, fn BatchContributeFunc) error {
 	if !moduleName.MatchString(module) || fn == nil {
 		return fmt.Errorf("nodespec: bad contributor %q", module)
 	}
@@ -94,15 +118,42 @@ func (r *Registry) Modules() []string { return append([]string(nil), r.names...)
 // Compute asks every contributor for its part of node's spec and merges
 // them ([Merge]). A merge conflict is a *[ConflictError].
 func (r *Registry) Compute(ctx context.Context, q reconcile.Querier, node Node) (*agentv1.NodeSpec, error) {
-	parts := make([]Part, 0, len(r.fns))
+	out, err := r.ComputeBatch(ctx, q, []Node{node})
+	if err != nil {
+		return nil, err
+	}
+	return out[0].Spec, out[0].Err
+}
+
+// Computed is one node's outcome of [Registry.ComputeBatch].
+type Computed struct {
+	Spec *agentv1.NodeSpec
+	// Err is the node's merge conflict (a *[ConflictError]), if any.
+	Err error
+}
+
+// ComputeBatch is [Registry.Compute] for many nodes: every contributor is
+// asked once for all of them. A contributor's error fails the batch; a
+// merge conflict is the node's own (Computed.Err).
+func (r *Registry) ComputeBatch(ctx context.Context, q reconcile.Querier, nodes []Node) ([]Computed, error) {
+	parts := make([][]Part, len(nodes))
 	for i, fn := range r.fns {
-		spec, err := fn(ctx, q, node)
+		specs, err := fn(ctx, q, nodes)
 		if err != nil {
 			return nil, fmt.Errorf("contributor %s: %w", r.names[i], err)
 		}
-		parts = append(parts, Part{Module: r.names[i], Spec: spec})
+		if len(specs) != len(nodes) {
+			return nil, fmt.Errorf("contributor %s: %d parts for %d nodes", r.names[i], len(specs), len(nodes))
+		}
+		for j, spec := range specs {
+			parts[j] = append(parts[j], Part{Module: r.names[i], Spec: spec})
+		}
 	}
-	return Merge(parts)
+	out := make([]Computed, len(nodes))
+	for j := range nodes {
+		out[j].Spec, out[j].Err = Merge(parts[j])
+	}
+	return out, nil
 }
 
 // Merge merges parts in order: a section a later part sets replaces the

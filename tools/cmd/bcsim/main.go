@@ -7,6 +7,11 @@
 //	      --joinservice-key .data/pki/joinservice.pub --token bcjt_… --nodes 1000
 //
 // Nodes already joined under --root are reused (no token needed for them).
+//
+// It also times fleet-wide changes as the nodes see them: when nodes start
+// reporting a newer observed generation (a pools.update of the site
+// settings, say), it prints, once every node has, how long the wave took
+// from its first report to its last, with the per-node p50 and p99.
 package main
 
 import (
@@ -18,6 +23,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -45,6 +52,7 @@ func run() error {
 		concurrency = flag.Int("join-concurrency", 16, "joins in flight")
 		every       = flag.Duration("every", time.Second, "how often to print the session count")
 		verbose     = flag.Bool("v", false, "log the agents' warnings to stderr")
+		logFiles    = flag.Bool("log-files", false, "give every node a log file of its own (for logs.collect): one more open file per node")
 	)
 	flag.Parse()
 	if *caFile == "" || *nodes < 1 {
@@ -82,10 +90,11 @@ func run() error {
 	start := time.Now()
 	fmt.Printf("joining and starting %d nodes against %s\n", *nodes, *gateway)
 	var sessions atomic.Int64
+	waves := newWaves(*nodes)
 	fleet, err := sim.Start(ctx, sim.Config{
 		Gateway: *gateway, ServerName: *serverName, RootCAs: roots, Token: *token,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: *root,
-		JoinConcurrency: *concurrency, Logger: logger,
+		JoinConcurrency: *concurrency, Logger: logger, NoLogFiles: !*logFiles,
 		OnSession: func(up bool) {
 			if up {
 				sessions.Add(1)
@@ -93,6 +102,7 @@ func run() error {
 				sessions.Add(-1)
 			}
 		},
+		OnObserved: waves.observed,
 	}, *nodes)
 	if err != nil {
 		return err
@@ -113,15 +123,88 @@ func run() error {
 				fmt.Printf("%s  sessions %d/%d\n", time.Since(start).Round(time.Second), n, *nodes)
 				last = n
 			}
+			if line := waves.report(); line != "" {
+				fmt.Printf("%s  %s\n", time.Since(start).Round(time.Second), line)
+			}
 		}
 	}
 }
 
-// raiseFileLimit lifts the soft open-files limit to the hard one: every
-// simulated node holds a connection.
+// waves times fleet-wide changes: a wave starts when a node reports an
+// observed generation above the one it had when the last wave ended, and
+// ends when every node has.
+type waves struct {
+	mu    sync.Mutex
+	gen   []int64     // each node's highest observed generation
+	base  []int64     // its generation when the current wave started
+	moved []time.Time // when it passed base in the current wave
+	start time.Time   // the wave's first report; zero between waves
+	count int         // nodes moved in the current wave
+}
+
+func newWaves(n int) *waves {
+	return &waves{gen: make([]int64, n), base: make([]int64, n), moved: make([]time.Time, n)}
+}
+
+func (w *waves) observed(i int, gen int64) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if gen <= w.gen[i] {
+		return
+	}
+	first := w.gen[i] == 0
+	w.gen[i] = gen
+	if first {
+		w.base[i] = gen // joining, not a change
+		return
+	}
+	if w.start.IsZero() {
+		w.start = now
+		w.count = 0
+		clear(w.moved)
+	}
+	if w.moved[i].IsZero() && gen > w.base[i] {
+		w.moved[i] = now
+		w.count++
+	}
+}
+
+// report returns a line when a wave is in progress or just ended.
+func (w *waves) report() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.start.IsZero() {
+		return ""
+	}
+	if w.count < len(w.gen) {
+		return fmt.Sprintf("change: %d/%d nodes at a newer generation, %s since the first", w.count, len(w.gen), time.Since(w.start).Round(time.Millisecond))
+	}
+	lat := make([]time.Duration, len(w.moved))
+	for i, t := range w.moved {
+		lat[i] = t.Sub(w.start)
+	}
+	slices.Sort(lat)
+	line := fmt.Sprintf("change: all %d nodes at a newer generation in %s from the first report (per node p50 %s, p99 %s)",
+		len(lat), lat[len(lat)-1].Round(time.Millisecond), lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond))
+	w.start = time.Time{}
+	copy(w.base, w.gen)
+	return line
+}
+
+// raiseFileLimit lifts the open-files limit: every simulated node holds a
+// connection and a log file and opens its state files as it converges. It
+// asks for a million (a root process may raise its hard limit up to
+// fs.nr_open) and settles for the hard limit.
 func raiseFileLimit() {
 	var l syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < l.Max {
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return
+	}
+	if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: 1 << 20, Max: max(l.Max, 1<<20)}) == nil {
+		return
+	}
+	if l.Cur < l.Max {
 		l.Cur = l.Max
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
 	}
