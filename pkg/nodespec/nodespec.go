@@ -20,6 +20,16 @@ import (
 // node ids.
 const Kind = "nodespec"
 
+// Change is one node's committed generation change, as the nodespec
+// controller hands it to the gateways after each commit.
+type Change struct {
+	NodeID     string
+	Generation int64
+	// GatewayID is the gateway that held the node's session when its spec
+	// was stored ("" when none ever did).
+	GatewayID string
+}
+
 // Invalidate says node nodeID's desired state may have changed: it enqueues
 // (nodespec, nodeID) in q's transaction, poked after commit. Nothing is
 // recomputed or pushed yet; the controller recomputes the spec and bumps the

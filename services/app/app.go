@@ -123,9 +123,9 @@ type App struct {
 	runtime *reconcile.Runtime
 	gateway *gatewayServer
 	relay   *relay.Service
-	localGW atomic.Pointer[gateway.Gateway] // for in-process delivery
-	// deliverSlots bounds specChanged's deliveries in flight.
-	deliverSlots chan struct{}
+	localGW atomic.Pointer[gateway.Gateway] // for in-process dispatch
+	// specRouter hands the nodespec controller's changes to the gateways.
+	specRouter *gateway.SpecRouter
 	// kinds is the command-kind registry.
 	kinds   *commands.Registry
 	nc      *nats.Conn
@@ -178,7 +178,7 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 		reg = telemetry.NewRegistry()
 	}
 	return &App{cfg: cfg, logger: logger, reg: reg, roles: roles, opts: opts, tracing: func(context.Context) error { return nil },
-		deliverSlots: make(chan struct{}, deliverers), kinds: cmp.Or(opts.Kinds, commands.Builtin())}, nil
+		kinds: cmp.Or(opts.Kinds, commands.Builtin())}, nil
 }
 
 // Roles returns the roles this process runs.
@@ -221,6 +221,7 @@ func (a *App) start(ctx context.Context) (err error) {
 	} else {
 		a.logger.Warn("no nats.url configured: running without the bus, polling the database only")
 	}
+	a.specRouter = gateway.NewSpecRouter(a.nc, a.logger.With("role", "gateway"))
 	a.checks = a.healthChecks()
 	if err := a.startRuntime(ctx); err != nil {
 		return err
@@ -337,7 +338,7 @@ func (a *App) startRuntime(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := rt.Register(nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: a.specChanged})); err != nil {
+		if err := rt.Register(nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: a.specRouter.Changed})); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,7 +21,6 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/joinservice"
-	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
 // gatewayServer is the gateway role's listener.
@@ -93,20 +91,10 @@ func (a *App) startGateway(context.Context) error {
 	g := &gatewayServer{gw: gw, js: js, grpc: gs, ln: ln, done: make(chan struct{})}
 	gw.Start()
 	a.localGW.Store(gw)
+	a.specRouter.SetLocal(gw)
 	if a.nc != nil {
-		// Pokes from nodespec controllers in other processes: the nodes of
-		// a batch this gateway holds, one per line.
-		sub, err := a.nc.Subscribe(SpecPokePrefix+gc.ID, func(m *nats.Msg) {
-			ids := strings.Fields(string(m.Data))
-			if len(ids) > maxPokeNodes {
-				ids = ids[:maxPokeNodes]
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := gw.Deliver(ctx, ids...); err != nil {
-				a.logger.Warn("deliver desired state", "err", err)
-			}
-		})
+		// Pokes from nodespec controllers in other processes.
+		sub, err := gw.SubscribeSpecPokes(a.nc)
 		if err != nil {
 			a.logger.Warn("no spec pokes; delivery relies on the database resync", "err", err)
 		}
@@ -144,55 +132,6 @@ func (g *gatewayServer) stop(ctx context.Context) {
 	}
 	<-g.done
 }
-
-// SpecPokePrefix starts the subject of a desired-state poke:
-// bc.nodespec.<gateway id>, sent after a batch of generation changes to the
-// gateway holding the nodes' sessions, their ids one per line.
-const SpecPokePrefix = "bc.nodespec."
-
-// maxPokeNodes bounds the node ids a gateway reads from one poke.
-const maxPokeNodes = 10000
-
-// specChanged is the nodespec controller's hook after a commit that moved
-// nodes' generations. The nodes whose session this process's gateway holds
-// are delivered here, once, off the controller's path (at most deliverers
-// batches at a time, so a fleet-wide change holds the controller back only
-// when delivery cannot keep up); for the others, the gateway that holds
-// each (nodes.gateway_id) is poked over the bus, once per batch. Gateways
-// also resync from the database, so a lost poke only delays delivery.
-func (a *App) specChanged(_ context.Context, changes []nodespec.Change) {
-	gw := a.localGW.Load()
-	var local []string
-	remote := map[string][]string{}
-	for _, ch := range changes {
-		switch {
-		case gw != nil && gw.Holds(ch.NodeID):
-			local = append(local, ch.NodeID)
-		case ch.GatewayID != "":
-			remote[ch.GatewayID] = append(remote[ch.GatewayID], ch.NodeID)
-		}
-	}
-	if len(local) > 0 {
-		a.deliverSlots <- struct{}{}
-		go func() {
-			defer func() { <-a.deliverSlots }()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := gw.Deliver(ctx, local...); err != nil {
-				a.logger.Warn("deliver desired state", "nodes", len(local), "err", err)
-			}
-		}()
-	}
-	if a.nc == nil || !a.nc.IsConnected() {
-		return
-	}
-	for gateway, ids := range remote {
-		_ = a.nc.Publish(SpecPokePrefix+gateway, []byte(strings.Join(ids, "\n")))
-	}
-}
-
-// deliverers bounds the in-process deliveries of desired state in flight.
-const deliverers = 32
 
 // GatewayAddr returns the gateway's listen address, or "" when the process
 // runs no gateway.

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/services/gateway"
 )
 
@@ -128,4 +130,54 @@ func converge(t *testing.T, f *fixture, n int) []string {
 		t.Fatalf("%d node.converged events for %d nodes (%d distinct): want one each", events, n, distinct)
 	}
 	return ids
+}
+
+// TestABatchThatFailsIsStoredAgainReportByReport: reports queued behind a
+// busy writer are stored in one batch; when one of them fails, the batch
+// rolls back and every report is stored again on its own — the others
+// land, once each, and only the failing one gets its error.
+func TestABatchThatFailsIsStoredAgainReportByReport(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	if _, err := f.db.Exec(t.Context(), `CREATE TABLE stored_reports (n int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	// Hold the writer so the reports after it queue into one batch.
+	release := make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- f.gw.Submit(t.Context(), "node_hold", func(ctx context.Context, _ pgx.Tx, _ *reconcile.Queue) error {
+			<-release
+			return nil
+		})
+	}()
+	const n = 20
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = f.gw.Submit(t.Context(), fmt.Sprintf("node_%02d", i), func(ctx context.Context, tx pgx.Tx, _ *reconcile.Queue) error {
+				if i == 7 {
+					return errors.New("report 7 cannot be stored")
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO stored_reports (n) VALUES ($1)`, i)
+				return err
+			})
+		})
+	}
+	time.Sleep(200 * time.Millisecond) // let them queue behind the held one
+	close(release)
+	wg.Wait()
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if (err != nil) != (i == 7) {
+			t.Errorf("report %d: %v", i, err)
+		}
+	}
+	var stored int
+	if err := f.db.QueryRow(t.Context(), `SELECT count(*) FROM stored_reports`).Scan(&stored); err != nil || stored != n-1 {
+		t.Fatalf("%d reports stored (%v), want %d", stored, err, n-1)
+	}
 }

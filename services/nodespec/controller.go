@@ -40,14 +40,8 @@ type Config struct {
 	Changed func(ctx context.Context, changes []Change)
 }
 
-// Change is one node's committed generation change.
-type Change struct {
-	NodeID     string
-	Generation int64
-	// GatewayID is the gateway that held the node's session when its spec
-	// was stored ("" when none ever did).
-	GatewayID string
-}
+// Change is one node's committed generation change (pkg/nodespec.Change).
+type Change = nodespec.Change
 
 // Builtin returns a registry with the system's contributors: "system"
 // (identity, from the nodes row) and "pool" (site and health, from the
