@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,6 +53,9 @@ func Acquire(ctx context.Context, q Querier, holder string, ttl time.Duration, n
 	if len(names) == 0 {
 		return nil, nil
 	}
+	// Rows are inserted (and, on conflict, locked) in input order: sorted,
+	// so every writer of many leases locks them in name order.
+	names = slices.Sorted(slices.Values(names))
 	rows, err := q.Query(ctx, `
 		INSERT INTO leases AS l (name, holder, fence, acquired_at, expires_at)
 		SELECT n, $2, 1, now(), now() + $3 * interval '1 microsecond' FROM unnest($1::text[]) AS n
@@ -75,9 +79,12 @@ func Renew(ctx context.Context, q Querier, holder string, ttl time.Duration, hel
 	}
 	names, fences := split(held)
 	rows, err := q.Query(ctx, `
+		WITH k AS MATERIALIZED (
+			SELECT l.name FROM leases l JOIN unnest($1::text[], $2::bigint[]) AS h(name, fence)
+			    ON l.name = h.name AND l.fence = h.fence AND l.holder = $3
+			 ORDER BY l.name FOR UPDATE OF l)
 		UPDATE leases AS l SET expires_at = now() + $4 * interval '1 microsecond'
-		  FROM unnest($1::text[], $2::bigint[]) AS h(name, fence)
-		 WHERE l.name = h.name AND l.fence = h.fence AND l.holder = $3 AND l.expires_at > now()
+		  FROM k WHERE l.name = k.name AND l.holder = $3 AND l.expires_at > now()
 		RETURNING l.name, l.fence`, names, fences, holder, ttl.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("renew leases: %w", err)
@@ -86,16 +93,21 @@ func Renew(ctx context.Context, q Querier, holder string, ttl time.Duration, hel
 }
 
 // Release gives up held leases so another worker can take them at once. The
-// fence stays: the next holder increments it.
+// fence stays: the next holder increments it. Like [Renew] and [Acquire] it
+// locks the leases in name order, as a batch's fenced transaction does (FOR
+// SHARE, in name order), so releasing, renewing and running never deadlock.
 func Release(ctx context.Context, q Querier, holder string, held []Held) error {
 	if len(held) == 0 {
 		return nil
 	}
 	names, fences := split(held)
 	_, err := q.Exec(ctx, `
+		WITH k AS MATERIALIZED (
+			SELECT l.name FROM leases l JOIN unnest($1::text[], $2::bigint[]) AS h(name, fence)
+			    ON l.name = h.name AND l.fence = h.fence AND l.holder = $3
+			 ORDER BY l.name FOR UPDATE OF l)
 		UPDATE leases AS l SET holder = NULL, expires_at = '-infinity'
-		  FROM unnest($1::text[], $2::bigint[]) AS h(name, fence)
-		 WHERE l.name = h.name AND l.fence = h.fence AND l.holder = $3`, names, fences, holder)
+		  FROM k WHERE l.name = k.name AND l.holder = $3`, names, fences, holder)
 	if err != nil {
 		return fmt.Errorf("release leases: %w", err)
 	}

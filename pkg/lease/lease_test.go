@@ -1,8 +1,13 @@
 package lease_test
 
 import (
+	"math/rand/v2"
+	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/pkg/lease"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
@@ -34,7 +39,10 @@ func TestLeaseLifecycle(t *testing.T) {
 		t.Fatalf("renew: %v %v", renewed, err)
 	}
 
-	// Released: another takes it at once, with the next fence.
+	// Released: another takes it at once, with the next fence. (Acquire
+	// takes leases in name order, not the order asked.)
+	first := slices.IndexFunc(a, func(h lease.Held) bool { return h.Name == names[0] })
+	a[0], a[first] = a[first], a[0]
 	if err := lease.Release(ctx, pool, "a", a[:1]); err != nil {
 		t.Fatal(err)
 	}
@@ -67,5 +75,54 @@ func TestLeaseLifecycle(t *testing.T) {
 		if err != nil || tag.RowsAffected() != tc.rows {
 			t.Errorf("write as %s fence %d affected %d rows, want %d (%v)", tc.holder, tc.fence, tag.RowsAffected(), tc.rows, err)
 		}
+	}
+}
+
+// TestRenewReleaseAndFencedRunsDoNotDeadlock: a holder renewing and
+// releasing many leases while its runs hold them FOR SHARE in name order
+// (reconcile's fenced transactions) never deadlocks: every writer of many
+// leases locks them in name order, whatever order it was handed them in.
+func TestRenewReleaseAndFencedRunsDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.New(t)
+	ctx := t.Context()
+	var names []string
+	for i := range 24 {
+		names = append(names, lease.Shard("controllers", i))
+	}
+	held, err := lease.Acquire(ctx, pool, "w", time.Minute, names)
+	if err != nil || len(held) != len(names) {
+		t.Fatalf("acquire %v %v", held, err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 4 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 3))
+			for range 25 {
+				shuffled := slices.Clone(held)
+				r.Shuffle(len(shuffled), func(a, b int) { shuffled[a], shuffled[b] = shuffled[b], shuffled[a] })
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if w%2 == 0 { // a fenced run: FOR SHARE in name order
+						_, err := tx.Exec(ctx, `SELECT 1 FROM leases WHERE name = ANY($1) ORDER BY name FOR SHARE`, names)
+						time.Sleep(time.Millisecond)
+						return err
+					}
+					if _, err := lease.Renew(ctx, tx, "w", time.Minute, shuffled); err != nil {
+						return err
+					}
+					return lease.Release(ctx, tx, "nobody", shuffled) // locks, changes nothing
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }
