@@ -346,7 +346,8 @@ type Verdict struct {
 	// LastCheckpoint is the newest checkpoint that matched; nil when none
 	// did.
 	LastCheckpoint *CheckpointRecord
-	// Unchained counts the rows written but not chained yet.
+	// Unchained counts the rows this verification did not cover: written
+	// but not chained yet, or chained after it read the head.
 	Unchained int64
 	// SignaturesChecked says checkpoint signatures were verified (a public
 	// key was given).
@@ -438,7 +439,7 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 				if seq == expect+1 {
 					v.Reason = fmt.Sprintf("chain position %d is missing: the record before record %d was deleted", expect, r.id)
 				}
-				return finish(ctx, q, v)
+				return finish(ctx, q, v, headSeq)
 			}
 			v.RecordsChecked++
 			h, err := rowHash(prev, *r, seq)
@@ -448,7 +449,7 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 			if !bytes.Equal(h, r.hash) {
 				v.FirstBadID = strconv.FormatInt(r.id, 10)
 				v.Reason = fmt.Sprintf("record %d (chain position %d) does not match its hash: it was changed after it was chained", r.id, seq)
-				return finish(ctx, q, v)
+				return finish(ctx, q, v, headSeq)
 			}
 			for {
 				cp, err := cps.peek(ctx)
@@ -463,10 +464,10 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 					// Its row is gone, yet the positions run on: a
 					// checkpoint with no row of its own (made up).
 					v.Reason = fmt.Sprintf("the checkpoint at chain position %d matches no record", cp.ChainSeq)
-					return finish(ctx, q, v)
+					return finish(ctx, q, v, headSeq)
 				}
 				if !checkpoint(cp, r) {
-					return finish(ctx, q, v)
+					return finish(ctx, q, v, headSeq)
 				}
 			}
 			prev, expect = r.hash, seq+1
@@ -476,7 +477,7 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 	if cp, err := cps.peek(ctx); err != nil {
 		return v, err
 	} else if cp != nil && !checkpoint(cp, nil) {
-		return finish(ctx, q, v)
+		return finish(ctx, q, v, headSeq)
 	}
 	v.OK = true
 	switch {
@@ -485,13 +486,17 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 	case unsigned > 0:
 		v.Reason = fmt.Sprintf("%d early checkpoints are unsigned (written before the audit key was configured)", unsigned)
 	}
-	return finish(ctx, q, v)
+	return finish(ctx, q, v, headSeq)
 }
 
-// finish counts the unchained rows into v.
-func finish(ctx context.Context, q Querier, v Verdict) (Verdict, error) {
-	// audit_unchained is a partial index of exactly these rows.
-	if err := queryRow(ctx, q, `SELECT count(*) FROM audit WHERE chain_seq IS NULL`, &v.Unchained); err != nil {
+// finish counts into v the rows this verification did not cover: those not
+// chained yet and those chained after it read the head (headSeq) — so that
+// Unchained and RecordsChecked describe the same moment, even while the
+// chainer runs.
+func finish(ctx context.Context, q Querier, v Verdict, headSeq int64) (Verdict, error) {
+	// audit_unchained is a partial index of the unchained rows.
+	if err := queryRow(ctx, q, `SELECT (SELECT count(*) FROM audit WHERE chain_seq IS NULL) +
+		(SELECT count(*) FROM audit WHERE chain_seq > $1)`, &v.Unchained, headSeq); err != nil {
 		return v, fmt.Errorf("count unchained audit rows: %w", err)
 	}
 	return v, nil
@@ -537,8 +542,8 @@ func (p *checkpointPager) peek(ctx context.Context) (*CheckpointRecord, error) {
 func (p *checkpointPager) next() { p.buf = p.buf[1:] }
 
 // queryRow scans the one row of sql into dst (Querier has no QueryRow).
-func queryRow(ctx context.Context, q Querier, sql string, dst any) error {
-	rows, err := q.Query(ctx, sql)
+func queryRow(ctx context.Context, q Querier, sql string, dst any, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return err
 	}
