@@ -30,6 +30,30 @@ test: ## run every module's tests with -race (real PostgreSQL and an embedded NA
 		echo "== $$m"; (cd $$m && $(GO) test -race $(TESTFLAGS) ./...); \
 	done
 
+# Fuzz targets, package:FuzzName (go test takes one -fuzz target per run).
+FUZZ_TARGETS := \
+	pkg/commands:FuzzKindEncode \
+	pkg/webhooks:FuzzCheckEndpoint \
+	pkg/nodeca:FuzzParseCSR \
+	services/api:FuzzRequestBody \
+	services/api:FuzzValidLabels \
+	services/joinservice:FuzzKeyOpen \
+	services/joinservice:FuzzHardwareClaims \
+	services/gateway:FuzzSessionRequest \
+	agent/command:FuzzCommand
+FUZZTIME ?= 30s
+
+.PHONY: fuzz
+fuzz: ## run every fuzz target for FUZZTIME (30s) each; a crasher lands in the package's testdata/fuzz
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; echo "== $$pkg $$name"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) ./$$pkg; \
+	done
+
+.PHONY: fuzz-smoke
+fuzz-smoke: ## run every fuzz target for 3s each (CI)
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
+
 .PHONY: bench
 bench: ## run every module's benchmarks; print one table of them beside this machine's limits (pgbench), written to .bench/results.md
 	@mkdir -p .bench; : > .bench/raw.txt

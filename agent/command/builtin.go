@@ -5,8 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +19,8 @@ const (
 	DefaultLogsBytes = 1 << 20
 	// MaxLogsBytes caps max_bytes.
 	MaxLogsBytes = 4 << 20
+	// MaxLogSources caps the sources of one logs.collect.
+	MaxLogSources = 16
 )
 
 // LogSourceAgent is logs.collect's source for the daemon's own log.
@@ -87,7 +88,9 @@ func (e *Executor) inventoryRefresh(ctx context.Context, body *agentv1.CommandBo
 	}}}, nil
 }
 
-// logsCollect returns the tail of the daemon's log, bounded by max_bytes.
+// logsCollect returns the tail of the daemon's logs, bounded by max_bytes:
+// one byte budget for the whole result, whatever the number of sources
+// (each read once, from its end, with a bounded reader; see tailLogs).
 func (e *Executor) logsCollect(_ context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
 	p := body.GetLogsCollect()
 	limit := int(min(p.GetMaxBytes(), MaxLogsBytes))
@@ -98,66 +101,52 @@ func (e *Executor) logsCollect(_ context.Context, body *agentv1.CommandBody) (*a
 	if len(sources) == 0 {
 		sources = []string{LogSourceAgent}
 	}
-	var data []byte
-	for _, s := range sources {
+	if len(sources) > MaxLogSources {
+		return nil, fmt.Errorf("%d log sources, at most %d", len(sources), MaxLogSources)
+	}
+	var paths []string
+	for i, s := range sources {
+		if slices.Contains(sources[:i], s) {
+			continue // read once
+		}
 		switch s {
 		case LogSourceAgent:
-			b, err := readLog(e.cfg.LogFile)
-			if err != nil {
-				return nil, err
-			}
-			data = append(data, b...)
+			paths = append(paths, e.cfg.LogFile+".1", e.cfg.LogFile)
 		default:
 			return nil, fmt.Errorf("unknown log source %q (this daemon collects only %q)", s, LogSourceAgent)
 		}
 	}
-	if p.GetSince() != nil {
-		data = since(data, e.cfg.Now().Add(-p.GetSince().AsDuration()))
+	data, truncated, err := tailLogs(paths, limit)
+	if err != nil {
+		return nil, err
 	}
-	truncated := false
-	if len(data) > limit {
-		data, truncated = data[len(data)-limit:], true
-		// Start at a whole line when one begins within the tail.
-		if i := bytes.IndexByte(data, '\n'); i >= 0 && i+1 < len(data) {
-			data = data[i+1:]
-		}
+	if p.GetSince() != nil {
+		var older bool
+		data, older = since(data, e.cfg.Now().Add(-p.GetSince().AsDuration()))
+		// What was left unread is older still: nothing asked for was cut.
+		truncated = truncated && !older
 	}
 	return &agentv1.CommandResult{Kind: &agentv1.CommandResult_LogsCollect{LogsCollect: &agentv1.LogsCollectResult{
-		Data: bytes.Clone(data), Truncated: truncated,
+		Data: data, Truncated: truncated,
 	}}}, nil
-}
-
-// readLog reads the rotated log (path.1) and the current one, oldest first.
-func readLog(path string) ([]byte, error) {
-	var out []byte
-	for _, p := range []string{path + ".1", path} {
-		b, err := os.ReadFile(p)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read log: %w", err)
-		}
-		out = append(out, b...)
-	}
-	return out, nil
 }
 
 // since drops the lines logged before cutoff: lines that start with
 // slog's "time=<RFC 3339>"; lines without a time go with the line before.
-func since(data []byte, cutoff time.Time) []byte {
-	var out []byte
+// older reports whether a line before cutoff was dropped.
+func since(data []byte, cutoff time.Time) (out []byte, older bool) {
 	keep := false
 	for line := range bytes.Lines(data) {
 		if rest, ok := bytes.CutPrefix(line, []byte("time=")); ok {
 			ts, _, _ := bytes.Cut(rest, []byte(" "))
 			if t, err := time.Parse(time.RFC3339Nano, string(ts)); err == nil {
 				keep = !t.Before(cutoff)
+				older = older || !keep
 			}
 		}
 		if keep {
 			out = append(out, line...)
 		}
 	}
-	return out
+	return out, older
 }

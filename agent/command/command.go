@@ -4,7 +4,14 @@
 // gRPC: the session hands it commands (Handle, Cancel), tells it the
 // applied generation (SetApplied) and gives it a Send callback.
 //
-// Checks, in order (the first that fails answers REJECTED with its code):
+// A destructive kind's signature is checked first, before anything is
+// journaled or held: one that does not verify against the pinned
+// command-signing key for this daemon's trust domain (none pinned: always)
+// is answered BAD_SIGNATURE and never journaled, so it takes no seq and the
+// validly signed command under that seq still runs when it comes.
+//
+// Then checks, in order (the first that fails answers REJECTED with its
+// code):
 //
 //  1. UNSUPPORTED: another node's command, a kind the daemon does not know
 //     or its configuration denies (node.reboot without a reboot hook), or
@@ -15,11 +22,10 @@
 //  3. EXPIRED: now past not_after.
 //  4. BUSY: no credit left in the kind's lane. Not journaled: the control
 //     plane retries it.
-//  5. BAD_SIGNATURE: a destructive kind whose signature does not verify
-//     against the pinned command-signing key (none pinned: always).
 //
 // The journal (one fsynced JSON file per seq under <root>/journal/) holds
-// every command the daemon accepted or rejected other than BUSY; a seq it
+// every command the daemon accepted or rejected other than BUSY and
+// BAD_SIGNATURE; a seq it
 // holds is never run again and a re-delivery is answered from it.
 // Accepted commands are journaled before ACCEPTED is sent and before they
 // run. At start, entries still accepted become failed ("interrupted: the
@@ -86,6 +92,11 @@ type Config struct {
 	// CommandKey is the control plane's command-signing public key;
 	// without it every destructive command is BAD_SIGNATURE.
 	CommandKey ed25519.PublicKey
+	// TrustDomain is this node's SPIFFE trust domain (from its
+	// certificate): a destructive command's signature must be for it, so
+	// one signed for another installation pinning the same key is
+	// BAD_SIGNATURE. Empty refuses every destructive command.
+	TrustDomain string
 	// DenyKinds are kinds this daemon refuses (UNSUPPORTED).
 	DenyKinds []string
 	// RebootHook reboots the machine for node.reboot, after the command
@@ -229,6 +240,22 @@ func (e *Executor) Handle(c *agentv1.Command) {
 	if _, ok := e.held[c.GetSeq()]; ok {
 		return // still waiting for its generation
 	}
+	if destructive[c.GetKind()] {
+		// Before anything is journaled or held: a command nobody with the
+		// key admitted must not take the seq of one somebody did.
+		if err := commandsig.Verify(c, e.cfg.TrustDomain, e.cfg.CommandKey); err != nil {
+			reason := "the signature does not verify with the pinned command-signing key for trust domain " + e.cfg.TrustDomain
+			switch {
+			case len(e.cfg.CommandKey) == 0:
+				reason = "no command-signing key is pinned (bcd node --command-key): destructive commands are refused"
+			case e.cfg.TrustDomain == "":
+				reason = "this daemon has no trust domain: destructive commands are refused"
+			}
+			e.log.Warn("command refused: bad signature (not journaled)", "seq", c.GetSeq(), "id", c.GetId(), "kind", c.GetKind(), "key_id", c.GetKeyId())
+			e.send(rejected(c, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE, reason))
+			return
+		}
+	}
 	body, reason := e.decode(c)
 	if reason != "" {
 		e.reject(c, agentv1.RejectCode_REJECT_CODE_UNSUPPORTED, reason)
@@ -309,7 +336,8 @@ func (e *Executor) heldDeadline(seq int64, h *held) {
 	e.proceed(h.c, body)
 }
 
-// proceed runs checks 3 to 5 and accepts c. e.mu is held.
+// proceed runs checks 3 and 4 and accepts c (its signature, when the kind
+// is destructive, was checked in Handle). e.mu is held.
 func (e *Executor) proceed(c *agentv1.Command, body *agentv1.CommandBody) {
 	k := kinds[c.GetKind()]
 	now := e.cfg.Now()
@@ -320,16 +348,6 @@ func (e *Executor) proceed(c *agentv1.Command, body *agentv1.CommandBody) {
 	if e.inUse[k.lane] >= Credits[k.lane] {
 		e.send(rejected(c, agentv1.RejectCode_REJECT_CODE_BUSY, fmt.Sprintf("no credit left in lane %q", k.lane)))
 		return
-	}
-	if destructive[c.GetKind()] {
-		if err := commandsig.Verify(c, e.cfg.CommandKey); err != nil {
-			reason := "the signature does not verify with the pinned command-signing key"
-			if len(e.cfg.CommandKey) == 0 {
-				reason = "no command-signing key is pinned (bcd node --command-key): destructive commands are refused"
-			}
-			e.reject(c, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE, reason)
-			return
-		}
 	}
 	en := &entry{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind(), State: stateAccepted, BootID: e.cfg.BootID, At: now}
 	if err := e.journal.put(en); err != nil {

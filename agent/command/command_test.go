@@ -27,6 +27,9 @@ const wait = 20 * time.Second
 
 const node = "node_1"
 
+// trustDomain is the executor's: destructive commands are signed for it.
+const trustDomain = "test.bettercompute"
+
 type fixture struct {
 	root    string
 	cfg     command.Config
@@ -59,6 +62,7 @@ func setup(t *testing.T, mod func(*command.Config)) *fixture {
 		Inventory:   inv,
 		OnInventory: func(r *agentv1.InventoryReport) { f.reports <- r },
 		CommandKey:  pub,
+		TrustDomain: trustDomain,
 		RebootHook:  func(context.Context, string) error { f.reboots.Add(1); return nil },
 	}
 	if mod != nil {
@@ -200,7 +204,7 @@ func TestChecks(t *testing.T) {
 		f.e.Handle(cmd(3, command.KindLogsCollect, logs(0)))
 		expect(t, f.next(t), 3, rejected, agentv1.RejectCode_REJECT_CODE_UNSUPPORTED)
 		c := cmd(4, command.KindNodeReboot, reboot())
-		commandsig.Sign(c, "k", f.priv)
+		commandsig.Sign(c, trustDomain, f.priv)
 		f.e.Handle(c)
 		u := f.next(t)
 		expect(t, u, 4, rejected, agentv1.RejectCode_REJECT_CODE_UNSUPPORTED)
@@ -275,18 +279,18 @@ func TestChecks(t *testing.T) {
 		expect(t, f.next(t), 1, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
 		_, other, _ := ed25519.GenerateKey(nil)
 		c := cmd(2, command.KindNodeReboot, reboot())
-		commandsig.Sign(c, "k", other)
+		commandsig.Sign(c, trustDomain, other)
 		f.e.Handle(c)
 		expect(t, f.next(t), 2, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
 		c = cmd(3, command.KindNodeReboot, reboot())
-		commandsig.Sign(c, "k", f.priv)
+		commandsig.Sign(c, trustDomain, f.priv)
 		c.MinGeneration = 0
 		c.Body = append(c.Body, 0x22, 0x00) // tampered after signing (still a NodeReboot)
 		f.e.Handle(c)
 		expect(t, f.next(t), 3, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
 
 		c = cmd(4, command.KindNodeReboot, reboot())
-		commandsig.Sign(c, "k", f.priv)
+		commandsig.Sign(c, trustDomain, f.priv)
 		f.e.Handle(c)
 		expect(t, f.next(t), 4, accepted, noReject)
 		f.e.Handle(c) // re-delivery: journaled, not rebooted again
@@ -299,7 +303,7 @@ func TestChecks(t *testing.T) {
 
 		nokey := setup(t, func(c *command.Config) { c.CommandKey = nil })
 		c = cmd(1, command.KindNodeReboot, reboot())
-		commandsig.Sign(c, "k", nokey.priv)
+		commandsig.Sign(c, trustDomain, nokey.priv)
 		nokey.e.Handle(c)
 		u := nokey.next(t)
 		expect(t, u, 1, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
@@ -396,7 +400,7 @@ func TestJournal(t *testing.T) {
 		b := newBlocking()
 		f := setup(t, func(c *command.Config) { c.Executors = map[string]command.Func{command.KindDiagNvml: b.fn} })
 		r := cmd(1, command.KindNodeReboot, reboot())
-		commandsig.Sign(r, "k", f.priv)
+		commandsig.Sign(r, trustDomain, f.priv)
 		f.e.Handle(r)
 		expect(t, f.next(t), 1, accepted, noReject)
 		f.e.Handle(cmd(2, command.KindDiagNvml, diag()))
@@ -553,4 +557,86 @@ func TestKinds(t *testing.T) {
 			t.Fatalf("New: %v", err)
 		}
 	})
+}
+
+// TestUnsignedCommandDoesNotBurnSeq: an unsigned (or badly signed)
+// destructive command under seq N — one a compromised gateway made up — is
+// rejected BAD_SIGNATURE before anything is journaled or held, so the
+// validly signed command under the same seq still runs, also after a
+// restart.
+func TestUnsignedCommandDoesNotBurnSeq(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	forged := cmd(5, command.KindNodeReboot, reboot())
+	forged.Id = "cmd_forged"
+	f.e.Handle(forged)
+	expect(t, f.next(t), 5, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
+	// One that would be held for a generation far ahead is not held either.
+	ahead := cmd(5, command.KindNodeReboot, reboot())
+	ahead.Id, ahead.MinGeneration = "cmd_forged_ahead", 1<<40
+	f.e.Handle(ahead)
+	expect(t, f.next(t), 5, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
+	if _, err := os.Stat(filepath.Join(f.root, command.JournalDir, "cmd-5.json")); !os.IsNotExist(err) {
+		t.Fatalf("the rejected forgery is journaled: %v", err)
+	}
+	// A restart does not find it either.
+	f.e.Close()
+	e := f.open(t, f.cfg)
+	e.Handle(forged)
+	expect(t, f.next(t), 5, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
+
+	signed := cmd(5, command.KindNodeReboot, reboot())
+	commandsig.Sign(signed, trustDomain, f.priv)
+	e.Handle(signed)
+	u := f.next(t)
+	expect(t, u, 5, accepted, noReject)
+	if u.GetId() != signed.GetId() {
+		t.Fatalf("answered for %q, want %q", u.GetId(), signed.GetId())
+	}
+	e.Close()
+	if n := f.reboots.Load(); n != 1 {
+		t.Fatalf("reboot hook called %d times, want 1", n)
+	}
+}
+
+// TestReplayedSignatureWithChangedFieldsIsBadSignature: a valid signature
+// replayed on the command with another id or timeout, or to a daemon of
+// another installation (trust domain) pinning the same key, is
+// BAD_SIGNATURE; the command as signed runs.
+func TestReplayedSignatureWithChangedFieldsIsBadSignature(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	signed := cmd(1, command.KindNodeReboot, reboot())
+	commandsig.Sign(signed, trustDomain, f.priv)
+
+	otherID := proto.Clone(signed).(*agentv1.Command)
+	otherID.Id = "cmd_other"
+	f.e.Handle(otherID)
+	expect(t, f.next(t), 1, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
+
+	longer := proto.Clone(signed).(*agentv1.Command)
+	longer.Timeout = durationpb.New(time.Hour)
+	f.e.Handle(longer)
+	expect(t, f.next(t), 1, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
+
+	otherKeyID := proto.Clone(signed).(*agentv1.Command)
+	otherKeyID.KeyId = "0011223344556677"
+	f.e.Handle(otherKeyID)
+	expect(t, f.next(t), 1, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
+
+	// Another installation whose daemons pin the same key.
+	other := setup(t, func(c *command.Config) { c.TrustDomain, c.CommandKey = "other.bettercompute", f.cfg.CommandKey })
+	other.e.Handle(proto.Clone(signed).(*agentv1.Command))
+	expect(t, other.next(t), 1, rejected, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE)
+	other.e.Close()
+	if n := other.reboots.Load(); n != 0 {
+		t.Fatalf("the other installation rebooted %d times", n)
+	}
+
+	f.e.Handle(signed)
+	expect(t, f.next(t), 1, accepted, noReject)
+	f.e.Close()
+	if n := f.reboots.Load(); n != 1 {
+		t.Fatalf("reboot hook called %d times, want 1", n)
+	}
 }

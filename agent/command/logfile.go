@@ -1,7 +1,11 @@
 package command
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -90,4 +94,68 @@ func (l *LogFile) Close() error {
 	err := l.f.Close()
 	l.f = nil
 	return err
+}
+
+// tailLogs returns the last limit bytes of the files at paths read as one
+// stream (oldest first), starting at a whole line when it had to cut, and
+// whether it cut. limit is one budget for all of them: the files are taken
+// newest first, each read from its end through a reader bounded by what is
+// left of the budget, so however many paths there are, it reads and holds at
+// most limit bytes. A missing file is empty.
+func tailLogs(paths []string, limit int) ([]byte, bool, error) {
+	type piece struct {
+		f   *os.File
+		off int64
+		n   int64
+	}
+	var pieces []piece // newest first
+	defer func() {
+		for _, p := range pieces {
+			_ = p.f.Close()
+		}
+	}()
+	left, total, cut := int64(limit), int64(0), false
+	for i := len(paths) - 1; i >= 0; i-- {
+		f, err := os.Open(paths[i])
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("read log: %w", err)
+		}
+		st, err := f.Stat()
+		if err != nil {
+			_ = f.Close()
+			return nil, false, fmt.Errorf("read log: %w", err)
+		}
+		size := st.Size()
+		if size > left {
+			cut = true
+		}
+		n := min(size, left)
+		if n == 0 {
+			_ = f.Close()
+			continue
+		}
+		pieces = append(pieces, piece{f: f, off: size - n, n: n})
+		left -= n
+		total += n
+	}
+	buf := make([]byte, 0, total)
+	for i := len(pieces) - 1; i >= 0; i-- {
+		p := pieces[i]
+		// A file that shrank since Stat (rotated) gives what it still has.
+		n, err := io.ReadFull(io.NewSectionReader(p.f, p.off, p.n), buf[len(buf):len(buf)+int(p.n)])
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+			return nil, false, fmt.Errorf("read log: %w", err)
+		}
+		buf = buf[:len(buf)+n]
+	}
+	if cut {
+		// Start at a whole line when one begins within the tail.
+		if i := bytes.IndexByte(buf, '\n'); i >= 0 && i+1 < len(buf) {
+			buf = buf[i+1:]
+		}
+	}
+	return buf, cut, nil
 }

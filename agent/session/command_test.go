@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/bettercompute/bettercompute/agent/command"
+	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/commandsig"
 )
@@ -128,7 +129,7 @@ func TestCommands(t *testing.T) {
 			t.Fatalf("update %v", u)
 		}
 		signed := command1(f.id.NodeID, 2, command.KindNodeReboot, &agentv1.CommandBody{Kind: &agentv1.CommandBody_NodeReboot{NodeReboot: &agentv1.NodeReboot{}}})
-		commandsig.Sign(signed, "k1", priv)
+		commandsig.Sign(signed, testcontrol.TrustDomain, priv)
 		f.send(t, signed)
 		f.update(t, 2, accepted)
 		recv(t, rebooted, "the reboot hook")

@@ -1,10 +1,12 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/bettercompute/bettercompute/agent/state"
@@ -76,10 +78,11 @@ func (r *runner) renew(ctx context.Context) error {
 		return fmt.Errorf("session: renew: %w", err)
 	}
 	old, _, _ := r.current()
-	id := state.Identity{NodeID: old.NodeID, Chain: resp.GetCertificateChain(), Bundle: resp.GetTrustBundle()}
-	if len(id.Bundle) == 0 {
-		id.Bundle = old.Bundle
+	bundle, err := pinnedBundle(old.Bundle, resp.GetTrustBundle())
+	if err != nil {
+		return fmt.Errorf("session: renew: %w", err)
 	}
+	id := state.Identity{NodeID: old.NodeID, Chain: resp.GetCertificateChain(), Bundle: bundle}
 	if len(id.Chain) == 0 {
 		return errors.New("session: renew: no certificate in the answer")
 	}
@@ -95,4 +98,39 @@ func (r *runner) renew(ctx context.Context) error {
 	_, cert, _ := r.current()
 	r.log.InfoContext(ctx, "certificate renewed", "expires", cert.Leaf.NotAfter, "renew_at", RenewAt(cert.Leaf))
 	return nil
+}
+
+// pinnedBundle is the trust bundle a node keeps after a Renew whose answer
+// offered offered: the bundle pinned at join, plus every offered CA that is
+// already in it or chains to it (a rotation: the new CA signed by the old).
+// An offered CA that does neither is refused, and with it the renewal — so
+// whoever answers Renew cannot swap the node's trust and then have it accept
+// certificates of a CA of its own.
+func pinnedBundle(pinned, offered [][]byte) ([][]byte, error) {
+	roots := x509.NewCertPool()
+	for _, der := range pinned {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, fmt.Errorf("pinned trust bundle: %w", err)
+		}
+		roots.AddCert(c)
+	}
+	out := slices.Clone(pinned)
+	for _, der := range offered {
+		if slices.ContainsFunc(out, func(p []byte) bool { return bytes.Equal(p, der) }) {
+			continue
+		}
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, fmt.Errorf("offered trust bundle: %w", err)
+		}
+		if !c.IsCA {
+			return nil, fmt.Errorf("offered trust bundle: %q is not a CA", c.Subject)
+		}
+		if _, err := c.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+			return nil, fmt.Errorf("offered trust bundle: CA %q does not chain to the bundle pinned at join: %w", c.Subject, err)
+		}
+		out = append(out, der)
+	}
+	return out, nil
 }

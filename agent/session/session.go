@@ -182,7 +182,7 @@ func Run(ctx context.Context, cfg Config) error {
 		OnInventory: func(rep *agentv1.InventoryReport) {
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
 		},
-		LogFile: cfg.LogFile, CommandKey: cfg.CommandKey, DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
+		LogFile: cfg.LogFile, CommandKey: cfg.CommandKey, TrustDomain: trustDomain(id), DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
 		Executors: cfg.CommandExecutors, Logger: log,
 	})
 	if err != nil {
@@ -343,6 +343,22 @@ func (r *runner) dial() (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("session: dial %s: %w", r.cfg.Gateway, err)
 	}
 	return conn, nil
+}
+
+// trustDomain is the trust domain of the node's SPIFFE id: the
+// installation destructive commands must be signed for. It does not change
+// on renewal.
+func trustDomain(id state.Identity) string {
+	leaf, err := id.Leaf()
+	if err != nil {
+		return ""
+	}
+	for _, u := range leaf.URIs {
+		if u.Scheme == "spiffe" && u.Path == "/node/"+id.NodeID {
+			return u.Host
+		}
+	}
+	return ""
 }
 
 // verifyGateway runs after the standard chain and name verification: the

@@ -79,7 +79,7 @@ func TestFleet_RebootAndJournalLoss(t *testing.T) {
 	}
 
 	r := newCommand(node, 2, command.KindNodeReboot, &agentv1.CommandBody{Kind: &agentv1.CommandBody_NodeReboot{NodeReboot: &agentv1.NodeReboot{Reason: "test"}}})
-	commandsig.Sign(r, "k1", priv)
+	commandsig.Sign(r, testcontrol.TrustDomain, priv)
 	cp.SendCommand(r)
 	update(t, cp, 2, agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED)
 	h2 := recv(t, cp.Hellos, "Hello after the reboot")

@@ -5,11 +5,13 @@
 //
 //  1. (the caller has authenticated and passed the tenant pre-check)
 //  2. transaction 1: the idempotency lookup — a repeat of the same request
-//     under the same key returns the stored result, a different request under
+//     under the same key finds the stored result, a different request under
 //     it is CONFLICT — then the draft: the resource's projection row (and the
 //     method's own draft row, if it has one);
 //  3. one authorization decision on the drafted resource; a denial removes
-//     the draft and writes a "deny" audit row;
+//     the draft and writes a "deny" audit row. A repeat is decided again
+//     like a first call, and only an allowed one returns the stored result;
+//     a denied one gets the denial (the stored result stays for the key);
 //  4. transaction 2: the method's work, the live projection row, an audit
 //     row, an outbox row and the stored result, all or nothing.
 //
@@ -219,9 +221,6 @@ func (a *Admitter) Create(ctx context.Context, c Create) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if stored != nil {
-		return Result{Response: stored, ResourceID: id, Replayed: true}, nil
-	}
 
 	res := c.Resource
 	res.ID = id
@@ -231,10 +230,14 @@ func (a *Admitter) Create(ctx context.Context, c Create) (Result, error) {
 		a.forget(ctx, c.Call, res, scope, keyed, owner, deny)
 	}
 
-	// The one decision.
+	// The one decision, made for a replay too: a caller who lost the
+	// permission since the first call gets the denial, not the stored result.
 	if err := a.authz.Authorize(ctx, nil, c.Principal, c.Action, res); err != nil {
 		forget(fault.CodeOf(err) == fault.AccessDenied)
 		return Result{}, err
+	}
+	if stored != nil {
+		return Result{Response: stored, ResourceID: id, Replayed: true}, nil
 	}
 
 	// Transaction 2: the work, projection, audit, outbox, stored result.

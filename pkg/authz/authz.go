@@ -1,13 +1,14 @@
 package authz
 
 import (
+	"container/list"
 	"context"
-	"fmt"
 	"sync"
 
 	"github.com/cedar-policy/cedar-go"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
@@ -49,6 +50,20 @@ type Resource struct {
 	PoolID string
 	// Labels are its labels.
 	Labels map[string]string
+	// Identity is the identity the action is about, when it is about one
+	// other than the resource: an API key's owner (for apiKeys.create, the
+	// identity the new key is for), in TenantID. An Identity resource is its
+	// own target and leaves it empty. See [Resource.Target].
+	Identity string
+}
+
+// Target returns the id of the identity the action on r is about: r itself
+// when it is an Identity, else r.Identity ("" when none).
+func (r Resource) Target() string {
+	if r.Type == TypeIdentity {
+		return r.ID
+	}
+	return r.Identity
 }
 
 // UID returns the resource's Cedar entity UID as text, e.g. Pool::"pool_x".
@@ -62,24 +77,49 @@ func TenantResource(tenant string) Resource {
 	return Resource{Type: TypeTenant, ID: tenant, TenantID: tenant}
 }
 
-// Authorizer makes decisions. It caches parsed policies by (tenant, name,
-// version); every decision reads the current versions, so a put or delete
-// takes effect at once in every process.
+// Authorizer makes decisions. It caches each tenant's compiled policies at
+// its policy version, and the policy set of each tenant chain composed of
+// them, in a cache bounded by [Options]. A decision uses the cache once it
+// knows the versions are current: it reads them (one indexed statement)
+// unless it listens on a connected bus ([Authorizer.Listen]) and checked
+// them less than [Options.Recheck] ago, and a change message
+// ([PolicySubject]) makes it read them at once. So a put or delete takes
+// effect in this process as soon as it calls [Authorizer.Invalidate] after
+// the commit, and in every other as soon as the message arrives (within
+// Recheck if it is lost; at the next decision without a bus).
 type Authorizer struct {
-	db Querier
-	mu sync.Mutex
-	// parsed policies by "tenant/name".
-	parsed map[string]parsedPolicy
+	db   Querier
+	opts Options
+
+	mu        sync.Mutex
+	tenants   map[string]*tenantEntry
+	tenantLRU *list.List
+	bytes     int
+	chains    map[string]*chainEntry
+	chainLRU  *list.List
+	// epoch grows with every invalidation, so a read that raced one is not
+	// trusted for Recheck.
+	epoch  uint64
+	parses int64
+	reads  int64
+
+	nc         *nats.Conn
+	sub        *nats.Subscription
+	reconnects uint64
+	dropped    int
 }
 
-type parsedPolicy struct {
-	version int64
-	list    cedar.PolicyList
-}
+// New returns an Authorizer reading policies through db, with the default
+// [Options].
+func New(db Querier) *Authorizer { return NewWithOptions(db, Options{}) }
 
-// New returns an Authorizer reading policies through db.
-func New(db Querier) *Authorizer {
-	return &Authorizer{db: db, parsed: map[string]parsedPolicy{}}
+// NewWithOptions returns an Authorizer reading policies through db.
+func NewWithOptions(db Querier, opts Options) *Authorizer {
+	return &Authorizer{
+		db: db, opts: opts.withDefaults(),
+		tenants: map[string]*tenantEntry{}, tenantLRU: list.New(),
+		chains: map[string]*chainEntry{}, chainLRU: list.New(),
+	}
 }
 
 // Decision is the outcome of one authorization.
@@ -90,7 +130,9 @@ type Decision struct {
 }
 
 // Authorize decides whether p may take action on res, reading policies
-// through q (or the Authorizer's db when q is nil). A denial is ACCESS_DENIED.
+// through q (or the Authorizer's db when q is nil). A decision through a q of
+// its own (a transaction) reads the versions through it every time and
+// caches nothing it read. A denial is ACCESS_DENIED.
 func (a *Authorizer) Authorize(ctx context.Context, q Querier, p iam.Principal, action Action, res Resource) error {
 	d, err := a.Decide(ctx, q, p, action, res)
 	if err != nil {
@@ -102,12 +144,14 @@ func (a *Authorizer) Authorize(ctx context.Context, q Querier, p iam.Principal, 
 	return nil
 }
 
-// Decide evaluates the policies attached to res's tenant and its ancestors.
+// Decide evaluates the policies attached to res's tenant and its ancestors
+// ([DecidingTenants]).
 func (a *Authorizer) Decide(ctx context.Context, q Querier, p iam.Principal, action Action, res Resource) (Decision, error) {
-	if q == nil {
+	shared := q == nil
+	if shared {
 		q = a.db
 	}
-	ps, err := a.policySet(ctx, q, iam.Ancestors(res.TenantID))
+	ps, err := a.policySet(ctx, q, DecidingTenants(p, action, res), shared)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -115,7 +159,7 @@ func (a *Authorizer) Decide(ctx context.Context, q Querier, p iam.Principal, act
 		Principal: principalUID(p),
 		Action:    cedar.NewEntityUID("Action", cedar.String(action)),
 		Resource:  cedar.NewEntityUID(cedar.EntityType(res.Type), cedar.String(res.ID)),
-		Context:   cedar.NewRecord(nil),
+		Context:   requestContext(p, res),
 	}
 	ok, diag := cedar.Authorize(ps, entities(p, res), req)
 	d := Decision{Allowed: ok == cedar.Allow}
@@ -125,9 +169,37 @@ func (a *Authorizer) Decide(ctx context.Context, q Querier, p iam.Principal, act
 	return d, nil
 }
 
-func principalUID(p iam.Principal) cedar.EntityUID {
-	return cedar.NewEntityUID(TypeIdentity, cedar.String(p.IdentityID))
+// DecidingTenants returns the tenants whose policies decide p's action on
+// res: res's tenant and its ancestors; but for a break-glass action
+// ([BreakGlass]) by a caller whose home tenant is a strict ancestor of res's,
+// only the caller's tenant and its ancestors, so a descendant's policies
+// cannot lock its ancestors out.
+func DecidingTenants(p iam.Principal, action Action, res Resource) []string {
+	if BreakGlass(action) && p.TenantID != res.TenantID && iam.Covers(p.TenantID, res.TenantID) {
+		return iam.Ancestors(p.TenantID)
+	}
+	return iam.Ancestors(res.TenantID)
 }
+
+// requestContext is the Cedar context of a request: for an action about an
+// identity, { targetIdentity: Identity::"…", self: <target is the caller> };
+// otherwise empty.
+func requestContext(p iam.Principal, res Resource) cedar.Record {
+	target := res.Target()
+	if target == "" {
+		return cedar.NewRecord(nil)
+	}
+	return cedar.NewRecord(cedar.RecordMap{
+		"targetIdentity": identityUID(target),
+		"self":           cedar.Boolean(target == p.IdentityID),
+	})
+}
+
+func identityUID(id string) cedar.EntityUID {
+	return cedar.NewEntityUID(TypeIdentity, cedar.String(id))
+}
+
+func principalUID(p iam.Principal) cedar.EntityUID { return identityUID(p.IdentityID) }
 
 func tenantUID(t string) cedar.EntityUID { return cedar.NewEntityUID(TypeTenant, cedar.String(t)) }
 
@@ -168,6 +240,21 @@ func entities(p iam.Principal, res Resource) cedar.EntityMap {
 	}
 	ru := cedar.NewEntityUID(cedar.EntityType(res.Type), cedar.String(res.ID))
 	attrs := cedar.RecordMap{"labels": cedar.NewRecord(labels)}
+	if prev, ok := em[ru]; ok {
+		// The resource is the principal (an identity acting on itself): one
+		// entity with both sets of attributes.
+		for k, v := range prev.Attributes.All() {
+			attrs[k] = v
+		}
+	}
+	if target := res.Target(); target != "" && target != res.ID {
+		tu := identityUID(target)
+		attrs["identity"] = tu
+		if _, ok := em[tu]; !ok {
+			em[tu] = cedar.Entity{UID: tu, Parents: cedar.NewEntityUIDSet(tenantUID(res.TenantID)),
+				Attributes: cedar.NewRecord(cedar.RecordMap{"tenant": tenantUID(res.TenantID)})}
+		}
+	}
 	var parents []cedar.EntityUID
 	if res.Type == TypeTenant {
 		// A tenant's place in the tree is already in the map.
@@ -189,46 +276,4 @@ func entities(p iam.Principal, res Resource) cedar.EntityMap {
 	}
 	em[ru] = cedar.Entity{UID: ru, Parents: cedar.NewEntityUIDSet(parents...), Attributes: cedar.NewRecord(attrs)}
 	return em
-}
-
-// policySet reads the policies attached to tenants and parses the ones not
-// already cached at their current version.
-func (a *Authorizer) policySet(ctx context.Context, q Querier, tenants []string) (*cedar.PolicySet, error) {
-	rows, err := q.Query(ctx, `SELECT tenant_id, name, version, body FROM policies WHERE tenant_id = ANY($1)`, tenants)
-	if err != nil {
-		return nil, fmt.Errorf("read policies: %w", err)
-	}
-	type row struct {
-		tenant, name, body string
-		version            int64
-	}
-	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
-		var x row
-		err := r.Scan(&x.tenant, &x.name, &x.version, &x.body)
-		return x, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read policies: %w", err)
-	}
-	ps := cedar.NewPolicySet()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, x := range got {
-		key := x.tenant + "/" + x.name
-		pp, ok := a.parsed[key]
-		if !ok || pp.version != x.version {
-			list, err := Parse(key, x.body)
-			if err != nil {
-				// Stored policies were validated on put; one that no longer
-				// parses (after a cedar-go upgrade) takes part in nothing.
-				continue
-			}
-			pp = parsedPolicy{version: x.version, list: list}
-			a.parsed[key] = pp
-		}
-		for i, pol := range pp.list {
-			ps.Add(cedar.PolicyID(fmt.Sprintf("%s#%d", key, i)), pol)
-		}
-	}
-	return ps, nil
 }

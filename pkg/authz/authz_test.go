@@ -101,3 +101,105 @@ func TestParse(t *testing.T) {
 		t.Fatalf("CheckKnown = %v", err)
 	}
 }
+
+func TestDecideOnTheTargetIdentity(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	if _, err := iam.CreateTenant(ctx, db, iam.Tenant{ID: "acme", ParentID: "root", Name: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := authz.PutPolicy(ctx, db, authz.Policy{TenantID: "acme", Name: "self", Body: `
+permit (principal in Tenant::"acme", action in [Action::"compute:api-keys:create", Action::"compute:api-keys:revoke", Action::"compute:identities:revoke"], resource in Tenant::"acme")
+when { context.self && context.targetIdentity == principal };
+permit (principal in Tenant::"acme", action == Action::"compute:api-keys:list", resource)
+when { resource.identity.tenant == Tenant::"acme" };`}); err != nil {
+		t.Fatal(err)
+	}
+	az := authz.New(db)
+	ci := iam.Principal{IdentityID: "idn_ci", TenantID: "acme", Kind: "service", Name: "ci"}
+	allowed := func(a authz.Action, r authz.Resource) bool {
+		t.Helper()
+		d, err := az.Decide(ctx, nil, ci, a, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Allowed
+	}
+	key := func(owner string) authz.Resource {
+		return authz.Resource{Type: authz.TypeAPIKey, ID: "key_1", TenantID: "acme", Identity: owner}
+	}
+	ident := func(id string) authz.Resource {
+		return authz.Resource{Type: authz.TypeIdentity, ID: id, TenantID: "acme"}
+	}
+	if !allowed(authz.APIKeysCreate, key("idn_ci")) || !allowed(authz.APIKeysRevoke, key("idn_ci")) || !allowed(authz.IdentitiesRevoke, ident("idn_ci")) {
+		t.Fatal("a self-only policy allows acting on oneself")
+	}
+	if allowed(authz.APIKeysCreate, key("idn_admin")) || allowed(authz.APIKeysRevoke, key("idn_admin")) || allowed(authz.IdentitiesRevoke, ident("idn_admin")) {
+		t.Fatal("a self-only policy denies acting on another identity")
+	}
+	if allowed(authz.APIKeysCreate, key("")) {
+		t.Fatal("without a target, context.self is absent and the permit does not match")
+	}
+	if !allowed(authz.APIKeysList, key("idn_admin")) {
+		t.Fatal("the key's resource carries its owner as attribute identity, in its tenant")
+	}
+}
+
+func TestBreakGlass(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	for _, id := range []string{"acme", "acme.ml"} {
+		if _, err := iam.CreateTenant(ctx, db, iam.Tenant{ID: id, ParentID: iam.Parent(id), Name: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put := func(tenant, name, body string) {
+		t.Helper()
+		if _, err := authz.PutPolicy(ctx, db, authz.Policy{TenantID: tenant, Name: name, Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("root", "admins", `permit (principal, action, resource) when { principal.tenant == Tenant::"root" };`)
+	put("acme", "members", `permit (principal in Tenant::"acme", action, resource in Tenant::"acme");`)
+	put("acme.ml", "lockout", `forbid (principal, action, resource);`)
+	az := authz.New(db)
+	rootP := iam.Principal{IdentityID: "idn_root", TenantID: "root"}
+	alice := iam.Principal{IdentityID: "idn_alice", TenantID: "acme"}
+	bob := iam.Principal{IdentityID: "idn_bob", TenantID: "acme.ml"}
+	pol := authz.Resource{Type: authz.TypePolicy, ID: "acme.ml/lockout", TenantID: "acme.ml"}
+	pool := authz.Resource{Type: authz.TypePool, ID: "pool_1", TenantID: "acme.ml"}
+	allowed := func(p iam.Principal, a authz.Action, r authz.Resource) bool {
+		t.Helper()
+		d, err := az.Decide(ctx, nil, p, a, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Allowed
+	}
+	for _, p := range []iam.Principal{rootP, alice} {
+		for _, a := range authz.BreakGlassActions() {
+			if !allowed(p, a, pol) {
+				t.Errorf("%s: %s on %s is break-glass", p.IdentityID, a, pol.UID())
+			}
+		}
+		if allowed(p, authz.PoolsGet, pool) || allowed(p, authz.PoliciesPut, pol) {
+			t.Errorf("%s: the child's forbid still denies what is not break-glass", p.IdentityID)
+		}
+	}
+	if allowed(bob, authz.PoliciesDelete, pol) {
+		t.Error("a member of the tenant itself is no ancestor: its own forbid applies")
+	}
+	// The caller's own tenant and its ancestors still decide: acme's forbid
+	// binds acme's member.
+	put("acme", "no-delete", `forbid (principal, action == Action::"compute:policies:delete", resource);`)
+	if allowed(alice, authz.PoliciesDelete, pol) || !allowed(rootP, authz.PoliciesDelete, pol) {
+		t.Error("an ancestor's own policies (and its ancestors') decide break-glass")
+	}
+	for _, a := range authz.BreakGlassActions() {
+		if !authz.Known(a) {
+			t.Errorf("break-glass %s is not in the catalog", a)
+		}
+	}
+}

@@ -11,6 +11,12 @@
 //   - resource: <Type>::"<id>" (Pool, Tenant, Identity, ApiKey, Policy, …),
 //     in Tenant::"<its tenant>" (and in Pool::"<pool>" when it has one), with
 //     attributes tenant, labels (a record) and, when set, pool.
+//   - context: for an action about an identity (identities.revoke, the
+//     identity's own create, apiKeys.create and apiKeys.revoke, whose
+//     resource carries the key's owner as attribute identity),
+//     { targetIdentity: Identity::"idn_…", self: <the target is the
+//     principal> }, so `when { context.self }` means "for yourself only".
+//     Other actions have an empty context.
 //   - Tenant::"acme.ml" is in Tenant::"acme", which is in Tenant::"root". So
 //     `resource in Tenant::"acme"` covers acme's whole subtree, and so does
 //     `principal in Tenant::"acme"`; `principal.tenant == Tenant::"acme"`
@@ -18,7 +24,10 @@
 //
 // A decision evaluates the policies attached to the resource's tenant and to
 // each of its ancestors: Cedar's rules apply (any matching forbid denies;
-// otherwise a matching permit allows; otherwise deny).
+// otherwise a matching permit allows; otherwise deny). Break-glass actions
+// ([BreakGlass]) by a caller from a strict ancestor of the resource's tenant
+// are decided by the policies of the caller's tenant and its ancestors only:
+// a descendant cannot forbid its ancestors to inspect and disarm it.
 package authz
 
 import (
@@ -79,6 +88,8 @@ const (
 	NodesExec  Action = "compute:nodes:exec"
 	// NodesUpdate changes a node's labels.
 	NodesUpdate Action = "compute:nodes:update"
+	// NodesRevoke revokes a node's certificates and so ends its sessions.
+	NodesRevoke Action = "compute:nodes:revoke"
 
 	CommandsRun  Action = "compute:commands:run"
 	CommandsGet  Action = "compute:commands:get"
@@ -113,12 +124,32 @@ var catalog = []Action{
 	EventsList, EventsWatch,
 	WebhooksCreate, WebhooksGet, WebhooksList, WebhooksUpdate, WebhooksDelete,
 	WebhooksRotateSecret, WebhooksTest, WebhooksRedeliver,
-	NodesGet, NodesList, NodesDrain, NodesExec, NodesUpdate,
+	NodesGet, NodesList, NodesDrain, NodesExec, NodesUpdate, NodesRevoke,
 	CommandsRun, CommandsGet, CommandsList,
 	JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
 	ReservationsCreate, ReservationsGet, ReservationsList, ReservationsCancel,
 	ReservationsRelease, CapacityGet, QuotasSet,
 }
+
+// breakGlass are the actions a descendant tenant's policies cannot forbid to
+// its ancestors: each only reads or takes away (policies, identities, keys),
+// so an ancestor can always see into a descendant and remove what it put
+// there, and none of them grants anything new.
+var breakGlass = []Action{
+	TenantsGet, TenantsList,
+	PoliciesGet, PoliciesList, PoliciesDelete,
+	IdentitiesList, IdentitiesRevoke,
+	APIKeysList, APIKeysRevoke,
+	AuditList,
+}
+
+// BreakGlass reports whether a is a break-glass action: for a caller whose
+// home tenant is a strict ancestor of the resource's, only the policies of
+// the caller's tenant and its ancestors decide it.
+func BreakGlass(a Action) bool { return slices.Contains(breakGlass, a) }
+
+// BreakGlassActions returns the break-glass actions, in a stable order.
+func BreakGlassActions() []Action { return slices.Clone(breakGlass) }
 
 // Catalog returns every action, in a stable order.
 func Catalog() []Action { return slices.Clone(catalog) }

@@ -73,11 +73,50 @@ func knownActions(name string, scope xast.IsActionScopeNode) error {
 	return nil
 }
 
+// Bounds of a tenant's policies, so that no tenant can make every decision on
+// it (and on its descendants) slow: see docs/security.md, "Policy evaluation
+// cost".
+const (
+	// MaxPolicyBytes bounds the Cedar text of one policy: more is
+	// INVALID_INPUT on "body".
+	MaxPolicyBytes = 16 << 10
+	// MaxPoliciesPerTenant bounds the policies attached to one tenant: a put
+	// of a new name beyond it is QUOTA_EXCEEDED on "name" (replacing an
+	// existing policy is always allowed).
+	MaxPoliciesPerTenant = 100
+)
+
+// CheckPolicySize refuses a body over [MaxPolicyBytes].
+func CheckPolicySize(body string) error {
+	if len(body) > MaxPolicyBytes {
+		return fault.New(fault.InvalidInput, "body", "a policy is at most %d bytes of Cedar; this one is %d", MaxPolicyBytes, len(body))
+	}
+	return nil
+}
+
 // PutPolicy validates p.Body and creates or replaces the policy, bumping its
-// version.
+// version and its tenant's policy version. Run it in a transaction and call
+// [Authorizer.Invalidate] and [PublishPolicyChange] after the commit.
 func PutPolicy(ctx context.Context, q Querier, p Policy) (Policy, error) {
+	if err := CheckPolicySize(p.Body); err != nil {
+		return Policy{}, err
+	}
 	if _, err := Parse(p.Name, p.Body); err != nil {
 		return Policy{}, err
+	}
+	// Bumping the tenant's version first locks its row until the commit, so
+	// concurrent puts to one tenant count one after the other.
+	if err := bumpPolicyVersion(ctx, q, p.TenantID); err != nil {
+		return Policy{}, err
+	}
+	var n int
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT count(*), coalesce(bool_or(name = $2), false) FROM policies WHERE tenant_id = $1`,
+		p.TenantID, p.Name).Scan(&n, &exists); err != nil {
+		return Policy{}, fmt.Errorf("count policies of %s: %w", p.TenantID, err)
+	}
+	if !exists && n >= MaxPoliciesPerTenant {
+		return Policy{}, fault.New(fault.QuotaExceeded, "name", "tenant %s has %d policies, the most a tenant may have; delete one or merge them", p.TenantID, n)
 	}
 	err := q.QueryRow(ctx, `
 		INSERT INTO policies (tenant_id, name, body) VALUES ($1, $2, $3)
@@ -120,7 +159,8 @@ func ListPolicies(ctx context.Context, q Querier, tenant, after string, limit in
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Policy, error) { return scanPolicy(r) })
 }
 
-// DeletePolicy removes a policy; NOT_FOUND when there is none.
+// DeletePolicy removes a policy, bumping its tenant's policy version;
+// NOT_FOUND when there is none. Like [PutPolicy], invalidate after the commit.
 func DeletePolicy(ctx context.Context, q Querier, tenant, name string) error {
 	tag, err := q.Exec(ctx, `DELETE FROM policies WHERE tenant_id = $1 AND name = $2`, tenant, name)
 	if err != nil {
@@ -128,6 +168,19 @@ func DeletePolicy(ctx context.Context, q Querier, tenant, name string) error {
 	}
 	if tag.RowsAffected() == 0 {
 		return fault.New(fault.NotFound, "name", "policy %q not found in tenant %s", name, tenant)
+	}
+	return bumpPolicyVersion(ctx, q, tenant)
+}
+
+// bumpPolicyVersion marks a change of tenant's policies, which every
+// authorizer's cache sees at its next version check.
+func bumpPolicyVersion(ctx context.Context, q Querier, tenant string) error {
+	tag, err := q.Exec(ctx, `UPDATE tenants SET policy_version = policy_version + 1 WHERE id = $1`, tenant)
+	if err != nil {
+		return fmt.Errorf("bump policy version of %s: %w", tenant, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fault.New(fault.NotFound, "tenantId", "tenant %q not found", tenant)
 	}
 	return nil
 }

@@ -141,14 +141,39 @@ func List(ctx context.Context, q Querier, f ListFilter) ([]Reservation, error) {
 	return out, loadBookings(ctx, q, ptrs)
 }
 
+// Sharing settings of a pool (see pkg/pools).
+const (
+	sharingNone        = "none"
+	sharingDescendants = "descendants"
+)
+
+// notBookable is the refusal of a pool that tenant may not book: one that
+// does not exist, another tenant's, or an ancestor's that is not shared
+// with its descendants. All read the same, so the refusal does not say
+// whether an ancestor has such a pool.
+func notBookable(tenant, pool string) error {
+	return fault.New(fault.NotFound, "poolId", "no pool %q that tenant %s can book (its own pools, or an ancestor's shared with its descendants)", pool, tenant)
+}
+
+// below lists tenant and its ancestors strictly below owner, tenant first;
+// nil when owner is not a strict ancestor of tenant.
+func below(tenant, owner string) []string {
+	anc := iam.Ancestors(tenant)
+	if i := slices.Index(anc, owner); i > 0 {
+		return anc[:i]
+	}
+	return nil
+}
+
 // PoolOf checks that pool exists, is a GPU pool, and belongs to tenant or
-// one of its ancestors; otherwise NOT_FOUND (or INVALID_INPUT for another
-// class) on field "poolId".
+// to one of its ancestors that shares it with its descendants (sharing
+// "descendants"); otherwise NOT_FOUND (or INVALID_INPUT for another class)
+// on field "poolId". [Place] checks the same again in its transaction.
 func PoolOf(ctx context.Context, q Querier, tenant, pool string) error {
-	var owner, class string
-	err := q.QueryRow(ctx, `SELECT tenant_id, class FROM pools WHERE id = $1`, pool).Scan(&owner, &class)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !slices.Contains(iam.Ancestors(tenant), owner)) {
-		return fault.New(fault.NotFound, "poolId", "no pool %q of tenant %s or its ancestors", pool, tenant)
+	var owner, class, sharing string
+	err := q.QueryRow(ctx, `SELECT tenant_id, class, sharing FROM pools WHERE id = $1`, pool).Scan(&owner, &class, &sharing)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && owner != tenant && (sharing != sharingDescendants || below(tenant, owner) == nil)) {
+		return notBookable(tenant, pool)
 	}
 	if err != nil {
 		return fmt.Errorf("read pool: %w", err)
@@ -277,12 +302,15 @@ type PlaceOptions struct {
 	Count int
 }
 
-// Place books atoms for r in tx: it locks the quotas that apply, picks atoms
-// with [Plan], inserts the bookings and checks the quotas against what is
-// now booked, and moves r to placed. It returns the booked nodes (whose
-// desired state the caller invalidates). No capacity is NO_CAPACITY on
-// gpuCount saying what was missing; over quota is QUOTA_EXCEEDED on gpuCount
-// with the limit. Either error leaves tx as it was before the call.
+// Place books atoms for r in tx: it locks the quotas that apply, checks
+// that r's tenant may book the pool (see [PoolOf] and [checkShared]), picks
+// atoms with [Plan], inserts the bookings and checks the quotas against
+// what is now booked, and moves r to placed. It returns the booked nodes
+// (whose desired state the caller invalidates). No capacity is NO_CAPACITY
+// on gpuCount saying what was missing; over quota (an explicit one or a
+// shared pool's default) is QUOTA_EXCEEDED on gpuCount with the limit; a
+// pool the tenant may not book (no longer shared) is NOT_FOUND on poolId.
+// Each error leaves tx as it was before the call.
 func Place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]string, error) {
 	if o.LostAfter <= 0 {
 		o.LostAfter = DefaultLostAfter
@@ -327,13 +355,25 @@ func Place(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions) ([]st
 // again.
 func placeOnce(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions, count, attempt int, busy map[string]bool) ([]string, bool, error) {
 	// Creates under a quota place one at a time; a create that no quota
-	// applies to locks nothing here.
-	tag, err := tx.Exec(ctx, `SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) FOR UPDATE`,
-		r.PoolID, iam.Ancestors(r.TenantID))
+	// applies to locks nothing here. The same statement reads the pool's
+	// tenant.
+	var owner string
+	var quotas bool
+	err := tx.QueryRow(ctx, `
+		SELECT p.tenant_id,
+		       (SELECT count(*) FROM (SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) FOR UPDATE) l) > 0
+		  FROM pools p WHERE p.id = $1`, r.PoolID, iam.Ancestors(r.TenantID)).Scan(&owner, &quotas)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, notBookable(r.TenantID, r.PoolID)
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("lock quotas: %w", err)
 	}
-	quotas := tag.RowsAffected() > 0
+	if owner != r.TenantID {
+		if err := checkShared(ctx, tx, r, owner, count); err != nil {
+			return nil, false, err
+		}
+	}
 	if attempt >= 5 {
 		// Contention: the counts keep going stale before this create
 		// books. Queue behind the pool instead; creates that lock the pool
@@ -491,6 +531,58 @@ func book(ctx context.Context, tx pgx.Tx, r *Reservation, atoms []Atom) (bool, e
 		return false, fmt.Errorf("insert bookings: %w", err)
 	}
 	return int(tag.RowsAffected()) == len(atoms), nil
+}
+
+// checkShared checks a booking of count atoms by r's tenant in a pool of
+// another tenant, owner: owner must be an ancestor whose pool is shared
+// with its descendants (else NOT_FOUND on poolId, as for another tenant's
+// pool), and unless a quota for every model of r's tenant or of an ancestor
+// below owner covers it, the pool's default quota bounds what the child of
+// owner on that chain and its descendants book (QUOTA_EXCEEDED on
+// gpuCount). It locks the pool row first: descendants' bookings in a
+// shared pool are placed one at a time, so the count it reads stays true
+// until commit, and a concurrent pools.update of the sharing waits.
+func checkShared(ctx context.Context, tx pgx.Tx, r *Reservation, owner string, count int) error {
+	chain := below(r.TenantID, owner)
+	if chain == nil {
+		return notBookable(r.TenantID, r.PoolID)
+	}
+	var sharing string
+	var limit int
+	err := tx.QueryRow(ctx, `SELECT sharing, default_quota FROM pools WHERE id = $1 FOR NO KEY UPDATE`, r.PoolID).Scan(&sharing, &limit)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return notBookable(r.TenantID, r.PoolID)
+	}
+	if err != nil {
+		return fmt.Errorf("lock pool: %w", err)
+	}
+	if sharing != sharingDescendants {
+		return notBookable(r.TenantID, r.PoolID)
+	}
+	// A new statement after the lock, so it sees every booking committed
+	// by the descendants' creates this one waited for.
+	top := chain[len(chain)-1]
+	var covered bool
+	var used int
+	err = tx.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) AND model = ''),
+		       (SELECT count(*) FROM bookings
+		         WHERE pool_id = $1 AND active AND (tenant_id = $3 OR starts_with(tenant_id, $3 || '.')))`,
+		r.PoolID, chain, top).Scan(&covered, &used)
+	if err != nil {
+		return fmt.Errorf("check default quota: %w", err)
+	}
+	if covered || used+count <= limit {
+		return nil
+	}
+	if limit == 0 {
+		return fault.New(fault.QuotaExceeded, "gpuCount",
+			"no quota for every model is set in pool %s for tenant %s or an ancestor below %s, and the pool's default quota is 0 GPUs: ask tenant %s for a quota",
+			r.PoolID, r.TenantID, owner, owner)
+	}
+	return fault.New(fault.QuotaExceeded, "gpuCount",
+		"no quota for every model is set in pool %s for tenant %s or an ancestor below %s, so the pool's default quota applies: %d GPUs for %s and its descendants; %d in use, this reservation asks for %d more",
+		r.PoolID, r.TenantID, owner, limit, top, used, count)
 }
 
 // checkQuotas fails with QUOTA_EXCEEDED if, with r's bookings inserted, any

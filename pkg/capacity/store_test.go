@@ -130,6 +130,7 @@ func TestPlace(t *testing.T) {
 		t.Parallel()
 		pool := setup(t, 2, 8)
 		mustExec(t, pool, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme'), ('acme.ml', 'acme', 'ml')`)
+		mustExec(t, pool, `UPDATE pools SET sharing = 'descendants' WHERE id = 'pool_p'`)
 		if _, _, err := capacity.SetQuota(t.Context(), pool, capacity.Quota{PoolID: "pool_p", TenantID: "acme", GPULimit: 4}); err != nil {
 			t.Fatal(err)
 		}
@@ -147,6 +148,56 @@ func TestPlace(t *testing.T) {
 		}
 		if _, err := create(t.Context(), pool, "rsv_c", "acme", 1, capacity.Constraints{}); err != nil {
 			t.Fatalf("within the quota: %v", err)
+		}
+	})
+	t.Run("descendants book an ancestor's pool only when it is shared, under its default quota", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t, 2, 8)
+		ctx := t.Context()
+		mustExec(t, pool, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme'), ('acme.ml', 'acme', 'ml'), ('beta', 'root', 'beta')`)
+		_, err := create(ctx, pool, "rsv_unshared", "acme", 1, capacity.Constraints{})
+		if fault.CodeOf(err) != fault.NotFound || fieldOf(err) != "poolId" {
+			t.Fatalf("unshared: want NOT_FOUND on poolId, got %v", err)
+		}
+		mustExec(t, pool, `UPDATE pools SET sharing = 'descendants' WHERE id = 'pool_p'`)
+		_, err = create(ctx, pool, "rsv_zero", "acme", 1, capacity.Constraints{})
+		if fault.CodeOf(err) != fault.QuotaExceeded || fieldOf(err) != "gpuCount" || !contains(err.Error(), "default quota is 0 GPUs") {
+			t.Fatalf("default 0: want QUOTA_EXCEEDED naming the default, got %v", err)
+		}
+		mustExec(t, pool, `UPDATE pools SET default_quota = 3 WHERE id = 'pool_p'`)
+		// acme.ml counts against acme's default: a child tenant cannot
+		// multiply it by making tenants below it.
+		if _, err := create(ctx, pool, "rsv_ml", "acme.ml", 2, capacity.Constraints{}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = create(ctx, pool, "rsv_acme", "acme", 2, capacity.Constraints{})
+		if fault.CodeOf(err) != fault.QuotaExceeded || !contains(err.Error(), "3 GPUs for acme and its descendants; 2 in use, this reservation asks for 2 more") {
+			t.Fatalf("over the default: %v", err)
+		}
+		if _, err := create(ctx, pool, "rsv_beta", "beta", 3, capacity.Constraints{}); err != nil {
+			t.Fatalf("each child tenant has its own default: %v", err)
+		}
+		// A quota for one model does not replace the default; one for
+		// every model does, for the tenant and those below it.
+		if _, _, err := capacity.SetQuota(ctx, pool, capacity.Quota{PoolID: "pool_p", TenantID: "acme", Model: "NVIDIA H200", GPULimit: 8}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := create(ctx, pool, "rsv_acme2", "acme", 2, capacity.Constraints{}); fault.CodeOf(err) != fault.QuotaExceeded {
+			t.Fatalf("a model quota replaced the default: %v", err)
+		}
+		if _, _, err := capacity.SetQuota(ctx, pool, capacity.Quota{PoolID: "pool_p", TenantID: "acme", GPULimit: 6}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := create(ctx, pool, "rsv_ml2", "acme.ml", 4, capacity.Constraints{}); err != nil {
+			t.Fatalf("under acme's explicit quota: %v", err)
+		}
+		if _, err := create(ctx, pool, "rsv_acme3", "acme", 1, capacity.Constraints{}); fault.CodeOf(err) != fault.QuotaExceeded || !contains(err.Error(), "quota of tenant acme in pool pool_p is 6 GPUs") {
+			t.Fatalf("over acme's explicit quota: %v", err)
+		}
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM bookings WHERE active`).Scan(&n)
+		if n != 9 {
+			t.Fatalf("%d active bookings, want 9 (refused creates book nothing)", n)
 		}
 	})
 	t.Run("concurrent places never book an atom twice", func(t *testing.T) {

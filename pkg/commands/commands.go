@@ -4,9 +4,11 @@
 // settled from the daemon's CommandUpdates.
 //
 // A module queues a command with [Enqueue] inside its transaction and pokes
-// the node's gateway after commit with [Poker.Poke]. The gateway claims the
-// node's due commands ([Registry.Claim]), sends them (signed with the
-// command-signing key when the kind is destructive, see [Signer]), and
+// the node's gateway after commit with [Poker.Poke]. A destructive command
+// is signed there, in the enqueue transaction, with the command-signing key
+// of a [Registry.Signing] registry, and the signature is stored with the
+// row. The gateway claims the node's due commands ([Claim]), sends them with
+// their stored signature (it holds no key, so it cannot forge one), and
 // applies the daemon's answers ([Registry.Apply]). On every new session it
 // reconciles in-flight commands with the node's boot and journal
 // ([Registry.Reconnect]). The command-sweeper ([Sweeper]) expires pending
@@ -33,6 +35,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandsig"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
@@ -95,12 +98,19 @@ type Command struct {
 	FinishedAt        *time.Time
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	// Timeout is the kind's timeout when the command was queued (part of
+	// the signature); 0 for rows from before it was stored.
+	Timeout time.Duration
+	// Signature and KeyID are the command's signature (commandsig), made
+	// at enqueue for destructive kinds; nil and "" when unsigned.
+	Signature []byte
+	KeyID     string
 }
 
 // Columns is the column list [Scan] reads, in order.
 const Columns = `id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after, min_generation, state, reason,
 	attempts, busy_count, next_attempt_at, result, cancel_requested_at, owner_kind, owner_key, created_by,
-	dispatched_at, accepted_at, finished_at, created_at, updated_at`
+	dispatched_at, accepted_at, finished_at, created_at, updated_at, timeout_ms, signature, key_id`
 
 // qualified returns Columns prefixed with alias.
 func qualified(alias string) string {
@@ -114,9 +124,11 @@ func qualified(alias string) string {
 // Scan reads a row of Columns.
 func Scan(r pgx.Row) (Command, error) {
 	var c Command
+	var timeoutMS int64
 	err := r.Scan(&c.ID, &c.TenantID, &c.NodeID, &c.Seq, &c.Kind, &c.Payload, &c.IdempotencyKey, &c.NotAfter, &c.MinGeneration,
 		&c.State, &c.Reason, &c.Attempts, &c.BusyCount, &c.NextAttemptAt, &c.Result, &c.CancelRequestedAt, &c.OwnerKind, &c.OwnerKey,
-		&c.CreatedBy, &c.DispatchedAt, &c.AcceptedAt, &c.FinishedAt, &c.CreatedAt, &c.UpdatedAt)
+		&c.CreatedBy, &c.DispatchedAt, &c.AcceptedAt, &c.FinishedAt, &c.CreatedAt, &c.UpdatedAt, &timeoutMS, &c.Signature, &c.KeyID)
+	c.Timeout = time.Duration(timeoutMS) * time.Millisecond
 	return c, err
 }
 
@@ -230,16 +242,29 @@ func (k Kind) Encode(payload any) ([]byte, error) {
 	}
 	body := (&agentv1.CommandBody{}).ProtoReflect()
 	body.Set(body.Descriptor().Fields().ByName(k.Field), protoreflect.ValueOfMessage(msg))
+	if k.Check != nil {
+		if err := k.Check(body.Interface().(*agentv1.CommandBody)); err != nil {
+			return nil, err
+		}
+	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(body.Interface())
 }
+
+// MaxOpenPerNode bounds a node's commands pending or in flight: a caller
+// cannot queue without end for a node that is down.
+const MaxOpenPerNode = 256
 
 // Enqueue writes req as a pending command in tx and returns it, with
 // created false when the node already has a command under the idempotency
 // key (returned unchanged). The seq is the node's next_cmd_seq, taken with an
-// UPDATE so concurrent enqueues for a node serialize on its row. Call
-// [Poker.Poke] after commit.
+// UPDATE so concurrent enqueues for a node serialize on its row. A
+// destructive kind is signed here, when r is a [Registry.Signing] registry
+// (else it is queued unsigned and daemons reject it BAD_SIGNATURE): the
+// signature covers the row as the gateway will send it and is stored with
+// it. Call [Poker.Poke] after commit.
 //
-// Faults: an unknown kind is UNSUPPORTED "kind"; a payload that does not fit
+// Faults: a node with MaxOpenPerNode commands pending or in flight is
+// RATE_LIMITED "nodeId"; an unknown kind is UNSUPPORTED "kind"; a payload that does not fit
 // the kind's message INVALID_INPUT "payload"; a missing or past deadline
 // INVALID_INPUT "notAfter"; a negative minimum generation INVALID_INPUT
 // "minGeneration"; an unknown node NOT_FOUND "nodeId".
@@ -287,17 +312,38 @@ func (r *Registry) Enqueue(ctx context.Context, tx pgx.Tx, req Request) (Command
 	if err != nil {
 		return Command{}, false, fmt.Errorf("enqueue: %w", err)
 	}
+	// The node's row is locked (NextCommandSeq): the count is exact.
+	var open int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM commands WHERE node_id = $1 AND state IN ('pending', 'in_flight')`, req.NodeID).Scan(&open); err != nil {
+		return Command{}, false, fmt.Errorf("enqueue: %w", err)
+	}
+	if open >= MaxOpenPerNode {
+		return Command{}, false, fault.New(fault.RateLimited, "nodeId", "node %s already has %d commands pending or in flight (at most %d); retry when some settle", req.NodeID, open, MaxOpenPerNode)
+	}
 	id := iam.NewID("cmd")
 	key := req.IdempotencyKey
 	if key == "" {
 		key = id
 	}
+	// PostgreSQL keeps microseconds: sign the deadline as it is stored.
+	notAfter := req.NotAfter.Truncate(time.Microsecond)
+	timeout := k.Timeout.Truncate(time.Millisecond)
+	var sig []byte
+	var keyID string
+	if k.Destructive && r.signer != nil {
+		w := wire(Command{ID: id, NodeID: req.NodeID, Seq: seq, Kind: k.Name, Payload: payload, NotAfter: notAfter,
+			MinGeneration: req.MinGeneration}, timeout)
+		commandsig.Sign(w, r.trustDomain, r.signer.Key)
+		sig, keyID = w.GetSignature(), w.GetKeyId()
+	}
 	c, err := Scan(tx.QueryRow(ctx, `
-		INSERT INTO commands (id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after, min_generation, owner_kind, owner_key, created_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		INSERT INTO commands (id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after, min_generation, owner_kind, owner_key, created_by,
+		                      timeout_ms, signature, key_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 		ON CONFLICT (node_id, idempotency_key) DO NOTHING
 		RETURNING `+Columns,
-		id, tenant, req.NodeID, seq, k.Name, payload, key, req.NotAfter, req.MinGeneration, req.OwnerKind, req.OwnerKey, req.CreatedBy))
+		id, tenant, req.NodeID, seq, k.Name, payload, key, notAfter, req.MinGeneration, req.OwnerKind, req.OwnerKey, req.CreatedBy,
+		timeout.Milliseconds(), sig, keyID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		// A concurrent enqueue under the same key committed first.
 		c, err := Scan(tx.QueryRow(ctx, `SELECT `+Columns+` FROM commands WHERE node_id = $1 AND idempotency_key = $2`, req.NodeID, key))

@@ -450,26 +450,126 @@ func TestSignerAndWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, err := commands.LoadSigner(path)
-	if err != nil || again.KeyID != s.KeyID || len(s.KeyID) != 16 {
+	if err != nil || again.KeyID != s.KeyID || len(s.KeyID) != 16 || s.KeyID != commandsig.KeyID(s.Public()) {
 		t.Fatalf("reloaded key id %q vs %q: %v", again.KeyID, s.KeyID, err)
 	}
 	body, _ := (commands.Kind{Name: "node.reboot", Field: "node_reboot"}).Encode(`{"reason": "test"}`)
 	c := commands.Command{ID: "cmd_1", NodeID: "node_a", Seq: 3, Kind: "node.reboot", Payload: body, NotAfter: time.Now().Add(time.Minute)}
-	w := kinds.Wire(c, s)
-	if err := commandsig.Verify(w, s.Public()); err != nil || w.GetKeyId() != s.KeyID || w.GetTimeout().AsDuration() != 15*time.Minute {
-		t.Fatalf("signed reboot does not verify: %v (key %q timeout %s)", err, w.GetKeyId(), w.GetTimeout().AsDuration())
+	w := kinds.Wire(c)
+	if len(w.GetSignature()) != 0 || w.GetTimeout().AsDuration() != 15*time.Minute {
+		t.Fatalf("Wire signed a row (%x) or lost the kind's timeout (%s)", w.GetSignature(), w.GetTimeout().AsDuration())
 	}
 	var b agentv1.CommandBody
 	if err := proto.Unmarshal(w.GetBody(), &b); err != nil || b.GetNodeReboot().GetReason() != "test" {
 		t.Fatalf("body %v %v", &b, err)
 	}
-	c.Kind = "diag.nvml"
-	if w := kinds.Wire(c, s); len(w.GetSignature()) != 0 {
-		t.Fatal("a non-destructive kind was signed")
-	}
 	for _, bad := range []string{t.TempDir() + "/missing.key", writeFile(t, "not pem")} {
 		if _, err := commands.LoadSigner(bad); fault.CodeOf(err) != fault.InvalidConfig {
 			t.Errorf("LoadSigner(%s): %v, want INVALID_CONFIG", bad, err)
+		}
+	}
+}
+
+const trustDomain = "test.bettercompute"
+
+func newSigner(t *testing.T) *commands.Signer {
+	t.Helper()
+	s, err := commands.EnsureSigner(t.TempDir() + "/command.key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestSignedAtEnqueue: a signing registry signs a destructive command in
+// the enqueue transaction and stores the signature; the dispatch path sends
+// it as stored and it verifies for the installation's trust domain. Other
+// kinds, and a registry without the key, store none.
+func TestSignedAtEnqueue(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	addNode(t, db, "node_a")
+	s := newSigner(t)
+	signing := kinds.Signing(s, trustDomain)
+	if !signing.Signs() || kinds.Signs() {
+		t.Fatal("Signs")
+	}
+	if _, ok := signing.Lookup("node.reboot"); !ok {
+		t.Fatal("a signing view lost the kinds")
+	}
+	put := func(reg *commands.Registry, kind string) commands.Command {
+		c, err := inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (commands.Command, error) {
+			c, _, err := reg.Enqueue(t.Context(), tx, commands.Request{NodeID: "node_a", Kind: kind, Payload: map[string]any{},
+				NotAfter: time.Now().Add(10*time.Minute + 123456789), MinGeneration: 0})
+			return c, err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	reboot := put(signing, "node.reboot")
+	diag := put(signing, "diag.nvml")
+	unsigned := put(kinds, "node.reboot")
+	if len(reboot.Signature) == 0 || reboot.KeyID != s.KeyID || reboot.Timeout != 15*time.Minute {
+		t.Fatalf("reboot stored signature %x key %q timeout %s", reboot.Signature, reboot.KeyID, reboot.Timeout)
+	}
+	if len(diag.Signature) != 0 || len(unsigned.Signature) != 0 {
+		t.Fatal("a non-destructive command, or one queued without the key, was signed")
+	}
+	sent := map[string]*agentv1.Command{}
+	for _, c := range claim(t, db, "node_a") {
+		sent[c.ID] = kinds.Wire(c)
+	}
+	if err := commandsig.Verify(sent[reboot.ID], trustDomain, s.Public()); err != nil {
+		t.Fatalf("the stored signature does not verify as sent: %v", err)
+	}
+	if sent[reboot.ID].GetTimeout().AsDuration() != 15*time.Minute {
+		t.Fatalf("timeout %s", sent[reboot.ID].GetTimeout().AsDuration())
+	}
+	if err := commandsig.Verify(sent[unsigned.ID], trustDomain, s.Public()); err == nil {
+		t.Fatal("a command queued without the key verifies")
+	}
+}
+
+// TestForgedCommandRowIsNotSigned: a destructive command written straight
+// into commands — by a compromised gateway or anything else that can write
+// the table — goes out with no valid signature: without one, or with a
+// valid one copied from another command (another id, a longer timeout).
+func TestForgedCommandRowIsNotSigned(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	addNode(t, db, "node_a")
+	s := newSigner(t)
+	genuine, err := inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (commands.Command, error) {
+		c, _, err := kinds.Signing(s, trustDomain).Enqueue(t.Context(), tx, commands.Request{NodeID: "node_a", Kind: "node.reboot", NotAfter: time.Now().Add(10 * time.Minute)})
+		return c, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forge := func(id string, seq int64, timeoutMS int64, sig []byte, keyID string) {
+		t.Helper()
+		if _, err := db.Exec(t.Context(), `
+			INSERT INTO commands (id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after, timeout_ms, signature, key_id)
+			VALUES ($1, 'root', 'node_a', $2, 'node.reboot', $3, $1, $4, $5, $6, $7)`,
+			id, seq, genuine.Payload, genuine.NotAfter, timeoutMS, sig, keyID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forge("cmd_forged", 100, 0, nil, "")
+	forge("cmd_replayed_id", 101, genuine.Timeout.Milliseconds(), genuine.Signature, genuine.KeyID)
+	forge("cmd_replayed_timeout", 102, (time.Hour).Milliseconds(), genuine.Signature, genuine.KeyID)
+	for _, c := range claim(t, db, "node_a") {
+		err := commandsig.Verify(kinds.Wire(c), trustDomain, s.Public())
+		if c.ID == genuine.ID {
+			if err != nil {
+				t.Fatalf("the admitted command: %v", err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("forged row %s goes out with a valid signature", c.ID)
 		}
 	}
 }
@@ -508,5 +608,37 @@ func TestRegistry(t *testing.T) {
 	}
 	if len(names) != 4 || names[0] != "diag.nvml" || names[3] != "node.reboot" {
 		t.Fatalf("built-in kinds %v", names)
+	}
+}
+
+// TestPendingCommandsPerNodeAreCapped: a caller queueing without end for a
+// node that never takes them is RATE_LIMITED on nodeId at MaxOpenPerNode
+// open commands — nothing more is stored — and may queue again once some
+// settle; another node is not affected.
+func TestPendingCommandsPerNodeAreCapped(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	addNode(t, db, "node_a")
+	addNode(t, db, "node_b")
+	soon := time.Now().Add(time.Hour)
+	for range commands.MaxOpenPerNode {
+		enqueue(t, db, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon})
+	}
+	_, err := inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (commands.Command, error) {
+		c, _, err := kinds.Enqueue(t.Context(), tx, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon})
+		return c, err
+	})
+	if fe, ok := fault.As(err); !ok || fe.Code != fault.RateLimited || fe.Field != "nodeId" {
+		t.Fatalf("command %d: %v, want RATE_LIMITED on nodeId", commands.MaxOpenPerNode+1, err)
+	}
+	enqueue(t, db, commands.Request{NodeID: "node_b", Kind: "diag.nvml", NotAfter: soon})
+	if _, err := db.Exec(t.Context(), `UPDATE commands SET state = 'succeeded' WHERE id IN (SELECT id FROM commands WHERE node_id = 'node_a' LIMIT 1)`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon})
+	var n int
+	_ = db.QueryRow(t.Context(), `SELECT count(*) FROM commands WHERE node_id = 'node_a'`).Scan(&n)
+	if n != commands.MaxOpenPerNode+1 {
+		t.Fatalf("%d commands of node_a stored, want %d", n, commands.MaxOpenPerNode+1)
 	}
 }

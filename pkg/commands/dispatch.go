@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
@@ -13,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
-	"github.com/bettercompute/bettercompute/proto/commandsig"
 )
 
 // PokePrefix starts the subject of a command poke: bc.commands.<node id>,
@@ -112,21 +112,28 @@ func NodesWithWork(ctx context.Context, q Querier, ids []string, epochs []int64)
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// Wire returns c as the daemon receives it: the kind's timeout, and a
-// signature when the kind is destructive and signer is set (without a
-// signer a destructive command goes unsigned and the daemon rejects it
-// BAD_SIGNATURE).
-func (r *Registry) Wire(c Command, signer *Signer) *agentv1.Command {
-	k, known := r.Lookup(c.Kind)
-	m := &agentv1.Command{
+// Wire returns c as the daemon receives it: its stored timeout (the kind's,
+// for rows from before it was stored) and its stored signature. Nothing is
+// signed here: the gateway holds no key, so a row written without a valid
+// signature (by anything but a signing Enqueue) reaches the daemon unsigned
+// and a destructive one is rejected BAD_SIGNATURE.
+func (r *Registry) Wire(c Command) *agentv1.Command {
+	timeout := c.Timeout
+	if timeout <= 0 {
+		timeout = r.timeout(c.Kind)
+	}
+	m := wire(c, timeout)
+	m.Signature, m.KeyId = c.Signature, c.KeyID
+	return m
+}
+
+// wire is c's Command with timeout, unsigned.
+func wire(c Command, timeout time.Duration) *agentv1.Command {
+	return &agentv1.Command{
 		Id: c.ID, NodeId: c.NodeID, Seq: c.Seq, Kind: c.Kind, Body: c.Payload,
 		NotAfter: timestamppb.New(c.NotAfter), MinGeneration: c.MinGeneration,
-		Timeout: durationpb.New(r.timeout(c.Kind)),
+		Timeout: durationpb.New(timeout),
 	}
-	if known && k.Destructive && signer != nil {
-		commandsig.Sign(m, signer.KeyID, signer.Key)
-	}
-	return m
 }
 
 // Subscribe calls fn with the node id of every command poke: the gateway's

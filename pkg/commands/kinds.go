@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
 )
 
 // Lane is a daemon's concurrency lane: a command takes one of its lane's
@@ -42,7 +44,8 @@ type Kind struct {
 	// SelfTerminating: the daemon never reports success; the command
 	// succeeds when the node reconnects with a new boot id.
 	SelfTerminating bool
-	// Destructive: signed with the command-signing key at dispatch; the
+	// Destructive: signed with the command-signing key when it is queued
+	// (by a [Registry.Signing] registry, in the enqueue transaction); the
 	// daemon rejects it BAD_SIGNATURE unless the signature verifies.
 	Destructive bool
 	// Lane the daemon runs it in.
@@ -52,6 +55,9 @@ type Kind struct {
 	Timeout time.Duration
 	// Doc is one line for the kinds reference.
 	Doc string
+	// Check, when set, refuses a payload that decodes but is out of
+	// bounds, with a fault naming the field (Encode calls it).
+	Check func(*agentv1.CommandBody) error
 }
 
 // Message returns the kind's payload message type (a new empty message).
@@ -60,14 +66,38 @@ func (k Kind) Message() protoreflect.Message {
 	return body.NewField(body.Descriptor().Fields().ByName(k.Field)).Message()
 }
 
-// Registry holds the kinds this process knows.
+// Registry holds the kinds this process knows and, for the processes that
+// admit commands, the command-signing key (see [Registry.Signing]).
 type Registry struct {
+	set *kindSet
+	// signer signs destructive commands at Enqueue for trustDomain; nil
+	// queues them unsigned (daemons reject them BAD_SIGNATURE).
+	signer      *Signer
+	trustDomain string
+}
+
+// kindSet is the kinds, shared by a registry and its [Registry.Signing]
+// views.
+type kindSet struct {
 	mu    sync.RWMutex
 	kinds map[string]Kind
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{kinds: map[string]Kind{}} }
+func NewRegistry() *Registry { return &Registry{set: &kindSet{kinds: map[string]Kind{}}} }
+
+// Signing returns a view of r — the same kinds: one registered on either is
+// on both — whose [Registry.Enqueue] signs destructive commands with s for
+// the installation's trust domain, in the enqueue transaction, storing the
+// signature with the row. Give it to whatever admits commands (the api, the
+// controllers), never to the gateway: the gateway sends stored signatures
+// and holds no key.
+func (r *Registry) Signing(s *Signer, trustDomain string) *Registry {
+	return &Registry{set: r.set, signer: s, trustDomain: trustDomain}
+}
+
+// Signs reports whether r's Enqueue signs destructive commands.
+func (r *Registry) Signs() bool { return r.signer != nil }
 
 var kindName = regexp.MustCompile(`^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)+$`)
 
@@ -88,12 +118,12 @@ func (r *Registry) Register(k Kind) error {
 	if k.Timeout <= 0 {
 		return fmt.Errorf("command kind %s: timeout must be positive", k.Name)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.kinds[k.Name]; dup {
+	r.set.mu.Lock()
+	defer r.set.mu.Unlock()
+	if _, dup := r.set.kinds[k.Name]; dup {
 		return fmt.Errorf("command kind %s registered twice", k.Name)
 	}
-	r.kinds[k.Name] = k
+	r.set.kinds[k.Name] = k
 	return nil
 }
 
@@ -106,18 +136,18 @@ func (r *Registry) MustRegister(k Kind) {
 
 // Lookup returns the kind named name.
 func (r *Registry) Lookup(name string) (Kind, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	k, ok := r.kinds[name]
+	r.set.mu.RLock()
+	defer r.set.mu.RUnlock()
+	k, ok := r.set.kinds[name]
 	return k, ok
 }
 
 // Kinds returns every kind, by name.
 func (r *Registry) Kinds() []Kind {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	ks := make([]Kind, 0, len(r.kinds))
-	for _, k := range r.kinds {
+	r.set.mu.RLock()
+	defer r.set.mu.RUnlock()
+	ks := make([]Kind, 0, len(r.set.kinds))
+	for _, k := range r.set.kinds {
 		ks = append(ks, k)
 	}
 	slices.SortFunc(ks, func(a, b Kind) int { return strings.Compare(a.Name, b.Name) })
@@ -146,8 +176,33 @@ func Builtin() *Registry {
 	r.MustRegister(Kind{Name: "inventory.refresh", Field: "inventory_refresh", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 2 * time.Minute,
 		Doc: "Re-collects inventory sections and reports them on the session."})
 	r.MustRegister(Kind{Name: "logs.collect", Field: "logs_collect", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 10 * time.Minute,
-		Doc: "Collects the daemon's logs, bounded in size (1 MiB by default, 4 MiB at most)."})
+		Doc: "Collects the daemon's logs, bounded in size (1 MiB by default, 4 MiB at most), from at most 16 distinct sources (agent).", Check: checkLogsCollect})
 	r.MustRegister(Kind{Name: "node.reboot", Field: "node_reboot", API: true, SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 15 * time.Minute,
 		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."})
 	return r
+}
+
+// LogSources are the sources logs.collect knows, MaxLogSources how many one
+// command may name (the daemon reads each once, within one byte budget).
+var LogSources = []string{"agent"}
+
+// MaxLogSources bounds logs.collect's sources.
+const MaxLogSources = 16
+
+// checkLogsCollect refuses more than MaxLogSources sources, a source named
+// twice and one not in LogSources: INVALID_INPUT "payload.sources".
+func checkLogsCollect(body *agentv1.CommandBody) error {
+	src := body.GetLogsCollect().GetSources()
+	if len(src) > MaxLogSources {
+		return fault.New(fault.InvalidInput, "payload.sources", "at most %d sources, got %d", MaxLogSources, len(src))
+	}
+	for i, s := range src {
+		if !slices.Contains(LogSources, s) {
+			return fault.New(fault.InvalidInput, "payload.sources", "unknown log source %q (known: %s)", s, strings.Join(LogSources, ", "))
+		}
+		if slices.Contains(src[:i], s) {
+			return fault.New(fault.InvalidInput, "payload.sources", "log source %q named twice", s)
+		}
+	}
+	return nil
 }

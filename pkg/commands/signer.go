@@ -2,14 +2,14 @@ package commands
 
 import (
 	"crypto/ed25519"
-	"crypto/sha256"
-	"encoding/hex"
 
 	"github.com/bettercompute/bettercompute/pkg/keyfile"
+	"github.com/bettercompute/bettercompute/proto/commandsig"
 )
 
 // Signer is the command-signing key: an Ed25519 key whose public half is
-// pinned in every daemon's configuration.
+// pinned in every daemon's configuration. Only the processes that admit
+// commands hold it (see [Registry.Signing]); the gateway never does.
 type Signer struct {
 	// KeyID is hex of the first 8 bytes of SHA-256 of the public key.
 	KeyID string
@@ -17,10 +17,7 @@ type Signer struct {
 }
 
 // KeyID returns the key id of pub.
-func KeyID(pub ed25519.PublicKey) string {
-	sum := sha256.Sum256(pub)
-	return hex.EncodeToString(sum[:8])
-}
+func KeyID(pub ed25519.PublicKey) string { return commandsig.KeyID(pub) }
 
 // NewSigner wraps key.
 func NewSigner(key ed25519.PrivateKey) *Signer {

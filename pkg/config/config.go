@@ -125,8 +125,9 @@ type Gateway struct {
 
 // Commands configures the command queue.
 type Commands struct {
-	// SigningKeyFile is the Ed25519 private key (PEM PKCS#8) the gateway
-	// signs destructive commands (node.reboot) with; daemons pin its public
+	// SigningKeyFile is the Ed25519 private key (PEM PKCS#8) the api and
+	// controllers roles sign destructive commands (node.reboot) with when
+	// they queue them (gateways never read it); daemons pin its public
 	// key. Unset means destructive commands go unsigned and daemons reject
 	// them BAD_SIGNATURE; dev generates <dev.dataDir>/pki/command-signing.key.
 	SigningKeyFile string `yaml:"signingKeyFile"`
@@ -167,6 +168,29 @@ type Server struct {
 	// NoMigrate stops serve from applying migrations at start; it then only
 	// checks the schema and refuses to run behind it.
 	NoMigrate bool `yaml:"noMigrate"`
+	// ReadTimeout bounds reading a whole request, body included; default
+	// 60s. IdleTimeout closes a keep-alive connection idle that long;
+	// default 120s. (Headers must arrive within 10 s.)
+	ReadTimeout Duration `yaml:"readTimeout"`
+	IdleTimeout Duration `yaml:"idleTimeout"`
+	// AdminAddr, when set (host:port), serves /metrics, /debug/pprof/ and
+	// gRPC reflection there instead of on the API port, which then serves
+	// none of them. Keep it off the public network.
+	AdminAddr string `yaml:"adminAddr"`
+	// TLS serves the API port over TLS when CertFile and KeyFile are set.
+	TLS ServerTLS `yaml:"tls"`
+}
+
+// ServerTLS is the API listener's TLS.
+type ServerTLS struct {
+	// CertFile and KeyFile are the serving certificate (PEM, with its
+	// chain) and its private key.
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+	// ClientCAFile, when set, requires every client to present a
+	// certificate that chains to these CAs (mutual TLS), on top of the
+	// API's own credentials.
+	ClientCAFile string `yaml:"clientCAFile"`
 }
 
 // Log is the process log.
@@ -249,6 +273,8 @@ func (c *Config) Defaults() {
 		c.Server.Port = &p
 	}
 	c.Server.ShutdownTimeout = cmp.Or(c.Server.ShutdownTimeout, Duration(15*time.Second))
+	c.Server.ReadTimeout = cmp.Or(c.Server.ReadTimeout, Duration(time.Minute))
+	c.Server.IdleTimeout = cmp.Or(c.Server.IdleTimeout, Duration(2*time.Minute))
 	c.Log.Level = cmp.Or(c.Log.Level, "info")
 	c.Log.Format = cmp.Or(c.Log.Format, "json")
 	c.Telemetry.ServiceName = cmp.Or(c.Telemetry.ServiceName, "better-compute")
@@ -349,6 +375,22 @@ func (c *Config) Validate() error {
 	}
 	if c.Server.Port != nil && (*c.Server.Port < 0 || *c.Server.Port > 65535) {
 		bad("server.port", "expected a port from 0 to 65535, got %d", *c.Server.Port)
+	}
+	if c.Server.ReadTimeout <= 0 {
+		bad("server.readTimeout", "expected a positive duration such as 60s, got %s", c.Server.ReadTimeout.Std())
+	}
+	if c.Server.IdleTimeout <= 0 {
+		bad("server.idleTimeout", "expected a positive duration such as 120s, got %s", c.Server.IdleTimeout.Std())
+	}
+	if a := c.Server.AdminAddr; a != "" {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			bad("server.adminAddr", "expected host:port, got %q", a)
+		}
+	}
+	if t := c.Server.TLS; (t.CertFile == "") != (t.KeyFile == "") {
+		bad("server.tls", "set both certFile and keyFile, or neither")
+	} else if t.ClientCAFile != "" && t.CertFile == "" {
+		bad("server.tls.clientCAFile", "needs server.tls.certFile and keyFile: mutual TLS is TLS first")
 	}
 	if c.Server.ShutdownTimeout <= 0 {
 		bad("server.shutdownTimeout", "expected a positive duration such as 15s, got %s", c.Server.ShutdownTimeout.Std())

@@ -235,10 +235,30 @@ func catalog() []Type {
 				"back, in the token's pool, adopting again, and the old installation's certificates were revoked (joinservice).",
 		},
 		{
+			Name:    "node.hardware_conflict",
+			Subject: "node",
+			Fields: []Field{
+				{"nodeId", "string", "The node that just joined."},
+				{"tenantId", "string", "Its tenant."},
+				{"otherNodeIds", "array", "Nodes of other tenants with the same hardware key (at most 10)."},
+				{"otherTenantIds", "array", "Their tenants, in the same order."},
+			},
+			Doc: "Hardware joined a tenant while another tenant already has a node with the same hardware key: the same " +
+				"machine claimed twice (hardware claims are self-asserted). The join went ahead — keys are unique per " +
+				"tenant, so no tenant can block another's — and this event, in the root tenant, tells the operator (joinservice).",
+		},
+		{
 			Name:    "node.updated",
 			Subject: "node",
 			Payload: &computev1.NodesServiceUpdateResponse{},
 			Doc:     "A node's labels were replaced (nodes.update); its desired state is recomputed.",
+		},
+		{
+			Name:    "node.revoked",
+			Subject: "node",
+			Payload: &computev1.NodesServiceRevokeResponse{},
+			Doc: "Every certificate of a node was revoked (nodes.revoke): its gateway closes its session within a liveness " +
+				"interval and it can neither open another nor renew.",
 		},
 		{
 			Name:    "node.spec.changed",

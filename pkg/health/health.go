@@ -63,3 +63,30 @@ func Run(ctx context.Context, checks []Check) Report {
 	}
 	return rep
 }
+
+// Cached returns c whose result is reused for every caller within every of
+// its last run: /readyz and System.Health answer anyone, and without it each
+// request would be a database probe. Concurrent callers of a stale result
+// wait for one run and share it; a run takes its own timeout ([Timeout]),
+// not the first caller's context, so one impatient caller does not fail the
+// others.
+func Cached(c Check, every time.Duration) Check {
+	var (
+		mu   sync.Mutex
+		at   time.Time
+		last error
+	)
+	run := c.Run
+	c.Run = func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !at.IsZero() && time.Since(at) < every {
+			return last
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Timeout)
+		defer cancel()
+		last, at = run(rctx), time.Now()
+		return last
+	}
+	return c
+}

@@ -188,6 +188,19 @@ func scanKey(r pgx.Row) (APIKey, error) {
 	return k, err
 }
 
+// GetKey reads one key of tenant (its metadata, never its hash); NOT_FOUND
+// on "id" otherwise.
+func GetKey(ctx context.Context, q Querier, tenant, id string) (APIKey, error) {
+	k, err := scanKey(q.QueryRow(ctx, `SELECT `+keyCols+` FROM api_keys WHERE tenant_id = $1 AND id = $2`, tenant, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return APIKey{}, fault.New(fault.NotFound, "id", "API key %q not found in tenant %s", id, tenant)
+	}
+	if err != nil {
+		return APIKey{}, fmt.Errorf("read api key %s: %w", id, err)
+	}
+	return k, nil
+}
+
 // ListKeys returns up to limit keys of tenant (of one identity when identity
 // is not empty) with ids after after, in id order.
 func ListKeys(ctx context.Context, q Querier, tenant, identity, after string, limit int) ([]APIKey, error) {

@@ -87,26 +87,30 @@ func Hash(s string) []byte {
 
 // Token is a stored join token (never its secret).
 type Token struct {
-	ID        string
-	TenantID  string
-	PoolID    string
-	Name      string
-	Uses      int
-	UsesLeft  int
-	Expect    attest.Expect
-	Reclaim   bool
-	Labels    map[string]string
-	CreatedBy string
-	CreatedAt time.Time
-	ExpiresAt *time.Time
-	RevokedAt *time.Time
+	ID       string
+	TenantID string
+	PoolID   string
+	Name     string
+	Uses     int
+	UsesLeft int
+	Expect   attest.Expect
+	Reclaim  bool
+	// ReclaimNodeIDs are the nodes a reclaim token may take back, and the
+	// only ones: a reclaim is proven by the operator naming the node, not
+	// by the hardware's (self-asserted) claims.
+	ReclaimNodeIDs []string
+	Labels         map[string]string
+	CreatedBy      string
+	CreatedAt      time.Time
+	ExpiresAt      *time.Time
+	RevokedAt      *time.Time
 }
 
-const cols = `id, tenant_id, pool_id, name, uses, uses_left, expect, reclaim, labels, created_by, created_at, expires_at, revoked_at`
+const cols = `id, tenant_id, pool_id, name, uses, uses_left, expect, reclaim, reclaim_node_ids, labels, created_by, created_at, expires_at, revoked_at`
 
 func scan(r pgx.Row) (Token, error) {
 	var t Token
-	err := r.Scan(&t.ID, &t.TenantID, &t.PoolID, &t.Name, &t.Uses, &t.UsesLeft, &t.Expect, &t.Reclaim, &t.Labels,
+	err := r.Scan(&t.ID, &t.TenantID, &t.PoolID, &t.Name, &t.Uses, &t.UsesLeft, &t.Expect, &t.Reclaim, &t.ReclaimNodeIDs, &t.Labels,
 		&t.CreatedBy, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt)
 	return t, err
 }
@@ -117,10 +121,13 @@ func Create(ctx context.Context, q Querier, t Token, hash []byte) (Token, error)
 	if t.Labels == nil {
 		t.Labels = map[string]string{}
 	}
+	if t.ReclaimNodeIDs == nil {
+		t.ReclaimNodeIDs = []string{}
+	}
 	out, err := scan(q.QueryRow(ctx, `
-		INSERT INTO join_tokens (id, tenant_id, pool_id, name, secret_hash, uses, uses_left, expect, reclaim, labels, created_by, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10, $11) RETURNING `+cols,
-		t.ID, t.TenantID, t.PoolID, t.Name, hash, t.Uses, t.Expect, t.Reclaim, t.Labels, t.CreatedBy, t.ExpiresAt))
+		INSERT INTO join_tokens (id, tenant_id, pool_id, name, secret_hash, uses, uses_left, expect, reclaim, reclaim_node_ids, labels, created_by, expires_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10, $11, $12) RETURNING `+cols,
+		t.ID, t.TenantID, t.PoolID, t.Name, hash, t.Uses, t.Expect, t.Reclaim, t.ReclaimNodeIDs, t.Labels, t.CreatedBy, t.ExpiresAt))
 	if err != nil {
 		return Token{}, fmt.Errorf("insert join token: %w", err)
 	}
@@ -219,7 +226,7 @@ func Redeem(ctx context.Context, q Querier, token string, check func(Token) erro
 // database time.
 func state(ctx context.Context, q Querier, id string) (t Token, hash []byte, expired bool, err error) {
 	err = q.QueryRow(ctx, `SELECT `+cols+`, secret_hash, coalesce(expires_at <= now(), false) FROM join_tokens WHERE id = $1`, id).Scan(
-		&t.ID, &t.TenantID, &t.PoolID, &t.Name, &t.Uses, &t.UsesLeft, &t.Expect, &t.Reclaim, &t.Labels,
+		&t.ID, &t.TenantID, &t.PoolID, &t.Name, &t.Uses, &t.UsesLeft, &t.Expect, &t.Reclaim, &t.ReclaimNodeIDs, &t.Labels,
 		&t.CreatedBy, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt, &hash, &expired)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, nil, false, refused(ErrUnknown)

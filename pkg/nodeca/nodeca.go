@@ -535,6 +535,24 @@ func RevokedSerial(ctx context.Context, q Querier, serial string) (bool, error) 
 	return Revoked(ctx, q, n)
 }
 
+// RevokedAmong returns which of serials (lowercase hex) must be refused:
+// revoked, or unknown to the CA — in one statement, for a gateway's every
+// session at once.
+func RevokedAmong(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, serials []string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT s.serial FROM unnest($1::text[]) AS s(serial)
+		LEFT JOIN node_certificates c ON c.serial = s.serial WHERE c.serial IS NULL OR c.revoked_at IS NOT NULL`, serials)
+	if err != nil {
+		return nil, fmt.Errorf("check revocation: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("check revocation: %w", err)
+	}
+	return out, nil
+}
+
 // PruneExpired deletes up to limit certificate rows that expired before
 // before, and returns how many. An expired certificate fails verification
 // whatever its row says, so its revocation record is no longer needed once

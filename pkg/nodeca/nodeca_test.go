@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -81,11 +82,25 @@ func TestIssueVerifyRevoke(t *testing.T) {
 	if revoked, _ := nodeca.RevokedSerial(ctx, db, "abc"); !revoked {
 		t.Fatal("an unrecorded serial must be refused")
 	}
+	other, err := ca.IssueNode(ctx, db, "node_a", key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := nodeca.RevokeSerial(ctx, db, chain[0].SerialNumber); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ca.VerifyNode(ctx, db, chain); !errors.Is(err, nodeca.ErrRevoked) {
 		t.Fatalf("revoked: %v", err)
+	}
+	// The gateway's recheck of every session at once: the revoked and the
+	// unknown are refused, the valid one is not.
+	refused, err := nodeca.RevokedAmong(ctx, db, []string{serial, nodeca.Serial(other[0].SerialNumber), "abc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(refused)
+	if want := []string{"abc", serial}; !slices.Equal(refused, slices.Sorted(slices.Values(want))) {
+		t.Fatalf("refused %v, want %v", refused, want)
 	}
 
 	t.Run("the gateway's serving certificate", func(t *testing.T) {

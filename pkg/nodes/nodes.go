@@ -128,12 +128,14 @@ func scan(r pgx.Row) (Node, error) {
 	return n, err
 }
 
-// ErrHardwareTaken is wrapped by [Create]'s CONFLICT when a node with the
-// same hardware key exists.
+// ErrHardwareTaken is wrapped by [Create]'s CONFLICT when a node of the
+// same tenant with the same hardware key exists.
 var ErrHardwareTaken = errors.New("a node with this hardware key exists")
 
 // Create inserts n as adopting in shard shard.Of(n.ID). A hardware key
-// already in use is CONFLICT on "claims" wrapping [ErrHardwareTaken].
+// already in use in n's tenant is CONFLICT on "claims" wrapping
+// [ErrHardwareTaken]; hardware keys are unique per tenant (see
+// [OthersWithHardwareKey]).
 func Create(ctx context.Context, q Querier, n Node) (Node, error) {
 	if n.Labels == nil {
 		n.Labels = map[string]string{}
@@ -143,7 +145,7 @@ func Create(ctx context.Context, q Querier, n Node) (Node, error) {
 		VALUES ($1, $2, $3, 'adopting', $4, $5, $6, $7, nullif($8, '')) RETURNING `+cols,
 		n.ID, n.TenantID, n.PoolID, shard.Of(n.ID), n.Labels, n.Hostname, n.HardwareKey, n.JoinTokenID))
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "nodes_hardware_key_key" {
+	if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "nodes_tenant_hardware_key" {
 		return Node{}, fault.Wrap(ErrHardwareTaken, fault.Conflict, "claims", "this hardware has already joined; join with a token that allows reclaim to take its node back")
 	}
 	if err != nil {
@@ -152,10 +154,10 @@ func Create(ctx context.Context, q Querier, n Node) (Node, error) {
 	return out, nil
 }
 
-// ByHardwareKey returns the node with hardware key key, locked for update,
-// and whether there is one.
-func ByHardwareKey(ctx context.Context, q Querier, key string) (Node, bool, error) {
-	n, err := scan(q.QueryRow(ctx, `SELECT `+cols+` FROM nodes WHERE hardware_key = $1 FOR UPDATE`, key))
+// ByHardwareKey returns tenant's node with hardware key key, locked for
+// update, and whether there is one.
+func ByHardwareKey(ctx context.Context, q Querier, tenant, key string) (Node, bool, error) {
+	n, err := scan(q.QueryRow(ctx, `SELECT `+cols+` FROM nodes WHERE tenant_id = $1 AND hardware_key = $2 FOR UPDATE`, tenant, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Node{}, false, nil
 	}
@@ -163,6 +165,27 @@ func ByHardwareKey(ctx context.Context, q Querier, key string) (Node, bool, erro
 		return Node{}, false, fmt.Errorf("read node by hardware key: %w", err)
 	}
 	return n, true, nil
+}
+
+// OthersWithHardwareKey returns the nodes of tenants other than tenant with
+// hardware key key: the same hardware claimed in two tenants, which
+// joinservice reports (node.hardware_conflict) instead of refusing, so that
+// one tenant cannot block another's join by claiming its hardware first.
+func OthersWithHardwareKey(ctx context.Context, q Querier, tenant, key string) ([]Node, error) {
+	rows, err := q.Query(ctx, `SELECT `+cols+` FROM nodes WHERE hardware_key = $1 AND tenant_id <> $2 ORDER BY id LIMIT 10`, key, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("read nodes by hardware key: %w", err)
+	}
+	defer rows.Close()
+	var out []Node
+	for rows.Next() {
+		n, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("read nodes by hardware key: %w", err)
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
 }
 
 // Reclaim hands node id back to re-joining hardware: it moves to pool with

@@ -18,7 +18,8 @@ import (
 type Session struct {
 	// Epoch is the node's new session epoch.
 	Epoch int64
-	// ObservedGeneration is the highest generation the node has reported.
+	// ObservedGeneration is the highest generation the node has reported,
+	// never above its stored generation (a row that was is capped here).
 	ObservedGeneration int64
 	// PrevBootID and PrevJournalID are the boot and journal the node had
 	// before this session.
@@ -36,7 +37,7 @@ func OpenSession(ctx context.Context, q Querier, id, gatewayID, bootID, journalI
 	err := q.QueryRow(ctx, `
 		WITH old AS (SELECT id, boot_id, journal_id FROM nodes WHERE id = $1 FOR UPDATE)
 		UPDATE nodes n SET session_epoch = session_epoch + 1, gateway_id = $2, boot_id = $3, journal_id = $4,
-		       last_seen_at = now()
+		       last_seen_at = now(), observed_generation = least(n.observed_generation, n.generation)
 		  FROM old WHERE n.id = old.id
 		RETURNING n.session_epoch, n.observed_generation, old.boot_id, old.journal_id`,
 		id, gatewayID, bootID, journalID).Scan(&s.Epoch, &s.ObservedGeneration, &s.PrevBootID, &s.PrevJournalID)
@@ -125,7 +126,10 @@ type Observed struct {
 // RecordObserved stores a batch of convergence reports in one statement and
 // returns what it did with each, in order. The node keeps the highest
 // observed generation ever reported, so a late or replayed report never
-// lowers it; its section status becomes the report's. A report whose epoch
+// lowers it, capped at the node's stored generation: a node reporting a
+// generation it was never sent (2^62, say) would otherwise never be sent a
+// later one, and its bookings would count as bound. Its section status
+// becomes the report's. A report whose epoch
 // is no longer its node's (a superseded session's) changes nothing. Several
 // reports of one session in a batch count as their highest generation with
 // the last one's section status, and each sees the node as the batch left
@@ -162,7 +166,7 @@ func RecordObserved(ctx context.Context, q Querier, obs []Observation) ([]Observ
 			SELECT n.id FROM nodes n JOIN v ON v.id = n.id AND v.epoch = n.session_epoch
 			 ORDER BY n.id FOR NO KEY UPDATE OF n),
 		u AS (
-			UPDATE nodes n SET observed_generation = greatest(n.observed_generation, v.observed), section_status = v.status::jsonb,
+			UPDATE nodes n SET observed_generation = least(greatest(n.observed_generation, v.observed), n.generation), section_status = v.status::jsonb,
 			       updated_at = now()
 			  FROM v JOIN l ON l.id = v.id
 			 WHERE n.id = v.id AND n.session_epoch = v.epoch

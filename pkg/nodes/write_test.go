@@ -181,6 +181,9 @@ func TestRecordObserved(t *testing.T) {
 			ids = append(ids, fmt.Sprintf("node_%02d", i))
 		}
 		db := setup(t, ids...)
+		for _, id := range ids {
+			setGeneration(t, db, id, 14)
+		}
 		var wg sync.WaitGroup
 		errs := make(chan error, 4)
 		for w := range 4 {
@@ -497,5 +500,51 @@ func TestStoreSpecsBumpsEachGenerationOnce(t *testing.T) {
 	if len(locked) != 2 || locked[0].ID != "node_a" || locked[1].ID != "node_b" || locked[1].SpecError != "" || locked[1].Generation != 1 ||
 		!strings.Contains(string(locked[1].Spec), "debug") {
 		t.Fatalf("after the store: %+v", locked)
+	}
+}
+
+// Security review 13 #10: a node reported observedGeneration 2^62, after
+// which later generations were never delivered and its bookings counted as
+// bound. The stored observed generation is capped at the node's generation,
+// and a row already past it is capped when the next session opens.
+func TestNodeCannotReportAGenerationAheadOfItsSpec(t *testing.T) {
+	t.Parallel()
+	db := setup(t, "node_a", "node_b")
+	setGeneration(t, db, "node_a", 3)
+	setGeneration(t, db, "node_b", 1)
+	got := record(t, db,
+		nodes.Observation{NodeID: "node_a", Epoch: 1, Generation: 1 << 62, SectionStatus: status("site", 1<<62)},
+		nodes.Observation{NodeID: "node_b", Epoch: 1, Generation: 1},
+	)
+	if want := (nodes.Observed{Stored: true, TenantID: "acme", Generation: 3, ObservedGeneration: 3}); got[0] != want {
+		t.Fatalf("report of 2^62: %+v, want %+v", got[0], want)
+	}
+	if got[1].ObservedGeneration != 1 {
+		t.Fatalf("honest report in the same batch: %+v", got[1])
+	}
+	// The next generation is not observed until the node reports it.
+	setGeneration(t, db, "node_a", 4)
+	if n := lookup(t, db, "node_a"); n.ObservedGeneration != 3 || n.Generation != 4 {
+		t.Fatalf("after generation 4: observed %d of %d", n.ObservedGeneration, n.Generation)
+	}
+	got = record(t, db, nodes.Observation{NodeID: "node_a", Epoch: 1, Generation: 4})
+	if got[0].ObservedGeneration != 4 {
+		t.Fatalf("report of 4: %+v", got[0])
+	}
+
+	// A row stored past its generation (before the cap) is capped when the
+	// node's next session opens, and the gateway is told the capped value.
+	if _, err := db.Exec(t.Context(), `UPDATE nodes SET observed_generation = $2 WHERE id = $1`, "node_b", int64(1)<<62); err != nil {
+		t.Fatal(err)
+	}
+	s, err := nodes.OpenSession(t.Context(), db, "node_b", "gw-1", "boot-1", "journal-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ObservedGeneration != 1 {
+		t.Fatalf("session opened with observed generation %d of 1", s.ObservedGeneration)
+	}
+	if n := lookup(t, db, "node_b"); n.ObservedGeneration != 1 {
+		t.Fatalf("row not capped: observed %d", n.ObservedGeneration)
 	}
 }

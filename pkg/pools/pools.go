@@ -35,6 +35,22 @@ var Classes = []string{ClassGPU, ClassVPSHost, ClassProvider}
 // kinds the lifecycle runs on a joining node before adopting it.
 var AcceptanceChecks = []string{"diag.nvml"}
 
+// Sharing: who may book a pool besides its own tenant.
+const (
+	// SharingNone keeps the pool to its own tenant (the default).
+	SharingNone = "none"
+	// SharingDescendants lets the tenants below the pool's tenant book it,
+	// each child tenant (with its descendants) under its own quota or the
+	// pool's default quota.
+	SharingDescendants = "descendants"
+)
+
+// Sharings lists every sharing setting.
+var Sharings = []string{SharingNone, SharingDescendants}
+
+// MaxDefaultQuota bounds a pool's default quota (the bound on a quota).
+const MaxDefaultQuota = 1024 * 1024
+
 // ValidClass reports whether c is a class.
 func ValidClass(c string) bool { return slices.Contains(Classes, c) }
 
@@ -50,15 +66,21 @@ type Pool struct {
 	// Acceptance lists the checks (command kinds) a joining node must pass
 	// before adoption.
 	Acceptance []string
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
+	// Sharing is SharingNone or SharingDescendants; empty on create means
+	// SharingNone.
+	Sharing string
+	// DefaultQuota is the GPUs a child tenant of a shared pool's tenant
+	// books, with its descendants, when no quota of its own covers it.
+	DefaultQuota int
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
 }
 
-const cols = `id, tenant_id, name, class, description, labels, generation, acceptance, created_at, updated_at`
+const cols = `id, tenant_id, name, class, description, labels, generation, acceptance, sharing, default_quota, created_at, updated_at`
 
 func scan(r pgx.Row) (Pool, error) {
 	var p Pool
-	err := r.Scan(&p.ID, &p.TenantID, &p.Name, &p.Class, &p.Description, &p.Labels, &p.Generation, &p.Acceptance, &p.CreatedAt, &p.UpdatedAt)
+	err := r.Scan(&p.ID, &p.TenantID, &p.Name, &p.Class, &p.Description, &p.Labels, &p.Generation, &p.Acceptance, &p.Sharing, &p.DefaultQuota, &p.CreatedAt, &p.UpdatedAt)
 	return p, err
 }
 
@@ -70,10 +92,13 @@ func Create(ctx context.Context, q Querier, p Pool) (Pool, error) {
 	if p.Acceptance == nil {
 		p.Acceptance = []string{}
 	}
+	if p.Sharing == "" {
+		p.Sharing = SharingNone
+	}
 	out, err := scan(q.QueryRow(ctx, `
-		INSERT INTO pools (id, tenant_id, name, class, description, labels, acceptance)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING `+cols,
-		p.ID, p.TenantID, p.Name, p.Class, p.Description, p.Labels, p.Acceptance))
+		INSERT INTO pools (id, tenant_id, name, class, description, labels, acceptance, sharing, default_quota)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+cols,
+		p.ID, p.TenantID, p.Name, p.Class, p.Description, p.Labels, p.Acceptance, p.Sharing, p.DefaultQuota))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "23505" {
 		return Pool{}, fault.New(fault.Conflict, "name", "a pool named %q already exists in tenant %s", p.Name, p.TenantID)
@@ -117,6 +142,9 @@ type Update struct {
 	Site, Health []byte
 	// Acceptance, when not nil, replaces the pool's acceptance checks.
 	Acceptance []string
+	// Sharing and DefaultQuota, when not nil, replace the pool's.
+	Sharing      *string
+	DefaultQuota *int
 }
 
 func nullJSON(b []byte) *string {
@@ -139,8 +167,10 @@ func Apply(ctx context.Context, q Querier, tenant, id string, u Update) (Pool, e
 			labels = CASE WHEN $4 THEN $5::jsonb ELSE labels END,
 			site = coalesce($6::jsonb, site), health = coalesce($7::jsonb, health),
 			acceptance = coalesce($8::text[], acceptance),
+			sharing = coalesce($9, sharing), default_quota = coalesce($10::int, default_quota),
 			generation = generation + 1, updated_at = now()
-		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels, nullJSON(u.Site), nullJSON(u.Health), u.Acceptance))
+		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels, nullJSON(u.Site), nullJSON(u.Health), u.Acceptance,
+		u.Sharing, u.DefaultQuota))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Pool{}, fault.New(fault.NotFound, "id", "pool %q not found in tenant %s", id, tenant)
 	}

@@ -14,6 +14,7 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
@@ -36,6 +38,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/ratelimit"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
@@ -110,6 +113,20 @@ type Tuning struct {
 	RatePerSecond float64
 	// RateBurst is each identity's burst; 0 means 200.
 	RateBurst int
+	// AnonymousPerSecond and AnonymousBurst bound, per client address, the
+	// requests that need no credential (System.Health, System.Version);
+	// 0 means 10 a second with a burst of 20.
+	AnonymousPerSecond float64
+	AnonymousBurst     int
+	// FailedAuthPerSecond and FailedAuthBurst bound, per client address,
+	// failed authentications: once a client has spent its burst on bad
+	// credentials, its requests are RATE_LIMITED before any lookup until
+	// the bucket refills. 0 means 1 a second with a burst of 10.
+	FailedAuthPerSecond float64
+	FailedAuthBurst     int
+	// NoReflection leaves gRPC reflection off this server (the admin
+	// listener serves it instead).
+	NoReflection bool
 	// MaxDeadline caps every request's deadline (and is the deadline of
 	// requests without one); 0 means 30s.
 	MaxDeadline time.Duration
@@ -126,9 +143,11 @@ type Server struct {
 	authz   *authz.Authorizer
 	adm     *admission.Admitter
 	db      *pgxpool.Pool
-	limiter *limiter
-	maxDL   time.Duration
-	now     func() time.Time
+	limiter *ratelimit.Keyed // per identity
+	// anon and failedAuth are per client address.
+	anon, failedAuth *ratelimit.Keyed
+	maxDL            time.Duration
+	now              func() time.Time
 	// cmdPoker wakes the gateway of a node with new commands.
 	cmdPoker *commands.Poker
 	kinds    *commands.Registry
@@ -154,6 +173,12 @@ func New(cfg Config) (*Server, error) {
 	az := cfg.Authorizer
 	if az == nil {
 		az = authz.New(cfg.DB)
+	}
+	if cfg.NATS != nil {
+		// Policy changes committed by any process reach this cache at once.
+		if err := az.Listen(cfg.NATS); err != nil {
+			logger.Warn("authz: policy change messages unavailable; every decision reads policy versions", "err", err)
+		}
 	}
 	now := cfg.Now
 	if now == nil {
@@ -181,7 +206,9 @@ func New(cfg Config) (*Server, error) {
 
 		allowInsecureWebhooks: cfg.AllowInsecureWebhooks,
 		allowPrivateWebhooks:  cfg.AllowPrivateWebhooks,
-		limiter:               newLimiter(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
+		limiter:               ratelimit.New(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
+		anon:                  ratelimit.New(cmp.Or(cfg.AnonymousPerSecond, 10), cmp.Or(cfg.AnonymousBurst, 20), now),
+		failedAuth:            ratelimit.New(cmp.Or(cfg.FailedAuthPerSecond, 1), cmp.Or(cfg.FailedAuthBurst, 10), now),
 		maxDL:                 cmp.Or(cfg.MaxDeadline, 30*time.Second),
 		now:                   now,
 	}
@@ -210,10 +237,16 @@ func New(cfg Config) (*Server, error) {
 	}
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs)
+	if !cfg.NoReflection {
+		reflection.Register(gs)
+	}
 	s.grpc, s.health = gs, hs
 	return s, nil
 }
+
+// InternalNetwork is the network of the in-process connection the REST
+// gateway calls the gRPC server over (see [Server.Gateway]).
+const InternalNetwork = "bufconn"
 
 // GRPC returns the gRPC server, to be served over HTTP/2.
 func (s *Server) GRPC() *grpc.Server { return s.grpc }
@@ -230,8 +263,16 @@ func (s *Server) SetServing(ok bool) {
 // Gateway returns the REST handler (every method under [Prefix] plus the
 // OpenAPI document), which forwards to the gRPC server at addr so that REST
 // and gRPC share interceptors, limits and errors.
-func (s *Server) Gateway(ctx context.Context, addr string) (http.Handler, error) {
-	conn, err := grpc.NewClient("passthrough:///"+addr,
+func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
+	// The REST gateway reaches the gRPC server through an in-process
+	// connection, not the listener: the listener may be TLS (with client
+	// certificates) and the gateway is not a client of it. The gRPC server
+	// tells these calls apart by their peer's network (InternalNetwork) and
+	// takes the client's address from the X-Forwarded-For the gateway adds.
+	internal := bufconn.Listen(1 << 20)
+	go func() { _ = s.grpc.Serve(internal) }()
+	conn, err := grpc.NewClient("passthrough:///internal",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return internal.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(MaxRequestBytes)),

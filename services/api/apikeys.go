@@ -48,8 +48,11 @@ func (s *apiKeys) Create(ctx context.Context, req *computev1.ApiKeysServiceCreat
 	key := iam.NewKey() // its secret is returned only by the call that stores it
 	out := &computev1.ApiKeysServiceCreateResponse{}
 	res, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
-		Call:     admission.Call{TenantID: req.GetTenantId()},
-		Resource: authz.Resource{Type: authz.TypeAPIKey, ID: key.ID, TenantID: req.GetTenantId()},
+		Call: admission.Call{TenantID: req.GetTenantId()},
+		// Decided on the identity the key is for, not on the key alone: a
+		// key acts as its identity, so minting one for another identity is
+		// acting on that identity.
+		Resource: authz.Resource{Type: authz.TypeAPIKey, ID: key.ID, TenantID: req.GetTenantId(), Identity: req.GetIdentityId()},
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			if id != key.ID {
 				// A concurrent identical request owns this key's id and its
@@ -108,6 +111,11 @@ func (s *apiKeys) Revoke(ctx context.Context, req *computev1.ApiKeysServiceRevok
 	if err != nil {
 		return nil, err
 	}
+	k, err := iam.GetKey(ctx, s.db, req.GetTenantId(), req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	res.Identity = k.IdentityID // decided on the key's owner
 	out := &computev1.ApiKeysServiceRevokeResponse{}
 	err = s.mutate(ctx, admission.Mutation{
 		Call:     admission.Call{TenantID: req.GetTenantId()},

@@ -4,13 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"strings"
-	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
@@ -35,6 +35,9 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 		}
 		return nil, fault.New(fault.Unsupported, "", "method %s is not served here", info.FullMethod)
 	}
+	if err := checkLimits(req); err != nil {
+		return nil, err
+	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = withRequestID(ctx, first(md, RequestIDHeader))
 	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > s.maxDL {
@@ -43,9 +46,12 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 		defer cancel()
 	}
 	if m.Anonymous {
+		if !s.anon.Allow(clientAddr(ctx, md)) {
+			return nil, fault.New(fault.RateLimited, "", "too many requests without a credential from this address; retry later")
+		}
 		return handler(ctx, req)
 	}
-	p, err := s.authenticate(ctx, first(md, "authorization"))
+	p, err := s.authenticate(ctx, clientAddr(ctx, md), first(md, "authorization"))
 	if err != nil {
 		return nil, err
 	}
@@ -57,18 +63,26 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	return handler(iam.WithPrincipal(ctx, p), req)
 }
 
-// authenticate checks an Authorization header value (cached) and the
-// identity's rate limit.
-func (s *Server) authenticate(ctx context.Context, header string) (iam.Principal, error) {
+// authenticate checks a request's Authorization header (cached) and the
+// identity's rate limit. A client address that has spent its budget of
+// failed authentications is refused before any lookup until it refills.
+func (s *Server) authenticate(ctx context.Context, addr, header string) (iam.Principal, error) {
+	if s.failedAuth.Exhausted(addr) {
+		return iam.Principal{}, fault.New(fault.RateLimited, "", "too many failed authentications from this address; retry later")
+	}
 	token, err := bearer(header)
 	if err != nil {
+		s.failedAuth.Allow(addr)
 		return iam.Principal{}, err
 	}
 	p, err := s.authn.Authenticate(ctx, token)
 	if err != nil {
+		if fault.CodeOf(err) == fault.Unauthenticated {
+			s.failedAuth.Allow(addr)
+		}
 		return iam.Principal{}, err
 	}
-	if !s.limiter.allow(p.IdentityID) {
+	if !s.limiter.Allow(p.IdentityID) {
 		return iam.Principal{}, fault.New(fault.RateLimited, "", "identity %s is over its request rate; retry later", p.IdentityID)
 	}
 	return p, nil
@@ -102,8 +116,11 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	ctx := ss.Context()
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = withRequestID(ctx, first(md, RequestIDHeader))
+	if m.Anonymous && !s.anon.Allow(clientAddr(ctx, md)) {
+		return ToStatus(fault.New(fault.RateLimited, "", "too many requests without a credential from this address; retry later")).Err()
+	}
 	if !m.Anonymous {
-		p, err := s.authenticate(ctx, first(md, "authorization"))
+		p, err := s.authenticate(ctx, clientAddr(ctx, md), first(md, "authorization"))
 		if err != nil {
 			return ToStatus(err).Err()
 		}
@@ -123,6 +140,17 @@ type contextStream struct {
 }
 
 func (c *contextStream) Context() context.Context { return c.ctx }
+
+// RecvMsg receives a request and holds it to the field limits (checkLimits).
+func (c *contextStream) RecvMsg(m any) error {
+	if err := c.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if err := checkLimits(m); err != nil {
+		return ToStatus(err).Err()
+	}
+	return nil
+}
 
 func first(md metadata.MD, key string) string {
 	if v := md.Get(key); len(v) > 0 {
@@ -169,29 +197,31 @@ func headerMatcher(key string) (string, bool) {
 	return "", false
 }
 
-// limiter is a token bucket per identity on the server's clock.
-type limiter struct {
-	mu    sync.Mutex
-	rps   rate.Limit
-	burst int
-	now   func() time.Time
-	by    map[string]*rate.Limiter
-}
-
-func newLimiter(rps float64, burst int, now func() time.Time) *limiter {
-	return &limiter{rps: rate.Limit(rps), burst: burst, now: now, by: map[string]*rate.Limiter{}}
-}
-
-func (l *limiter) allow(identity string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	lim, ok := l.by[identity]
-	if !ok {
-		if len(l.by) >= 100_000 {
-			clear(l.by) // forgetting buckets only ever lets more through
-		}
-		lim = rate.NewLimiter(l.rps, l.burst)
-		l.by[identity] = lim
+// clientAddr is the address a request came from, the key of the
+// per-address limits: the gRPC peer's host, or — for REST requests, which
+// reach the gRPC server through the in-process gateway — the last
+// X-Forwarded-For entry, which that gateway appends from the HTTP client's
+// address.
+func clientAddr(ctx context.Context, md metadata.MD) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
 	}
-	return lim.AllowN(l.now(), 1)
+	if p.Addr.Network() == InternalNetwork {
+		if xff := md.Get("x-forwarded-for"); len(xff) > 0 {
+			parts := strings.Split(xff[len(xff)-1], ",")
+			return strings.TrimSpace(parts[len(parts)-1])
+		}
+	}
+	return hostOf(p.Addr.String())
+}
+
+// hostOf is the host of a host:port address (the whole string if it has no
+// port).
+func hostOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return host
 }

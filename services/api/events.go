@@ -248,7 +248,7 @@ func (h *watchHub) stop() {
 func (s *Server) ServeWatch(w http.ResponseWriter, r *http.Request) {
 	ctx := withRequestID(r.Context(), r.Header.Get(RequestIDHeader))
 	fail := func(err error) { writeEnvelope(w, ToStatus(err)) }
-	p, err := s.authenticate(ctx, r.Header.Get("Authorization"))
+	p, err := s.authenticate(ctx, hostOf(r.RemoteAddr), r.Header.Get("Authorization"))
 	if err != nil {
 		fail(err)
 		return

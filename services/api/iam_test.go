@@ -19,7 +19,9 @@ import (
 
 func TestAuthentication(t *testing.T) {
 	t.Parallel()
-	h := setup(t, api.Tuning{})
+	// Twelve failed authentications from one address on a stopped clock:
+	// more than the default budget (TestFailedAuthenticationsAreLimitedPerAddress).
+	h := setup(t, api.Tuning{FailedAuthBurst: 100})
 	sys := computev1.NewSystemServiceClient(h.conn)
 
 	t.Run("a good key authenticates over REST and gRPC", func(t *testing.T) {

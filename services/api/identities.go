@@ -87,6 +87,8 @@ func (s *identities) Revoke(ctx context.Context, req *computev1.IdentitiesServic
 	if err := required("id", req.GetId()); err != nil {
 		return nil, err
 	}
+	// The resource is the target identity: the decision's context says
+	// whether it is the caller itself (authz.Resource.Target).
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeIdentity, req.GetId(), "id")
 	if err != nil {
 		return nil, err

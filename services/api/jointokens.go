@@ -38,7 +38,7 @@ const (
 func joinTokenPB(t jointoken.Token) *computev1.JoinToken {
 	out := &computev1.JoinToken{
 		Id: t.ID, TenantId: t.TenantID, PoolId: t.PoolID, Name: t.Name, Uses: int32(t.Uses), UsesLeft: int32(t.UsesLeft),
-		Reclaim: t.Reclaim, Labels: t.Labels, CreatedBy: t.CreatedBy,
+		Reclaim: t.Reclaim, ReclaimNodeIds: t.ReclaimNodeIDs, Labels: t.Labels, CreatedBy: t.CreatedBy,
 		CreateTime: ts(t.CreatedAt), ExpireTime: tsp(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt),
 	}
 	if !t.Expect.Zero() {
@@ -88,6 +88,22 @@ func (s *joinTokens) Create(ctx context.Context, req *computev1.JoinTokensServic
 	if err := validLabels(req.GetLabels()); err != nil {
 		return nil, err
 	}
+	reclaimIDs := req.GetReclaimNodeIds()
+	switch {
+	case req.GetReclaim() && len(reclaimIDs) == 0:
+		return nil, fault.New(fault.InvalidInput, "reclaimNodeIds", "required with reclaim: name the nodes this token may take back (hardware claims alone prove nothing)")
+	case !req.GetReclaim() && len(reclaimIDs) > 0:
+		return nil, fault.New(fault.InvalidInput, "reclaimNodeIds", "only with reclaim: true")
+	case len(reclaimIDs) > MaxJoinTokenUses:
+		return nil, fault.New(fault.InvalidInput, "reclaimNodeIds", "at most %d nodes, got %d", MaxJoinTokenUses, len(reclaimIDs))
+	}
+	seen := make(map[string]bool, len(reclaimIDs))
+	for _, id := range reclaimIDs {
+		if !strings.HasPrefix(id, "node_") || len(id) > 64 || seen[id] {
+			return nil, fault.New(fault.InvalidInput, "reclaimNodeIds", "%q is not a node id, or is named twice", id)
+		}
+		seen[id] = true
+	}
 	pool, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
 	if err != nil {
 		return nil, err
@@ -114,7 +130,7 @@ func (s *joinTokens) Create(ctx context.Context, req *computev1.JoinTokensServic
 			caller, _ := iam.PrincipalFrom(ctx)
 			t, err := jointoken.Create(ctx, tx, jointoken.Token{
 				ID: id, TenantID: req.GetTenantId(), PoolID: p.ID, Name: req.GetName(), Uses: uses, Expect: expect,
-				Reclaim: req.GetReclaim(), Labels: req.GetLabels(), CreatedBy: caller.IdentityID, ExpiresAt: &expires,
+				Reclaim: req.GetReclaim(), ReclaimNodeIDs: reclaimIDs, Labels: req.GetLabels(), CreatedBy: caller.IdentityID, ExpiresAt: &expires,
 			}, secret.Hash)
 			if err != nil {
 				return admission.Outcome{}, err

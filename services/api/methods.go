@@ -76,6 +76,7 @@ var methods = map[string]Method{
 	computev1.NodesService_List_FullMethodName:    {Action: authz.NodesList},
 	computev1.NodesService_GetSpec_FullMethodName: {Action: authz.NodesGet},
 	computev1.NodesService_Update_FullMethodName:  {Action: authz.NodesUpdate},
+	computev1.NodesService_Revoke_FullMethodName:  {Action: authz.NodesRevoke},
 
 	computev1.CommandsService_Run_FullMethodName:    {Action: authz.NodesExec},
 	computev1.CommandsService_Get_FullMethodName:    {Action: authz.NodesGet},

@@ -15,6 +15,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -169,6 +170,45 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 			r := res
 			r.Labels = n.Labels
 			return outcome(&computev1.NodesServiceUpdateResponse{Node: nodePB(n)}, "node.updated", &r)
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// maxRevokeReason bounds nodes.revoke's reason.
+const maxRevokeReason = 1024
+
+// Revoke revokes every certificate of a node, in the same transaction as
+// its audit row and node.revoked event; the gateway holding its session
+// closes it at its next liveness tick.
+func (s *nodes) Revoke(ctx context.Context, req *computev1.NodesServiceRevokeRequest) (*computev1.NodesServiceRevokeResponse, error) {
+	if err := required("id", req.GetId()); err != nil {
+		return nil, err
+	}
+	if len(req.GetReason()) > maxRevokeReason {
+		return nil, fault.New(fault.InvalidInput, "reason", "at most %d characters, got %d", maxRevokeReason, len(req.GetReason()))
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetId(), "id")
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.NodesServiceRevokeResponse{}
+	err = s.mutate(ctx, admission.Mutation{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: res,
+		Work: func(ctx context.Context, tx pgx.Tx, _ *reconcile.Queue) (admission.Outcome, error) {
+			revoked, err := nodeca.RevokeNode(ctx, tx, req.GetId())
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetId())
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			return outcome(&computev1.NodesServiceRevokeResponse{Node: nodePB(n), RevokedCertificates: revoked}, "node.revoked", &res)
 		},
 	}, out)
 	if err != nil {

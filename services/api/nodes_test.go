@@ -101,7 +101,7 @@ func TestJoinTokens(t *testing.T) {
 
 	var tokenID, token string
 	t.Run("create shows the token once", func(t *testing.T) {
-		body := fmt.Sprintf(`{"tenantId":"root","poolId":%q,"name":"rack-1","uses":2,"reclaim":true,"labels":{"rack":"r1"},
+		body := fmt.Sprintf(`{"tenantId":"root","poolId":%q,"name":"rack-1","uses":2,"labels":{"rack":"r1"},
 			"expect":{"gpuCount":2,"gpuModel":"H200"},"idempotencyKey":"jt-1"}`, poolID)
 		code, resp := h.rest(t, h.root, "joinTokens/create", body)
 		if code != http.StatusOK {
@@ -110,7 +110,7 @@ func TestJoinTokens(t *testing.T) {
 		token, _ = resp["token"].(string)
 		jt, _ := resp["joinToken"].(map[string]any)
 		tokenID, _ = jt["id"].(string)
-		if !strings.HasPrefix(token, jointoken.Prefix+tokenID+".") || jt["usesLeft"] != float64(2) || jt["reclaim"] != true || jt["expireTime"] == nil {
+		if !strings.HasPrefix(token, jointoken.Prefix+tokenID+".") || jt["usesLeft"] != float64(2) || jt["reclaim"] != false || jt["expireTime"] == nil {
 			t.Fatalf("create: %v", resp)
 		}
 		if exp, _ := jt["expect"].(map[string]any); exp["gpuCount"] != float64(2) || exp["gpuModel"] != "H200" {
@@ -137,6 +137,11 @@ func TestJoinTokens(t *testing.T) {
 			{&computev1.JoinTokensServiceCreateRequest{TenantId: "root", PoolId: "pool_nope"}, fault.NotFound, "poolId"},
 			{&computev1.JoinTokensServiceCreateRequest{TenantId: "root", PoolId: poolID, Uses: -1}, fault.InvalidInput, "uses"},
 			{&computev1.JoinTokensServiceCreateRequest{TenantId: "root", PoolId: poolID, Expect: &computev1.JoinTokenExpect{GpuCount: 1000}}, fault.InvalidInput, "expect.gpuCount"},
+			// A reclaim must name the nodes it may take back.
+			{&computev1.JoinTokensServiceCreateRequest{TenantId: "root", PoolId: poolID, Reclaim: true}, fault.InvalidInput, "reclaimNodeIds"},
+			{&computev1.JoinTokensServiceCreateRequest{TenantId: "root", PoolId: poolID, ReclaimNodeIds: []string{"node_a"}}, fault.InvalidInput, "reclaimNodeIds"},
+			{&computev1.JoinTokensServiceCreateRequest{TenantId: "root", PoolId: poolID, Reclaim: true, ReclaimNodeIds: []string{"pool_x"}}, fault.InvalidInput, "reclaimNodeIds"},
+			{&computev1.JoinTokensServiceCreateRequest{TenantId: "root", PoolId: poolID, Reclaim: true, ReclaimNodeIds: []string{"node_a", "node_a"}}, fault.InvalidInput, "reclaimNodeIds"},
 		} {
 			_, err := tokens.Create(ctx, tc.req)
 			wantCode(t, err, tc.code, tc.field)
@@ -148,17 +153,28 @@ func TestJoinTokens(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The same hardware again: the token allows reclaim.
-		again, err := j.join(t, token, "SN-1")
+		// The same hardware again: this token names no node to reclaim.
+		if _, err := j.join(t, token, "SN-1"); err == nil {
+			t.Fatal("the same hardware joined again without a token naming its node")
+		}
+		if _, err := j.join(t, token, "SN-2"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.join(t, token, "SN-3"); !errors.Is(err, jointoken.ErrExhausted) {
+			t.Fatalf("third join: %v, want exhausted", err)
+		}
+		// A token that names the node takes it back.
+		rt, err := tokens.Create(ctx, &computev1.JoinTokensServiceCreateRequest{TenantId: "root", PoolId: poolID, Reclaim: true, ReclaimNodeIds: []string{first}})
+		if err != nil || !slices.Equal(rt.GetJoinToken().GetReclaimNodeIds(), []string{first}) {
+			t.Fatalf("reclaim token %v %v", rt, err)
+		}
+		again, err := j.join(t, rt.GetToken(), "SN-1")
 		if err != nil || again != first {
 			t.Fatalf("reclaim gave %q (%v), want %s", again, err, first)
 		}
-		if _, err := j.join(t, token, "SN-2"); !errors.Is(err, jointoken.ErrExhausted) {
-			t.Fatalf("third join: %v, want exhausted", err)
-		}
 		list, err := tokens.List(ctx, &computev1.JoinTokensServiceListRequest{TenantId: "root", PoolId: poolID})
-		if err != nil || len(list.GetJoinTokens()) != 1 || list.GetJoinTokens()[0].GetUsesLeft() != 0 {
-			t.Fatalf("list %v %v", list, err)
+		if err != nil || len(list.GetJoinTokens()) != 2 || list.GetJoinTokens()[0].GetUsesLeft() != 0 || list.GetJoinTokens()[1].GetUsesLeft() != 0 {
+			t.Fatalf("list %v %v: want both tokens spent", list, err)
 		}
 	})
 
@@ -320,6 +336,37 @@ func TestNodes(t *testing.T) {
 		wantREST(t, code, body, fault.InvalidInput, "state")
 		_, err := nodesC.List(ctx, &computev1.NodesServiceListRequest{TenantId: "acme", PageToken: "junk"})
 		wantCode(t, err, fault.InvalidInput, "pageToken")
+	})
+
+	t.Run("revoke ends a node's certificates, and what bad revokes get", func(t *testing.T) {
+		victim := ids[len(ids)-1]
+		_, err := nodesC.Revoke(as(otherKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", Id: victim})
+		wantCode(t, err, fault.AccessDenied, "tenantId")
+		_, err = nodesC.Revoke(as(otherKey), &computev1.NodesServiceRevokeRequest{TenantId: "other", Id: victim})
+		wantCode(t, err, fault.NotFound, "id")
+		_, err = nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", Id: victim, Reason: strings.Repeat("x", 1025)})
+		wantCode(t, err, fault.InvalidInput, "reason")
+		_, err = nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme"})
+		wantCode(t, err, fault.InvalidInput, "id")
+		var live int
+		_ = h.db.QueryRow(bg, `SELECT count(*) FROM node_certificates WHERE node_id = $1 AND revoked_at IS NULL`, victim).Scan(&live)
+		if live != 1 {
+			t.Fatalf("%d live certificates before the revoke, want 1: a refused revoke revoked something", live)
+		}
+		got, err := nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", Id: victim, Reason: "decommissioned"})
+		if err != nil || got.GetRevokedCertificates() != 1 || got.GetNode().GetId() != victim {
+			t.Fatalf("revoke %v %v", got, err)
+		}
+		_ = h.db.QueryRow(bg, `SELECT count(*) FROM node_certificates WHERE node_id = $1 AND revoked_at IS NULL`, victim).Scan(&live)
+		var events int
+		_ = h.db.QueryRow(bg, `SELECT count(*) FROM outbox WHERE type = 'node.revoked' AND resource_id = $1`, victim).Scan(&events)
+		if live != 0 || events != 1 {
+			t.Fatalf("after the revoke: %d live certificates, %d node.revoked events", live, events)
+		}
+		again, err := nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", Id: victim})
+		if err != nil || again.GetRevokedCertificates() != 0 {
+			t.Fatalf("a second revoke: %v %v, want 0 revoked", again, err)
+		}
 	})
 
 	t.Run("another tenant sees nothing", func(t *testing.T) {

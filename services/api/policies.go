@@ -9,7 +9,6 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
-	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
@@ -19,8 +18,19 @@ type policies struct {
 	computev1.UnimplementedPoliciesServiceServer
 }
 
-// MaxPolicyBytes bounds a policy document.
-const MaxPolicyBytes = 64 << 10
+// MaxPolicyBytes bounds a policy document (authz.MaxPolicyBytes; a tenant
+// holds at most authz.MaxPoliciesPerTenant).
+const MaxPolicyBytes = authz.MaxPolicyBytes
+
+// policiesChanged runs after the commit of a put or delete: this process's
+// authorizer sees the change at its next decision, the others when the bus
+// message reaches them (or within authz.Options.Recheck without it).
+func (s *Server) policiesChanged(tenant string) func() {
+	return func() {
+		s.authz.Invalidate(tenant)
+		authz.PublishPolicyChange(s.nc, tenant)
+	}
+}
 
 func policyPB(p authz.Policy) *computev1.Policy {
 	return &computev1.Policy{
@@ -40,8 +50,8 @@ func (s *policies) Put(ctx context.Context, req *computev1.PoliciesServicePutReq
 	if err := required("body", req.GetBody()); err != nil {
 		return nil, err
 	}
-	if len(req.GetBody()) > MaxPolicyBytes {
-		return nil, fault.New(fault.InvalidInput, "body", "at most %d bytes", MaxPolicyBytes)
+	if err := authz.CheckPolicySize(req.GetBody()); err != nil {
+		return nil, err
 	}
 	if _, err := authz.Parse(req.GetName(), req.GetBody()); err != nil {
 		return nil, err // before the decision: bad input changes nothing
@@ -55,6 +65,7 @@ func (s *policies) Put(ctx context.Context, req *computev1.PoliciesServicePutReq
 			if err != nil {
 				return admission.Outcome{}, err
 			}
+			q.AfterCommit(s.policiesChanged(req.GetTenantId()))
 			return outcome(&computev1.PoliciesServicePutResponse{Policy: policyPB(p)}, "policy.put", nil)
 		},
 	}, out)
@@ -116,6 +127,7 @@ func (s *policies) Delete(ctx context.Context, req *computev1.PoliciesServiceDel
 			if err := authz.DeletePolicy(ctx, tx, req.GetTenantId(), req.GetName()); err != nil {
 				return admission.Outcome{}, err
 			}
+			q.AfterCommit(s.policiesChanged(req.GetTenantId()))
 			o, err := outcome(out, "policy.deleted", nil)
 			o.Event.Payload = map[string]string{"tenantId": req.GetTenantId(), "name": req.GetName()}
 			return o, err

@@ -32,7 +32,7 @@ func poolPB(p poolstore.Pool) *computev1.Pool {
 	return &computev1.Pool{
 		Id: p.ID, TenantId: p.TenantID, Name: p.Name, Class: p.Class, Description: p.Description,
 		Labels: p.Labels, Generation: p.Generation, CreateTime: ts(p.CreatedAt), UpdateTime: ts(p.UpdatedAt),
-		Acceptance: p.Acceptance,
+		Acceptance: p.Acceptance, Sharing: p.Sharing, DefaultQuota: int32(p.DefaultQuota),
 	}
 }
 
@@ -63,6 +63,14 @@ func (s *pools) Create(ctx context.Context, req *computev1.PoolsServiceCreateReq
 	if err != nil {
 		return nil, err
 	}
+	sharing, err := validSharing(req.GetSharing())
+	if err != nil {
+		return nil, err
+	}
+	defaultQuota, err := validDefaultQuota(req.GetDefaultQuota())
+	if err != nil {
+		return nil, err
+	}
 	out := &computev1.PoolsServiceCreateResponse{}
 	_, err = s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
@@ -72,6 +80,7 @@ func (s *pools) Create(ctx context.Context, req *computev1.PoolsServiceCreateReq
 			p, err := poolstore.Create(ctx, tx, poolstore.Pool{
 				ID: id, TenantID: req.GetTenantId(), Name: req.GetName(), Class: req.GetClass(),
 				Description: req.GetDescription(), Labels: req.GetLabels(), Acceptance: acceptance,
+				Sharing: sharing, DefaultQuota: defaultQuota,
 			})
 			if err != nil {
 				return admission.Outcome{}, err
@@ -147,6 +156,25 @@ func validAcceptance(checks []string) ([]string, error) {
 	return out, nil
 }
 
+// validSharing checks a pool's sharing setting; empty is "none".
+func validSharing(v string) (string, error) {
+	if v == "" {
+		return poolstore.SharingNone, nil
+	}
+	if !slices.Contains(poolstore.Sharings, v) {
+		return "", fault.New(fault.InvalidInput, "sharing", "expected one of %s, got %q", strings.Join(poolstore.Sharings, ", "), v)
+	}
+	return v, nil
+}
+
+// validDefaultQuota checks a pool's default quota (GPUs per child tenant).
+func validDefaultQuota(n int32) (int, error) {
+	if n < 0 || n > poolstore.MaxDefaultQuota {
+		return 0, fault.New(fault.InvalidInput, "defaultQuota", "expected 0 (none) to %d GPUs per tenant, got %d", poolstore.MaxDefaultQuota, n)
+	}
+	return int(n), nil
+}
+
 // specSection validates a NodeSpec section given as JSON and returns its
 // canonical proto3 JSON; a nil struct clears the section.
 func specSection(st *structpb.Struct, into proto.Message, field string) ([]byte, error) {
@@ -168,7 +196,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, acceptance)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, acceptance, sharing, defaultQuota)")
 	}
 	var u poolstore.Update
 	for _, path := range req.GetUpdateMask().GetPaths() {
@@ -202,8 +230,20 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				return nil, err
 			}
 			u.Acceptance = a
+		case "sharing":
+			v, err := validSharing(req.GetSharing())
+			if err != nil {
+				return nil, err
+			}
+			u.Sharing = &v
+		case "default_quota", "defaultQuota":
+			n, err := validDefaultQuota(req.GetDefaultQuota())
+			if err != nil {
+				return nil, err
+			}
+			u.DefaultQuota = &n
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance, sharing, defaultQuota can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetId(), "id")

@@ -120,12 +120,24 @@ func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsSe
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			r := r
 			r.ID = id
+			inline := r.StartTime == nil || !r.StartTime.After(now)
+			if !inline {
+				// A future start is placed later (the placer checks
+				// again); the pool must be bookable now too. Inline
+				// placement checks it itself, under the pool's lock.
+				if err := capstore.PoolOf(ctx, tx, r.TenantID, r.PoolID); err != nil {
+					return admission.Outcome{}, err
+				}
+			}
 			if err := capstore.Insert(ctx, tx, r); err != nil {
 				return admission.Outcome{}, err
 			}
 			event := "reservation.created"
-			if r.StartTime == nil || !r.StartTime.After(now) {
-				// Inline placement: book now, or refuse.
+			if inline {
+				// Inline placement: book now, or refuse. Place checks in
+				// this transaction that the tenant may book the pool (its
+				// own, or an ancestor's shared with descendants) and the
+				// quota (its own, an ancestor's or the pool's default).
 				nodes, err := capstore.Place(ctx, tx, &r, capstore.PlaceOptions{LostAfter: s.capacity.LostAfter})
 				if err != nil {
 					return admission.Outcome{}, err

@@ -234,12 +234,13 @@ func TestReservationsConcurrentCreates(t *testing.T) {
 	}
 }
 
-// TestReservationsPoolOfAnAncestor: a tenant books in its own pools and its
-// ancestors' pools, never in another tenant's.
+// TestReservationsPoolOfAnAncestor: a tenant books in its own pools and in
+// its ancestors' pools shared with descendants, never in another tenant's.
 func TestReservationsPoolOfAnAncestor(t *testing.T) {
 	t.Parallel()
 	h := setup(t, api.Tuning{})
 	rootPool := h.gpuPool(t, "shared", 1, 8)
+	h.share(t, rootPool, 8)
 	_, acmeKey := h.member(t, "acme", "ops")
 	h.policy(t, "acme", "members", `permit (principal in Tenant::"acme", action, resource in Tenant::"acme");`)
 	_, otherKey := h.member(t, "other", "ops")

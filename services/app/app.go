@@ -105,7 +105,9 @@ type Options struct {
 	DBTracer pgx.QueryTracer
 	// Kinds is the command-kind registry every role of the process uses
 	// (commands.run, acceptance checks, the gateway, the sweeper); nil
-	// means commands.Builtin().
+	// means commands.Builtin(). The api and the controllers queue through
+	// a signing view of it (commands.Registry.Signing) when
+	// commands.signingKeyFile is set; the gateway never gets the key.
 	Kinds *commands.Registry
 }
 
@@ -122,12 +124,17 @@ type App struct {
 	pool    *pgxpool.Pool
 	runtime *reconcile.Runtime
 	gateway *gatewayServer
+	admin   *adminServer
 	relay   *relay.Service
 	localGW atomic.Pointer[gateway.Gateway] // for in-process dispatch
 	// specRouter hands the nodespec controller's changes to the gateways.
 	specRouter *gateway.SpecRouter
-	// kinds is the command-kind registry.
-	kinds   *commands.Registry
+	// kinds is the command-kind registry; admitKinds the view of it the
+	// roles that queue commands use, signing with the command-signing key
+	// (see prepareCommandSigning). The gateway gets kinds: it holds no key.
+	kinds      *commands.Registry
+	admitKinds *commands.Registry
+
 	nc      *nats.Conn
 	api     *api.Server
 	srv     *http.Server
@@ -223,6 +230,9 @@ func (a *App) start(ctx context.Context) (err error) {
 	}
 	a.specRouter = gateway.NewSpecRouter(a.nc, a.logger.With("role", "gateway"))
 	a.checks = a.healthChecks()
+	if err := a.prepareCommandSigning(); err != nil {
+		return err
+	}
 	if err := a.startRuntime(ctx); err != nil {
 		return err
 	}
@@ -243,14 +253,13 @@ func (a *App) start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	var protocols http.Protocols
-	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
-	a.srv = &http.Server{
-		Handler:           handler,
-		Protocols:         &protocols,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelWarn),
+	tlsCfg, err := a.serverTLS()
+	if err != nil {
+		return err
+	}
+	a.srv = a.newHTTPServer(handler, tlsCfg)
+	if err := a.startAdmin(); err != nil {
+		return err
 	}
 	if a.api != nil {
 		a.srv.RegisterOnShutdown(a.api.CloseStreams)
@@ -258,7 +267,11 @@ func (a *App) start(ctx context.Context) (err error) {
 	a.served = make(chan struct{})
 	go func() {
 		defer close(a.served)
-		if err := a.srv.Serve(a.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := func() error { return a.srv.Serve(a.ln) }
+		if tlsCfg != nil {
+			serve = func() error { return a.srv.ServeTLS(a.ln, "", "") }
+		}
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.logger.Error("server stopped", "err", err)
 		}
 	}()
@@ -323,7 +336,7 @@ func (a *App) startRuntime(ctx context.Context) error {
 		return err
 	}
 	if slices.Contains(roles, reconcile.RoleControllers) {
-		for _, r := range inventory.New(inventory.Config{Commands: a.commandPoker(), Kinds: a.kinds}) {
+		for _, r := range inventory.New(inventory.Config{Commands: a.commandPoker(), Kinds: a.admitKinds}) {
 			if err := rt.Register(r); err != nil {
 				return err
 			}
@@ -363,8 +376,10 @@ func (a *App) startRuntime(ctx context.Context) error {
 func (a *App) healthChecks() []health.Check {
 	pool, nc := a.pool, a.nc
 	checks := []health.Check{
-		{Name: "database", Required: true, Run: func(ctx context.Context) error { return pool.Ping(ctx) }},
-		{Name: "schema", Required: true, Run: func(ctx context.Context) error { _, err := migrate.Check(ctx, pool); return err }},
+		// Probed at most once a second however many ask: /readyz and
+		// System.Health answer anyone.
+		health.Cached(health.Check{Name: "database", Required: true, Run: func(ctx context.Context) error { return pool.Ping(ctx) }}, time.Second),
+		health.Cached(health.Check{Name: "schema", Required: true, Run: func(ctx context.Context) error { _, err := migrate.Check(ctx, pool); return err }}, time.Second),
 	}
 	checks = append(checks, health.Check{Name: "bus", Required: false, Run: func(context.Context) error {
 		switch {
@@ -384,15 +399,19 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", a.serveReady)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	if a.cfg.Server.AdminAddr == "" {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	}
 
 	if slices.Contains(a.roles, config.RoleAPI) {
 		az := authz.New(a.pool)
 		var err error
+		tuning := a.opts.API
+		tuning.NoReflection = tuning.NoReflection || a.cfg.Server.AdminAddr != "" // served on the admin listener
 		a.api, err = api.New(api.Config{
-			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: a.opts.API, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
+			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: tuning, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
-			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Kinds: a.kinds,
+			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Kinds: a.admitKinds,
 			AuditKey: a.auditKey(),
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
@@ -404,7 +423,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		if err != nil {
 			return nil, err
 		}
-		gw, err := a.api.Gateway(ctx, a.dialAddr())
+		gw, err := a.api.Gateway(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -442,15 +461,6 @@ func (a *App) Addr() string {
 	return a.ln.Addr().String()
 }
 
-// dialAddr is Addr with a wildcard host replaced by loopback.
-func (a *App) dialAddr() string {
-	host, port, _ := net.SplitHostPort(a.Addr())
-	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-		host = "127.0.0.1"
-	}
-	return net.JoinHostPort(host, port)
-}
-
 // Stop stops serving (draining requests for up to server.shutdownTimeout),
 // then closes the bus and the database. It tolerates Stop before Start, a
 // second Stop, and Stop concurrent with Start (it waits for Start).
@@ -473,6 +483,9 @@ func (a *App) stop(ctx context.Context) {
 	}
 	if a.api != nil {
 		a.api.Stop()
+	}
+	if a.admin != nil {
+		a.admin.stop()
 	}
 	if a.gateway != nil {
 		a.gateway.stop(ctx)

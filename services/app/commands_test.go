@@ -61,9 +61,7 @@ func TestCommandSweeperRole(t *testing.T) {
 func TestCommandSigningKeyFile(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(pgtest.NewDB(t))
-	cfg.Roles = []string{"gateway"}
-	cfg.Gateway.Listen = "127.0.0.1:0"
-	cfg.JoinService.KeyDir = t.TempDir()
+	cfg.Roles = []string{"api"}
 	cfg.Commands.SigningKeyFile = t.TempDir() + "/missing.key"
 	a, err := app.New(cfg, app.Options{})
 	if err != nil {
@@ -73,6 +71,36 @@ func TestCommandSigningKeyFile(t *testing.T) {
 	a.Stop(t.Context())
 	if fe, ok := fault.As(err); !ok || fe.Code != fault.InvalidConfig || fe.Field != "commands.signingKeyFile" {
 		t.Fatalf("a missing signing key: %v, want INVALID_CONFIG commands.signingKeyFile", err)
+	}
+
+	// The api signs what it queues, with the key, for the trust domain.
+	cfg = testConfig(pgtest.NewDB(t))
+	cfg.Roles = []string{"api"}
+	cfg.Commands.SigningKeyFile = t.TempDir() + "/command.key"
+	if _, err := commands.EnsureSigner(cfg.Commands.SigningKeyFile); err != nil {
+		t.Fatal(err)
+	}
+	a = start(t, cfg)
+	if dispatch, admit := a.CommandKinds(); !admit.Signs() || dispatch.Signs() {
+		t.Fatalf("api process: admit signs %v, dispatch signs %v; want true, false", admit.Signs(), dispatch.Signs())
+	}
+}
+
+// TestGatewayCannotForgeDestructiveCommands: a gateway process never reads
+// the command-signing key — a configured file that does not even exist
+// does not stop it — and its registry signs nothing, so it cannot make a
+// destructive command a daemon accepts.
+func TestGatewayCannotForgeDestructiveCommands(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(pgtest.NewDB(t))
+	cfg.Roles = []string{"gateway"}
+	cfg.Gateway.Listen = "127.0.0.1:0"
+	cfg.JoinService.KeyDir = t.TempDir()
+	cfg.Commands.SigningKeyFile = t.TempDir() + "/missing.key"
+	a := start(t, cfg)
+	dispatch, admit := a.CommandKinds()
+	if dispatch.Signs() || admit.Signs() {
+		t.Fatal("a gateway process holds the command-signing key")
 	}
 }
 

@@ -43,19 +43,15 @@ func (a *App) startGateway(context.Context) error {
 		return err
 	}
 	gc := a.cfg.Gateway
-	signer, err := a.commandSigner()
-	if err != nil {
-		return err
-	}
 	ca := js.CA()
 	cert, err := ca.ServingCertificate(gc.ID, gc.Hosts, 0)
 	if err != nil {
 		return fmt.Errorf("gateway serving certificate: %w", err)
 	}
 	gw, err := gateway.New(gateway.Config{
-		ID: gc.ID, DB: a.pool, Joiner: js, TrustDomain: ca.TrustDomain().Name(),
-		Revoked: func(ctx context.Context, serial string) (bool, error) {
-			return nodeca.RevokedSerial(ctx, a.pool, serial)
+		ID: gc.ID, DB: a.pool, Joiner: joinservice.NewJoiner(js), TrustDomain: ca.TrustDomain().Name(),
+		Revoked: func(ctx context.Context, serials []string) ([]string, error) {
+			return nodeca.RevokedAmong(ctx, a.pool, serials)
 		},
 		Poker:             &workqueue.Poker{NC: a.nc},
 		HeartbeatInterval: gc.HeartbeatInterval.Std(),
@@ -63,7 +59,6 @@ func (a *App) startGateway(context.Context) error {
 		AdmitRate:         gc.AdmitRate,
 		AdmitBurst:        gc.AdmitBurst,
 		AdmitWait:         gc.AdmitWait.Std(),
-		Signer:            signer,
 		Logger:            a.logger.With("role", "gateway"),
 		ObservedKinds:     observedKinds,
 		Kinds:             a.kinds,

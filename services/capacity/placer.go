@@ -217,11 +217,12 @@ func (p *placer) placePending(ctx context.Context, tx pgx.Tx, q *reconcile.Queue
 	return nil
 }
 
-// placementRefused reports whether err is a placement's NO_CAPACITY or
-// QUOTA_EXCEEDED (rather than a failure to retry).
+// placementRefused reports whether err is a placement's NO_CAPACITY,
+// QUOTA_EXCEEDED or NOT_FOUND (the pool is no longer one the tenant may
+// book: its ancestor stopped sharing it) rather than a failure to retry.
 func placementRefused(err error) bool {
 	c := fault.CodeOf(err)
-	return c == fault.NoCapacity || c == fault.QuotaExceeded
+	return c == fault.NoCapacity || c == fault.QuotaExceeded || c == fault.NotFound
 }
 
 func message(err error) string {

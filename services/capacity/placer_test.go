@@ -3,6 +3,7 @@ package capacity_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -282,4 +283,68 @@ func TestPlacerLifecycle(t *testing.T) {
 			t.Fatalf("gpu hours %f, want 6 (3 GPUs × 2 h bound)", hours)
 		}
 	})
+}
+
+// TestPlacerRespectsPoolSharing: the placer's later placements (a future
+// start, a lost node's replacement) check the pool's sharing and default
+// quota as reservations.create does: a descendant's reservation in an
+// ancestor's pool is placed only while the pool is shared, within the
+// default quota.
+func TestPlacerRespectsPoolSharing(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 2, 8)
+	f.exec(t, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme')`)
+	f.exec(t, `UPDATE pools SET sharing = 'descendants', default_quota = 4 WHERE id = 'pool_p'`)
+	rt := f.runtime(t, capacity.Config{LostNode: capacity.LostNodeReplace})
+	past := time.Now().Add(-time.Minute)
+	insert := func(id string, n int) {
+		t.Helper()
+		if err := capstore.Insert(t.Context(), f.db, capstore.Reservation{ID: id, TenantID: "acme", PoolID: "pool_p", GPUCount: n, StartTime: &past}); err != nil {
+			t.Fatal(err)
+		}
+		f.exec(t, `UPDATE reservations SET created_at = clock_timestamp() WHERE id = $1`, id)
+	}
+	get := func(id string) capstore.Reservation {
+		t.Helper()
+		r, err := capstore.Get(t.Context(), f.db, "acme", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	run := func() {
+		t.Helper()
+		f.enqueue(t, capacity.KindTick, "all")
+		f.enqueue(t, capacity.KindReservations, "pool_p")
+		tick(t, rt, capacity.KindTick, capacity.KindReservations)
+	}
+	insert("rsv_a", 3)
+	insert("rsv_over", 2)
+	run()
+	if r := get("rsv_a"); r.State != "placed" || len(r.Bookings) != 3 {
+		t.Fatalf("within the default quota: %+v", r)
+	}
+	if r := get("rsv_over"); r.State != "pending" || !strings.Contains(r.Reason, "default quota applies: 4 GPUs for acme") {
+		t.Fatalf("over the default quota: %s %q", r.State, r.Reason)
+	}
+	// Unshared: nothing more is placed for acme; what it holds stays.
+	f.exec(t, `UPDATE pools SET sharing = 'none' WHERE id = 'pool_p'`)
+	insert("rsv_late", 1)
+	run()
+	if r := get("rsv_late"); r.State != "pending" || !strings.Contains(r.Reason, `no pool "pool_p" that tenant acme can book`) {
+		t.Fatalf("after unsharing: %s %q", r.State, r.Reason)
+	}
+	a := get("rsv_a")
+	if a.State != "placed" || len(a.Bookings) != 3 {
+		t.Fatalf("unsharing must keep current bookings: %+v", a)
+	}
+	// A lost node's bookings are not re-placed in a pool no longer shared.
+	f.exec(t, `UPDATE nodes SET state = 'failed' WHERE id = $1`, a.Bookings[0].NodeID)
+	run()
+	if r := get("rsv_a"); r.State != "failed" || !strings.Contains(r.Reason, "could not be re-placed: no pool") {
+		t.Fatalf("replacement in an unshared pool: %s %q", r.State, r.Reason)
+	}
+	if n := f.count(t, `SELECT count(*) FROM bookings WHERE active AND tenant_id = 'acme'`); n != 0 {
+		t.Fatalf("%d acme bookings left", n)
+	}
 }

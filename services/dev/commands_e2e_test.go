@@ -447,12 +447,42 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 		}
 	})
 
+	var nokeyReboot string // the command id of the next subtest's reboot
 	t.Run("node.reboot on a daemon without the pinned key fails BAD_SIGNATURE and does not reboot", func(t *testing.T) {
 		boot := nokey.BootID(0)
 		c := runCmd(t, env, nokey.Nodes()[0], "node.reboot", map[string]any{"reason": "e2e"}, "reboot-unsigned")
+		nokeyReboot = c.ID
 		wantFinal(t, env, nokey.Nodes()[0], c.ID, "failed", "BAD_SIGNATURE")
 		if nokey.BootID(0) != boot {
 			t.Fatal("the daemon rebooted")
+		}
+	})
+
+	t.Run("the gateway cannot forge destructive commands: a node.reboot row written straight into commands fails BAD_SIGNATURE on the real agent and does not reboot", func(t *testing.T) {
+		// What a compromised gateway or database writer can do: write a
+		// destructive command, unsigned, or with the valid signature of
+		// another command (the api signed reboot-unsigned at admission).
+		other := dbCmd(t, db, nokey.Nodes()[0], nokeyReboot)
+		if len(other.Signature) == 0 {
+			t.Fatal("the api did not sign node.reboot at admission")
+		}
+		boot := plain.BootID(0)
+		for _, f := range []struct {
+			id  string
+			sig []byte
+			key string
+		}{{"cmd_forged_unsigned", nil, ""}, {"cmd_forged_replayed", other.Signature, other.KeyID}} {
+			if _, err := db.Exec(context.Background(), `
+				WITH s AS (UPDATE nodes SET next_cmd_seq = next_cmd_seq + 1 WHERE id = $2 RETURNING next_cmd_seq - 1 AS seq, tenant_id)
+				INSERT INTO commands (id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after, timeout_ms, signature, key_id)
+				SELECT $1, s.tenant_id, $2, s.seq, 'node.reboot', $3, $1, now() + interval '1 minute', $4, $5, $6 FROM s`,
+				f.id, node, other.Payload, other.Timeout.Milliseconds(), f.sig, f.key); err != nil {
+				t.Fatal(err)
+			}
+			wantFinal(t, env, node, f.id, "failed", "BAD_SIGNATURE")
+		}
+		if plain.BootID(0) != boot {
+			t.Fatal("the daemon rebooted on a forged command")
 		}
 	})
 

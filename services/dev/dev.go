@@ -45,6 +45,8 @@ type Env struct {
 	Credential string
 	// CredentialNew says Credential was made by this start.
 	CredentialNew bool
+	// CredentialPath is the 0600 file that keeps Credential.
+	CredentialPath string
 	// JoinKeyFile and CAFile are what `bcd join` needs: joinservice's public
 	// key and the node CA's bundle.
 	JoinKeyFile, CAFile string
@@ -158,7 +160,8 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 	if env.JoinKeyFile, env.CAFile, err = writeJoinFiles(env.App, filepath.Join(dataDir, "pki")); err != nil {
 		return nil, err
 	}
-	if env.Credential, env.CredentialNew, err = rootCredential(ctx, cfg.Database.URL, filepath.Join(dataDir, CredentialFile)); err != nil {
+	env.CredentialPath = filepath.Join(dataDir, CredentialFile)
+	if env.Credential, env.CredentialNew, err = rootCredential(ctx, cfg.Database.URL, env.CredentialPath); err != nil {
 		return nil, err
 	}
 	if n := *cfg.Dev.SimNodes; n > 0 && env.App.GatewayAddr() != "" {
@@ -273,13 +276,16 @@ func (e *Env) Banner() string {
 		fmt.Fprintf(&b, "  Fleet    %d simulated nodes (mock DGX H200) in pool \"sim\": better-compute api nodes.list tenantId=root\n", len(e.Fleet.Nodes()))
 	}
 	fmt.Fprintf(&b, "  Postgres %s\n\n", db.Redact(e.Database))
-	if e.Credential != "" {
-		state := "kept in " + CredentialFile + " under the data dir"
-		if e.CredentialNew {
-			state = "new; " + state
-		}
-		fmt.Fprintf(&b, "  Root credential (%s):\n    %s\n", state, e.Credential)
+	// The credential itself is printed once, when it is made: a later start
+	// names only the file keeping it, so terminal scrollback and captured
+	// logs of every start do not carry a root key.
+	switch {
+	case e.Credential != "" && e.CredentialNew:
+		fmt.Fprintf(&b, "  Root credential (new; shown this once, kept in %s, mode 0600):\n    %s\n", e.CredentialPath, e.Credential)
 		fmt.Fprintf(&b, "  e.g. curl -X POST %s/api/compute/system/whoAmI -H 'Authorization: Bearer %s' -d '{}'\n\n", base, e.Credential)
+	case e.Credential != "":
+		fmt.Fprintf(&b, "  Root credential: kept in %s (mode 0600)\n", e.CredentialPath)
+		fmt.Fprintf(&b, "  e.g. curl -X POST %s/api/compute/system/whoAmI -H \"Authorization: Bearer $(cat %s)\" -d '{}'\n\n", base, e.CredentialPath)
 	}
 	return b.String()
 }

@@ -208,6 +208,21 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	if spec.Spec.Identity.Labels["rack"] != "r1" {
 		t.Fatalf("the spec's identity lacks the label: %+v", spec)
 	}
+
+	// Revocation: nodes.revoke revokes the node's certificates; its open
+	// session is closed at the gateway's next liveness tick and the node,
+	// reconnecting, is refused.
+	held := env.App.GatewaySessions() // this node's and dev's simulated ones
+	var revoked struct{ RevokedCertificates string }
+	call(t, env, "nodes/revoke", map[string]any{"tenantId": "root", "id": id.NodeID, "reason": "decommissioned"}, &revoked)
+	if revoked.RevokedCertificates != "1" {
+		t.Fatalf("nodes.revoke answered %+v, want 1 certificate revoked", revoked)
+	}
+	poll.Until(t, 30*time.Second, "the revoked node's session to be closed", func() bool { return env.App.GatewaySessions() == held-1 })
+	time.Sleep(time.Second) // five liveness intervals and several reconnects
+	if n := env.App.GatewaySessions(); n != held-1 {
+		t.Fatalf("%d sessions held, want %d: the revoked node is back", n, held-1)
+	}
 }
 
 // joinMaterial is what an operator copies to a server so its daemon can

@@ -28,11 +28,21 @@ func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.
 	}, &pool); err != nil {
 		return nil, err
 	}
-	var tok struct{ Token string }
-	if err := env.call(ctx, "joinTokens/create", map[string]any{
-		"tenantId": "root", "poolId": pool.Pool.ID, "name": "dev-sim", "uses": n, "reclaim": true,
+	// Simulated machines whose state directory was lost join again and take
+	// back their nodes: the token names the pool's nodes it may reclaim.
+	known, err := poolNodes(ctx, env, pool.Pool.ID)
+	if err != nil {
+		return nil, err
+	}
+	body := map[string]any{
+		"tenantId": "root", "poolId": pool.Pool.ID, "name": "dev-sim", "uses": n,
 		"idempotencyKey": fmt.Sprintf("dev-sim-%d", time.Now().UnixNano()),
-	}, &tok); err != nil {
+	}
+	if len(known) > 0 {
+		body["reclaim"], body["reclaimNodeIds"] = true, known[:min(len(known), 10000)]
+	}
+	var tok struct{ Token string }
+	if err := env.call(ctx, "joinTokens/create", body, &tok); err != nil {
 		return nil, err
 	}
 	keyPEM, err := os.ReadFile(env.JoinKeyFile)
@@ -59,6 +69,27 @@ func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.
 		CommandKey: env.CommandKey,
 		Logger:     logger.With("component", "sim"),
 	}, n)
+}
+
+// poolNodes lists the ids of pool's nodes.
+func poolNodes(ctx context.Context, env *Env, pool string) ([]string, error) {
+	var ids []string
+	token := ""
+	for {
+		var page struct {
+			Nodes         []struct{ ID string }
+			NextPageToken string
+		}
+		if err := env.call(ctx, "nodes/list", map[string]any{"tenantId": "root", "poolId": pool, "pageSize": 1000, "pageToken": token}, &page); err != nil {
+			return nil, err
+		}
+		for _, n := range page.Nodes {
+			ids = append(ids, n.ID)
+		}
+		if token = page.NextPageToken; token == "" {
+			return ids, nil
+		}
+	}
 }
 
 // call posts body to an API method with the root credential.

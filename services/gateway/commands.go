@@ -29,8 +29,8 @@ func (g *Gateway) Dispatch(ctx context.Context, nodeID string) error {
 }
 
 // dispatch claims the session's due pending commands (in flight, attempts
-// + 1, only while the session is the node's current one) and sends them,
-// signed when destructive; with resend (a new session) it first sends the
+// + 1, only while the session is the node's current one) and sends them
+// with the signature stored at enqueue (it signs nothing); with resend (a new session) it first sends the
 // in-flight ones again, except those with a cancel requested; then it
 // sends Cancel for every in-flight command with a cancel requested. A
 // command claimed but not sent stays in flight and goes again on the
@@ -59,7 +59,7 @@ func (g *Gateway) dispatch(ctx context.Context, s *session, resend bool) error {
 	}
 	out = append(out, claimed...)
 	for _, c := range out {
-		if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Command{Command: g.kinds.Wire(c, g.cfg.Signer)}}); err != nil {
+		if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Command{Command: g.kinds.Wire(c)}}); err != nil {
 			return fmt.Errorf("send command %s: %w", c.ID, err)
 		}
 	}

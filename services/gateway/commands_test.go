@@ -1,6 +1,10 @@
 package gateway_test
 
 import (
+	"crypto"
+	"crypto/ed25519"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/services/gateway"
 )
 
 // daemon is a raw session holding a node certificate, standing in for bcd.
@@ -96,7 +101,7 @@ func (f *fixture) enqueue(t testing.TB, node, kind, key string, payload any) com
 	var c commands.Command
 	err := reconcile.InTx(t.Context(), f.db, nil, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		var err error
-		c, _, err = commands.Builtin().Enqueue(t.Context(), tx, commands.Request{NodeID: node, Kind: kind, IdempotencyKey: key, Payload: payload, NotAfter: time.Now().Add(10 * time.Minute)})
+		c, _, err = commands.Builtin().Signing(f.signer, trustDomain).Enqueue(t.Context(), tx, commands.Request{NodeID: node, Kind: kind, IdempotencyKey: key, Payload: payload, NotAfter: time.Now().Add(10 * time.Minute)})
 		return err
 	})
 	if err != nil {
@@ -243,7 +248,7 @@ func TestCommandRebootSignedAndNewBoot(t *testing.T) {
 	c := f.enqueue(t, "node_a", "node.reboot", "reboot-1", `{"reason": "maintenance"}`)
 	_ = f.gw.Dispatch(t.Context(), "node_a")
 	got := d.command()
-	if err := commandsig.Verify(got, f.signer.Public()); err != nil || got.GetKeyId() != f.signer.KeyID {
+	if err := commandsig.Verify(got, trustDomain, f.signer.Public()); err != nil || got.GetKeyId() != f.signer.KeyID {
 		t.Fatalf("reboot not signed with the command key: %v", err)
 	}
 	d.update(got, agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED, 0, nil)
@@ -339,5 +344,49 @@ func TestCommandCancel(t *testing.T) {
 	_ = f.gw.ResyncCommands(t.Context())
 	if m := d.next(); m.GetCommand().GetId() != last.ID {
 		t.Fatalf("after settling, want only %s, got %v", last.ID, m)
+	}
+}
+
+// TestGatewayCannotForgeDestructiveCommands: the gateway holds no
+// command-signing key (nothing in its Config can carry one) and signs
+// nothing: a destructive command written straight into commands, as a
+// compromised gateway or database writer would, goes out exactly as stored,
+// with no signature the daemon's pinned key verifies.
+func TestGatewayCannotForgeDestructiveCommands(t *testing.T) {
+	t.Parallel()
+	keyTypes := []reflect.Type{reflect.TypeFor[*commands.Signer](), reflect.TypeFor[commands.Signer](),
+		reflect.TypeFor[ed25519.PrivateKey](), reflect.TypeFor[crypto.Signer](), reflect.TypeFor[crypto.PrivateKey]()}
+	cfg := reflect.TypeFor[gateway.Config]()
+	for i := range cfg.NumField() {
+		f := cfg.Field(i)
+		if slices.Contains(keyTypes, f.Type) {
+			t.Errorf("gateway.Config.%s (%s) can hold a signing key", f.Name, f.Type)
+		}
+	}
+
+	f := setup(t)
+	f.addNode(t, "node_a")
+	d := f.connect(t, "node_a", "boot-1", "journal-1")
+	body, err := (commands.Kind{Name: "node.reboot", Field: "node_reboot"}).Encode(`{"reason": "forged"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(t.Context(), `
+		INSERT INTO commands (id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after)
+		VALUES ('cmd_forged', 'root', 'node_a', 1, 'node.reboot', $1, 'cmd_forged', now() + interval '10 minutes')`, body); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.gw.Dispatch(t.Context(), "node_a")
+	got := d.command()
+	if got.GetId() != "cmd_forged" || len(got.GetSignature()) != 0 || got.GetKeyId() != "" {
+		t.Fatalf("the gateway sent %v: it signed a row", got)
+	}
+	if err := commandsig.Verify(got, trustDomain, f.signer.Public()); err == nil {
+		t.Fatal("a forged row verifies")
+	}
+	d.update(got, agentv1.CommandOutcome_COMMAND_OUTCOME_REJECTED, agentv1.RejectCode_REJECT_CODE_BAD_SIGNATURE, nil)
+	f.waitState(t, "cmd_forged", commands.Failed)
+	if _, reason := f.state(t, "cmd_forged"); reason != "BAD_SIGNATURE" {
+		t.Fatalf("reason %q", reason)
 	}
 }

@@ -60,9 +60,11 @@ type Config struct {
 	DB *pgxpool.Pool
 	// Joiner handles Join and Renew; required.
 	Joiner Joiner
-	// Revoked reports whether a certificate serial (lowercase hex) is
-	// revoked; nil means none is.
-	Revoked func(ctx context.Context, serial string) (bool, error)
+	// Revoked returns which of the certificate serials (lowercase hex)
+	// must be refused — revoked, or unknown to the CA; nil means none is.
+	// It is asked at every session start and, for every session held, at
+	// every liveness tick, so a revocation closes open sessions too.
+	Revoked func(ctx context.Context, serials []string) ([]string, error)
 	// TrustDomain the node SPIFFE IDs must be in; required.
 	TrustDomain string
 	// Poker wakes the inventory controller after a report; nil means the
@@ -73,10 +75,10 @@ type Config struct {
 	// LivenessInterval is how often liveness is written; default 5s.
 	LivenessInterval time.Duration
 	// Kinds is the command kinds registry; nil means commands.Builtin().
+	// The gateway sends each command with the signature stored when it was
+	// queued and holds no signing key: it cannot sign, so it cannot forge,
+	// a destructive command.
 	Kinds *commands.Registry
-	// Signer signs destructive commands at dispatch; nil sends them
-	// unsigned (the daemon rejects them BAD_SIGNATURE).
-	Signer *commands.Signer
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// ObservedKinds are work kinds enqueued with the node id, in the same
@@ -129,6 +131,11 @@ type session struct {
 	seen   bool // a message arrived since the last liveness write
 	cancel context.CancelCauseFunc
 
+	// serial and notAfter are the session's certificate's, rechecked
+	// every liveness tick.
+	serial   string
+	notAfter time.Time
+
 	sendMu    sync.Mutex // a gRPC stream takes one sender at a time
 	stream    agentv1.NodeService_SessionServer
 	delivered int64 // the highest desired-state generation sent
@@ -154,6 +161,13 @@ func (g *Gateway) Holds(nodeID string) bool {
 
 // errSuperseded ends a session that a newer one of the same node replaced.
 var errSuperseded = errors.New("superseded by a newer session of this node")
+
+// errCertRevoked and errCertExpired end a session whose certificate was
+// revoked, or expired, while it was open.
+var (
+	errCertRevoked = errors.New("certificate revoked")
+	errCertExpired = errors.New("certificate expired")
+)
 
 // New returns a gateway; call Start to begin writing liveness.
 func New(cfg Config) (*Gateway, error) {
@@ -222,7 +236,22 @@ func (g *Gateway) Sessions() int {
 // Join relays to joinservice. It is the one method callable without a
 // client certificate.
 func (g *Gateway) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
-	return g.cfg.Joiner.Join(ctx, req)
+	resp, err := g.cfg.Joiner.Join(ctx, req)
+	if err != nil {
+		return nil, g.joinerErr(ctx, "Join", err)
+	}
+	return resp, nil
+}
+
+// joinerErr passes on a gRPC status (joinservice.NewJoiner maps its errors
+// to them) and answers anything else INTERNAL with a generic message, the
+// cause logged: a caller of Join is not yet authenticated.
+func (g *Gateway) joinerErr(ctx context.Context, method string, err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	g.log.ErrorContext(ctx, "node call failed", "method", method, "err", err)
+	return status.Error(codes.Internal, "internal error")
 }
 
 // Renew relays to joinservice with the caller's verified chain.
@@ -231,7 +260,11 @@ func (g *Gateway) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv
 	if err != nil {
 		return nil, err
 	}
-	return g.cfg.Joiner.Renew(ctx, chain, req)
+	resp, err := g.cfg.Joiner.Renew(ctx, chain, req)
+	if err != nil {
+		return nil, g.joinerErr(ctx, "Renew", err)
+	}
+	return resp, nil
 }
 
 // hasChain reports whether p presented a certificate the TLS layer verified.
@@ -262,11 +295,11 @@ func (g *Gateway) verifiedNode(ctx context.Context) ([]*x509.Certificate, string
 		return nil, "", status.Errorf(codes.PermissionDenied, "%s is not a node identity of %s", id, g.cfg.TrustDomain)
 	}
 	if g.cfg.Revoked != nil {
-		revoked, err := g.cfg.Revoked(ctx, leaf.SerialNumber.Text(16))
+		revoked, err := g.cfg.Revoked(ctx, []string{leaf.SerialNumber.Text(16)})
 		if err != nil {
 			return nil, "", status.Errorf(codes.Unavailable, "revocation check: %v", err)
 		}
-		if revoked {
+		if len(revoked) > 0 {
 			return nil, "", status.Error(codes.PermissionDenied, "certificate revoked")
 		}
 	}
@@ -283,7 +316,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	if err := g.admission.admit(ctx, g.stop); err != nil {
 		return err
 	}
-	_, certNode, err := g.verifiedNode(ctx)
+	chain, certNode, err := g.verifiedNode(ctx)
 	if err != nil {
 		return err
 	}
@@ -324,7 +357,8 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	// of it may have been lost with its last session (sent as that session
 	// ended), and the daemon reports only after a converge, so it is sent
 	// again and the node reports it on this session.
-	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, stream: stream, delivered: min(hello.GetObservedGeneration(), observed)}
+	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, stream: stream, delivered: min(hello.GetObservedGeneration(), observed),
+		serial: chain[0].SerialNumber.Text(16), notAfter: chain[0].NotAfter}
 	g.mu.Lock()
 	select {
 	case <-g.stop:
@@ -387,8 +421,13 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 		case <-sctx.Done():
 			cause := context.Cause(sctx)
 			log.InfoContext(ctx, "session closed", "cause", cause)
-			if errors.Is(cause, errSuperseded) {
+			switch {
+			case errors.Is(cause, errSuperseded):
 				return status.Error(codes.Aborted, errSuperseded.Error())
+			case errors.Is(cause, errCertRevoked):
+				return status.Error(codes.PermissionDenied, errCertRevoked.Error())
+			case errors.Is(cause, errCertExpired):
+				return status.Error(codes.Unauthenticated, errCertExpired.Error())
 			}
 			return status.FromContextError(sctx.Err()).Err()
 		case err := <-recvErr:
@@ -468,6 +507,7 @@ func (g *Gateway) livenessLoop() {
 				fn   func(context.Context) error
 			}{
 				{"write liveness", g.FlushLiveness},
+				{"recheck certificates", g.RecheckCertificates},
 				{"resync desired state", g.Resync},
 				{"resync commands", g.ResyncCommands},
 			} {
@@ -479,6 +519,42 @@ func (g *Gateway) livenessLoop() {
 			}
 		}
 	}
+}
+
+// RecheckCertificates closes every session whose certificate has expired or
+// been revoked since it opened: the revocation lookup for all of them is one
+// call. The liveness loop runs it every interval, so a revoked node loses its
+// session (and the commands it would receive) within one interval.
+func (g *Gateway) RecheckCertificates(ctx context.Context) error {
+	now := time.Now()
+	g.mu.Lock()
+	bySerial := make(map[string][]*session, len(g.sessions))
+	serials := make([]string, 0, len(g.sessions))
+	for _, s := range g.sessions {
+		if now.After(s.notAfter) {
+			s.cancel(errCertExpired)
+			continue
+		}
+		if _, ok := bySerial[s.serial]; !ok {
+			serials = append(serials, s.serial)
+		}
+		bySerial[s.serial] = append(bySerial[s.serial], s)
+	}
+	g.mu.Unlock()
+	if g.cfg.Revoked == nil || len(serials) == 0 {
+		return nil
+	}
+	revoked, err := g.cfg.Revoked(ctx, serials)
+	if err != nil {
+		return errors.Join(errors.New("recheck certificates"), err)
+	}
+	for _, serial := range revoked {
+		for _, s := range bySerial[serial] {
+			g.log.Warn("closing the session of a revoked certificate", "node", s.nodeID, "serial", serial)
+			s.cancel(errCertRevoked)
+		}
+	}
+	return nil
 }
 
 // FlushLiveness writes last_seen_at for every session heard from since the

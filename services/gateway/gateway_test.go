@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,9 +112,12 @@ type fixture struct {
 	addr    string
 	joiner  *joiner
 	revoked map[string]bool
-	signer  *commands.Signer
+	// signer is the command-signing key of the api side: fixture.enqueue
+	// signs with it, the gateway never sees it.
+	signer *commands.Signer
 	// tune, set before serve, changes the gateway's configuration.
 	tune func(*gateway.Config)
+	mu   sync.Mutex // guards revoked once serving
 }
 
 func setup(t testing.TB) *fixture {
@@ -129,10 +133,19 @@ func (f *fixture) serve(t testing.TB, id string) (*gateway.Gateway, string) {
 	t.Helper()
 	cfg := gateway.Config{
 		ID: id, DB: f.db, Joiner: f.joiner, TrustDomain: trustDomain,
-		Revoked: func(_ context.Context, serial string) (bool, error) { return f.revoked[serial], nil },
+		Revoked: func(_ context.Context, serials []string) ([]string, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			var out []string
+			for _, serial := range serials {
+				if f.revoked[serial] {
+					out = append(out, serial)
+				}
+			}
+			return out, nil
+		},
 		// Liveness is flushed by hand in tests.
 		LivenessInterval: time.Hour,
-		Signer:           f.signer,
 	}
 	if f.tune != nil {
 		f.tune(&cfg)
@@ -158,6 +171,13 @@ func (f *fixture) serve(t testing.TB, id string) (*gateway.Gateway, string) {
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(func() { gw.Stop(); gs.Stop() })
 	return gw, ln.Addr().String()
+}
+
+// revoke makes the fixture's revocation check refuse serial.
+func (f *fixture) revoke(serial string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.revoked[serial] = true
 }
 
 func (f *fixture) addNode(t testing.TB, id string) {
@@ -296,7 +316,7 @@ func TestSessionRefusesBadIdentities(t *testing.T) {
 	})
 	t.Run("a revoked certificate", func(t *testing.T) {
 		cert := f.ca.node(t, "node_a")
-		f.revoked[cert.Leaf.SerialNumber.Text(16)] = true
+		f.revoke(cert.Leaf.SerialNumber.Text(16))
 		expect(t, f.client(t, f.addr, &cert), "node_a", codes.PermissionDenied)
 	})
 	t.Run("another trust domain", func(t *testing.T) {

@@ -24,6 +24,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"log/slog"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -62,7 +65,17 @@ type Config struct {
 	Attestors attest.Chain
 	// Logger is the process logger; nil discards.
 	Logger *slog.Logger
+	// RenewInterval is how often one node may be issued a certificate by
+	// Renew; 0 means DefaultRenewInterval, negative means no limit.
+	RenewInterval time.Duration
+	// Now is the clock of the Renew limit; nil means time.Now.
+	Now func() time.Time
 }
+
+// DefaultRenewInterval: a node renews a 24 h certificate a few times a day,
+// so one Renew a minute leaves room for its retries and none for flooding
+// node_certificates with rows.
+const DefaultRenewInterval = time.Minute
 
 // Service is joinservice's logic.
 type Service struct {
@@ -71,6 +84,12 @@ type Service struct {
 	key    *Key
 	chain  attest.Chain
 	logger *slog.Logger
+
+	renewEvery time.Duration
+	now        func() time.Time
+	renewMu    sync.Mutex
+	renewed    map[string]time.Time // node id → its last counted Renew
+	pruneAt    int
 }
 
 // New returns a Service.
@@ -82,7 +101,43 @@ func New(cfg Config) (*Service, error) {
 	if chain == nil {
 		chain = attest.DefaultChain()
 	}
-	return &Service{db: cfg.DB, ca: cfg.CA, key: cfg.Key, chain: chain, logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}, nil
+	every := cfg.RenewInterval
+	if every == 0 {
+		every = DefaultRenewInterval
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Service{db: cfg.DB, ca: cfg.CA, key: cfg.Key, chain: chain, logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		renewEvery: every, now: now, renewed: map[string]time.Time{}, pruneAt: 1024}, nil
+}
+
+// allowRenew counts a Renew of node id: RATE_LIMITED when the node was
+// counted less than renewEvery ago. The map holds only nodes counted within
+// the last interval (older entries are swept as it doubles), so it is
+// bounded by the nodes that renewed lately, each holding a valid certificate.
+func (s *Service) allowRenew(id string) error {
+	if s.renewEvery < 0 {
+		return nil
+	}
+	now := s.now()
+	s.renewMu.Lock()
+	defer s.renewMu.Unlock()
+	if last, ok := s.renewed[id]; ok && now.Sub(last) < s.renewEvery {
+		return fault.New(fault.RateLimited, "", "node %s renewed its certificate %s ago; at most one Renew per %s",
+			id, now.Sub(last).Round(time.Second), s.renewEvery)
+	}
+	s.renewed[id] = now
+	if len(s.renewed) >= s.pruneAt {
+		for n, at := range s.renewed {
+			if now.Sub(at) >= s.renewEvery {
+				delete(s.renewed, n)
+			}
+		}
+		s.pruneAt = max(1024, 2*len(s.renewed))
+	}
+	return nil
 }
 
 // CA returns the node CA (trust bundle, serving certificates, verification).
@@ -141,13 +196,13 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 		if err != nil {
 			return err
 		}
-		old, found, err := nodes.ByHardwareKey(ctx, tx, hwKey)
+		old, found, err := nodes.ByHardwareKey(ctx, tx, tok.TenantID, hwKey)
 		if err != nil {
 			return err
 		}
 		switch {
-		case found && (!tok.Reclaim || old.TenantID != tok.TenantID):
-			return fault.Wrap(nodes.ErrHardwareTaken, fault.Conflict, "claims", "this hardware has already joined; join with a token of its tenant that allows reclaim to take its node back")
+		case found && (!tok.Reclaim || !slices.Contains(tok.ReclaimNodeIDs, old.ID)):
+			return fault.Wrap(nodes.ErrHardwareTaken, fault.Conflict, "claims", "this hardware has already joined as node %s; join with a token that names that node in reclaimNodeIds to take it back", old.ID)
 		case found:
 			if node, err = nodes.Reclaim(ctx, tx, old.ID, tok.PoolID, claims.Hostname, tok.ID, tok.Labels); err != nil {
 				return err
@@ -163,6 +218,11 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 				Hostname: claims.Hostname, HardwareKey: hwKey, JoinTokenID: tok.ID,
 			})
 			if err != nil {
+				return err
+			}
+		}
+		if !reclaimed {
+			if err := reportHardwareConflict(ctx, tx, node, hwKey); err != nil {
 				return err
 			}
 		}
@@ -197,13 +257,35 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	return &agentv1.JoinResponse{NodeId: node.ID, CertificateChain: der(chain), TrustBundle: s.ca.TrustBundle(), SpiffeId: id.String()}, nil
 }
 
+// reportHardwareConflict writes a node.hardware_conflict event in the root
+// tenant when node's hardware key is also another tenant's node's: the same
+// machine claimed in two tenants. The join goes ahead — hardware keys are
+// unique per tenant, so one tenant cannot block another's join by claiming
+// its hardware first — and the operator sees it.
+func reportHardwareConflict(ctx context.Context, tx pgx.Tx, node nodes.Node, hwKey string) error {
+	others, err := nodes.OthersWithHardwareKey(ctx, tx, node.TenantID, hwKey)
+	if err != nil || len(others) == 0 {
+		return err
+	}
+	ids := make([]string, len(others))
+	tenants := make([]string, len(others))
+	for i, o := range others {
+		ids[i], tenants[i] = o.ID, o.TenantID
+	}
+	_, err = outbox.Write(ctx, tx, outbox.Event{TenantID: iam.RootTenant, Type: "node.hardware_conflict", Resource: node.ID, Payload: map[string]any{
+		"nodeId": node.ID, "tenantId": node.TenantID, "otherNodeIds": ids, "otherTenantIds": tenants,
+	}})
+	return err
+}
+
 // Renew issues a fresh certificate to the node whose certificate chain
 // (leaf first, as its mutual TLS connection presented it) is peer. The
 // chain must verify against the trust bundle now, name a node of this trust
 // domain that exists, and not be revoked (UNAUTHENTICATED otherwise); the
 // CSR must be signed by, and be for, the same key as the presented
 // certificate (INVALID_INPUT on "csr" otherwise), so whoever relays the call
-// cannot get a certificate for a key of its own.
+// cannot get a certificate for a key of its own. A node is issued at most
+// one certificate per RenewInterval (RATE_LIMITED beyond it).
 func (s *Service) Renew(ctx context.Context, peer []*x509.Certificate, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
 	if len(peer) == 0 {
 		return nil, fault.New(fault.Unauthenticated, "certificate", "Renew needs the node's current certificate (mutual TLS)")
@@ -218,6 +300,10 @@ func (s *Service) Renew(ctx context.Context, peer []*x509.Certificate, req *agen
 	}
 	if !nodeca.SameKey(csr.PublicKey, peer[0].PublicKey) {
 		return nil, fault.New(fault.InvalidInput, "csr", "the request must be for the key of the certificate presented (node %s)", nodeID)
+	}
+	// Every issuance writes a certificate row: one per node per interval.
+	if err := s.allowRenew(nodeID); err != nil {
+		return nil, err
 	}
 	var chain []*x509.Certificate
 	err = db.InTx(ctx, s.db, db.TxOptions{}, func(tx pgx.Tx) error {

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -396,8 +397,9 @@ func TestReclaim(t *testing.T) {
 	}
 	oldChain := parseChain(t, first.GetCertificateChain())
 
-	// The server is reinstalled: a new machine id and key, same chassis and GPUs.
-	tok := f.token(t, jointoken.Token{Reclaim: true, Labels: map[string]string{"gen": "2"}})
+	// The server is reinstalled: a new machine id and key, same chassis and
+	// GPUs; the operator's token names the node it may take back.
+	tok := f.token(t, jointoken.Token{Reclaim: true, ReclaimNodeIDs: []string{first.GetNodeId()}, Labels: map[string]string{"gen": "2"}})
 	req := f.request(t, tok, "SN-RC", newKey(t))
 	req.Claims.MachineId = "reinstalled"
 	second, err := f.svc.Join(ctx, req)
@@ -417,6 +419,74 @@ func TestReclaim(t *testing.T) {
 	if _, err := f.ca.VerifyNode(ctx, f.db, parseChain(t, second.GetCertificateChain())); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestReclaimNeedsATokenNamingTheNode: hardware claims are self-asserted
+// (a node's serial and GPU UUIDs are readable through nodes.get), so a
+// reclaim token that does not name the node cannot take it over — the join
+// is CONFLICT and the real node keeps its certificate — and one that names
+// it can.
+func TestReclaimNeedsATokenNamingTheNode(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	victim, err := f.svc.Join(ctx, f.request(t, f.token(t, jointoken.Token{}), "SN-VICTIM", newKey(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.svc.Join(ctx, f.request(t, f.token(t, jointoken.Token{}), "SN-OTHER", newKey(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The attacker copies the victim's claims and holds a reclaim token for
+	// some other node.
+	_, err = f.svc.Join(ctx, f.request(t, f.token(t, jointoken.Token{Reclaim: true, ReclaimNodeIDs: []string{other.GetNodeId()}}), "SN-VICTIM", newKey(t)))
+	wantFault(t, err, fault.Conflict, "claims")
+	if _, err := f.ca.VerifyNode(ctx, f.db, parseChain(t, victim.GetCertificateChain())); err != nil {
+		t.Fatalf("the victim's certificate after the attempt: %v, want still valid", err)
+	}
+	got, err := f.svc.Join(ctx, f.request(t, f.token(t, jointoken.Token{Reclaim: true, ReclaimNodeIDs: []string{victim.GetNodeId()}}), "SN-VICTIM", newKey(t)))
+	if err != nil || got.GetNodeId() != victim.GetNodeId() {
+		t.Fatalf("a token naming the node: %v %v, want node %s back", got.GetNodeId(), err, victim.GetNodeId())
+	}
+}
+
+// TestAnotherTenantCannotBlockAJoinWithCopiedClaims: hardware keys were
+// unique across tenants, so a tenant that joined first with another
+// tenant's hardware claims blocked that tenant's real join. Now both join,
+// each in its own tenant, and the collision is a node.hardware_conflict
+// event in the root tenant for the operator.
+func TestAnotherTenantCannotBlockAJoinWithCopiedClaims(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `INSERT INTO tenants (id, parent_id, name) VALUES ('mallory', 'root', 'mallory')`); err != nil {
+		t.Fatal(err)
+	}
+	mp, err := pools.Create(ctx, f.db, pools.Pool{ID: "pool_m", TenantID: "mallory", Name: "m", Class: pools.ClassGPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := jointoken.Mint()
+	if _, err := jointoken.Create(ctx, f.db, jointoken.Token{ID: s.ID, TenantID: "mallory", PoolID: mp.ID, Uses: 1}, s.Hash); err != nil {
+		t.Fatal(err)
+	}
+	squatter, err := f.svc.Join(ctx, f.request(t, s.Token, "SN-REAL", newKey(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	genuine, err := f.svc.Join(ctx, f.request(t, f.token(t, jointoken.Token{}), "SN-REAL", newKey(t)))
+	if err != nil {
+		t.Fatalf("the real machine's join into its own tenant: %v, want it to succeed", err)
+	}
+	var tenant, payload string
+	err = f.db.QueryRow(ctx, `SELECT tenant_id, payload::text FROM outbox WHERE type = 'node.hardware_conflict' AND resource_id = $1`, genuine.GetNodeId()).Scan(&tenant, &payload)
+	if err != nil || tenant != "root" || !strings.Contains(payload, squatter.GetNodeId()) || !strings.Contains(payload, "mallory") {
+		t.Fatalf("conflict event: tenant %q payload %s (%v)", tenant, payload, err)
+	}
+	// The same tenant joining the same hardware twice is still CONFLICT.
+	_, err = f.svc.Join(ctx, f.request(t, f.token(t, jointoken.Token{}), "SN-REAL", newKey(t)))
+	wantFault(t, err, fault.Conflict, "claims")
 }
 
 func TestRenew(t *testing.T) {

@@ -3,7 +3,10 @@ package joinservice
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -54,12 +57,57 @@ func PeerCertificates(ctx context.Context) []*x509.Certificate {
 	return info.State.PeerCertificates
 }
 
+// Joiner is a [Service] as the gateway relays Join and Renew to it (the
+// gateway verifies the caller's chain itself and hands it over), with the
+// errors mapped as Server maps them.
+type Joiner struct{ s *Server }
+
+// NewJoiner returns svc with its errors mapped for the gateway.
+func NewJoiner(svc *Service) Joiner { return Joiner{s: NewServer(svc)} }
+
+// Join is [Service.Join] with its error mapped to a gRPC status.
+func (j Joiner) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
+	resp, err := j.s.svc.Join(ctx, req)
+	if err != nil {
+		return nil, j.s.status(ctx, "Join", err)
+	}
+	return resp, nil
+}
+
+// Renew is [Service.Renew] with its error mapped to a gRPC status.
+func (j Joiner) Renew(ctx context.Context, chain []*x509.Certificate, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
+	resp, err := j.s.svc.Renew(ctx, chain, req)
+	if err != nil {
+		return nil, j.s.status(ctx, "Renew", err)
+	}
+	return resp, nil
+}
+
+// status maps err for a caller who may be unauthenticated: a fault keeps
+// its code, message and field; anything else (a database failure, a bug)
+// is logged and answered INTERNAL, or UNAVAILABLE when the database is
+// unreachable, with a generic message — its text never leaves the process.
 func (s *Server) status(ctx context.Context, method string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if fault.CodeOf(err) == fault.Internal {
+	if _, ok := fault.As(err); !ok {
 		s.logger.ErrorContext(ctx, "node call failed", "method", method, "err", err)
+		if unreachable(ctx, err) {
+			err = fault.New(fault.Unavailable, "", "the node service is unavailable; retry later")
+		} else {
+			err = fault.New(fault.Internal, "", "internal error")
+		}
+	} else if fault.CodeOf(err) == fault.Internal {
+		s.logger.ErrorContext(ctx, "node call failed", "method", method, "err", err)
+		err = fault.New(fault.Internal, "", "internal error")
 	}
 	return api.ToStatus(err).Err()
+}
+
+// unreachable reports whether err is the database (or the call's context)
+// giving out rather than a bug: worth a retry.
+func unreachable(ctx context.Context, err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) || ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }

@@ -183,11 +183,14 @@ type Command struct {
 	MinGeneration int64 `protobuf:"varint,7,opt,name=min_generation,json=minGeneration,proto3" json:"min_generation,omitempty"`
 	// The kind's timeout: how long the command may run once accepted.
 	Timeout *durationpb.Duration `protobuf:"bytes,8,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	// Ed25519 signature of the signing input (see the commands package:
-	// "bc-command-v1", node id, seq, kind, not_after, min_generation and the
-	// SHA-256 of body); set for destructive kinds.
+	// Ed25519 signature of the signing input (see proto/commandsig:
+	// "bc-command-v2", the installation's trust domain, key_id, id, node id,
+	// kind, seq, not_after, min_generation, timeout and the SHA-256 of body);
+	// set for destructive kinds when the control plane admits the command,
+	// stored with it and sent unchanged (the gateway holds no key).
 	Signature []byte `protobuf:"bytes,9,opt,name=signature,proto3" json:"signature,omitempty"`
-	// Which signing key made signature.
+	// Which signing key made signature: hex of the first 8 bytes of the
+	// SHA-256 of its public key. Part of the signed input.
 	KeyId         string `protobuf:"bytes,10,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

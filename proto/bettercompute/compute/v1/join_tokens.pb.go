@@ -106,8 +106,8 @@ type JoinToken struct {
 	// What a joining node's hardware claims must satisfy.
 	Expect *JoinTokenExpect `protobuf:"bytes,7,opt,name=expect,proto3" json:"expect,omitempty"`
 	// Whether a node presenting a known hardware key (the same server joining
-	// again, e.g. after a reinstall) takes back its old node id. Without it
-	// such a join is CONFLICT.
+	// again, e.g. after a reinstall) takes back its old node id — only a node
+	// named in reclaim_node_ids. Otherwise such a join is CONFLICT.
 	Reclaim bool `protobuf:"varint,8,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	// Labels every node joining with it starts with.
 	Labels map[string]string `protobuf:"bytes,9,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -118,9 +118,11 @@ type JoinToken struct {
 	// When it stops working.
 	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
 	// When it was revoked; unset while active.
-	RevokeTime    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RevokeTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
+	// The nodes it may reclaim (with reclaim).
+	ReclaimNodeIds []string `protobuf:"bytes,14,rep,name=reclaim_node_ids,json=reclaimNodeIds,proto3" json:"reclaim_node_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *JoinToken) Reset() {
@@ -244,6 +246,13 @@ func (x *JoinToken) GetRevokeTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *JoinToken) GetReclaimNodeIds() []string {
+	if x != nil {
+		return x.ReclaimNodeIds
+	}
+	return nil
+}
+
 // JoinTokensServiceCreateRequest mints a token.
 type JoinTokensServiceCreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -261,11 +270,18 @@ type JoinTokensServiceCreateRequest struct {
 	// What a joining node's hardware claims must satisfy.
 	Expect *JoinTokenExpect `protobuf:"bytes,6,opt,name=expect,proto3" json:"expect,omitempty"`
 	// Whether a node presenting a known hardware key takes back its old id.
+	// Requires reclaim_node_ids: hardware claims are self-asserted, so the
+	// operator names the nodes the token may take back.
 	Reclaim bool `protobuf:"varint,7,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	// Labels every node joining with it starts with.
 	Labels map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Makes the call safe to retry.
 	IdempotencyKey string `protobuf:"bytes,9,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// With reclaim, the nodes of the tenant this token may take back (at
+	// most 10000, each once); a joining machine whose hardware key matches
+	// one of them gets that node id back, and its old certificates are
+	// revoked.
+	ReclaimNodeIds []string `protobuf:"bytes,10,rep,name=reclaim_node_ids,json=reclaimNodeIds,proto3" json:"reclaim_node_ids,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -361,6 +377,13 @@ func (x *JoinTokensServiceCreateRequest) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *JoinTokensServiceCreateRequest) GetReclaimNodeIds() []string {
+	if x != nil {
+		return x.ReclaimNodeIds
+	}
+	return nil
 }
 
 // JoinTokensServiceCreateResponse is the token's metadata and, once, the
@@ -657,7 +680,7 @@ const file_bettercompute_compute_v1_join_tokens_proto_rawDesc = "" +
 	"\x0fJoinTokenExpect\x12\x1b\n" +
 	"\tgpu_count\x18\x01 \x01(\x05R\bgpuCount\x12\x1b\n" +
 	"\tgpu_model\x18\x02 \x01(\tR\bgpuModel\x12#\n" +
-	"\rsystem_serial\x18\x03 \x01(\tR\fsystemSerial\"\xcd\x04\n" +
+	"\rsystem_serial\x18\x03 \x01(\tR\fsystemSerial\"\xf7\x04\n" +
 	"\tJoinToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -676,10 +699,11 @@ const file_bettercompute_compute_v1_join_tokens_proto_rawDesc = "" +
 	"\vexpire_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"expireTime\x12;\n" +
 	"\vrevoke_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"revokeTime\x1a9\n" +
+	"revokeTime\x12(\n" +
+	"\x10reclaim_node_ids\x18\x0e \x03(\tR\x0ereclaimNodeIds\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x84\x04\n" +
 	"\x1eJoinTokensServiceCreateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x12\n" +
@@ -690,7 +714,9 @@ const file_bettercompute_compute_v1_join_tokens_proto_rawDesc = "" +
 	"\x06expect\x18\x06 \x01(\v2).bettercompute.compute.v1.JoinTokenExpectR\x06expect\x12\x18\n" +
 	"\areclaim\x18\a \x01(\bR\areclaim\x12\\\n" +
 	"\x06labels\x18\b \x03(\v2D.bettercompute.compute.v1.JoinTokensServiceCreateRequest.LabelsEntryR\x06labels\x12'\n" +
-	"\x0fidempotency_key\x18\t \x01(\tR\x0eidempotencyKey\x1a9\n" +
+	"\x0fidempotency_key\x18\t \x01(\tR\x0eidempotencyKey\x12(\n" +
+	"\x10reclaim_node_ids\x18\n" +
+	" \x03(\tR\x0ereclaimNodeIds\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"{\n" +

@@ -24,6 +24,126 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// NodesServiceRevokeRequest names the node whose certificates are revoked.
+type NodesServiceRevokeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant. Required.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The node. Required.
+	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Why, for the audit log and the event; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceRevokeRequest) Reset() {
+	*x = NodesServiceRevokeRequest{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceRevokeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceRevokeRequest) ProtoMessage() {}
+
+func (x *NodesServiceRevokeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceRevokeRequest.ProtoReflect.Descriptor instead.
+func (*NodesServiceRevokeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *NodesServiceRevokeRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *NodesServiceRevokeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *NodesServiceRevokeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// NodesServiceRevokeResponse is the node and how many certificates were
+// revoked.
+type NodesServiceRevokeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node.
+	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The certificates revoked by this call (0 when all already were).
+	RevokedCertificates int64 `protobuf:"varint,2,opt,name=revoked_certificates,json=revokedCertificates,proto3" json:"revoked_certificates,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *NodesServiceRevokeResponse) Reset() {
+	*x = NodesServiceRevokeResponse{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceRevokeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceRevokeResponse) ProtoMessage() {}
+
+func (x *NodesServiceRevokeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceRevokeResponse.ProtoReflect.Descriptor instead.
+func (*NodesServiceRevokeResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NodesServiceRevokeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *NodesServiceRevokeResponse) GetRevokedCertificates() int64 {
+	if x != nil {
+		return x.RevokedCertificates
+	}
+	return 0
+}
+
 // NodesServiceUpdateRequest changes a node.
 type NodesServiceUpdateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -41,7 +161,7 @@ type NodesServiceUpdateRequest struct {
 
 func (x *NodesServiceUpdateRequest) Reset() {
 	*x = NodesServiceUpdateRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[0]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -53,7 +173,7 @@ func (x *NodesServiceUpdateRequest) String() string {
 func (*NodesServiceUpdateRequest) ProtoMessage() {}
 
 func (x *NodesServiceUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[0]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -66,7 +186,7 @@ func (x *NodesServiceUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceUpdateRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{0}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *NodesServiceUpdateRequest) GetTenantId() string {
@@ -108,7 +228,7 @@ type NodesServiceUpdateResponse struct {
 
 func (x *NodesServiceUpdateResponse) Reset() {
 	*x = NodesServiceUpdateResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -120,7 +240,7 @@ func (x *NodesServiceUpdateResponse) String() string {
 func (*NodesServiceUpdateResponse) ProtoMessage() {}
 
 func (x *NodesServiceUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -133,7 +253,7 @@ func (x *NodesServiceUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceUpdateResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodesServiceUpdateResponse) GetNode() *Node {
@@ -198,7 +318,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +330,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +343,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Node) GetId() string {
@@ -369,7 +489,7 @@ type NodeCondition struct {
 
 func (x *NodeCondition) Reset() {
 	*x = NodeCondition{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -381,7 +501,7 @@ func (x *NodeCondition) String() string {
 func (*NodeCondition) ProtoMessage() {}
 
 func (x *NodeCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -394,7 +514,7 @@ func (x *NodeCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCondition.ProtoReflect.Descriptor instead.
 func (*NodeCondition) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NodeCondition) GetType() string {
@@ -445,7 +565,7 @@ type SectionStatus struct {
 
 func (x *SectionStatus) Reset() {
 	*x = SectionStatus{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +577,7 @@ func (x *SectionStatus) String() string {
 func (*SectionStatus) ProtoMessage() {}
 
 func (x *SectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +590,7 @@ func (x *SectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SectionStatus.ProtoReflect.Descriptor instead.
 func (*SectionStatus) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SectionStatus) GetSection() string {
@@ -532,7 +652,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +664,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +677,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Device) GetId() string {
@@ -650,7 +770,7 @@ type NodesServiceGetRequest struct {
 
 func (x *NodesServiceGetRequest) Reset() {
 	*x = NodesServiceGetRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +782,7 @@ func (x *NodesServiceGetRequest) String() string {
 func (*NodesServiceGetRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +795,7 @@ func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodesServiceGetRequest) GetTenantId() string {
@@ -703,7 +823,7 @@ type NodesServiceGetResponse struct {
 
 func (x *NodesServiceGetResponse) Reset() {
 	*x = NodesServiceGetResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +835,7 @@ func (x *NodesServiceGetResponse) String() string {
 func (*NodesServiceGetResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +848,7 @@ func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodesServiceGetResponse) GetNode() *Node {
@@ -759,7 +879,7 @@ type NodesServiceListRequest struct {
 
 func (x *NodesServiceListRequest) Reset() {
 	*x = NodesServiceListRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +891,7 @@ func (x *NodesServiceListRequest) String() string {
 func (*NodesServiceListRequest) ProtoMessage() {}
 
 func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +904,7 @@ func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodesServiceListRequest) GetTenantId() string {
@@ -842,7 +962,7 @@ type NodesServiceListResponse struct {
 
 func (x *NodesServiceListResponse) Reset() {
 	*x = NodesServiceListResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +974,7 @@ func (x *NodesServiceListResponse) String() string {
 func (*NodesServiceListResponse) ProtoMessage() {}
 
 func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +987,7 @@ func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodesServiceListResponse) GetNodes() []*Node {
@@ -897,7 +1017,7 @@ type NodesServiceGetSpecRequest struct {
 
 func (x *NodesServiceGetSpecRequest) Reset() {
 	*x = NodesServiceGetSpecRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1029,7 @@ func (x *NodesServiceGetSpecRequest) String() string {
 func (*NodesServiceGetSpecRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1042,7 @@ func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodesServiceGetSpecRequest) GetTenantId() string {
@@ -960,7 +1080,7 @@ type NodesServiceGetSpecResponse struct {
 
 func (x *NodesServiceGetSpecResponse) Reset() {
 	*x = NodesServiceGetSpecResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1092,7 @@ func (x *NodesServiceGetSpecResponse) String() string {
 func (*NodesServiceGetSpecResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1105,7 @@ func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodesServiceGetSpecResponse) GetSpec() *structpb.Struct {
@@ -1020,7 +1140,14 @@ var File_bettercompute_compute_v1_nodes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x99\x02\n" +
+	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"`\n" +
+	"\x19NodesServiceRevokeRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x83\x01\n" +
+	"\x1aNodesServiceRevokeResponse\x122\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\x121\n" +
+	"\x14revoked_certificates\x18\x02 \x01(\x03R\x13revokedCertificates\"\x99\x02\n" +
 	"\x19NodesServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12W\n" +
@@ -1120,12 +1247,13 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"generation\x12/\n" +
 	"\x13observed_generation\x18\x03 \x01(\x03R\x12observedGeneration\x12\x1d\n" +
 	"\n" +
-	"spec_error\x18\x04 \x01(\tR\tspecError2\xd6\x03\n" +
+	"spec_error\x18\x04 \x01(\tR\tspecError2\xcb\x04\n" +
 	"\fNodesService\x12j\n" +
 	"\x03Get\x120.bettercompute.compute.v1.NodesServiceGetRequest\x1a1.bettercompute.compute.v1.NodesServiceGetResponse\x12m\n" +
 	"\x04List\x121.bettercompute.compute.v1.NodesServiceListRequest\x1a2.bettercompute.compute.v1.NodesServiceListResponse\x12v\n" +
 	"\aGetSpec\x124.bettercompute.compute.v1.NodesServiceGetSpecRequest\x1a5.bettercompute.compute.v1.NodesServiceGetSpecResponse\x12s\n" +
-	"\x06Update\x123.bettercompute.compute.v1.NodesServiceUpdateRequest\x1a4.bettercompute.compute.v1.NodesServiceUpdateResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
+	"\x06Update\x123.bettercompute.compute.v1.NodesServiceUpdateRequest\x1a4.bettercompute.compute.v1.NodesServiceUpdateResponse\x12s\n" +
+	"\x06Revoke\x123.bettercompute.compute.v1.NodesServiceRevokeRequest\x1a4.bettercompute.compute.v1.NodesServiceRevokeResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
 
 var (
 	file_bettercompute_compute_v1_nodes_proto_rawDescOnce sync.Once
@@ -1139,57 +1267,62 @@ func file_bettercompute_compute_v1_nodes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_nodes_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
-	(*NodesServiceUpdateRequest)(nil),   // 0: bettercompute.compute.v1.NodesServiceUpdateRequest
-	(*NodesServiceUpdateResponse)(nil),  // 1: bettercompute.compute.v1.NodesServiceUpdateResponse
-	(*Node)(nil),                        // 2: bettercompute.compute.v1.Node
-	(*NodeCondition)(nil),               // 3: bettercompute.compute.v1.NodeCondition
-	(*SectionStatus)(nil),               // 4: bettercompute.compute.v1.SectionStatus
-	(*Device)(nil),                      // 5: bettercompute.compute.v1.Device
-	(*NodesServiceGetRequest)(nil),      // 6: bettercompute.compute.v1.NodesServiceGetRequest
-	(*NodesServiceGetResponse)(nil),     // 7: bettercompute.compute.v1.NodesServiceGetResponse
-	(*NodesServiceListRequest)(nil),     // 8: bettercompute.compute.v1.NodesServiceListRequest
-	(*NodesServiceListResponse)(nil),    // 9: bettercompute.compute.v1.NodesServiceListResponse
-	(*NodesServiceGetSpecRequest)(nil),  // 10: bettercompute.compute.v1.NodesServiceGetSpecRequest
-	(*NodesServiceGetSpecResponse)(nil), // 11: bettercompute.compute.v1.NodesServiceGetSpecResponse
-	nil,                                 // 12: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	nil,                                 // 13: bettercompute.compute.v1.Node.LabelsEntry
-	nil,                                 // 14: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	(*fieldmaskpb.FieldMask)(nil),       // 15: google.protobuf.FieldMask
-	(*timestamppb.Timestamp)(nil),       // 16: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),             // 17: google.protobuf.Struct
+	(*NodesServiceRevokeRequest)(nil),   // 0: bettercompute.compute.v1.NodesServiceRevokeRequest
+	(*NodesServiceRevokeResponse)(nil),  // 1: bettercompute.compute.v1.NodesServiceRevokeResponse
+	(*NodesServiceUpdateRequest)(nil),   // 2: bettercompute.compute.v1.NodesServiceUpdateRequest
+	(*NodesServiceUpdateResponse)(nil),  // 3: bettercompute.compute.v1.NodesServiceUpdateResponse
+	(*Node)(nil),                        // 4: bettercompute.compute.v1.Node
+	(*NodeCondition)(nil),               // 5: bettercompute.compute.v1.NodeCondition
+	(*SectionStatus)(nil),               // 6: bettercompute.compute.v1.SectionStatus
+	(*Device)(nil),                      // 7: bettercompute.compute.v1.Device
+	(*NodesServiceGetRequest)(nil),      // 8: bettercompute.compute.v1.NodesServiceGetRequest
+	(*NodesServiceGetResponse)(nil),     // 9: bettercompute.compute.v1.NodesServiceGetResponse
+	(*NodesServiceListRequest)(nil),     // 10: bettercompute.compute.v1.NodesServiceListRequest
+	(*NodesServiceListResponse)(nil),    // 11: bettercompute.compute.v1.NodesServiceListResponse
+	(*NodesServiceGetSpecRequest)(nil),  // 12: bettercompute.compute.v1.NodesServiceGetSpecRequest
+	(*NodesServiceGetSpecResponse)(nil), // 13: bettercompute.compute.v1.NodesServiceGetSpecResponse
+	nil,                                 // 14: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	nil,                                 // 15: bettercompute.compute.v1.Node.LabelsEntry
+	nil,                                 // 16: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	(*fieldmaskpb.FieldMask)(nil),       // 17: google.protobuf.FieldMask
+	(*timestamppb.Timestamp)(nil),       // 18: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),             // 19: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
-	12, // 0: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	15, // 1: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	2,  // 2: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
-	13, // 3: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
-	5,  // 4: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	16, // 5: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	16, // 6: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	16, // 7: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
-	4,  // 8: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
-	3,  // 9: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
-	16, // 10: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
-	16, // 11: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
-	2,  // 12: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	14, // 13: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	2,  // 14: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	17, // 15: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
-	6,  // 16: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	8,  // 17: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	10, // 18: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
-	0,  // 19: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
-	7,  // 20: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	9,  // 21: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	11, // 22: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
-	1,  // 23: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	4,  // 0: bettercompute.compute.v1.NodesServiceRevokeResponse.node:type_name -> bettercompute.compute.v1.Node
+	14, // 1: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	17, // 2: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	4,  // 3: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
+	15, // 4: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	7,  // 5: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
+	18, // 6: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	18, // 7: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	18, // 8: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	6,  // 9: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
+	5,  // 10: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
+	18, // 11: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
+	18, // 12: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	4,  // 13: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
+	16, // 14: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	4,  // 15: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
+	19, // 16: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	8,  // 17: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	10, // 18: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	12, // 19: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	2,  // 20: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
+	0,  // 21: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
+	9,  // 22: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	11, // 23: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	13, // 24: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	3,  // 25: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
+	1,  // 26: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }
@@ -1203,7 +1336,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_nodes_proto_rawDesc), len(file_bettercompute_compute_v1_nodes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

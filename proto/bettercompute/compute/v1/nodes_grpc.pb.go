@@ -23,6 +23,7 @@ const (
 	NodesService_List_FullMethodName    = "/bettercompute.compute.v1.NodesService/List"
 	NodesService_GetSpec_FullMethodName = "/bettercompute.compute.v1.NodesService/GetSpec"
 	NodesService_Update_FullMethodName  = "/bettercompute.compute.v1.NodesService/Update"
+	NodesService_Revoke_FullMethodName  = "/bettercompute.compute.v1.NodesService/Revoke"
 )
 
 // NodesServiceClient is the client API for NodesService service.
@@ -44,6 +45,11 @@ type NodesServiceClient interface {
 	// Update changes a node's labels, which recomputes its desired state.
 	// Action compute:nodes:update on the node.
 	Update(ctx context.Context, in *NodesServiceUpdateRequest, opts ...grpc.CallOption) (*NodesServiceUpdateResponse, error)
+	// Revoke revokes every certificate of a node: its open session is closed
+	// at its gateway's next liveness tick, and it cannot open another or
+	// renew. Its hardware may join again only with a new join token. Action
+	// compute:nodes:revoke on the node.
+	Revoke(ctx context.Context, in *NodesServiceRevokeRequest, opts ...grpc.CallOption) (*NodesServiceRevokeResponse, error)
 }
 
 type nodesServiceClient struct {
@@ -94,6 +100,16 @@ func (c *nodesServiceClient) Update(ctx context.Context, in *NodesServiceUpdateR
 	return out, nil
 }
 
+func (c *nodesServiceClient) Revoke(ctx context.Context, in *NodesServiceRevokeRequest, opts ...grpc.CallOption) (*NodesServiceRevokeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesServiceRevokeResponse)
+	err := c.cc.Invoke(ctx, NodesService_Revoke_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodesServiceServer is the server API for NodesService service.
 // All implementations must embed UnimplementedNodesServiceServer
 // for forward compatibility.
@@ -113,6 +129,11 @@ type NodesServiceServer interface {
 	// Update changes a node's labels, which recomputes its desired state.
 	// Action compute:nodes:update on the node.
 	Update(context.Context, *NodesServiceUpdateRequest) (*NodesServiceUpdateResponse, error)
+	// Revoke revokes every certificate of a node: its open session is closed
+	// at its gateway's next liveness tick, and it cannot open another or
+	// renew. Its hardware may join again only with a new join token. Action
+	// compute:nodes:revoke on the node.
+	Revoke(context.Context, *NodesServiceRevokeRequest) (*NodesServiceRevokeResponse, error)
 	mustEmbedUnimplementedNodesServiceServer()
 }
 
@@ -134,6 +155,9 @@ func (UnimplementedNodesServiceServer) GetSpec(context.Context, *NodesServiceGet
 }
 func (UnimplementedNodesServiceServer) Update(context.Context, *NodesServiceUpdateRequest) (*NodesServiceUpdateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
+}
+func (UnimplementedNodesServiceServer) Revoke(context.Context, *NodesServiceRevokeRequest) (*NodesServiceRevokeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Revoke not implemented")
 }
 func (UnimplementedNodesServiceServer) mustEmbedUnimplementedNodesServiceServer() {}
 func (UnimplementedNodesServiceServer) testEmbeddedByValue()                      {}
@@ -228,6 +252,24 @@ func _NodesService_Update_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodesService_Revoke_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesServiceRevokeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodesServiceServer).Revoke(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodesService_Revoke_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodesServiceServer).Revoke(ctx, req.(*NodesServiceRevokeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodesService_ServiceDesc is the grpc.ServiceDesc for NodesService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -250,6 +292,10 @@ var NodesService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Update",
 			Handler:    _NodesService_Update_Handler,
+		},
+		{
+			MethodName: "Revoke",
+			Handler:    _NodesService_Revoke_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -47,7 +47,16 @@ type Pool struct {
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// The acceptance checks a node joining the pool must pass before it is
 	// adopted, as command kinds; "diag.nvml" is the one there is.
-	Acceptance    []string `protobuf:"bytes,10,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
+	Acceptance []string `protobuf:"bytes,10,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
+	// Who may book the pool: "none" (only the pool's own tenant) or
+	// "descendants" (also the tenants below it). A gpu pool's GPUs are booked
+	// by reservations.create.
+	Sharing string `protobuf:"bytes,11,opt,name=sharing,proto3" json:"sharing,omitempty"`
+	// When sharing is "descendants": the GPUs each child tenant of the pool's
+	// tenant may book at once, with its own descendants, when no quota of its
+	// own (or of an ancestor below the pool's tenant) for every model covers
+	// it. 0 means none: such a tenant books only under a quota set for it.
+	DefaultQuota  int32 `protobuf:"varint,12,opt,name=default_quota,json=defaultQuota,proto3" json:"default_quota,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -152,6 +161,20 @@ func (x *Pool) GetAcceptance() []string {
 	return nil
 }
 
+func (x *Pool) GetSharing() string {
+	if x != nil {
+		return x.Sharing
+	}
+	return ""
+}
+
+func (x *Pool) GetDefaultQuota() int32 {
+	if x != nil {
+		return x.DefaultQuota
+	}
+	return 0
+}
+
 // PoolsServiceCreateRequest creates a pool.
 type PoolsServiceCreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -171,7 +194,14 @@ type PoolsServiceCreateRequest struct {
 	// Acceptance checks joining nodes must pass before adoption: "diag.nvml"
 	// (a failing check keeps the node out of service, state "failed", with
 	// the reason in its AcceptancePassed condition).
-	Acceptance    []string `protobuf:"bytes,7,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
+	Acceptance []string `protobuf:"bytes,7,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
+	// "none" (the default when empty: only this tenant books the pool) or
+	// "descendants" (the tenants below it book it too, each under its quota
+	// or default_quota).
+	Sharing string `protobuf:"bytes,8,opt,name=sharing,proto3" json:"sharing,omitempty"`
+	// GPUs per child tenant without a quota of its own, when sharing is
+	// "descendants"; 0 (the default) means none. At most 1048576.
+	DefaultQuota  int32 `protobuf:"varint,9,opt,name=default_quota,json=defaultQuota,proto3" json:"default_quota,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -253,6 +283,20 @@ func (x *PoolsServiceCreateRequest) GetAcceptance() []string {
 		return x.Acceptance
 	}
 	return nil
+}
+
+func (x *PoolsServiceCreateRequest) GetSharing() string {
+	if x != nil {
+		return x.Sharing
+	}
+	return ""
+}
+
+func (x *PoolsServiceCreateRequest) GetDefaultQuota() int32 {
+	if x != nil {
+		return x.DefaultQuota
+	}
+	return 0
 }
 
 // PoolsServiceCreateResponse is the created pool.
@@ -542,7 +586,7 @@ type PoolsServiceUpdateRequest struct {
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Which fields to change: "description", "labels", "site", "health",
-	// "acceptance". Required.
+	// "acceptance", "sharing", "default_quota". Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The site settings every node of the pool gets (the NodeSpec "site"
 	// section as JSON: gateways, ntpServers, dnsServers, httpProxy, noProxy,
@@ -555,7 +599,14 @@ type PoolsServiceUpdateRequest struct {
 	Health *structpb.Struct `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"`
 	// The acceptance checks for nodes that join from now on, when
 	// update_mask names "acceptance".
-	Acceptance    []string `protobuf:"bytes,8,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
+	Acceptance []string `protobuf:"bytes,8,rep,name=acceptance,proto3" json:"acceptance,omitempty"`
+	// Who may book the pool ("none" or "descendants"; empty is "none"), when
+	// update_mask names "sharing". Turning sharing off keeps the descendants'
+	// current bookings; it refuses their new ones, their pending reservations
+	// stay pending and a lost node's bookings are not re-placed.
+	Sharing string `protobuf:"bytes,9,opt,name=sharing,proto3" json:"sharing,omitempty"`
+	// The default quota, when update_mask names "default_quota".
+	DefaultQuota  int32 `protobuf:"varint,10,opt,name=default_quota,json=defaultQuota,proto3" json:"default_quota,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -646,6 +697,20 @@ func (x *PoolsServiceUpdateRequest) GetAcceptance() []string {
 	return nil
 }
 
+func (x *PoolsServiceUpdateRequest) GetSharing() string {
+	if x != nil {
+		return x.Sharing
+	}
+	return ""
+}
+
+func (x *PoolsServiceUpdateRequest) GetDefaultQuota() int32 {
+	if x != nil {
+		return x.DefaultQuota
+	}
+	return 0
+}
+
 // PoolsServiceUpdateResponse is the changed pool.
 type PoolsServiceUpdateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -696,7 +761,7 @@ var File_bettercompute_compute_v1_pools_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/pools.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x03\n" +
+	"$bettercompute/compute/v1/pools.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf7\x03\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -714,10 +779,12 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\n" +
 	"acceptance\x18\n" +
 	" \x03(\tR\n" +
-	"acceptance\x1a9\n" +
+	"acceptance\x12\x18\n" +
+	"\asharing\x18\v \x01(\tR\asharing\x12#\n" +
+	"\rdefault_quota\x18\f \x01(\x05R\fdefaultQuota\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe1\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x03\n" +
 	"\x19PoolsServiceCreateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -727,7 +794,9 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12\x1e\n" +
 	"\n" +
 	"acceptance\x18\a \x03(\tR\n" +
-	"acceptance\x1a9\n" +
+	"acceptance\x12\x18\n" +
+	"\asharing\x18\b \x01(\tR\asharing\x12#\n" +
+	"\rdefault_quota\x18\t \x01(\x05R\fdefaultQuota\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
@@ -746,7 +815,7 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb9\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf8\x03\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12 \n" +
@@ -758,7 +827,10 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\x06health\x18\a \x01(\v2\x17.google.protobuf.StructR\x06health\x12\x1e\n" +
 	"\n" +
 	"acceptance\x18\b \x03(\tR\n" +
-	"acceptance\x1a9\n" +
+	"acceptance\x12\x18\n" +
+	"\asharing\x18\t \x01(\tR\asharing\x12#\n" +
+	"\rdefault_quota\x18\n" +
+	" \x01(\x05R\fdefaultQuota\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +

@@ -41,7 +41,8 @@ type PoolsServiceClient interface {
 	// List pages through the pools of tenant_id, in id order. Action
 	// compute:pools:list on tenant_id.
 	List(ctx context.Context, in *PoolsServiceListRequest, opts ...grpc.CallOption) (*PoolsServiceListResponse, error)
-	// Update changes a pool's description or labels. Action
+	// Update changes a pool's description, labels, site or health settings,
+	// acceptance checks, sharing or default quota. Action
 	// compute:pools:update.
 	Update(ctx context.Context, in *PoolsServiceUpdateRequest, opts ...grpc.CallOption) (*PoolsServiceUpdateResponse, error)
 }
@@ -110,7 +111,8 @@ type PoolsServiceServer interface {
 	// List pages through the pools of tenant_id, in id order. Action
 	// compute:pools:list on tenant_id.
 	List(context.Context, *PoolsServiceListRequest) (*PoolsServiceListResponse, error)
-	// Update changes a pool's description or labels. Action
+	// Update changes a pool's description, labels, site or health settings,
+	// acceptance checks, sharing or default quota. Action
 	// compute:pools:update.
 	Update(context.Context, *PoolsServiceUpdateRequest) (*PoolsServiceUpdateResponse, error)
 	mustEmbedUnimplementedPoolsServiceServer()

@@ -1,0 +1,4 @@
+package command
+
+// TailLogs exposes tailLogs to the tests.
+var TailLogs = tailLogs
