@@ -18,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/bcd"
 	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandsig"
 )
 
 // TestJoinThenNode runs `bcd join` and `bcd node` against the fake control
@@ -43,7 +44,7 @@ func TestJoinThenNode(t *testing.T) {
 		t.Fatalf("join: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
 	}
 
-	pub, _, err := ed25519.GenerateKey(nil)
+	pub, priv, err := ed25519.GenerateKey(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,10 +84,15 @@ func TestJoinThenNode(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no inventory from bcd node")
 	}
-	// Without --allow-reboot node.reboot is UNSUPPORTED; denied kinds
-	// too; diag.nvml runs and the daemon's log file records it.
+	// Without --allow-reboot a signed node.reboot is UNSUPPORTED (an
+	// unsigned one is BAD_SIGNATURE first: destructive kinds are checked
+	// before anything else); denied kinds too.
 	for seq, kind := range []string{"node.reboot", "logs.collect", "inventory.refresh"} {
-		cp.SendCommand(&agentv1.Command{Id: "cmd_x", NodeId: nodeID, Seq: int64(seq + 1), Kind: kind, NotAfter: timestamppb.New(time.Now().Add(time.Minute))})
+		c := &agentv1.Command{Id: "cmd_x", NodeId: nodeID, Seq: int64(seq + 1), Kind: kind, NotAfter: timestamppb.New(time.Now().Add(time.Minute))}
+		if kind == "node.reboot" {
+			commandsig.Sign(c, testcontrol.TrustDomain, priv)
+		}
+		cp.SendCommand(c)
 		select {
 		case u := <-cp.Updates:
 			if u.GetReject() != agentv1.RejectCode_REJECT_CODE_UNSUPPORTED || !strings.Contains(u.GetReason(), map[string]string{"node.reboot": "--allow-reboot"}[kind]) {
