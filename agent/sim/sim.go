@@ -221,6 +221,35 @@ func (f *Fleet) Restart(i int, newBoot bool) {
 	f.restart(i, newBoot, false)
 }
 
+// Halt stops simulated daemon i and leaves it stopped — a node whose daemon
+// died or whose network is gone — until [Fleet.Resume]. It does nothing
+// after Stop.
+func (f *Fleet) Halt(i int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.runCtx.Err() != nil {
+		return
+	}
+	d := f.ds[i]
+	d.cancel()
+	<-d.done
+}
+
+// Resume starts simulated daemon i again after [Fleet.Halt], with the same
+// boot id (the daemon alone was down). It does nothing after Stop.
+func (f *Fleet) Resume(i int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.runCtx.Err() != nil {
+		return
+	}
+	select {
+	case <-f.ds[i].done:
+		f.run(i)
+	default: // running
+	}
+}
+
 // WipeJournal stops simulated daemon i, deletes its command journal (so it
 // reports a new journal id) and starts it again with the same boot id. It
 // does nothing after Stop.

@@ -14,7 +14,7 @@ const (
 )
 
 // Lost-node policies: what the placer does with bookings on a node that is
-// lost (failed, retired, or unseen for capacity.lostAfter).
+// lost (failed, retired, or unseen for nodes.lostAfter).
 const (
 	LostNodeWait    = "wait"
 	LostNodeReplace = "replace"
@@ -35,8 +35,9 @@ type Capacity struct {
 	// "replace" (book the same count elsewhere) or "fail" (fail the
 	// reservation).
 	LostNode string `yaml:"lostNode"`
-	// LostAfter is how long a node may go unseen before it is lost (and not
-	// booked); default 2m.
+	// LostAfter is the deprecated alias of [Nodes.LostAfter]: defaults fill
+	// it with nodes.lostAfter, and nodes.lostAfter from it when only it is
+	// set; both set and different is INVALID_CONFIG.
 	LostAfter Duration `yaml:"lostAfter"`
 	// TickEvery is how often the placer looks for due work (starts, end
 	// times, lost nodes); default 5s.
@@ -49,7 +50,6 @@ type Capacity struct {
 func (c *Capacity) defaults() {
 	c.Placer = cmp.Or(c.Placer, PlacerPoolLease)
 	c.LostNode = cmp.Or(c.LostNode, LostNodeWait)
-	c.LostAfter = cmp.Or(c.LostAfter, Duration(2*time.Minute))
 	c.TickEvery = cmp.Or(c.TickEvery, Duration(5*time.Second))
 	c.RollupEvery = cmp.Or(c.RollupEvery, Duration(30*time.Second))
 }

@@ -62,6 +62,9 @@ type Config struct {
 	Dev Dev `yaml:"dev"`
 	// Capacity configures GPU reservations (the scheduler role's placer).
 	Capacity Capacity `yaml:"capacity"`
+	// Nodes configures node liveness and the brakes on acting on lost
+	// nodes.
+	Nodes Nodes `yaml:"nodes"`
 	// Events configures the outbox relay, the event stream and retention.
 	Events Events `yaml:"events"`
 	// Webhooks configures webhook delivery.
@@ -305,6 +308,7 @@ func (c *Config) Defaults() {
 	r.PollBusDown = cmp.Or(r.PollBusDown, Duration(250*time.Millisecond))
 	r.Concurrency = cmp.Or(r.Concurrency, 8)
 	r.Batch = cmp.Or(r.Batch, 256)
+	c.Nodes.defaults(&c.Capacity)
 	c.Capacity.defaults()
 	c.Events.defaults()
 	c.Webhooks.defaults()
@@ -475,6 +479,7 @@ func (c *Config) Validate() error {
 		bad(field, "set caCertFile and caKeyFile together")
 	}
 	errs = append(errs, c.Capacity.validate()...)
+	errs = append(errs, c.Nodes.validate(&c.Capacity)...)
 	errs = append(errs, c.Events.validate()...)
 	errs = append(errs, c.Webhooks.validate()...)
 	errs = append(errs, c.Audit.validate()...)

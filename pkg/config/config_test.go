@@ -203,6 +203,12 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"command sweep interval", func(c *config.Config) { c.Commands.SweepInterval = -1 }, "commands.sweepInterval"},
 		{"capacity lost-node policy", func(c *config.Config) { c.Capacity.LostNode = "panic" }, "capacity.lostNode"},
 		{"capacity tick", func(c *config.Config) { c.Capacity.TickEvery = -1 }, "capacity.tickEvery"},
+		{"not ready after", func(c *config.Config) { c.Nodes.NotReadyAfter = -1 }, "nodes.notReadyAfter"},
+		{"lost before not ready", func(c *config.Config) {
+			c.Nodes.LostAfter, c.Capacity.LostAfter = config.Duration(time.Second), config.Duration(time.Second)
+		}, "nodes.lostAfter"},
+		{"liveness every", func(c *config.Config) { c.Nodes.LivenessEvery = -1 }, "nodes.livenessEvery"},
+		{"lost after alias disagrees", func(c *config.Config) { c.Capacity.LostAfter = config.Duration(time.Hour) }, "capacity.lostAfter"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -321,5 +327,27 @@ func TestRoleLists(t *testing.T) {
 		if !slices.Contains(config.BuiltRoles, r) {
 			t.Errorf("runtime role %s is not built", r)
 		}
+	}
+}
+
+func TestNodesDefaultsAndLostAfterAlias(t *testing.T) {
+	t.Parallel()
+	c := &config.Config{}
+	c.Defaults()
+	if c.Nodes.NotReadyAfter.Std() != 40*time.Second || c.Nodes.LostAfter.Std() != 2*time.Minute ||
+		c.Capacity.LostAfter != c.Nodes.LostAfter || c.Nodes.LivenessEvery.Std() != 5*time.Second {
+		t.Fatalf("defaults: %+v %+v", c.Nodes, c.Capacity)
+	}
+	// The deprecated capacity.lostAfter alone sets nodes.lostAfter.
+	c = &config.Config{Capacity: config.Capacity{LostAfter: config.Duration(5 * time.Minute)}}
+	c.Defaults()
+	if c.Nodes.LostAfter.Std() != 5*time.Minute || c.Validate() != nil {
+		t.Fatalf("alias: %+v %v", c.Nodes, c.Validate())
+	}
+	// nodes.lostAfter alone sets both.
+	c = &config.Config{Nodes: config.Nodes{LostAfter: config.Duration(3 * time.Minute)}}
+	c.Defaults()
+	if c.Capacity.LostAfter.Std() != 3*time.Minute || c.Validate() != nil {
+		t.Fatalf("nodes.lostAfter: %+v %v", c.Capacity, c.Validate())
 	}
 }

@@ -100,6 +100,19 @@ func joinFields() []Field {
 	}
 }
 
+// readyFields are the payload of the liveness job's node.ready,
+// node.not_ready and node.lost.
+func readyFields() []Field {
+	return []Field{
+		{"nodeId", "string", "The node."},
+		{"poolId", "string", "Its pool."},
+		{"from", "string", "Its Ready condition before: True, Unknown or Lost."},
+		{"to", "string", "Its Ready condition now."},
+		{"reason", "string", "Why (empty for True), e.g. \"no heartbeat through any gateway for more than 40s\"."},
+		{"lastSeenAt", "string", "When a gateway last heard from it (RFC 3339); absent if never."},
+	}
+}
+
 // reservationFields are the payload of services/capacity's reservation.*
 // events: the reservation's id, then more.
 func reservationFields(more ...Field) []Field {
@@ -269,6 +282,27 @@ func catalog() []Type {
 			},
 			Doc: "A node's desired state (its NodeSpec) changed and its generation went up (the nodespec controller); the " +
 				"gateway sends it to the node.",
+		},
+		{
+			Name:    "node.not_ready",
+			Subject: "node",
+			Fields:  readyFields(),
+			Doc: "No gateway has heard from a node for `nodes.notReadyAfter` (40 s by default): its Ready condition went from " +
+				"True to Unknown (the liveness job). See [nodes](nodes.md#liveness).",
+		},
+		{
+			Name:    "node.lost",
+			Subject: "node",
+			Fields:  readyFields(),
+			Doc: "No gateway has heard from a node for `nodes.lostAfter` (2 min by default): its Ready condition became Lost " +
+				"(from Unknown, or from True when the job had not run in between). The placer stops booking it and applies " +
+				"`capacity.lostNode` to its bookings (the liveness job).",
+		},
+		{
+			Name:    "node.ready",
+			Subject: "node",
+			Fields:  readyFields(),
+			Doc:     "A node that was Unknown or Lost was heard from again: its Ready condition is True (the liveness job).",
 		},
 		{
 			Name:    "node.converged",

@@ -72,9 +72,15 @@ type Node struct {
 	Sections []SectionStatus
 	// Conditions are what the inventory controller last concluded.
 	Conditions []Condition
-	LastSeenAt *time.Time
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
+	// Ready is the node's Ready condition, the liveness job's (see
+	// [UpdateReadiness]): [ReadyTrue], [ReadyUnknown] or [ReadyLost], why,
+	// and since when.
+	Ready       string
+	ReadyReason string
+	ReadySince  time.Time
+	LastSeenAt  *time.Time
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
 	// Devices are filled by [Get] and [List].
 	Devices []Device
 }
@@ -118,13 +124,14 @@ func (n Node) Schedulable() bool { return n.State == StateAdopted && n.ObservedG
 
 const cols = `id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, coalesce(join_token_id, ''),
 	generation, observed_generation, boot_id, journal_id, session_epoch, gateway_id, coalesce(spec_error, ''), last_seen_at, created_at, updated_at,
-	CASE WHEN jsonb_typeof(section_status) = 'array' THEN section_status ELSE '[]' END, conditions`
+	CASE WHEN jsonb_typeof(section_status) = 'array' THEN section_status ELSE '[]' END, conditions,
+	ready, ready_reason, ready_since`
 
 func scan(r pgx.Row) (Node, error) {
 	var n Node
 	err := r.Scan(&n.ID, &n.TenantID, &n.PoolID, &n.State, &n.Shard, &n.Labels, &n.Hostname, &n.HardwareKey, &n.JoinTokenID,
 		&n.Generation, &n.ObservedGeneration, &n.BootID, &n.JournalID, &n.SessionEpoch, &n.GatewayID, &n.SpecError, &n.LastSeenAt,
-		&n.CreatedAt, &n.UpdatedAt, &n.Sections, &n.Conditions)
+		&n.CreatedAt, &n.UpdatedAt, &n.Sections, &n.Conditions, &n.Ready, &n.ReadyReason, &n.ReadySince)
 	return n, err
 }
 

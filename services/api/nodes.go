@@ -37,8 +37,17 @@ func nodePB(n nodestore.Node) *computev1.Node {
 	for _, st := range n.Sections {
 		out.Sections = append(out.Sections, &computev1.SectionStatus{Section: st.Section, State: st.State, Reason: st.Reason, Generation: st.Generation})
 	}
+	// Ready (the liveness job's, in columns of its own) comes first.
+	if n.Ready != "" {
+		r := n.ReadyCondition()
+		out.Conditions = append(out.Conditions, &computev1.NodeCondition{Type: r.Type, Status: r.Status, Reason: r.Reason, Since: ts(r.Since), Value: n.Ready})
+	}
 	for _, c := range n.Conditions {
-		out.Conditions = append(out.Conditions, &computev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Since: ts(c.Since)})
+		v := "False"
+		if c.Status {
+			v = "True"
+		}
+		out.Conditions = append(out.Conditions, &computev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Since: ts(c.Since), Value: v})
 	}
 	for _, d := range n.Devices {
 		out.Devices = append(out.Devices, &computev1.Device{

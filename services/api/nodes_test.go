@@ -296,6 +296,21 @@ func TestNodes(t *testing.T) {
 		if err != nil || got.GetNode().GetState() != "adopting" || got.GetNode().GetTenantId() != "acme" || got.GetNode().GetLabels()["rack"] == "" {
 			t.Fatalf("get %v %v", got, err)
 		}
+		// The liveness job's Ready condition shows with its value, reason
+		// and time.
+		if c := n["conditions"].([]any)[0].(map[string]any); c["type"] != "Ready" || c["status"] != true || c["value"] != "True" || c["since"] == nil {
+			t.Fatalf("Ready condition %v", c)
+		}
+		if _, err := h.db.Exec(bg, `UPDATE nodes SET ready = 'Lost', ready_reason = 'no heartbeat', ready_since = now() WHERE id = $1`, ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		got, err = nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", Id: ids[1]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := got.GetNode().GetConditions()[0]; c.GetType() != "Ready" || c.GetStatus() || c.GetValue() != "Lost" || c.GetReason() != "no heartbeat" || c.GetSince() == nil {
+			t.Fatalf("Lost Ready condition %v", c)
+		}
 	})
 
 	t.Run("list filters by pool, state and label, in pages", func(t *testing.T) {

@@ -44,6 +44,7 @@ import (
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/inventory"
+	"github.com/bettercompute/bettercompute/services/lifecycle"
 	"github.com/bettercompute/bettercompute/services/nodespec"
 	"github.com/bettercompute/bettercompute/services/relay"
 	"github.com/bettercompute/bettercompute/services/system"
@@ -304,8 +305,8 @@ func (a *App) prepareSchema(ctx context.Context) error {
 
 // startRuntime runs the reconciler runtime for the runtime roles this process
 // hosts, each a membership with its own shard leases: the runtime's own jobs
-// (the worker janitor, resync), the inventory controller for `controllers`
-// and the nodespec controller for `nodespec-controller`. Later modules
+// (the worker janitor, resync), the inventory controller and the liveness
+// job for `controllers` and the nodespec controller for `nodespec-controller`. Later modules
 // register theirs here.
 func (a *App) startRuntime(ctx context.Context) error {
 	var roles []string
@@ -340,6 +341,12 @@ func (a *App) startRuntime(ctx context.Context) error {
 			if err := rt.Register(r); err != nil {
 				return err
 			}
+		}
+		n := a.cfg.Nodes
+		if err := rt.Register(lifecycle.Liveness(lifecycle.Config{
+			NotReadyAfter: n.NotReadyAfter.Std(), LostAfter: n.LostAfter.Std(), Every: n.LivenessEvery.Std(),
+		})); err != nil {
+			return err
 		}
 	}
 	if slices.Contains(roles, reconcile.RoleNodeSpec) {

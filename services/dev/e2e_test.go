@@ -148,8 +148,8 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 			t.Fatalf("device %+v", d)
 		}
 	}
-	if len(n.Conditions) != 3 {
-		t.Fatalf("conditions %+v; want InventoryReported, GPUsHealthy, DevicesPresent", n.Conditions)
+	if len(n.Conditions) != 4 || n.Conditions[0].Type != "Ready" {
+		t.Fatalf("conditions %+v; want Ready, InventoryReported, GPUsHealthy, DevicesPresent", n.Conditions)
 	}
 	for _, c := range n.Conditions {
 		if !c.Status {

@@ -307,7 +307,8 @@ type Node struct {
 	// Whether placement may book its devices: the node is adopted and has
 	// applied desired state (observed_generation >= 1).
 	Schedulable bool `protobuf:"varint,17,opt,name=schedulable,proto3" json:"schedulable,omitempty"`
-	// What the control plane last concluded about the node: InventoryReported,
+	// What the control plane last concluded about the node: Ready (the
+	// liveness job's: value True, Unknown or Lost), InventoryReported,
 	// GPUsHealthy, DevicesPresent and, in pools with acceptance checks,
 	// AcceptancePassed (false with the reason while a check runs or after one
 	// failed).
@@ -482,7 +483,12 @@ type NodeCondition struct {
 	// Why not, or what is pending.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Since when it has had this status.
-	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	// The condition's value when it has more than two: Ready is "True",
+	// "Unknown" (no heartbeat for nodes.notReadyAfter) or "Lost" (none for
+	// nodes.lostAfter); status is true only for "True". The other conditions
+	// say "True" or "False".
+	Value         string `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -543,6 +549,13 @@ func (x *NodeCondition) GetSince() *timestamppb.Timestamp {
 		return x.Since
 	}
 	return nil
+}
+
+func (x *NodeCondition) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
 }
 
 // SectionStatus is how one section of a node's desired state stands on the
@@ -1190,12 +1203,13 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"conditions\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x01\n" +
 	"\rNodeCondition\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\bR\x06status\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
-	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"w\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
+	"\x05value\x18\x05 \x01(\tR\x05value\"w\n" +
 	"\rSectionStatus\x12\x18\n" +
 	"\asection\x18\x01 \x01(\tR\asection\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
