@@ -437,14 +437,10 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		mux.HandleFunc("GET "+api.WatchPath, a.api.ServeWatch)
 		mux.Handle(api.Prefix, gw)
 	}
-	grpcSrv := a.api
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if grpcSrv != nil && r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
-			grpcSrv.GRPC().ServeHTTP(w, r)
-			return
-		}
-		mux.ServeHTTP(w, r)
-	}), nil
+	if a.api == nil {
+		return withGRPC(nil, mux), nil
+	}
+	return withGRPC(a.api.GRPC(), mux), nil
 }
 
 func (a *App) serveReady(w http.ResponseWriter, r *http.Request) {

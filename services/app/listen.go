@@ -68,6 +68,21 @@ func (a *App) newHTTPServer(handler http.Handler, tlsCfg *tls.Config) *http.Serv
 	}
 }
 
+// withGRPC serves gRPC requests (HTTP/2, application/grpc) with gs and the
+// rest with h; a nil gs leaves everything to h.
+func withGRPC(gs *grpc.Server, h http.Handler) http.Handler {
+	if gs == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			gs.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // adminServer is the optional admin listener (server.adminAddr):
 // /metrics, /debug/pprof/ and gRPC reflection of the API's services, none
 // of which the API port then serves.
@@ -99,14 +114,7 @@ func (a *App) startAdmin() error {
 		as.grpc = grpc.NewServer()
 		reflectionv1.RegisterServerReflectionServer(as.grpc, reflection.NewServerV1(reflection.ServerOptions{Services: a.api.GRPC()}))
 	}
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if as.grpc != nil && r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
-			as.grpc.ServeHTTP(w, r)
-			return
-		}
-		mux.ServeHTTP(w, r)
-	})
-	as.srv = a.newHTTPServer(handler, nil)
+	as.srv = a.newHTTPServer(withGRPC(as.grpc, mux), nil)
 	go func() {
 		defer close(as.served)
 		if err := as.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

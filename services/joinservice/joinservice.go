@@ -25,7 +25,6 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +42,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/ratelimit"
 )
 
 // DB is what joinservice needs of the database: a pool.
@@ -86,10 +86,7 @@ type Service struct {
 	logger *slog.Logger
 
 	renewEvery time.Duration
-	now        func() time.Time
-	renewMu    sync.Mutex
-	renewed    map[string]time.Time // node id → its last counted Renew
-	pruneAt    int
+	renews     *ratelimit.Keyed // per node id; nil: no limit
 }
 
 // New returns a Service.
@@ -109,35 +106,21 @@ func New(cfg Config) (*Service, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Service{db: cfg.DB, ca: cfg.CA, key: cfg.Key, chain: chain, logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		renewEvery: every, now: now, renewed: map[string]time.Time{}, pruneAt: 1024}, nil
+	s := &Service{db: cfg.DB, ca: cfg.CA, key: cfg.Key, chain: chain, logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		renewEvery: every}
+	if every > 0 {
+		s.renews = ratelimit.New(1/every.Seconds(), 1, now)
+	}
+	return s, nil
 }
 
 // allowRenew counts a Renew of node id: RATE_LIMITED when the node was
-// counted less than renewEvery ago. The map holds only nodes counted within
-// the last interval (older entries are swept as it doubles), so it is
-// bounded by the nodes that renewed lately, each holding a valid certificate.
+// issued a certificate less than renewEvery ago (a bucket of one per node).
 func (s *Service) allowRenew(id string) error {
-	if s.renewEvery < 0 {
+	if s.renews == nil || s.renews.Allow(id) {
 		return nil
 	}
-	now := s.now()
-	s.renewMu.Lock()
-	defer s.renewMu.Unlock()
-	if last, ok := s.renewed[id]; ok && now.Sub(last) < s.renewEvery {
-		return fault.New(fault.RateLimited, "", "node %s renewed its certificate %s ago; at most one Renew per %s",
-			id, now.Sub(last).Round(time.Second), s.renewEvery)
-	}
-	s.renewed[id] = now
-	if len(s.renewed) >= s.pruneAt {
-		for n, at := range s.renewed {
-			if now.Sub(at) >= s.renewEvery {
-				delete(s.renewed, n)
-			}
-		}
-		s.pruneAt = max(1024, 2*len(s.renewed))
-	}
-	return nil
+	return fault.New(fault.RateLimited, "", "node %s renews its certificate at most once per %s; retry later", id, s.renewEvery)
 }
 
 // CA returns the node CA (trust bundle, serving certificates, verification).

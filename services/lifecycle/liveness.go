@@ -24,7 +24,7 @@ const (
 	DefaultLostAfter     = 2 * time.Minute
 	DefaultEvery         = 5 * time.Second
 	// DefaultLimit bounds the nodes one transaction changes; a pass that
-	// hits it runs again at once (SyncAgain).
+	// hits it runs again a second later (SyncAgain), not a period later.
 	DefaultLimit = 1000
 )
 
@@ -98,7 +98,7 @@ func (l *liveness) run(ctx context.Context, rc *reconcile.RunContext, _ string) 
 		return reconcile.Done, err
 	}
 	if n >= l.cfg.Limit {
-		return reconcile.SyncAgain, nil // more to do
+		return reconcile.SyncAgain, nil // more to do: back in a second
 	}
 	return reconcile.Done, nil
 }
