@@ -218,7 +218,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	gateway := f.str("gateway", "", "gateway host:port")
 	root := f.str("root", DefaultRoot, "state directory (written by bcd join)")
 	serverName := f.str("server-name", "", "name on the gateway's certificate (default: the host of --gateway)")
-	nvml := f.str("nvml", inventory.BackendReal, "NVML backend: real or mock")
+	nvml := f.str("nvml", inventory.BackendReal, "NVML backend: real or mock (the mock's GPU faults are read from <root>/nvml-faults.json)")
 	bootID := f.str("boot-id", "", "boot id (default: /proc/sys/kernel/random/boot_id)")
 	commandKey := f.str("command-key", "", "the control plane's command-signing public key (PEM PUBLIC KEY, Ed25519); without it destructive commands are refused")
 	denyKinds := f.str("deny-kinds", "", "comma-separated command kinds this node refuses")
@@ -257,17 +257,22 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	inv, err := inventory.Open(inventory.Config{Backend: *nvml})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = inv.Close() }()
 	logFile, err := command.OpenLog(command.LogPath(store.Root()), 0)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = logFile.Close() }()
 	logger := slog.New(slog.NewMultiHandler(slog.NewTextHandler(stderr, nil), slog.NewTextHandler(logFile, nil)))
+	invCfg := inventory.Config{Backend: *nvml, Logger: logger}
+	if *nvml == inventory.BackendMock {
+		// The mock's GPUs can be broken from outside (see inventory.Faults).
+		invCfg.FaultsFile = filepath.Join(store.Root(), inventory.FaultsFile)
+	}
+	inv, err := inventory.Open(invCfg)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = inv.Close() }()
 	return session.Run(ctx, session.Config{
 		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
 		BootID: boot, AgentVersion: version(), Logger: logger,

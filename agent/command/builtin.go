@@ -150,3 +150,103 @@ func since(data []byte, cutoff time.Time) (out []byte, older bool) {
 	}
 	return out, older
 }
+
+// Bounds of gpu.reset.
+const (
+	// MaxResetGPUs caps gpu_uuids.
+	MaxResetGPUs = 64
+	// MaxResetReason caps reason, in characters.
+	MaxResetReason = 1024
+)
+
+// Resetter resets one GPU (gpu.reset): *inventory.Collector runs
+// nvidia-smi --gpu-reset on real NVML and clears the injected faults on
+// the mock. It must return once ctx ends.
+type Resetter interface {
+	Reset(ctx context.Context, uuid string) error
+}
+
+// GPUInventory is what gpu.reset reads of the inventory (an
+// *inventory.Collector): the compute processes on a GPU (ok false: no
+// such GPU) and the GPUs' health checked again.
+type GPUInventory interface {
+	ComputeProcesses(ctx context.Context, uuid string) (pids []uint32, ok bool, err error)
+	Check(ctx context.Context, uuids []string) ([]*agentv1.GpuCheck, error)
+}
+
+// gpuReset resets the GPUs asked for, in order, after checking that none
+// runs compute processes (unless force), checks them again and hands a
+// fresh GPU inventory to OnInventory. It fails, with the result attached,
+// when a GPU is still unhealthy after its reset.
+func (e *Executor) gpuReset(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
+	p := body.GetGpuReset()
+	uuids := p.GetGpuUuids()
+	switch {
+	case len(uuids) == 0:
+		return nil, errors.New("gpu_uuids: at least one GPU")
+	case len(uuids) > MaxResetGPUs:
+		return nil, fmt.Errorf("gpu_uuids: %d GPUs, at most %d", len(uuids), MaxResetGPUs)
+	case len([]rune(p.GetReason())) > MaxResetReason:
+		return nil, fmt.Errorf("reason: at most %d characters", MaxResetReason)
+	}
+	for i, u := range uuids {
+		if slices.Contains(uuids[:i], u) {
+			return nil, fmt.Errorf("gpu_uuids: %s named twice", u)
+		}
+	}
+	inv, _ := e.cfg.Inventory.(GPUInventory)
+	var busy []string
+	for _, u := range uuids {
+		pids, ok, err := inv.ComputeProcesses(ctx, u)
+		switch {
+		case !ok && err == nil:
+			return nil, fmt.Errorf("no GPU %s on this node", u)
+		case err != nil && !p.GetForce():
+			return nil, fmt.Errorf("cannot tell whether GPU %s runs compute processes (%v); set force to reset it anyway", u, err)
+		case len(pids) > 0:
+			busy = append(busy, fmt.Sprintf("%s (%d: pids %s)", u, len(pids), joinPIDs(pids)))
+		}
+	}
+	if len(busy) > 0 && !p.GetForce() {
+		return nil, fmt.Errorf("refusing to reset: compute processes are running on GPU %s; set force to reset anyway (they die)", strings.Join(busy, ", "))
+	}
+	e.log.Warn("resetting GPUs", "gpus", uuids, "force", p.GetForce(), "reason", p.GetReason(), "busy", busy)
+	res := &agentv1.GpuResetResult{}
+	out := &agentv1.CommandResult{Kind: &agentv1.CommandResult_GpuReset{GpuReset: res}}
+	for _, u := range uuids {
+		if err := e.cfg.Resetter.Reset(ctx, u); err != nil {
+			return out, fmt.Errorf("reset %s: %w", u, err)
+		}
+		res.ResetUuids = append(res.ResetUuids, u)
+	}
+	checks, err := inv.Check(ctx, uuids)
+	if err != nil {
+		return out, fmt.Errorf("checking the GPUs after the reset: %w", err)
+	}
+	res.Gpus = checks
+	if e.cfg.OnInventory != nil {
+		if rep, err := e.cfg.Inventory.Report(ctx, []string{"gpus"}); err == nil {
+			e.cfg.OnInventory(rep)
+		} else {
+			e.log.Error("inventory after gpu.reset", "err", err)
+		}
+	}
+	var bad []string
+	for _, g := range checks {
+		if !g.GetHealthy() {
+			bad = append(bad, fmt.Sprintf("%s: %s", g.GetUuid(), g.GetReason()))
+		}
+	}
+	if len(bad) > 0 {
+		return out, fmt.Errorf("reset, but still unhealthy: %s", strings.Join(bad, "; "))
+	}
+	return out, nil
+}
+
+func joinPIDs(pids []uint32) string {
+	s := make([]string, len(pids))
+	for i, p := range pids {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ", ")
+}

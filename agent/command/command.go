@@ -14,7 +14,8 @@
 // code):
 //
 //  1. UNSUPPORTED: another node's command, a kind the daemon does not know
-//     or its configuration denies (node.reboot without a reboot hook), or
+//     or its configuration denies (node.reboot without a reboot hook,
+//     gpu.reset without a GPU inventory), or
 //     a body that is not the kind's payload message.
 //  2. STALE_GENERATION: min_generation ahead of the applied generation. The
 //     command is held (no answer) and re-checked as SetApplied advances;
@@ -99,6 +100,11 @@ type Config struct {
 	TrustDomain string
 	// DenyKinds are kinds this daemon refuses (UNSUPPORTED).
 	DenyKinds []string
+	// Resetter resets GPUs for gpu.reset; nil means Inventory when it is
+	// one (an *inventory.Collector: nvidia-smi on real NVML, clearing the
+	// injected faults on the mock). gpu.reset also needs Inventory to
+	// list compute processes and check the GPUs again (see GPUInventory).
+	Resetter Resetter
 	// RebootHook reboots the machine for node.reboot, after the command
 	// is journaled and ACCEPTED is sent. Nil disallows node.reboot
 	// (UNSUPPORTED). It should return once the reboot is under way.
@@ -175,8 +181,13 @@ func New(cfg Config) (*Executor, error) {
 		cfg: cfg, log: cfg.Logger, journal: j,
 		held: map[int64]*held{}, running: map[int64]context.CancelCauseFunc{}, inUse: map[string]int{},
 	}
+	if cfg.Resetter == nil {
+		cfg.Resetter, _ = cfg.Inventory.(Resetter)
+	}
+	e.cfg.Resetter = cfg.Resetter
 	e.funcs = map[string]Func{
 		KindDiagNvml: e.diagNvml, KindInventoryRefresh: e.inventoryRefresh, KindLogsCollect: e.logsCollect,
+		KindGPUReset: e.gpuReset,
 	}
 	for k, f := range cfg.Executors {
 		if _, ok := kinds[k]; !ok {
@@ -283,6 +294,9 @@ func (e *Executor) decode(c *agentv1.Command) (*agentv1.CommandBody, string) {
 	}
 	if c.GetKind() == KindNodeReboot && e.cfg.RebootHook == nil {
 		return nil, "node.reboot is not allowed on this daemon (bcd node --allow-reboot)"
+	}
+	if _, ok := e.cfg.Inventory.(GPUInventory); c.GetKind() == KindGPUReset && (e.cfg.Resetter == nil || !ok) {
+		return nil, "gpu.reset is not available on this daemon (no GPU inventory)"
 	}
 	body := &agentv1.CommandBody{}
 	if err := proto.Unmarshal(c.GetBody(), body); err != nil {

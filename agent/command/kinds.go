@@ -16,6 +16,7 @@ const (
 	KindInventoryRefresh = "inventory.refresh"
 	KindLogsCollect      = "logs.collect"
 	KindNodeReboot       = "node.reboot"
+	KindGPUReset         = "gpu.reset"
 )
 
 // Lanes and their credits: how many commands of the lane may run at once.
@@ -43,12 +44,13 @@ var kinds = map[string]kind{
 	KindInventoryRefresh: {lane: LaneDefault, has: func(b *agentv1.CommandBody) bool { return b.GetInventoryRefresh() != nil }},
 	KindLogsCollect:      {lane: LaneDefault, has: func(b *agentv1.CommandBody) bool { return b.GetLogsCollect() != nil }},
 	KindNodeReboot:       {lane: LaneExclusive, selfTerminating: true, has: func(b *agentv1.CommandBody) bool { return b.GetNodeReboot() != nil }},
+	KindGPUReset:         {lane: LaneExclusive, has: func(b *agentv1.CommandBody) bool { return b.GetGpuReset() != nil }},
 }
 
 // destructive are the kinds that must carry a valid signature from the
 // pinned command-signing key, including those this daemon does not run yet.
 var destructive = map[string]bool{
-	KindNodeReboot: true, "gpu.reset": true, "disk.wipe": true, "image.deploy": true, "node.kexec": true,
+	KindNodeReboot: true, KindGPUReset: true, "disk.wipe": true, "image.deploy": true, "node.kexec": true,
 }
 
 // Destructive reports whether kind must be signed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -97,7 +98,7 @@ func TestConverge_IdempotentAndEmptySectionsRemoveFiles(t *testing.T) {
 			t.Errorf("%s still there: %v", f, err)
 		}
 	}
-	if h := c.Health(); h != (converge.Health{}) {
+	if h := c.Health(); !reflect.DeepEqual(h, converge.Health{}) {
 		t.Errorf("health %+v after an empty section", h)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/bettercompute/bettercompute/agent/inventory"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
@@ -219,7 +220,7 @@ func (siteHandler) Apply(_ context.Context, cur Current, p Plan) error {
 
 // Health is the health section as the daemon's checks use it. Zero
 // durations and thresholds mean the daemon's defaults (no diagnostics for
-// DiagnosticsInterval).
+// DiagnosticsInterval; see Interval and Checks for the others).
 type Health struct {
 	CheckInterval             time.Duration
 	DiagnosticsInterval       time.Duration
@@ -227,16 +228,59 @@ type Health struct {
 	MaxGPUTemperatureCelsius  uint32
 	MaxUncorrectableECCErrors uint32
 	MaxCorrectableECCErrors   uint32
+	CriticalXIDs              []uint32
+	MaxRetiredPages           uint32
+	DisabledChecks            []string
 }
+
+// Equal reports whether h and o are the same settings.
+func (h Health) Equal(o Health) bool {
+	return h.CheckInterval == o.CheckInterval && h.DiagnosticsInterval == o.DiagnosticsInterval &&
+		h.DiagnosticsLevel == o.DiagnosticsLevel && h.MaxGPUTemperatureCelsius == o.MaxGPUTemperatureCelsius &&
+		h.MaxUncorrectableECCErrors == o.MaxUncorrectableECCErrors && h.MaxCorrectableECCErrors == o.MaxCorrectableECCErrors &&
+		h.MaxRetiredPages == o.MaxRetiredPages && slices.Equal(h.CriticalXIDs, o.CriticalXIDs) &&
+		slices.Equal(h.DisabledChecks, o.DisabledChecks)
+}
+
+// Interval is how often the GPU health checks run: CheckInterval, or
+// inventory.DefaultCheckInterval when the section sets none.
+func (h Health) Interval() time.Duration {
+	if h.CheckInterval > 0 {
+		return h.CheckInterval
+	}
+	return inventory.DefaultCheckInterval
+}
+
+// Checks is the section as the inventory's health checks take it.
+func (h Health) Checks() inventory.HealthConfig {
+	return inventory.HealthConfig{
+		MaxGPUTemperatureCelsius: h.MaxGPUTemperatureCelsius, MaxUncorrectableECCErrors: h.MaxUncorrectableECCErrors,
+		MaxCorrectableECCErrors: h.MaxCorrectableECCErrors, CriticalXIDs: slices.Clone(h.CriticalXIDs),
+		MaxRetiredPages: h.MaxRetiredPages, DisabledChecks: slices.Clone(h.DisabledChecks),
+	}
+}
+
+// Bounds of the health section.
+const (
+	// MinCheckInterval is the shortest check_interval a node takes.
+	MinCheckInterval = time.Second
+	// MaxCriticalXIDs bounds critical_xids.
+	MaxCriticalXIDs = 64
+	// MaxXID is the largest XID code critical_xids may name.
+	MaxXID = 1024
+)
 
 // healthFileContent is HealthFile.
 type healthFileContent struct {
-	CheckInterval             string `json:"check_interval,omitempty"`
-	DiagnosticsInterval       string `json:"diagnostics_interval,omitempty"`
-	DiagnosticsLevel          string `json:"diagnostics_level,omitempty"`
-	MaxGPUTemperatureCelsius  uint32 `json:"max_gpu_temperature_celsius,omitempty"`
-	MaxUncorrectableECCErrors uint32 `json:"max_uncorrectable_ecc_errors,omitempty"`
-	MaxCorrectableECCErrors   uint32 `json:"max_correctable_ecc_errors,omitempty"`
+	CheckInterval             string   `json:"check_interval,omitempty"`
+	DiagnosticsInterval       string   `json:"diagnostics_interval,omitempty"`
+	DiagnosticsLevel          string   `json:"diagnostics_level,omitempty"`
+	MaxGPUTemperatureCelsius  uint32   `json:"max_gpu_temperature_celsius,omitempty"`
+	MaxUncorrectableECCErrors uint32   `json:"max_uncorrectable_ecc_errors,omitempty"`
+	MaxCorrectableECCErrors   uint32   `json:"max_correctable_ecc_errors,omitempty"`
+	CriticalXIDs              []uint32 `json:"critical_xids,omitempty"`
+	MaxRetiredPages           uint32   `json:"max_retired_pages,omitempty"`
+	DisabledChecks            []string `json:"disabled_checks,omitempty"`
 }
 
 // healthHandler writes HealthFile (removed when the section is empty) and
@@ -267,11 +311,35 @@ func (*healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 			bad = append(bad, f.name+" is negative")
 		}
 	}
+	if ci := h.GetCheckInterval(); ci != nil && ci.CheckValid() == nil && ci.AsDuration() > 0 && ci.AsDuration() < MinCheckInterval {
+		bad = append(bad, fmt.Sprintf("check_interval %s is below %s", ci.AsDuration(), MinCheckInterval))
+	}
 	if l := h.GetDiagnosticsLevel(); l != "" && !slices.Contains([]string{"quick", "medium", "long"}, l) {
 		bad = append(bad, fmt.Sprintf("diagnostics level %q: want quick, medium or long", l))
 	}
+	if n := len(h.GetCriticalXids()); n > MaxCriticalXIDs {
+		bad = append(bad, fmt.Sprintf("critical_xids: %d, at most %d", n, MaxCriticalXIDs))
+	}
+	for _, x := range h.GetCriticalXids() {
+		if x == 0 || x > MaxXID {
+			bad = append(bad, fmt.Sprintf("critical_xids: %d is not an XID (1 to %d)", x, MaxXID))
+			break
+		}
+	}
+	if n := len(h.GetDisabledChecks()); n > len(inventory.Checks) {
+		bad = append(bad, fmt.Sprintf("disabled_checks: %d, at most %d", n, len(inventory.Checks)))
+	}
+	for _, c := range h.GetDisabledChecks() {
+		switch {
+		case c == inventory.CheckFallenOffBus:
+			bad = append(bad, "disabled_checks: fallen_off_bus cannot be turned off")
+		case !slices.Contains(inventory.Checks, c):
+			bad = append(bad, fmt.Sprintf("disabled_checks: unknown check %q (want one of %s)", c, strings.Join(inventory.Checks[:len(inventory.Checks)-1], ", ")))
+		}
+	}
 	if len(bad) > 0 {
 		slices.Sort(bad)
+		bad = slices.Compact(bad)
 		return Plan{Terminal: "invalid health section: " + strings.Join(bad, "; ")}, nil
 	}
 	c := healthFileContent{
@@ -279,6 +347,9 @@ func (*healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		MaxGPUTemperatureCelsius:  h.GetMaxGpuTemperatureCelsius(),
 		MaxUncorrectableECCErrors: h.GetMaxUncorrectableEccErrors(),
 		MaxCorrectableECCErrors:   h.GetMaxCorrectableEccErrors(),
+		CriticalXIDs:              h.GetCriticalXids(),
+		MaxRetiredPages:           h.GetMaxRetiredPages(),
+		DisabledChecks:            h.GetDisabledChecks(),
 	}
 	if h.GetCheckInterval() != nil {
 		c.CheckInterval = h.GetCheckInterval().AsDuration().String()
@@ -310,7 +381,8 @@ func (h *healthHandler) load(root string) error {
 			return fmt.Errorf("converge: %s: %w", HealthFile, err)
 		}
 		v = Health{DiagnosticsLevel: c.DiagnosticsLevel, MaxGPUTemperatureCelsius: c.MaxGPUTemperatureCelsius,
-			MaxUncorrectableECCErrors: c.MaxUncorrectableECCErrors, MaxCorrectableECCErrors: c.MaxCorrectableECCErrors}
+			MaxUncorrectableECCErrors: c.MaxUncorrectableECCErrors, MaxCorrectableECCErrors: c.MaxCorrectableECCErrors,
+			CriticalXIDs: c.CriticalXIDs, MaxRetiredPages: c.MaxRetiredPages, DisabledChecks: c.DisabledChecks}
 		for _, f := range []struct {
 			s string
 			d *time.Duration
@@ -332,7 +404,9 @@ func (h *healthHandler) load(root string) error {
 func (h *healthHandler) current() Health {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.cur
+	v := h.cur
+	v.CriticalXIDs, v.DisabledChecks = slices.Clone(v.CriticalXIDs), slices.Clone(v.DisabledChecks)
+	return v
 }
 
 // unsupported is a section whose handler is not built yet: converged when

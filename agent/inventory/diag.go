@@ -4,24 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
-// MaxTemperatureCelsius is the GPU temperature at or above which Diagnose
-// reports a GPU unhealthy.
+// MaxTemperatureCelsius is the GPU temperature above which Diagnose
+// reports a GPU unhealthy when the health section sets no limit.
 const MaxTemperatureCelsius = 90
 
 // Diagnose checks each GPU (only those whose UUID is in uuids; all when
-// empty): the health Report derives from page retirement and row
-// remapping, the temperature (unhealthy at MaxTemperatureCelsius or above)
-// and the volatile uncorrectable ECC error count (unhealthy when above
-// zero; boards without ECC skip the check). A UUID asked for that no GPU
-// has is reported unhealthy with the reason "no such GPU". It returns an
-// error only when NVML itself cannot be queried.
+// empty) with the health checks (CheckHealth, the health section's
+// settings), failing a GPU above MaxTemperatureCelsius when the section
+// sets no temperature limit. A UUID asked for that no GPU has is reported
+// unhealthy with the reason "no such GPU". It returns an error only when
+// NVML itself cannot be queried.
 func (c *Collector) Diagnose(ctx context.Context, uuids []string) (*agentv1.DiagNvmlResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -32,32 +31,28 @@ func (c *Collector) Diagnose(ctx context.Context, uuids []string) (*agentv1.Diag
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("inventory: driver version: %s", nvml.ErrorString(ret))
 	}
-	n, ret := c.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("inventory: device count: %s", nvml.ErrorString(ret))
+	if err := c.prepare(); err != nil {
+		return nil, err
 	}
+	cfg := c.currentRules().cfg
+	if cfg.MaxGPUTemperatureCelsius == 0 {
+		cfg.MaxGPUTemperatureCelsius = MaxTemperatureCelsius
+	}
+	r := newRules(cfg)
 	want := map[string]bool{}
 	for _, u := range uuids {
 		want[u] = true
 	}
 	res := &agentv1.DiagNvmlResult{DriverVersion: driver}
-	for i := range n {
+	for i, st := range c.devs {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		d, ret := c.lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("inventory: gpu %d: handle: %s", i, nvml.ErrorString(ret))
-		}
-		uuid, ret := d.GetUUID()
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("inventory: gpu %d: uuid: %s", i, nvml.ErrorString(ret))
-		}
-		if len(want) > 0 && !want[uuid] {
+		if len(want) > 0 && !want[st.uuid] {
 			continue
 		}
-		delete(want, uuid)
-		res.Gpus = append(res.Gpus, diagnose(d, i))
+		delete(want, st.uuid)
+		res.Gpus = append(res.Gpus, c.diagnose(st, i, r))
 	}
 	for _, u := range uuids {
 		if want[u] {
@@ -68,37 +63,57 @@ func (c *Collector) Diagnose(ctx context.Context, uuids []string) (*agentv1.Diag
 	return res, nil
 }
 
-// diagnose runs one GPU's checks.
-func diagnose(d nvml.Device, index int) *agentv1.GpuCheck {
-	chk := &agentv1.GpuCheck{Index: uint32(index)}
-	chk.Uuid, _ = d.GetUUID()
-	var reasons []string
-	if g, err := gpu(d, index); err != nil {
-		reasons = append(reasons, err.Error())
-	} else if !g.GetHealthy() {
-		reasons = append(reasons, g.GetHealthReason())
+// diagnose runs one GPU's checks. c.mu is held.
+func (c *Collector) diagnose(st *devState, index int, r *rules) *agentv1.GpuCheck {
+	var h GPUHealth
+	c.check(st, index, r, &h)
+	return &agentv1.GpuCheck{Index: uint32(index), Uuid: h.UUID, Healthy: h.Healthy(), Reason: h.Reason,
+		TemperatureCelsius: h.TemperatureCelsius, UncorrectableEccErrors: h.UncorrectableECC}
+}
+
+// Check re-runs the checks on the
+// GPUs with these UUIDs (in that order; an unknown one is "no such GPU").
+func (c *Collector) Check(ctx context.Context, uuids []string) ([]*agentv1.GpuCheck, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		return nil, errors.New("inventory: collector closed")
 	}
-	switch t, ret := d.GetTemperature(nvml.TEMPERATURE_GPU); {
-	case ret == nvml.SUCCESS:
-		chk.TemperatureCelsius = t
-		if t >= MaxTemperatureCelsius {
-			reasons = append(reasons, fmt.Sprintf("temperature %d °C at or above %d °C", t, MaxTemperatureCelsius))
+	if err := c.prepare(); err != nil {
+		return nil, err
+	}
+	r := c.currentRules()
+	out := make([]*agentv1.GpuCheck, 0, len(uuids))
+	for _, u := range uuids {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
-	case ret != nvml.ERROR_NOT_SUPPORTED:
-		reasons = append(reasons, "temperature query failed: "+nvml.ErrorString(ret))
-	}
-	switch e, ret := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); {
-	case ret == nvml.SUCCESS:
-		chk.UncorrectableEccErrors = e
-		if e > 0 {
-			reasons = append(reasons, fmt.Sprintf("%d volatile uncorrectable ECC errors", e))
+		i := slices.IndexFunc(c.devs, func(st *devState) bool { return st.uuid == u })
+		if i < 0 {
+			out = append(out, &agentv1.GpuCheck{Uuid: u, Reason: "no such GPU"})
+			continue
 		}
-	case ret != nvml.ERROR_NOT_SUPPORTED:
-		reasons = append(reasons, "ECC query failed: "+nvml.ErrorString(ret))
+		out = append(out, c.diagnose(c.devs[i], i, r))
 	}
-	chk.Healthy = len(reasons) == 0
-	chk.Reason = strings.Join(reasons, "; ")
-	return chk
+	return out, nil
+}
+
+// freeEvents releases the XID event set and forgets the devices (their
+// handles end with the library); the XIDs they raised are kept by UUID for
+// the next pass. c.mu is held.
+func (c *Collector) freeEvents() {
+	if c.events != nil {
+		_ = c.events.Free()
+	}
+	for _, st := range c.devs {
+		if len(st.xids) > 0 {
+			if c.carried == nil {
+				c.carried = map[string][]uint32{}
+			}
+			c.carried[st.uuid] = st.xids
+		}
+	}
+	c.events, c.eventsFailed, c.devs = nil, false, nil
 }
 
 // Rescan re-initialises NVML (shut down, then init again), so devices that
@@ -109,6 +124,7 @@ func (c *Collector) Rescan(_ context.Context) error {
 	if !c.open {
 		return errors.New("inventory: collector closed")
 	}
+	c.freeEvents()
 	if ret := c.lib.Shutdown(); ret != nvml.SUCCESS {
 		return fmt.Errorf("inventory: rescan: shutdown: %s", nvml.ErrorString(ret))
 	}

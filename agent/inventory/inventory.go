@@ -5,17 +5,27 @@
 // The NVML backend is chosen by configuration: BackendReal loads
 // libnvidia-ml.so, BackendMock is go-nvml's simulated DGX H200 (eight H200
 // GPUs, fresh UUIDs per Collector) for tests and simulated fleets.
+//
+// Every GPU report carries the GPU's health from the checks in health.go
+// (XID, ECC, retired pages and row remapping, thermal and power slowdown,
+// PCIe link, fallen off the bus), with the NodeSpec health section's
+// thresholds (SetHealthConfig). The mock can be broken per GPU (faults.go):
+// in process through Collector.Faults, across processes through a faults
+// file the mock re-reads on every check.
 package inventory
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
@@ -51,15 +61,35 @@ type Config struct {
 	MachineID string
 	// SystemSerial overrides /sys/class/dmi/id/product_serial.
 	SystemSerial string
+	// FaultsFile, for the mock backend, is the JSON file of injected
+	// faults (see [Faults]) the mock re-reads on every check: a simulated
+	// machine's <state dir>/nvml-faults.json. Empty keeps the faults in
+	// memory ([Collector.Faults]).
+	FaultsFile string
+	// Logger hears about checks the hardware cannot run; nil is silent.
+	Logger *slog.Logger
 }
 
-// Collector reads inventory from one NVML backend. Its methods are safe for
-// concurrent use; Close releases the backend.
+// Collector reads inventory from one NVML backend and runs the GPU health
+// checks. Its methods are safe for concurrent use; Close releases the
+// backend.
 type Collector struct {
-	cfg  Config
-	mu   sync.Mutex // serialises NVML calls and Close
-	lib  nvml.Interface
-	open bool
+	cfg   Config
+	mu    sync.Mutex // serialises NVML calls and Close
+	lib   nvml.Interface
+	open  bool
+	rules atomic.Pointer[rules]
+	// faults are the mock's injected faults; nil for real NVML.
+	faults *Faults
+
+	// Health check state, read on the first pass after Open or Rescan;
+	// guarded by mu.
+	devs         []*devState
+	events       nvml.EventSet
+	eventsFailed bool
+	eventReasons bool
+	// carried are latched XIDs by UUID across a Rescan.
+	carried map[string][]uint32
 }
 
 // Open initialises the backend cfg selects. For BackendReal without a usable
@@ -78,7 +108,9 @@ func Open(cfg Config) (*Collector, error) {
 }
 
 // New initialises lib, any NVML implementation, and returns a Collector over
-// it. cfg.Backend is ignored.
+// it. cfg.Backend is ignored. A go-nvml mock server (NewMock) gets fault
+// injection: its devices read [Collector.Faults] (kept in cfg.FaultsFile
+// when set) on every query.
 func New(lib nvml.Interface, cfg Config) (c *Collector, err error) {
 	defer func() {
 		// go-nvml panics on some symbol lookups when the library is
@@ -87,11 +119,20 @@ func New(lib nvml.Interface, cfg Config) (c *Collector, err error) {
 			c, err = nil, fmt.Errorf("%w: %v", ErrNVMLUnavailable, r)
 		}
 	}()
+	var faults *Faults
+	if s, ok := lib.(*server.Server); ok {
+		faults = NewFaults(cfg.FaultsFile)
+		lib = newMockLib(s, faults)
+	}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("%w: init: %s (is the NVIDIA driver installed? libnvidia-ml.so must be loadable)", ErrNVMLUnavailable, nvml.ErrorString(ret))
 	}
-	return &Collector{cfg: cfg, lib: lib, open: true}, nil
+	return &Collector{cfg: cfg, lib: lib, open: true, faults: faults}, nil
 }
+
+// Faults returns the mock backend's injected faults (nil for real NVML):
+// Inject and Clear take effect on the next query.
+func (c *Collector) Faults() *Faults { return c.faults }
 
 // Close shuts the backend down. It is safe to call more than once.
 func (c *Collector) Close() error {
@@ -101,6 +142,7 @@ func (c *Collector) Close() error {
 		return nil
 	}
 	c.open = false
+	c.freeEvents()
 	if ret := c.lib.Shutdown(); ret != nvml.SUCCESS {
 		return fmt.Errorf("inventory: nvml shutdown: %s", nvml.ErrorString(ret))
 	}
@@ -181,85 +223,84 @@ func (c *Collector) Host(_ context.Context) (*agentv1.Host, error) {
 	}, nil
 }
 
-// GPUs returns every GPU by index. A GPU whose identity cannot be read fails
-// the call; one whose health queries fail is reported unhealthy with the
-// reason.
+// GPUs returns every GPU by index, with its health from a pass of the
+// checks (see CheckHealth). A GPU whose identity cannot be read fails the
+// call, unless it fell off the bus after it was read once: it is reported
+// with the identity last read, unhealthy.
 func (c *Collector) GPUs(ctx context.Context) ([]*agentv1.GPU, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.open {
 		return nil, errors.New("inventory: collector closed")
 	}
-	n, ret := c.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("inventory: device count: %s", nvml.ErrorString(ret))
+	if err := c.prepare(); err != nil {
+		return nil, err
 	}
-	gpus := make([]*agentv1.GPU, 0, n)
-	for i := range n {
+	r := c.currentRules()
+	gpus := make([]*agentv1.GPU, 0, len(c.devs))
+	for i, st := range c.devs {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		d, ret := c.lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("inventory: gpu %d: handle: %s", i, nvml.ErrorString(ret))
-		}
-		g, err := gpu(d, i)
-		if err != nil {
+		id, ret, err := readIdentity(st.d)
+		switch {
+		case err == nil:
+			st.ident = id
+		case ret == nvml.ERROR_GPU_IS_LOST && st.ident != nil:
+			id = st.ident
+		default:
 			return nil, fmt.Errorf("inventory: gpu %d: %w", i, err)
 		}
+		var h GPUHealth
+		c.check(st, i, r, &h)
+		g := id.gpu(i)
+		g.Healthy, g.HealthReason, g.FailedChecks = h.Healthy(), h.Reason, h.Failed.Names()
 		gpus = append(gpus, g)
 	}
 	return gpus, nil
 }
 
-// gpu reads one device. Identity (UUID, name, memory, PCI) must be readable;
-// serial and MIG mode are optional (not every board supports them); health
-// comes from the pending page retirement and row remapping status.
-func gpu(d nvml.Device, index int) (*agentv1.GPU, error) {
-	g := &agentv1.GPU{Index: uint32(index), Healthy: true}
+// identity is what names a GPU in the inventory.
+type identity struct {
+	uuid, model, serial, busID string
+	memory                     uint64
+	mig                        bool
+}
+
+func (id *identity) gpu(index int) *agentv1.GPU {
+	return &agentv1.GPU{Index: uint32(index), Uuid: id.uuid, Model: id.model, Serial: id.serial,
+		MemoryBytes: id.memory, PciBusId: id.busID, MigEnabled: id.mig}
+}
+
+// readIdentity reads one device's identity. UUID, name, memory and PCI
+// must be readable (ret is the failing query's code); serial and MIG mode
+// are optional (not every board supports them).
+func readIdentity(d nvml.Device) (*identity, nvml.Return, error) {
+	id := &identity{}
 	var ret nvml.Return
-	if g.Uuid, ret = d.GetUUID(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("uuid: %s", nvml.ErrorString(ret))
+	if id.uuid, ret = d.GetUUID(); ret != nvml.SUCCESS {
+		return nil, ret, fmt.Errorf("uuid: %s", nvml.ErrorString(ret))
 	}
-	if g.Model, ret = d.GetName(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("name: %s", nvml.ErrorString(ret))
+	if id.model, ret = d.GetName(); ret != nvml.SUCCESS {
+		return nil, ret, fmt.Errorf("name: %s", nvml.ErrorString(ret))
 	}
 	mem, ret := d.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("memory: %s", nvml.ErrorString(ret))
+		return nil, ret, fmt.Errorf("memory: %s", nvml.ErrorString(ret))
 	}
-	g.MemoryBytes = mem.Total
+	id.memory = mem.Total
 	pci, ret := d.GetPciInfo()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("pci info: %s", nvml.ErrorString(ret))
+		return nil, ret, fmt.Errorf("pci info: %s", nvml.ErrorString(ret))
 	}
-	g.PciBusId = busID(pci)
+	id.busID = busID(pci)
 	if s, ret := d.GetSerial(); ret == nvml.SUCCESS {
-		g.Serial = s
+		id.serial = s
 	}
 	if cur, _, ret := d.GetMigMode(); ret == nvml.SUCCESS {
-		g.MigEnabled = cur == nvml.DEVICE_MIG_ENABLE
+		id.mig = cur == nvml.DEVICE_MIG_ENABLE
 	}
-	var reasons []string
-	switch pending, ret := d.GetRetiredPagesPendingStatus(); {
-	case ret == nvml.SUCCESS && pending == nvml.FEATURE_ENABLED:
-		reasons = append(reasons, "retired pages pending (reset required)")
-	case ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED:
-		reasons = append(reasons, "retired pages query failed: "+nvml.ErrorString(ret))
-	}
-	switch _, _, pending, failed, ret := d.GetRemappedRows(); {
-	case ret == nvml.SUCCESS && failed:
-		reasons = append(reasons, "row remapping failed")
-	case ret == nvml.SUCCESS && pending:
-		reasons = append(reasons, "row remapping pending (reset required)")
-	case ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED:
-		reasons = append(reasons, "remapped rows query failed: "+nvml.ErrorString(ret))
-	}
-	if len(reasons) > 0 {
-		g.Healthy = false
-		g.HealthReason = strings.Join(reasons, "; ")
-	}
-	return g, nil
+	return id, nvml.SUCCESS, nil
 }
 
 // busID formats the PCI address as "0000:18:00.0": NVML's BusId string

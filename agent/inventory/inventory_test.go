@@ -105,8 +105,11 @@ func TestGPU_UnhealthyWhenRowRemappingFailed(t *testing.T) {
 			t.Errorf("gpu %d healthy=%v, want %v (%s)", i, g.GetHealthy(), want, g.GetHealthReason())
 		}
 	}
-	if r := gpus[3].GetHealthReason(); r != "row remapping failed" {
+	if r := gpus[3].GetHealthReason(); r != "retired_pages: row remapping failed" {
 		t.Errorf("reason %q", r)
+	}
+	if fc := gpus[3].GetFailedChecks(); !slices.Equal(fc, []string{"retired_pages"}) {
+		t.Errorf("failed checks %q", fc)
 	}
 }
 

@@ -26,7 +26,11 @@
 // executor (package command), which is told the observed generation after
 // every converge; its CommandUpdates, and the inventory reports
 // inventory.refresh collects, are queued and sent by the session loop, so
-// neither side waits for the other. Updates produced while disconnected
+// neither side waits for the other.
+//
+// Alongside, the GPU health checks run every check interval of the health
+// section (healthLoop); when a GPU's health changed since the control
+// plane last heard it, an InventoryReport of the GPUs is queued. Updates produced while disconnected
 // are sent on the next session; the gateway also re-sends in-flight
 // commands on reconnect and the journal answers them with their state.
 package session
@@ -121,6 +125,13 @@ type Config struct {
 	LogFile string
 	// CommandExecutors replace built-in command kinds' executors (tests).
 	CommandExecutors map[string]command.Func
+
+	// HealthCheckInterval, when set, replaces the health section's
+	// check_interval (tests, simulators).
+	HealthCheckInterval time.Duration
+	// OnHealthCheck, when set, is called after every pass of the GPU
+	// health checks with whether it queued a report (tests count passes).
+	OnHealthCheck func(reported bool)
 }
 
 // maxOutbox bounds the updates and reports queued while disconnected; the
@@ -180,6 +191,7 @@ func Run(ctx context.Context, cfg Config) error {
 		WaitSent:  r.waitSent,
 		Inventory: cfg.Inventory,
 		OnInventory: func(rep *agentv1.InventoryReport) {
+			r.health.note(rep)
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
 		},
 		LogFile: cfg.LogFile, CommandKey: cfg.CommandKey, TrustDomain: trustDomain(id), DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
@@ -195,6 +207,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.renewLoop(ctx) })
 	wg.Go(func() { r.convergeLoop(ctx) })
+	wg.Go(func() { r.healthLoop(ctx) })
 	r.sessionLoop(ctx)
 	wg.Wait()
 	return nil
@@ -222,6 +235,8 @@ type runner struct {
 	result                    *agentv1.Observed
 
 	cmds *command.Executor
+	// health is the GPU health last reported (see healthLoop).
+	health reported
 	// outbox holds command updates and inventory reports to send;
 	// outReady signals it is not empty.
 	outMu    sync.Mutex
@@ -532,6 +547,7 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 					r.log.ErrorContext(ctx, "inventory", "err", err)
 					continue
 				}
+				r.health.note(rep)
 				if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}}); err != nil {
 					return true, fmt.Errorf("session: inventory: %w", err)
 				}

@@ -4,6 +4,11 @@
 // over real mutual TLS. dev's --sim-nodes, the load simulator in tools and
 // the tests use it.
 //
+// Each simulated machine's mock NVML reads its injected GPU faults from
+// <state>/nvml-faults.json on every health check (Fleet.Faults in process,
+// FaultsPath and `bcsim fault` from another), so a test, the simulator or
+// `make run` can make a GPU fail its health checks; gpu.reset mends it.
+//
 // Simulated daemons run commands like real ones (package command), each
 // logging to its own size-bounded <state>/logs/agent.log for logs.collect.
 // node.reboot restarts the simulated daemon with a new boot id (same state
@@ -21,6 +26,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,6 +86,9 @@ type Config struct {
 	// RebootHook, when set, replaces the simulated reboot of daemon i
 	// (tests: a reboot that never comes, to keep node.reboot in flight).
 	RebootHook func(ctx context.Context, i int, reason string) error
+	// HealthCheckInterval, when set, replaces every daemon's health
+	// section check_interval (see session.Config).
+	HealthCheckInterval time.Duration
 }
 
 // Fleet is a running fleet.
@@ -199,7 +209,7 @@ func (f *Fleet) run(i int) {
 		Gateway: f.cfg.Gateway, ServerName: f.cfg.ServerName, State: d.store, Inventory: d.inv,
 		BootID: d.boot, AgentVersion: "sim", Logger: logger, OnSession: f.cfg.OnSession,
 		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
-		CommandExecutors: f.cfg.Executors,
+		CommandExecutors: f.cfg.Executors, HealthCheckInterval: f.cfg.HealthCheckInterval,
 	}
 	if f.cfg.OnObserved != nil {
 		cfg.OnObserved = func(gen int64) { f.cfg.OnObserved(i, gen) }
@@ -298,11 +308,12 @@ func (f *Fleet) prepare(ctx context.Context, i int) (*state.Store, *inventory.Co
 	host := fmt.Sprintf("%s-%04d", f.cfg.Prefix, i)
 	// Simulated nodes share this machine's disk: their writes skip the
 	// fsyncs a real node's make (state.OpenUnsynced).
-	st, err := state.OpenUnsynced(filepath.Join(f.cfg.Root, fmt.Sprintf("node-%04d", i)))
+	st, err := state.OpenUnsynced(NodeDir(f.cfg.Root, i))
 	if err != nil {
 		return nil, nil, err
 	}
-	inv, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock, Hostname: host, MachineID: host + "-machine", SystemSerial: host + "-serial"})
+	inv, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock, Hostname: host, MachineID: host + "-machine", SystemSerial: host + "-serial",
+		FaultsFile: filepath.Join(st.Root(), inventory.FaultsFile)})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -321,6 +332,38 @@ func (f *Fleet) prepare(ctx context.Context, i int) (*state.Store, *inventory.Co
 		return nil, nil, fmt.Errorf("join %s: %w", host, err)
 	}
 	return st, inv, nil
+}
+
+// Faults returns simulated daemon i's injected GPU faults (its mock NVML
+// reads them on every check; they live in its faults file, see
+// [FaultsPath]).
+func (f *Fleet) Faults(i int) *inventory.Faults {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ds[i].inv.Faults()
+}
+
+// NodeDir is simulated machine i's state directory under root.
+func NodeDir(root string, i int) string { return filepath.Join(root, fmt.Sprintf("node-%04d", i)) }
+
+// FaultsPath is the faults file of a simulated machine under root, named
+// by its host name (<prefix>-0003), its directory (node-0003) or its
+// number (3). Its mock NVML re-reads the file on every health check, so
+// another process (bcsim fault) can break and mend its GPUs.
+func FaultsPath(root, machine string) (string, error) {
+	num := machine
+	if i := strings.LastIndexByte(machine, '-'); i >= 0 {
+		num = machine[i+1:]
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 0 || num == "" {
+		return "", fmt.Errorf("sim: machine %q: want <prefix>-NNNN, node-NNNN or a number", machine)
+	}
+	dir := NodeDir(root, n)
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return "", fmt.Errorf("sim: no simulated machine %q under %s (no %s)", machine, root, dir)
+	}
+	return filepath.Join(dir, inventory.FaultsFile), nil
 }
 
 // Nodes returns the node ids of the fleet.

@@ -1,6 +1,7 @@
 package commands_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -156,7 +157,10 @@ func TestEnqueueBadInput(t *testing.T) {
 		code  fault.Code
 		field string
 	}{
-		{"unknown kind is UNSUPPORTED", commands.Request{NodeID: "node_a", Kind: "gpu.reset", NotAfter: soon}, fault.Unsupported, "kind"},
+		{"unknown kind is UNSUPPORTED", commands.Request{NodeID: "node_a", Kind: "agent.upgrade", NotAfter: soon}, fault.Unsupported, "kind"},
+		{"gpu.reset without GPUs", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{}`, NotAfter: soon}, fault.InvalidInput, "payload.gpuUuids"},
+		{"gpu.reset of a non-UUID", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{"gpuUuids": ["0"]}`, NotAfter: soon}, fault.InvalidInput, "payload.gpuUuids"},
+		{"gpu.reset reason too long", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{"gpuUuids": ["GPU-a"], "reason": "` + strings.Repeat("x", 1025) + `"}`, NotAfter: soon}, fault.InvalidInput, "payload.reason"},
 		{"payload field of another message", commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `{"level": "full"}`, NotAfter: soon}, fault.InvalidInput, "payload"},
 		{"payload wrong type", commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `{"rescan": "yes"}`, NotAfter: soon}, fault.InvalidInput, "payload"},
 		{"payload not an object", commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `["gpus"]`, NotAfter: soon}, fault.InvalidInput, "payload"},
@@ -606,7 +610,7 @@ func TestRegistry(t *testing.T) {
 	for _, k := range commands.Builtin().Kinds() {
 		names = append(names, k.Name)
 	}
-	if len(names) != 4 || names[0] != "diag.nvml" || names[3] != "node.reboot" {
+	if len(names) != 5 || names[0] != "diag.nvml" || names[1] != "gpu.reset" || names[4] != "node.reboot" {
 		t.Fatalf("built-in kinds %v", names)
 	}
 }

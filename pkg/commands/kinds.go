@@ -166,9 +166,9 @@ func (r *Registry) timeout(name string) time.Duration {
 	return DefaultTimeout
 }
 
-// Builtin returns a registry with the server's kinds (DESIGN §6). gpu.reset
-// and agent.upgrade have no payload message in the wire contract yet, so
-// they are not registered.
+// Builtin returns a registry with the server's kinds (DESIGN §6).
+// agent.upgrade has no payload message in the wire contract yet, so it is
+// not registered.
 func Builtin() *Registry {
 	r := NewRegistry()
 	r.MustRegister(Kind{Name: "diag.nvml", Field: "diag_nvml", API: true, RetrySafe: true, Lane: LaneDiag, Timeout: 10 * time.Minute,
@@ -179,7 +179,41 @@ func Builtin() *Registry {
 		Doc: "Collects the daemon's logs, bounded in size (1 MiB by default, 4 MiB at most), from at most 16 distinct sources (agent).", Check: checkLogsCollect})
 	r.MustRegister(Kind{Name: "node.reboot", Field: "node_reboot", API: true, SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 15 * time.Minute,
 		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."})
+	r.MustRegister(Kind{Name: "gpu.reset", Field: "gpu_reset", Destructive: true, Lane: LaneExclusive, Timeout: 5 * time.Minute,
+		Doc: "Resets GPUs by UUID (the remediation ladder's first step); the daemon refuses a GPU running compute processes unless force is set.", Check: checkGpuReset})
 	return r
+}
+
+// Bounds of gpu.reset's payload.
+const (
+	// MaxResetGPUs bounds gpu_uuids.
+	MaxResetGPUs = 64
+	// MaxResetReason bounds reason, in characters.
+	MaxResetReason = 1024
+	// maxGPUUUID bounds one GPU UUID ("GPU-" and 36 characters).
+	maxGPUUUID = 64
+)
+
+// checkGpuReset wants 1 to MaxResetGPUs distinct GPU UUIDs and a reason of
+// at most MaxResetReason characters: INVALID_INPUT on the field.
+func checkGpuReset(body *agentv1.CommandBody) error {
+	p := body.GetGpuReset()
+	uuids := p.GetGpuUuids()
+	if len(uuids) == 0 || len(uuids) > MaxResetGPUs {
+		return fault.New(fault.InvalidInput, "payload.gpuUuids", "want 1 to %d GPU UUIDs, got %d", MaxResetGPUs, len(uuids))
+	}
+	for i, u := range uuids {
+		if !strings.HasPrefix(u, "GPU-") || len(u) > maxGPUUUID {
+			return fault.New(fault.InvalidInput, "payload.gpuUuids", "%q is not a GPU UUID (GPU-…)", u)
+		}
+		if slices.Contains(uuids[:i], u) {
+			return fault.New(fault.InvalidInput, "payload.gpuUuids", "GPU %s named twice", u)
+		}
+	}
+	if n := len([]rune(p.GetReason())); n > MaxResetReason {
+		return fault.New(fault.InvalidInput, "payload.reason", "at most %d characters, got %d", MaxResetReason, n)
+	}
+	return nil
 }
 
 // LogSources are the sources logs.collect knows, MaxLogSources how many one

@@ -47,9 +47,8 @@ func (r *Registry) Reference() string {
 		b.WriteString("\n")
 	}
 	b.WriteString("## Not registered yet\n\n")
-	b.WriteString("`gpu.reset` (destructive, `exclusive`, 5 min) and `agent.upgrade` (self-terminating, `exclusive`,\n")
-	b.WriteString("15 min) are in the design but have no payload message in `bettercompute.agent.v1.CommandBody` yet, so\n")
-	b.WriteString("they are not registered: enqueueing them is `UNSUPPORTED` on `kind`. The same holds for `disk.wipe`,\n")
-	b.WriteString("`image.deploy` and `node.kexec`.\n")
+	b.WriteString("`agent.upgrade` (self-terminating, `exclusive`, 15 min) is in the design but has no payload message\n")
+	b.WriteString("in `bettercompute.agent.v1.CommandBody` yet, so it is not registered: enqueueing it is `UNSUPPORTED`\n")
+	b.WriteString("on `kind`. The same holds for `disk.wipe`, `image.deploy` and `node.kexec`.\n")
 	return b.String()
 }

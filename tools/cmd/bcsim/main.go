@@ -12,6 +12,12 @@
 // reporting a newer observed generation (a pools.update of the site
 // settings, say), it prints, once every node has, how long the wave took
 // from its first report to its last, with the per-node p50 and p99.
+//
+// `bcsim fault` breaks (or mends) a simulated machine's GPUs while the
+// simulator runs; their health checks see it on the next pass:
+//
+//	bcsim fault --root bcsim-state --machine sim-0003 --gpu 2 --xid 79
+//	bcsim fault --root bcsim-state --machine sim-0003 --gpu 2 --clear
 package main
 
 import (
@@ -34,6 +40,15 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "fault" {
+		if err := runFault(os.Args[2:], os.Stdout, os.Stderr); err != nil {
+			if !errors.Is(err, flag.ErrHelp) {
+				fmt.Fprintln(os.Stderr, "bcsim:", err)
+			}
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "bcsim:", err)
 		os.Exit(1)

@@ -981,7 +981,12 @@ type GPU struct {
 	// healthy is false when the driver reports the GPU unusable.
 	Healthy bool `protobuf:"varint,8,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	// health_reason explains an unhealthy GPU.
-	HealthReason  string `protobuf:"bytes,9,opt,name=health_reason,json=healthReason,proto3" json:"health_reason,omitempty"`
+	HealthReason string `protobuf:"bytes,9,opt,name=health_reason,json=healthReason,proto3" json:"health_reason,omitempty"`
+	// failed_checks names the health checks the GPU failed, from "xid",
+	// "ecc", "retired_pages", "thermal", "power", "pcie_link" and
+	// "fallen_off_bus" (the NodeSpec health section's checks); empty when
+	// healthy.
+	FailedChecks  []string `protobuf:"bytes,10,rep,name=failed_checks,json=failedChecks,proto3" json:"failed_checks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1077,6 +1082,13 @@ func (x *GPU) GetHealthReason() string {
 		return x.HealthReason
 	}
 	return ""
+}
+
+func (x *GPU) GetFailedChecks() []string {
+	if x != nil {
+		return x.FailedChecks
+	}
+	return nil
 }
 
 // SessionResponse is one message from the control plane on a Session (the
@@ -1449,7 +1461,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x16\n" +
 	"\x06kernel\x18\x02 \x01(\tR\x06kernel\x12%\n" +
 	"\x0edriver_version\x18\x03 \x01(\tR\rdriverVersion\x12!\n" +
-	"\fcuda_version\x18\x04 \x01(\tR\vcudaVersion\"\xfe\x01\n" +
+	"\fcuda_version\x18\x04 \x01(\tR\vcudaVersion\"\xa3\x02\n" +
 	"\x03GPU\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x14\n" +
@@ -1461,7 +1473,9 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vmig_enabled\x18\a \x01(\bR\n" +
 	"migEnabled\x12\x18\n" +
 	"\ahealthy\x18\b \x01(\bR\ahealthy\x12#\n" +
-	"\rhealth_reason\x18\t \x01(\tR\fhealthReason\"\xfa\x02\n" +
+	"\rhealth_reason\x18\t \x01(\tR\fhealthReason\x12#\n" +
+	"\rfailed_checks\x18\n" +
+	" \x03(\tR\ffailedChecks\"\xfa\x02\n" +
 	"\x0fSessionResponse\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12W\n" +
 	"\x11inventory_request\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRequestH\x00R\x10inventoryRequest\x12K\n" +

@@ -307,6 +307,7 @@ type CommandBody struct {
 	//	*CommandBody_InventoryRefresh
 	//	*CommandBody_LogsCollect
 	//	*CommandBody_NodeReboot
+	//	*CommandBody_GpuReset
 	Kind          isCommandBody_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -385,6 +386,15 @@ func (x *CommandBody) GetNodeReboot() *NodeReboot {
 	return nil
 }
 
+func (x *CommandBody) GetGpuReset() *GpuReset {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandBody_GpuReset); ok {
+			return x.GpuReset
+		}
+	}
+	return nil
+}
+
 type isCommandBody_Kind interface {
 	isCommandBody_Kind()
 }
@@ -409,6 +419,11 @@ type CommandBody_NodeReboot struct {
 	NodeReboot *NodeReboot `protobuf:"bytes,4,opt,name=node_reboot,json=nodeReboot,proto3,oneof"`
 }
 
+type CommandBody_GpuReset struct {
+	// gpu.reset
+	GpuReset *GpuReset `protobuf:"bytes,5,opt,name=gpu_reset,json=gpuReset,proto3,oneof"`
+}
+
 func (*CommandBody_DiagNvml) isCommandBody_Kind() {}
 
 func (*CommandBody_InventoryRefresh) isCommandBody_Kind() {}
@@ -416,6 +431,8 @@ func (*CommandBody_InventoryRefresh) isCommandBody_Kind() {}
 func (*CommandBody_LogsCollect) isCommandBody_Kind() {}
 
 func (*CommandBody_NodeReboot) isCommandBody_Kind() {}
+
+func (*CommandBody_GpuReset) isCommandBody_Kind() {}
 
 // DiagNvml runs NVML health checks and a short check per GPU.
 type DiagNvml struct {
@@ -639,6 +656,72 @@ func (x *NodeReboot) GetReason() string {
 	return ""
 }
 
+// GpuReset resets GPUs (the remediation ladder's first step). Destructive:
+// signed. The daemon refuses a GPU that has compute processes running unless
+// force is set.
+type GpuReset struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The GPUs to reset, by UUID; at least one, at most 64.
+	GpuUuids []string `protobuf:"bytes,1,rep,name=gpu_uuids,json=gpuUuids,proto3" json:"gpu_uuids,omitempty"`
+	// Reset even with compute processes running on a GPU (they die).
+	Force bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	// Why, for the node's log; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GpuReset) Reset() {
+	*x = GpuReset{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GpuReset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GpuReset) ProtoMessage() {}
+
+func (x *GpuReset) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GpuReset.ProtoReflect.Descriptor instead.
+func (*GpuReset) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GpuReset) GetGpuUuids() []string {
+	if x != nil {
+		return x.GpuUuids
+	}
+	return nil
+}
+
+func (x *GpuReset) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *GpuReset) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // CommandCancel asks the daemon to stop an in-flight command. The daemon
 // answers with the command's final CommandUpdate.
 type CommandCancel struct {
@@ -653,7 +736,7 @@ type CommandCancel struct {
 
 func (x *CommandCancel) Reset() {
 	*x = CommandCancel{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +748,7 @@ func (x *CommandCancel) String() string {
 func (*CommandCancel) ProtoMessage() {}
 
 func (x *CommandCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +761,7 @@ func (x *CommandCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandCancel.ProtoReflect.Descriptor instead.
 func (*CommandCancel) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CommandCancel) GetId() string {
@@ -717,7 +800,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +812,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +825,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CommandUpdate) GetId() string {
@@ -797,6 +880,7 @@ type CommandResult struct {
 	//	*CommandResult_DiagNvml
 	//	*CommandResult_InventoryRefresh
 	//	*CommandResult_LogsCollect
+	//	*CommandResult_GpuReset
 	Kind          isCommandResult_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -804,7 +888,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +900,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +913,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CommandResult) GetKind() isCommandResult_Kind {
@@ -866,6 +950,15 @@ func (x *CommandResult) GetLogsCollect() *LogsCollectResult {
 	return nil
 }
 
+func (x *CommandResult) GetGpuReset() *GpuResetResult {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandResult_GpuReset); ok {
+			return x.GpuReset
+		}
+	}
+	return nil
+}
+
 type isCommandResult_Kind interface {
 	isCommandResult_Kind()
 }
@@ -885,11 +978,18 @@ type CommandResult_LogsCollect struct {
 	LogsCollect *LogsCollectResult `protobuf:"bytes,3,opt,name=logs_collect,json=logsCollect,proto3,oneof"`
 }
 
+type CommandResult_GpuReset struct {
+	// gpu.reset
+	GpuReset *GpuResetResult `protobuf:"bytes,4,opt,name=gpu_reset,json=gpuReset,proto3,oneof"`
+}
+
 func (*CommandResult_DiagNvml) isCommandResult_Kind() {}
 
 func (*CommandResult_InventoryRefresh) isCommandResult_Kind() {}
 
 func (*CommandResult_LogsCollect) isCommandResult_Kind() {}
+
+func (*CommandResult_GpuReset) isCommandResult_Kind() {}
 
 // DiagNvmlResult is the health of each GPU checked.
 type DiagNvmlResult struct {
@@ -904,7 +1004,7 @@ type DiagNvmlResult struct {
 
 func (x *DiagNvmlResult) Reset() {
 	*x = DiagNvmlResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +1016,7 @@ func (x *DiagNvmlResult) String() string {
 func (*DiagNvmlResult) ProtoMessage() {}
 
 func (x *DiagNvmlResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1029,7 @@ func (x *DiagNvmlResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiagNvmlResult.ProtoReflect.Descriptor instead.
 func (*DiagNvmlResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DiagNvmlResult) GetGpus() []*GpuCheck {
@@ -967,7 +1067,7 @@ type GpuCheck struct {
 
 func (x *GpuCheck) Reset() {
 	*x = GpuCheck{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1079,7 @@ func (x *GpuCheck) String() string {
 func (*GpuCheck) ProtoMessage() {}
 
 func (x *GpuCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1092,7 @@ func (x *GpuCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuCheck.ProtoReflect.Descriptor instead.
 func (*GpuCheck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GpuCheck) GetUuid() string {
@@ -1051,7 +1151,7 @@ type InventoryRefreshResult struct {
 
 func (x *InventoryRefreshResult) Reset() {
 	*x = InventoryRefreshResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1163,7 @@ func (x *InventoryRefreshResult) String() string {
 func (*InventoryRefreshResult) ProtoMessage() {}
 
 func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1176,7 @@ func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRefreshResult.ProtoReflect.Descriptor instead.
 func (*InventoryRefreshResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InventoryRefreshResult) GetSections() []string {
@@ -1106,7 +1206,7 @@ type LogsCollectResult struct {
 
 func (x *LogsCollectResult) Reset() {
 	*x = LogsCollectResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1218,7 @@ func (x *LogsCollectResult) String() string {
 func (*LogsCollectResult) ProtoMessage() {}
 
 func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1231,7 @@ func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsCollectResult.ProtoReflect.Descriptor instead.
 func (*LogsCollectResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LogsCollectResult) GetData() []byte {
@@ -1146,6 +1246,61 @@ func (x *LogsCollectResult) GetTruncated() bool {
 		return x.Truncated
 	}
 	return false
+}
+
+// GpuResetResult is what a gpu.reset did to each GPU.
+type GpuResetResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The GPUs reset, by UUID, in the order asked.
+	ResetUuids []string `protobuf:"bytes,1,rep,name=reset_uuids,json=resetUuids,proto3" json:"reset_uuids,omitempty"`
+	// Each GPU's health checked again after its reset.
+	Gpus          []*GpuCheck `protobuf:"bytes,2,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GpuResetResult) Reset() {
+	*x = GpuResetResult{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GpuResetResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GpuResetResult) ProtoMessage() {}
+
+func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GpuResetResult.ProtoReflect.Descriptor instead.
+func (*GpuResetResult) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GpuResetResult) GetResetUuids() []string {
+	if x != nil {
+		return x.ResetUuids
+	}
+	return nil
+}
+
+func (x *GpuResetResult) GetGpus() []*GpuCheck {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
 }
 
 var File_bettercompute_agent_v1_commands_proto protoreflect.FileDescriptor
@@ -1164,13 +1319,14 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1c\n" +
 	"\tsignature\x18\t \x01(\fR\tsignature\x12\x15\n" +
 	"\x06key_id\x18\n" +
-	" \x01(\tR\x05keyId\"\xc0\x02\n" +
+	" \x01(\tR\x05keyId\"\x81\x03\n" +
 	"\vCommandBody\x12?\n" +
 	"\tdiag_nvml\x18\x01 \x01(\v2 .bettercompute.agent.v1.DiagNvmlH\x00R\bdiagNvml\x12W\n" +
 	"\x11inventory_refresh\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRefreshH\x00R\x10inventoryRefresh\x12H\n" +
 	"\flogs_collect\x18\x03 \x01(\v2#.bettercompute.agent.v1.LogsCollectH\x00R\vlogsCollect\x12E\n" +
 	"\vnode_reboot\x18\x04 \x01(\v2\".bettercompute.agent.v1.NodeRebootH\x00R\n" +
-	"nodeRebootB\x06\n" +
+	"nodeReboot\x12?\n" +
+	"\tgpu_reset\x18\x05 \x01(\v2 .bettercompute.agent.v1.GpuResetH\x00R\bgpuResetB\x06\n" +
 	"\x04kind\"=\n" +
 	"\bDiagNvml\x12\x1b\n" +
 	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
@@ -1184,7 +1340,11 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x05since\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05since\"$\n" +
 	"\n" +
 	"NodeReboot\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"1\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"U\n" +
+	"\bGpuReset\x12\x1b\n" +
+	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"1\n" +
 	"\rCommandCancel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\x86\x02\n" +
@@ -1194,11 +1354,12 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\aoutcome\x18\x03 \x01(\x0e2&.bettercompute.agent.v1.CommandOutcomeR\aoutcome\x12:\n" +
 	"\x06reject\x18\x04 \x01(\x0e2\".bettercompute.agent.v1.RejectCodeR\x06reject\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12=\n" +
-	"\x06result\x18\x06 \x01(\v2%.bettercompute.agent.v1.CommandResultR\x06result\"\x8d\x02\n" +
+	"\x06result\x18\x06 \x01(\v2%.bettercompute.agent.v1.CommandResultR\x06result\"\xd4\x02\n" +
 	"\rCommandResult\x12E\n" +
 	"\tdiag_nvml\x18\x01 \x01(\v2&.bettercompute.agent.v1.DiagNvmlResultH\x00R\bdiagNvml\x12]\n" +
 	"\x11inventory_refresh\x18\x02 \x01(\v2..bettercompute.agent.v1.InventoryRefreshResultH\x00R\x10inventoryRefresh\x12N\n" +
-	"\flogs_collect\x18\x03 \x01(\v2).bettercompute.agent.v1.LogsCollectResultH\x00R\vlogsCollectB\x06\n" +
+	"\flogs_collect\x18\x03 \x01(\v2).bettercompute.agent.v1.LogsCollectResultH\x00R\vlogsCollect\x12E\n" +
+	"\tgpu_reset\x18\x04 \x01(\v2&.bettercompute.agent.v1.GpuResetResultH\x00R\bgpuResetB\x06\n" +
 	"\x04kind\"m\n" +
 	"\x0eDiagNvmlResult\x124\n" +
 	"\x04gpus\x18\x01 \x03(\v2 .bettercompute.agent.v1.GpuCheckR\x04gpus\x12%\n" +
@@ -1215,7 +1376,11 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\tgpu_count\x18\x02 \x01(\rR\bgpuCount\"E\n" +
 	"\x11LogsCollectResult\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated*\xc7\x01\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"g\n" +
+	"\x0eGpuResetResult\x12\x1f\n" +
+	"\vreset_uuids\x18\x01 \x03(\tR\n" +
+	"resetUuids\x124\n" +
+	"\x04gpus\x18\x02 \x03(\v2 .bettercompute.agent.v1.GpuCheckR\x04gpus*\xc7\x01\n" +
 	"\x0eCommandOutcome\x12\x1f\n" +
 	"\x1bCOMMAND_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18COMMAND_OUTCOME_ACCEPTED\x10\x01\x12\x1c\n" +
@@ -1245,7 +1410,7 @@ func file_bettercompute_agent_v1_commands_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(CommandOutcome)(0),            // 0: bettercompute.agent.v1.CommandOutcome
 	(RejectCode)(0),                // 1: bettercompute.agent.v1.RejectCode
@@ -1255,36 +1420,41 @@ var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(*InventoryRefresh)(nil),       // 5: bettercompute.agent.v1.InventoryRefresh
 	(*LogsCollect)(nil),            // 6: bettercompute.agent.v1.LogsCollect
 	(*NodeReboot)(nil),             // 7: bettercompute.agent.v1.NodeReboot
-	(*CommandCancel)(nil),          // 8: bettercompute.agent.v1.CommandCancel
-	(*CommandUpdate)(nil),          // 9: bettercompute.agent.v1.CommandUpdate
-	(*CommandResult)(nil),          // 10: bettercompute.agent.v1.CommandResult
-	(*DiagNvmlResult)(nil),         // 11: bettercompute.agent.v1.DiagNvmlResult
-	(*GpuCheck)(nil),               // 12: bettercompute.agent.v1.GpuCheck
-	(*InventoryRefreshResult)(nil), // 13: bettercompute.agent.v1.InventoryRefreshResult
-	(*LogsCollectResult)(nil),      // 14: bettercompute.agent.v1.LogsCollectResult
-	(*timestamppb.Timestamp)(nil),  // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 16: google.protobuf.Duration
+	(*GpuReset)(nil),               // 8: bettercompute.agent.v1.GpuReset
+	(*CommandCancel)(nil),          // 9: bettercompute.agent.v1.CommandCancel
+	(*CommandUpdate)(nil),          // 10: bettercompute.agent.v1.CommandUpdate
+	(*CommandResult)(nil),          // 11: bettercompute.agent.v1.CommandResult
+	(*DiagNvmlResult)(nil),         // 12: bettercompute.agent.v1.DiagNvmlResult
+	(*GpuCheck)(nil),               // 13: bettercompute.agent.v1.GpuCheck
+	(*InventoryRefreshResult)(nil), // 14: bettercompute.agent.v1.InventoryRefreshResult
+	(*LogsCollectResult)(nil),      // 15: bettercompute.agent.v1.LogsCollectResult
+	(*GpuResetResult)(nil),         // 16: bettercompute.agent.v1.GpuResetResult
+	(*timestamppb.Timestamp)(nil),  // 17: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 18: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
-	15, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
-	16, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
+	17, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
+	18, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
 	4,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
 	5,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
 	6,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
 	7,  // 5: bettercompute.agent.v1.CommandBody.node_reboot:type_name -> bettercompute.agent.v1.NodeReboot
-	16, // 6: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
-	0,  // 7: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
-	1,  // 8: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
-	10, // 9: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
-	11, // 10: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
-	13, // 11: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
-	14, // 12: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
-	12, // 13: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	8,  // 6: bettercompute.agent.v1.CommandBody.gpu_reset:type_name -> bettercompute.agent.v1.GpuReset
+	18, // 7: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
+	0,  // 8: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
+	1,  // 9: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
+	11, // 10: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
+	12, // 11: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
+	14, // 12: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
+	15, // 13: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
+	16, // 14: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
+	13, // 15: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	13, // 16: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_commands_proto_init() }
@@ -1297,11 +1467,13 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 		(*CommandBody_InventoryRefresh)(nil),
 		(*CommandBody_LogsCollect)(nil),
 		(*CommandBody_NodeReboot)(nil),
+		(*CommandBody_GpuReset)(nil),
 	}
-	file_bettercompute_agent_v1_commands_proto_msgTypes[8].OneofWrappers = []any{
+	file_bettercompute_agent_v1_commands_proto_msgTypes[9].OneofWrappers = []any{
 		(*CommandResult_DiagNvml)(nil),
 		(*CommandResult_InventoryRefresh)(nil),
 		(*CommandResult_LogsCollect)(nil),
+		(*CommandResult_GpuReset)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1309,7 +1481,7 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_commands_proto_rawDesc), len(file_bettercompute_agent_v1_commands_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

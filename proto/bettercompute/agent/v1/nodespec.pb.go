@@ -800,8 +800,19 @@ type HealthSettings struct {
 	// max_correctable_ecc_errors marks a GPU unhealthy above it; zero means
 	// no limit.
 	MaxCorrectableEccErrors uint32 `protobuf:"varint,6,opt,name=max_correctable_ecc_errors,json=maxCorrectableEccErrors,proto3" json:"max_correctable_ecc_errors,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// critical_xids are the XID error codes that mark a GPU unhealthy; empty
+	// means the daemon's default set (48, 62, 63, 64, 74, 79, 92, 94, 95, 119,
+	// 120). XID 79 is "fallen off the bus".
+	CriticalXids []uint32 `protobuf:"varint,7,rep,packed,name=critical_xids,json=criticalXids,proto3" json:"critical_xids,omitempty"`
+	// max_retired_pages marks a GPU unhealthy when more pages than this are
+	// retired; zero means 60. A pending retirement or row remap always does.
+	MaxRetiredPages uint32 `protobuf:"varint,8,opt,name=max_retired_pages,json=maxRetiredPages,proto3" json:"max_retired_pages,omitempty"`
+	// disabled_checks turns checks off by name: "xid", "ecc",
+	// "retired_pages", "thermal", "power", "pcie_link" ("fallen_off_bus"
+	// cannot be turned off).
+	DisabledChecks []string `protobuf:"bytes,9,rep,name=disabled_checks,json=disabledChecks,proto3" json:"disabled_checks,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HealthSettings) Reset() {
@@ -874,6 +885,27 @@ func (x *HealthSettings) GetMaxCorrectableEccErrors() uint32 {
 		return x.MaxCorrectableEccErrors
 	}
 	return 0
+}
+
+func (x *HealthSettings) GetCriticalXids() []uint32 {
+	if x != nil {
+		return x.CriticalXids
+	}
+	return nil
+}
+
+func (x *HealthSettings) GetMaxRetiredPages() uint32 {
+	if x != nil {
+		return x.MaxRetiredPages
+	}
+	return 0
+}
+
+func (x *HealthSettings) GetDisabledChecks() []string {
+	if x != nil {
+		return x.DisabledChecks
+	}
+	return nil
 }
 
 // AgentSettings say which bcd the node should run.
@@ -998,14 +1030,17 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"\x05vcpus\x18\x03 \x01(\rR\x05vcpus\x12!\n" +
 	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\x12\x1b\n" +
 	"\tgpu_uuids\x18\x05 \x03(\tR\bgpuUuids\x12\x14\n" +
-	"\x05state\x18\x06 \x01(\tR\x05state\"\x8a\x03\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\"\x84\x04\n" +
 	"\x0eHealthSettings\x12@\n" +
 	"\x0echeck_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\rcheckInterval\x12L\n" +
 	"\x14diagnostics_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x13diagnosticsInterval\x12+\n" +
 	"\x11diagnostics_level\x18\x03 \x01(\tR\x10diagnosticsLevel\x12=\n" +
 	"\x1bmax_gpu_temperature_celsius\x18\x04 \x01(\rR\x18maxGpuTemperatureCelsius\x12?\n" +
 	"\x1cmax_uncorrectable_ecc_errors\x18\x05 \x01(\rR\x19maxUncorrectableEccErrors\x12;\n" +
-	"\x1amax_correctable_ecc_errors\x18\x06 \x01(\rR\x17maxCorrectableEccErrors\"R\n" +
+	"\x1amax_correctable_ecc_errors\x18\x06 \x01(\rR\x17maxCorrectableEccErrors\x12#\n" +
+	"\rcritical_xids\x18\a \x03(\rR\fcriticalXids\x12*\n" +
+	"\x11max_retired_pages\x18\b \x01(\rR\x0fmaxRetiredPages\x12'\n" +
+	"\x0fdisabled_checks\x18\t \x03(\tR\x0edisabledChecks\"R\n" +
 	"\rAgentSettings\x12'\n" +
 	"\x0fdesired_version\x18\x01 \x01(\tR\x0edesiredVersion\x12\x18\n" +
 	"\achannel\x18\x02 \x01(\tR\achannelBMZKgithub.com/bettercompute/bettercompute/proto/bettercompute/agent/v1;agentv1b\x06proto3"

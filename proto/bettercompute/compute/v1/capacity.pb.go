@@ -157,8 +157,12 @@ type CapacityCounts struct {
 	Free int32 `protobuf:"varint,1,opt,name=free,proto3" json:"free,omitempty"`
 	// Booked by a reservation.
 	Booked int32 `protobuf:"varint,2,opt,name=booked,proto3" json:"booked,omitempty"`
-	// Unhealthy, missing, or on a node that is not schedulable.
-	Unavailable   int32 `protobuf:"varint,3,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	// Unhealthy, missing, or on a node that is not schedulable (quarantined
+	// GPUs aside).
+	Unavailable int32 `protobuf:"varint,3,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	// Quarantined by the health job (unhealthy or missing), counted apart
+	// from unavailable.
+	Quarantined   int32 `protobuf:"varint,4,opt,name=quarantined,proto3" json:"quarantined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +214,13 @@ func (x *CapacityCounts) GetBooked() int32 {
 func (x *CapacityCounts) GetUnavailable() int32 {
 	if x != nil {
 		return x.Unavailable
+	}
+	return 0
+}
+
+func (x *CapacityCounts) GetQuarantined() int32 {
+	if x != nil {
+		return x.Quarantined
 	}
 	return 0
 }
@@ -657,11 +668,12 @@ const file_bettercompute_compute_v1_capacity_proto_rawDesc = "" +
 	"\x05total\x18\x01 \x01(\v2(.bettercompute.compute.v1.CapacityCountsR\x05total\x12?\n" +
 	"\x06models\x18\x02 \x03(\v2'.bettercompute.compute.v1.ModelCapacityR\x06models\x12?\n" +
 	"\atenants\x18\x03 \x03(\v2%.bettercompute.compute.v1.TenantUsageR\atenants\x12=\n" +
-	"\fcompute_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vcomputeTime\"^\n" +
+	"\fcompute_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vcomputeTime\"\x80\x01\n" +
 	"\x0eCapacityCounts\x12\x12\n" +
 	"\x04free\x18\x01 \x01(\x05R\x04free\x12\x16\n" +
 	"\x06booked\x18\x02 \x01(\x05R\x06booked\x12 \n" +
-	"\vunavailable\x18\x03 \x01(\x05R\vunavailable\"g\n" +
+	"\vunavailable\x18\x03 \x01(\x05R\vunavailable\x12 \n" +
+	"\vquarantined\x18\x04 \x01(\x05R\vquarantined\"g\n" +
 	"\rModelCapacity\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12@\n" +
 	"\x06counts\x18\x02 \x01(\v2(.bettercompute.compute.v1.CapacityCountsR\x06counts\"_\n" +

@@ -24,6 +24,456 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// NodesServiceDrainRequest drains a node.
+type NodesServiceDrainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant. Required.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The node. Required.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// How long its bookings may stay, 0 to 604,800 (7 days); 0 means 3,600.
+	DeadlineSeconds int64 `protobuf:"varint,3,opt,name=deadline_seconds,json=deadlineSeconds,proto3" json:"deadline_seconds,omitempty"`
+	// Why, for the audit log and the events; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceDrainRequest) Reset() {
+	*x = NodesServiceDrainRequest{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceDrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceDrainRequest) ProtoMessage() {}
+
+func (x *NodesServiceDrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceDrainRequest.ProtoReflect.Descriptor instead.
+func (*NodesServiceDrainRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *NodesServiceDrainRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *NodesServiceDrainRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodesServiceDrainRequest) GetDeadlineSeconds() int64 {
+	if x != nil {
+		return x.DeadlineSeconds
+	}
+	return 0
+}
+
+func (x *NodesServiceDrainRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// NodesServiceDrainResponse is the draining node.
+type NodesServiceDrainResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceDrainResponse) Reset() {
+	*x = NodesServiceDrainResponse{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceDrainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceDrainResponse) ProtoMessage() {}
+
+func (x *NodesServiceDrainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceDrainResponse.ProtoReflect.Descriptor instead.
+func (*NodesServiceDrainResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NodesServiceDrainResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+// NodesServiceUndrainRequest returns a node to service.
+type NodesServiceUndrainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant. Required.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The node. Required.
+	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceUndrainRequest) Reset() {
+	*x = NodesServiceUndrainRequest{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceUndrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceUndrainRequest) ProtoMessage() {}
+
+func (x *NodesServiceUndrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceUndrainRequest.ProtoReflect.Descriptor instead.
+func (*NodesServiceUndrainRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodesServiceUndrainRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *NodesServiceUndrainRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// NodesServiceUndrainResponse is the node back in service.
+type NodesServiceUndrainResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceUndrainResponse) Reset() {
+	*x = NodesServiceUndrainResponse{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceUndrainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceUndrainResponse) ProtoMessage() {}
+
+func (x *NodesServiceUndrainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceUndrainResponse.ProtoReflect.Descriptor instead.
+func (*NodesServiceUndrainResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NodesServiceUndrainResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+// NodesServiceRetireRequest retires a node.
+type NodesServiceRetireRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant. Required.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The node. Required.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// How long its bookings may stay before it is retired, 0 to 604,800; 0
+	// means 3,600.
+	DeadlineSeconds int64 `protobuf:"varint,3,opt,name=deadline_seconds,json=deadlineSeconds,proto3" json:"deadline_seconds,omitempty"`
+	// Why, for the audit log and the events; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceRetireRequest) Reset() {
+	*x = NodesServiceRetireRequest{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceRetireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceRetireRequest) ProtoMessage() {}
+
+func (x *NodesServiceRetireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceRetireRequest.ProtoReflect.Descriptor instead.
+func (*NodesServiceRetireRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *NodesServiceRetireRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *NodesServiceRetireRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodesServiceRetireRequest) GetDeadlineSeconds() int64 {
+	if x != nil {
+		return x.DeadlineSeconds
+	}
+	return 0
+}
+
+func (x *NodesServiceRetireRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// NodesServiceRetireResponse is the node, draining towards retired.
+type NodesServiceRetireResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceRetireResponse) Reset() {
+	*x = NodesServiceRetireResponse{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceRetireResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceRetireResponse) ProtoMessage() {}
+
+func (x *NodesServiceRetireResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceRetireResponse.ProtoReflect.Descriptor instead.
+func (*NodesServiceRetireResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NodesServiceRetireResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+// NodesServiceClearRepairRequest clears a node's NeedsRepair.
+type NodesServiceClearRepairRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant. Required.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The node. Required.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// What was repaired, for the audit log; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceClearRepairRequest) Reset() {
+	*x = NodesServiceClearRepairRequest{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceClearRepairRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceClearRepairRequest) ProtoMessage() {}
+
+func (x *NodesServiceClearRepairRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceClearRepairRequest.ProtoReflect.Descriptor instead.
+func (*NodesServiceClearRepairRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *NodesServiceClearRepairRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *NodesServiceClearRepairRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodesServiceClearRepairRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// NodesServiceClearRepairResponse is the node.
+type NodesServiceClearRepairResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceClearRepairResponse) Reset() {
+	*x = NodesServiceClearRepairResponse{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceClearRepairResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceClearRepairResponse) ProtoMessage() {}
+
+func (x *NodesServiceClearRepairResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceClearRepairResponse.ProtoReflect.Descriptor instead.
+func (*NodesServiceClearRepairResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *NodesServiceClearRepairResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 // NodesServiceRevokeRequest names the node whose certificates are revoked.
 type NodesServiceRevokeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -39,7 +489,7 @@ type NodesServiceRevokeRequest struct {
 
 func (x *NodesServiceRevokeRequest) Reset() {
 	*x = NodesServiceRevokeRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[0]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -51,7 +501,7 @@ func (x *NodesServiceRevokeRequest) String() string {
 func (*NodesServiceRevokeRequest) ProtoMessage() {}
 
 func (x *NodesServiceRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[0]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -64,7 +514,7 @@ func (x *NodesServiceRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceRevokeRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{0}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodesServiceRevokeRequest) GetTenantId() string {
@@ -102,7 +552,7 @@ type NodesServiceRevokeResponse struct {
 
 func (x *NodesServiceRevokeResponse) Reset() {
 	*x = NodesServiceRevokeResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -114,7 +564,7 @@ func (x *NodesServiceRevokeResponse) String() string {
 func (*NodesServiceRevokeResponse) ProtoMessage() {}
 
 func (x *NodesServiceRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[1]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -127,7 +577,7 @@ func (x *NodesServiceRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceRevokeResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodesServiceRevokeResponse) GetNode() *Node {
@@ -161,7 +611,7 @@ type NodesServiceUpdateRequest struct {
 
 func (x *NodesServiceUpdateRequest) Reset() {
 	*x = NodesServiceUpdateRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -173,7 +623,7 @@ func (x *NodesServiceUpdateRequest) String() string {
 func (*NodesServiceUpdateRequest) ProtoMessage() {}
 
 func (x *NodesServiceUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -186,7 +636,7 @@ func (x *NodesServiceUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceUpdateRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodesServiceUpdateRequest) GetTenantId() string {
@@ -228,7 +678,7 @@ type NodesServiceUpdateResponse struct {
 
 func (x *NodesServiceUpdateResponse) Reset() {
 	*x = NodesServiceUpdateResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -240,7 +690,7 @@ func (x *NodesServiceUpdateResponse) String() string {
 func (*NodesServiceUpdateResponse) ProtoMessage() {}
 
 func (x *NodesServiceUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -253,7 +703,7 @@ func (x *NodesServiceUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceUpdateResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodesServiceUpdateResponse) GetNode() *Node {
@@ -312,14 +762,20 @@ type Node struct {
 	// GPUsHealthy, DevicesPresent and, in pools with acceptance checks,
 	// AcceptancePassed (false with the reason while a check runs or after one
 	// failed).
-	Conditions    []*NodeCondition `protobuf:"bytes,18,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	Conditions []*NodeCondition `protobuf:"bytes,18,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	// While draining: when its bookings must be gone; unset otherwise.
+	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
+	// Why it was drained (or is being retired, or remediated).
+	DrainReason string `protobuf:"bytes,20,opt,name=drain_reason,json=drainReason,proto3" json:"drain_reason,omitempty"`
+	// Whether the drain ends in retirement (nodes.retire).
+	Retiring      bool `protobuf:"varint,21,opt,name=retiring,proto3" json:"retiring,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -331,7 +787,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -344,7 +800,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Node) GetId() string {
@@ -473,6 +929,27 @@ func (x *Node) GetConditions() []*NodeCondition {
 	return nil
 }
 
+func (x *Node) GetDrainDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DrainDeadline
+	}
+	return nil
+}
+
+func (x *Node) GetDrainReason() string {
+	if x != nil {
+		return x.DrainReason
+	}
+	return ""
+}
+
+func (x *Node) GetRetiring() bool {
+	if x != nil {
+		return x.Retiring
+	}
+	return false
+}
+
 // NodeCondition is one condition of a node.
 type NodeCondition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -495,7 +972,7 @@ type NodeCondition struct {
 
 func (x *NodeCondition) Reset() {
 	*x = NodeCondition{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +984,7 @@ func (x *NodeCondition) String() string {
 func (*NodeCondition) ProtoMessage() {}
 
 func (x *NodeCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,7 +997,7 @@ func (x *NodeCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCondition.ProtoReflect.Descriptor instead.
 func (*NodeCondition) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeCondition) GetType() string {
@@ -578,7 +1055,7 @@ type SectionStatus struct {
 
 func (x *SectionStatus) Reset() {
 	*x = SectionStatus{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +1067,7 @@ func (x *SectionStatus) String() string {
 func (*SectionStatus) ProtoMessage() {}
 
 func (x *SectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +1080,7 @@ func (x *SectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SectionStatus.ProtoReflect.Descriptor instead.
 func (*SectionStatus) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SectionStatus) GetSection() string {
@@ -658,14 +1135,21 @@ type Device struct {
 	// Why it is unhealthy.
 	HealthReason string `protobuf:"bytes,10,opt,name=health_reason,json=healthReason,proto3" json:"health_reason,omitempty"`
 	// Set once the node stopped reporting the device.
-	MissingSince  *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=missing_since,json=missingSince,proto3" json:"missing_since,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MissingSince *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=missing_since,json=missingSince,proto3" json:"missing_since,omitempty"`
+	// Whether the health job took it out of service (unhealthy or missing):
+	// not bookable until it is healthy again.
+	Quarantined bool `protobuf:"varint,12,opt,name=quarantined,proto3" json:"quarantined,omitempty"`
+	// Why it was quarantined.
+	QuarantineReason string `protobuf:"bytes,13,opt,name=quarantine_reason,json=quarantineReason,proto3" json:"quarantine_reason,omitempty"`
+	// When it was quarantined.
+	QuarantineTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=quarantine_time,json=quarantineTime,proto3" json:"quarantine_time,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +1161,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +1174,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Device) GetId() string {
@@ -770,6 +1254,27 @@ func (x *Device) GetMissingSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Device) GetQuarantined() bool {
+	if x != nil {
+		return x.Quarantined
+	}
+	return false
+}
+
+func (x *Device) GetQuarantineReason() string {
+	if x != nil {
+		return x.QuarantineReason
+	}
+	return ""
+}
+
+func (x *Device) GetQuarantineTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.QuarantineTime
+	}
+	return nil
+}
+
 // NodesServiceGetRequest names a node.
 type NodesServiceGetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -783,7 +1288,7 @@ type NodesServiceGetRequest struct {
 
 func (x *NodesServiceGetRequest) Reset() {
 	*x = NodesServiceGetRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +1300,7 @@ func (x *NodesServiceGetRequest) String() string {
 func (*NodesServiceGetRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +1313,7 @@ func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NodesServiceGetRequest) GetTenantId() string {
@@ -836,7 +1341,7 @@ type NodesServiceGetResponse struct {
 
 func (x *NodesServiceGetResponse) Reset() {
 	*x = NodesServiceGetResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1353,7 @@ func (x *NodesServiceGetResponse) String() string {
 func (*NodesServiceGetResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1366,7 @@ func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodesServiceGetResponse) GetNode() *Node {
@@ -885,14 +1390,19 @@ type NodesServiceListRequest struct {
 	// At most this many per page; 0 means 100, the most is 1000.
 	PageSize int32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the previous page; empty for the first.
-	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only nodes with this condition, as "Type" (it holds), "Type=Value"
+	// (e.g. "Ready=Unknown", "Ready=Lost", "NeedsRepair=True") or "!Type" (it
+	// does not hold). Types: Ready, GPUsHealthy, DevicesPresent, Draining,
+	// NeedsRepair, AcceptancePassed, InventoryReported.
+	Condition     string `protobuf:"bytes,7,opt,name=condition,proto3" json:"condition,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodesServiceListRequest) Reset() {
 	*x = NodesServiceListRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1414,7 @@ func (x *NodesServiceListRequest) String() string {
 func (*NodesServiceListRequest) ProtoMessage() {}
 
 func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1427,7 @@ func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodesServiceListRequest) GetTenantId() string {
@@ -962,6 +1472,13 @@ func (x *NodesServiceListRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *NodesServiceListRequest) GetCondition() string {
+	if x != nil {
+		return x.Condition
+	}
+	return ""
+}
+
 // NodesServiceListResponse is one page.
 type NodesServiceListResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -975,7 +1492,7 @@ type NodesServiceListResponse struct {
 
 func (x *NodesServiceListResponse) Reset() {
 	*x = NodesServiceListResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -987,7 +1504,7 @@ func (x *NodesServiceListResponse) String() string {
 func (*NodesServiceListResponse) ProtoMessage() {}
 
 func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1000,7 +1517,7 @@ func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodesServiceListResponse) GetNodes() []*Node {
@@ -1030,7 +1547,7 @@ type NodesServiceGetSpecRequest struct {
 
 func (x *NodesServiceGetSpecRequest) Reset() {
 	*x = NodesServiceGetSpecRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1559,7 @@ func (x *NodesServiceGetSpecRequest) String() string {
 func (*NodesServiceGetSpecRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1572,7 @@ func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NodesServiceGetSpecRequest) GetTenantId() string {
@@ -1093,7 +1610,7 @@ type NodesServiceGetSpecResponse struct {
 
 func (x *NodesServiceGetSpecResponse) Reset() {
 	*x = NodesServiceGetSpecResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1622,7 @@ func (x *NodesServiceGetSpecResponse) String() string {
 func (*NodesServiceGetSpecResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1635,7 @@ func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodesServiceGetSpecResponse) GetSpec() *structpb.Struct {
@@ -1153,7 +1670,32 @@ var File_bettercompute_compute_v1_nodes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"`\n" +
+	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n" +
+	"\x18NodesServiceDrainRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12)\n" +
+	"\x10deadline_seconds\x18\x03 \x01(\x03R\x0fdeadlineSeconds\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"O\n" +
+	"\x19NodesServiceDrainResponse\x122\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"R\n" +
+	"\x1aNodesServiceUndrainRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"Q\n" +
+	"\x1bNodesServiceUndrainResponse\x122\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\x94\x01\n" +
+	"\x19NodesServiceRetireRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12)\n" +
+	"\x10deadline_seconds\x18\x03 \x01(\x03R\x0fdeadlineSeconds\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"P\n" +
+	"\x1aNodesServiceRetireResponse\x122\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"n\n" +
+	"\x1eNodesServiceClearRepairRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"U\n" +
+	"\x1fNodesServiceClearRepairResponse\x122\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"`\n" +
 	"\x19NodesServiceRevokeRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -1171,7 +1713,7 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\x1aNodesServiceUpdateResponse\x122\n" +
-	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xd5\x06\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xd7\a\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -1200,7 +1742,10 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\vschedulable\x18\x11 \x01(\bR\vschedulable\x12G\n" +
 	"\n" +
 	"conditions\x18\x12 \x03(\v2'.bettercompute.compute.v1.NodeConditionR\n" +
-	"conditions\x1a9\n" +
+	"conditions\x12A\n" +
+	"\x0edrain_deadline\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12!\n" +
+	"\fdrain_reason\x18\x14 \x01(\tR\vdrainReason\x12\x1a\n" +
+	"\bretiring\x18\x15 \x01(\bR\bretiring\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x01\n" +
@@ -1216,7 +1761,7 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x03R\n" +
-	"generation\"\xd2\x02\n" +
+	"generation\"\xe6\x03\n" +
 	"\x06Device\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
@@ -1231,12 +1776,15 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\ahealthy\x18\t \x01(\bR\ahealthy\x12#\n" +
 	"\rhealth_reason\x18\n" +
 	" \x01(\tR\fhealthReason\x12?\n" +
-	"\rmissing_since\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fmissingSince\"E\n" +
+	"\rmissing_since\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fmissingSince\x12 \n" +
+	"\vquarantined\x18\f \x01(\bR\vquarantined\x12+\n" +
+	"\x11quarantine_reason\x18\r \x01(\tR\x10quarantineReason\x12C\n" +
+	"\x0fquarantine_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x0equarantineTime\"E\n" +
 	"\x16NodesServiceGetRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"M\n" +
 	"\x17NodesServiceGetResponse\x122\n" +
-	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xb3\x02\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xd1\x02\n" +
 	"\x17NodesServiceListRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x14\n" +
@@ -1244,7 +1792,8 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x06labels\x18\x04 \x03(\v2=.bettercompute.compute.v1.NodesServiceListRequest.LabelsEntryR\x06labels\x12\x1b\n" +
 	"\tpage_size\x18\x05 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x06 \x01(\tR\tpageToken\x1a9\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\x12\x1c\n" +
+	"\tcondition\x18\a \x01(\tR\tcondition\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"x\n" +
@@ -1261,13 +1810,17 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"generation\x12/\n" +
 	"\x13observed_generation\x18\x03 \x01(\x03R\x12observedGeneration\x12\x1d\n" +
 	"\n" +
-	"spec_error\x18\x04 \x01(\tR\tspecError2\xcb\x04\n" +
+	"spec_error\x18\x04 \x01(\tR\tspecError2\xaf\b\n" +
 	"\fNodesService\x12j\n" +
 	"\x03Get\x120.bettercompute.compute.v1.NodesServiceGetRequest\x1a1.bettercompute.compute.v1.NodesServiceGetResponse\x12m\n" +
 	"\x04List\x121.bettercompute.compute.v1.NodesServiceListRequest\x1a2.bettercompute.compute.v1.NodesServiceListResponse\x12v\n" +
 	"\aGetSpec\x124.bettercompute.compute.v1.NodesServiceGetSpecRequest\x1a5.bettercompute.compute.v1.NodesServiceGetSpecResponse\x12s\n" +
 	"\x06Update\x123.bettercompute.compute.v1.NodesServiceUpdateRequest\x1a4.bettercompute.compute.v1.NodesServiceUpdateResponse\x12s\n" +
-	"\x06Revoke\x123.bettercompute.compute.v1.NodesServiceRevokeRequest\x1a4.bettercompute.compute.v1.NodesServiceRevokeResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
+	"\x06Revoke\x123.bettercompute.compute.v1.NodesServiceRevokeRequest\x1a4.bettercompute.compute.v1.NodesServiceRevokeResponse\x12p\n" +
+	"\x05Drain\x122.bettercompute.compute.v1.NodesServiceDrainRequest\x1a3.bettercompute.compute.v1.NodesServiceDrainResponse\x12v\n" +
+	"\aUndrain\x124.bettercompute.compute.v1.NodesServiceUndrainRequest\x1a5.bettercompute.compute.v1.NodesServiceUndrainResponse\x12s\n" +
+	"\x06Retire\x123.bettercompute.compute.v1.NodesServiceRetireRequest\x1a4.bettercompute.compute.v1.NodesServiceRetireResponse\x12\x82\x01\n" +
+	"\vClearRepair\x128.bettercompute.compute.v1.NodesServiceClearRepairRequest\x1a9.bettercompute.compute.v1.NodesServiceClearRepairResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
 
 var (
 	file_bettercompute_compute_v1_nodes_proto_rawDescOnce sync.Once
@@ -1281,62 +1834,84 @@ func file_bettercompute_compute_v1_nodes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_nodes_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
-	(*NodesServiceRevokeRequest)(nil),   // 0: bettercompute.compute.v1.NodesServiceRevokeRequest
-	(*NodesServiceRevokeResponse)(nil),  // 1: bettercompute.compute.v1.NodesServiceRevokeResponse
-	(*NodesServiceUpdateRequest)(nil),   // 2: bettercompute.compute.v1.NodesServiceUpdateRequest
-	(*NodesServiceUpdateResponse)(nil),  // 3: bettercompute.compute.v1.NodesServiceUpdateResponse
-	(*Node)(nil),                        // 4: bettercompute.compute.v1.Node
-	(*NodeCondition)(nil),               // 5: bettercompute.compute.v1.NodeCondition
-	(*SectionStatus)(nil),               // 6: bettercompute.compute.v1.SectionStatus
-	(*Device)(nil),                      // 7: bettercompute.compute.v1.Device
-	(*NodesServiceGetRequest)(nil),      // 8: bettercompute.compute.v1.NodesServiceGetRequest
-	(*NodesServiceGetResponse)(nil),     // 9: bettercompute.compute.v1.NodesServiceGetResponse
-	(*NodesServiceListRequest)(nil),     // 10: bettercompute.compute.v1.NodesServiceListRequest
-	(*NodesServiceListResponse)(nil),    // 11: bettercompute.compute.v1.NodesServiceListResponse
-	(*NodesServiceGetSpecRequest)(nil),  // 12: bettercompute.compute.v1.NodesServiceGetSpecRequest
-	(*NodesServiceGetSpecResponse)(nil), // 13: bettercompute.compute.v1.NodesServiceGetSpecResponse
-	nil,                                 // 14: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	nil,                                 // 15: bettercompute.compute.v1.Node.LabelsEntry
-	nil,                                 // 16: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	(*fieldmaskpb.FieldMask)(nil),       // 17: google.protobuf.FieldMask
-	(*timestamppb.Timestamp)(nil),       // 18: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),             // 19: google.protobuf.Struct
+	(*NodesServiceDrainRequest)(nil),        // 0: bettercompute.compute.v1.NodesServiceDrainRequest
+	(*NodesServiceDrainResponse)(nil),       // 1: bettercompute.compute.v1.NodesServiceDrainResponse
+	(*NodesServiceUndrainRequest)(nil),      // 2: bettercompute.compute.v1.NodesServiceUndrainRequest
+	(*NodesServiceUndrainResponse)(nil),     // 3: bettercompute.compute.v1.NodesServiceUndrainResponse
+	(*NodesServiceRetireRequest)(nil),       // 4: bettercompute.compute.v1.NodesServiceRetireRequest
+	(*NodesServiceRetireResponse)(nil),      // 5: bettercompute.compute.v1.NodesServiceRetireResponse
+	(*NodesServiceClearRepairRequest)(nil),  // 6: bettercompute.compute.v1.NodesServiceClearRepairRequest
+	(*NodesServiceClearRepairResponse)(nil), // 7: bettercompute.compute.v1.NodesServiceClearRepairResponse
+	(*NodesServiceRevokeRequest)(nil),       // 8: bettercompute.compute.v1.NodesServiceRevokeRequest
+	(*NodesServiceRevokeResponse)(nil),      // 9: bettercompute.compute.v1.NodesServiceRevokeResponse
+	(*NodesServiceUpdateRequest)(nil),       // 10: bettercompute.compute.v1.NodesServiceUpdateRequest
+	(*NodesServiceUpdateResponse)(nil),      // 11: bettercompute.compute.v1.NodesServiceUpdateResponse
+	(*Node)(nil),                            // 12: bettercompute.compute.v1.Node
+	(*NodeCondition)(nil),                   // 13: bettercompute.compute.v1.NodeCondition
+	(*SectionStatus)(nil),                   // 14: bettercompute.compute.v1.SectionStatus
+	(*Device)(nil),                          // 15: bettercompute.compute.v1.Device
+	(*NodesServiceGetRequest)(nil),          // 16: bettercompute.compute.v1.NodesServiceGetRequest
+	(*NodesServiceGetResponse)(nil),         // 17: bettercompute.compute.v1.NodesServiceGetResponse
+	(*NodesServiceListRequest)(nil),         // 18: bettercompute.compute.v1.NodesServiceListRequest
+	(*NodesServiceListResponse)(nil),        // 19: bettercompute.compute.v1.NodesServiceListResponse
+	(*NodesServiceGetSpecRequest)(nil),      // 20: bettercompute.compute.v1.NodesServiceGetSpecRequest
+	(*NodesServiceGetSpecResponse)(nil),     // 21: bettercompute.compute.v1.NodesServiceGetSpecResponse
+	nil,                                     // 22: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	nil,                                     // 23: bettercompute.compute.v1.Node.LabelsEntry
+	nil,                                     // 24: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	(*fieldmaskpb.FieldMask)(nil),           // 25: google.protobuf.FieldMask
+	(*timestamppb.Timestamp)(nil),           // 26: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                 // 27: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
-	4,  // 0: bettercompute.compute.v1.NodesServiceRevokeResponse.node:type_name -> bettercompute.compute.v1.Node
-	14, // 1: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	17, // 2: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	4,  // 3: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
-	15, // 4: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
-	7,  // 5: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	18, // 6: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	18, // 7: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	18, // 8: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
-	6,  // 9: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
-	5,  // 10: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
-	18, // 11: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
-	18, // 12: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
-	4,  // 13: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	16, // 14: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	4,  // 15: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	19, // 16: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
-	8,  // 17: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	10, // 18: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	12, // 19: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
-	2,  // 20: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
-	0,  // 21: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
-	9,  // 22: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	11, // 23: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	13, // 24: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
-	3,  // 25: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
-	1,  // 26: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	12, // 0: bettercompute.compute.v1.NodesServiceDrainResponse.node:type_name -> bettercompute.compute.v1.Node
+	12, // 1: bettercompute.compute.v1.NodesServiceUndrainResponse.node:type_name -> bettercompute.compute.v1.Node
+	12, // 2: bettercompute.compute.v1.NodesServiceRetireResponse.node:type_name -> bettercompute.compute.v1.Node
+	12, // 3: bettercompute.compute.v1.NodesServiceClearRepairResponse.node:type_name -> bettercompute.compute.v1.Node
+	12, // 4: bettercompute.compute.v1.NodesServiceRevokeResponse.node:type_name -> bettercompute.compute.v1.Node
+	22, // 5: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	25, // 6: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	12, // 7: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
+	23, // 8: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	15, // 9: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
+	26, // 10: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	26, // 11: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	26, // 12: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	14, // 13: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
+	13, // 14: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
+	26, // 15: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	26, // 16: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
+	26, // 17: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	26, // 18: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
+	12, // 19: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
+	24, // 20: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	12, // 21: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
+	27, // 22: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	16, // 23: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	18, // 24: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	20, // 25: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	10, // 26: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
+	8,  // 27: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
+	0,  // 28: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
+	2,  // 29: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
+	4,  // 30: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
+	6,  // 31: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
+	17, // 32: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	19, // 33: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	21, // 34: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	11, // 35: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
+	9,  // 36: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
+	1,  // 37: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
+	3,  // 38: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
+	5,  // 39: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
+	7,  // 40: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
+	32, // [32:41] is the sub-list for method output_type
+	23, // [23:32] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }
@@ -1350,7 +1925,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_nodes_proto_rawDesc), len(file_bettercompute_compute_v1_nodes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

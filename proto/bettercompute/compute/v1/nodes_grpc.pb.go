@@ -19,11 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NodesService_Get_FullMethodName     = "/bettercompute.compute.v1.NodesService/Get"
-	NodesService_List_FullMethodName    = "/bettercompute.compute.v1.NodesService/List"
-	NodesService_GetSpec_FullMethodName = "/bettercompute.compute.v1.NodesService/GetSpec"
-	NodesService_Update_FullMethodName  = "/bettercompute.compute.v1.NodesService/Update"
-	NodesService_Revoke_FullMethodName  = "/bettercompute.compute.v1.NodesService/Revoke"
+	NodesService_Get_FullMethodName         = "/bettercompute.compute.v1.NodesService/Get"
+	NodesService_List_FullMethodName        = "/bettercompute.compute.v1.NodesService/List"
+	NodesService_GetSpec_FullMethodName     = "/bettercompute.compute.v1.NodesService/GetSpec"
+	NodesService_Update_FullMethodName      = "/bettercompute.compute.v1.NodesService/Update"
+	NodesService_Revoke_FullMethodName      = "/bettercompute.compute.v1.NodesService/Revoke"
+	NodesService_Drain_FullMethodName       = "/bettercompute.compute.v1.NodesService/Drain"
+	NodesService_Undrain_FullMethodName     = "/bettercompute.compute.v1.NodesService/Undrain"
+	NodesService_Retire_FullMethodName      = "/bettercompute.compute.v1.NodesService/Retire"
+	NodesService_ClearRepair_FullMethodName = "/bettercompute.compute.v1.NodesService/ClearRepair"
 )
 
 // NodesServiceClient is the client API for NodesService service.
@@ -50,6 +54,26 @@ type NodesServiceClient interface {
 	// renew. Its hardware may join again only with a new join token. Action
 	// compute:nodes:revoke on the node.
 	Revoke(ctx context.Context, in *NodesServiceRevokeRequest, opts ...grpc.CallOption) (*NodesServiceRevokeResponse, error)
+	// Drain takes a node out of service: it takes no new bookings at once
+	// (state draining), its reservations are told (reservation.node_draining),
+	// and at the deadline, or as soon as it has no active booking, it is
+	// drained and its bookings are handled by the pool's lost-node policy.
+	// Commands and desired state keep flowing to it. Draining a draining node
+	// moves its deadline. Action compute:nodes:drain on the node.
+	Drain(ctx context.Context, in *NodesServiceDrainRequest, opts ...grpc.CallOption) (*NodesServiceDrainResponse, error)
+	// Undrain returns a draining or drained node to service (adopted).
+	// Action compute:nodes:drain on the node.
+	Undrain(ctx context.Context, in *NodesServiceUndrainRequest, opts ...grpc.CallOption) (*NodesServiceUndrainResponse, error)
+	// Retire drains a node, then revokes its certificates and closes its
+	// session: a retired node cannot reconnect, and its hardware may join
+	// again only with a new join token that names it. Action
+	// compute:nodes:retire on the node.
+	Retire(ctx context.Context, in *NodesServiceRetireRequest, opts ...grpc.CallOption) (*NodesServiceRetireResponse, error)
+	// ClearRepair clears a node's latched NeedsRepair condition (after a
+	// human repaired it) and resets its remediation budget; a failed node goes
+	// back to adopting, so its acceptance checks run again. Action
+	// compute:nodes:repair on the node.
+	ClearRepair(ctx context.Context, in *NodesServiceClearRepairRequest, opts ...grpc.CallOption) (*NodesServiceClearRepairResponse, error)
 }
 
 type nodesServiceClient struct {
@@ -110,6 +134,46 @@ func (c *nodesServiceClient) Revoke(ctx context.Context, in *NodesServiceRevokeR
 	return out, nil
 }
 
+func (c *nodesServiceClient) Drain(ctx context.Context, in *NodesServiceDrainRequest, opts ...grpc.CallOption) (*NodesServiceDrainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesServiceDrainResponse)
+	err := c.cc.Invoke(ctx, NodesService_Drain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodesServiceClient) Undrain(ctx context.Context, in *NodesServiceUndrainRequest, opts ...grpc.CallOption) (*NodesServiceUndrainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesServiceUndrainResponse)
+	err := c.cc.Invoke(ctx, NodesService_Undrain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodesServiceClient) Retire(ctx context.Context, in *NodesServiceRetireRequest, opts ...grpc.CallOption) (*NodesServiceRetireResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesServiceRetireResponse)
+	err := c.cc.Invoke(ctx, NodesService_Retire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodesServiceClient) ClearRepair(ctx context.Context, in *NodesServiceClearRepairRequest, opts ...grpc.CallOption) (*NodesServiceClearRepairResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesServiceClearRepairResponse)
+	err := c.cc.Invoke(ctx, NodesService_ClearRepair_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodesServiceServer is the server API for NodesService service.
 // All implementations must embed UnimplementedNodesServiceServer
 // for forward compatibility.
@@ -134,6 +198,26 @@ type NodesServiceServer interface {
 	// renew. Its hardware may join again only with a new join token. Action
 	// compute:nodes:revoke on the node.
 	Revoke(context.Context, *NodesServiceRevokeRequest) (*NodesServiceRevokeResponse, error)
+	// Drain takes a node out of service: it takes no new bookings at once
+	// (state draining), its reservations are told (reservation.node_draining),
+	// and at the deadline, or as soon as it has no active booking, it is
+	// drained and its bookings are handled by the pool's lost-node policy.
+	// Commands and desired state keep flowing to it. Draining a draining node
+	// moves its deadline. Action compute:nodes:drain on the node.
+	Drain(context.Context, *NodesServiceDrainRequest) (*NodesServiceDrainResponse, error)
+	// Undrain returns a draining or drained node to service (adopted).
+	// Action compute:nodes:drain on the node.
+	Undrain(context.Context, *NodesServiceUndrainRequest) (*NodesServiceUndrainResponse, error)
+	// Retire drains a node, then revokes its certificates and closes its
+	// session: a retired node cannot reconnect, and its hardware may join
+	// again only with a new join token that names it. Action
+	// compute:nodes:retire on the node.
+	Retire(context.Context, *NodesServiceRetireRequest) (*NodesServiceRetireResponse, error)
+	// ClearRepair clears a node's latched NeedsRepair condition (after a
+	// human repaired it) and resets its remediation budget; a failed node goes
+	// back to adopting, so its acceptance checks run again. Action
+	// compute:nodes:repair on the node.
+	ClearRepair(context.Context, *NodesServiceClearRepairRequest) (*NodesServiceClearRepairResponse, error)
 	mustEmbedUnimplementedNodesServiceServer()
 }
 
@@ -158,6 +242,18 @@ func (UnimplementedNodesServiceServer) Update(context.Context, *NodesServiceUpda
 }
 func (UnimplementedNodesServiceServer) Revoke(context.Context, *NodesServiceRevokeRequest) (*NodesServiceRevokeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Revoke not implemented")
+}
+func (UnimplementedNodesServiceServer) Drain(context.Context, *NodesServiceDrainRequest) (*NodesServiceDrainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Drain not implemented")
+}
+func (UnimplementedNodesServiceServer) Undrain(context.Context, *NodesServiceUndrainRequest) (*NodesServiceUndrainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Undrain not implemented")
+}
+func (UnimplementedNodesServiceServer) Retire(context.Context, *NodesServiceRetireRequest) (*NodesServiceRetireResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Retire not implemented")
+}
+func (UnimplementedNodesServiceServer) ClearRepair(context.Context, *NodesServiceClearRepairRequest) (*NodesServiceClearRepairResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearRepair not implemented")
 }
 func (UnimplementedNodesServiceServer) mustEmbedUnimplementedNodesServiceServer() {}
 func (UnimplementedNodesServiceServer) testEmbeddedByValue()                      {}
@@ -270,6 +366,78 @@ func _NodesService_Revoke_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodesService_Drain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesServiceDrainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodesServiceServer).Drain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodesService_Drain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodesServiceServer).Drain(ctx, req.(*NodesServiceDrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodesService_Undrain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesServiceUndrainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodesServiceServer).Undrain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodesService_Undrain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodesServiceServer).Undrain(ctx, req.(*NodesServiceUndrainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodesService_Retire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesServiceRetireRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodesServiceServer).Retire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodesService_Retire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodesServiceServer).Retire(ctx, req.(*NodesServiceRetireRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodesService_ClearRepair_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesServiceClearRepairRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodesServiceServer).ClearRepair(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodesService_ClearRepair_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodesServiceServer).ClearRepair(ctx, req.(*NodesServiceClearRepairRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodesService_ServiceDesc is the grpc.ServiceDesc for NodesService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -296,6 +464,22 @@ var NodesService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Revoke",
 			Handler:    _NodesService_Revoke_Handler,
+		},
+		{
+			MethodName: "Drain",
+			Handler:    _NodesService_Drain_Handler,
+		},
+		{
+			MethodName: "Undrain",
+			Handler:    _NodesService_Undrain_Handler,
+		},
+		{
+			MethodName: "Retire",
+			Handler:    _NodesService_Retire_Handler,
+		},
+		{
+			MethodName: "ClearRepair",
+			Handler:    _NodesService_ClearRepair_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
