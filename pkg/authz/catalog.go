@@ -82,10 +82,15 @@ const (
 	WebhooksTest         Action = "compute:webhooks:test"
 	WebhooksRedeliver    Action = "compute:webhooks:redeliver"
 
-	NodesGet   Action = "compute:nodes:get"
-	NodesList  Action = "compute:nodes:list"
+	NodesGet  Action = "compute:nodes:get"
+	NodesList Action = "compute:nodes:list"
+	// NodesDrain drains a node or returns it to service.
 	NodesDrain Action = "compute:nodes:drain"
 	NodesExec  Action = "compute:nodes:exec"
+	// NodesRetire drains a node, then revokes it for good.
+	NodesRetire Action = "compute:nodes:retire"
+	// NodesRepair clears a node's latched NeedsRepair.
+	NodesRepair Action = "compute:nodes:repair"
 	// NodesUpdate changes a node's labels.
 	NodesUpdate Action = "compute:nodes:update"
 	// NodesRevoke revokes a node's certificates and so ends its sessions.
@@ -124,7 +129,7 @@ var catalog = []Action{
 	EventsList, EventsWatch,
 	WebhooksCreate, WebhooksGet, WebhooksList, WebhooksUpdate, WebhooksDelete,
 	WebhooksRotateSecret, WebhooksTest, WebhooksRedeliver,
-	NodesGet, NodesList, NodesDrain, NodesExec, NodesUpdate, NodesRevoke,
+	NodesGet, NodesList, NodesDrain, NodesExec, NodesUpdate, NodesRevoke, NodesRetire, NodesRepair,
 	CommandsRun, CommandsGet, CommandsList,
 	JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
 	ReservationsCreate, ReservationsGet, ReservationsList, ReservationsCancel,

@@ -188,10 +188,10 @@ func PoolOf(ctx context.Context, q Querier, tenant, pool string) error {
 // bookable for constraints ($2 model, $3 minimum memory, $4 labels) with
 // $5 the lost-after interval: the node adopted (not draining), schedulable
 // (observed generation at least 1), seen within lostAfter, carrying the
-// labels; the device a healthy, present whole GPU (not MIG-enabled) of the
-// model with the memory, and no active booking.
+// labels; the device a healthy, present, not quarantined whole GPU (not
+// MIG-enabled) of the model with the memory, and no active booking.
 const eligibleSQL = nodeEligibleSQL + `
-	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
+	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND d.quarantined_at IS NULL AND NOT d.mig_enabled
 	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
 	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
 
@@ -664,6 +664,30 @@ func Unbook(ctx context.Context, q Querier, id, node string) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
+// UnbookDevice frees r's active booking of device on node (a quarantined
+// GPU being replaced) and returns how many it freed (0 or 1); the caller
+// books a replacement.
+func UnbookDevice(ctx context.Context, q Querier, id, node, device string) (int, error) {
+	tag, err := q.Exec(ctx, `UPDATE bookings SET active = false, released_at = now()
+		WHERE reservation_id = $1 AND node_id = $2 AND device_id = $3 AND active`, id, node, device)
+	if err != nil {
+		return 0, fmt.Errorf("unbook %s of %s on %s: %w", device, id, node, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// DeviceBookings lists the live reservations with an active booking of
+// device on node, by id.
+func DeviceBookings(ctx context.Context, q Querier, node, device string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT b.reservation_id FROM bookings b JOIN reservations r ON r.id = b.reservation_id
+		WHERE b.node_id = $1 AND b.device_id = $2 AND b.active AND r.state IN ('pending', 'placed', 'bound')
+		ORDER BY b.reservation_id`, node, device)
+	if err != nil {
+		return nil, fmt.Errorf("bookings of %s on %s: %w", device, node, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // Assignments is one node's active bookings by reservation: Order lists the
 // reservations sorted, Devices their devices sorted.
 type Assignments struct {
@@ -777,4 +801,12 @@ func Why(r Reservation, now time.Time) string {
 		return "starts at " + r.StartTime.UTC().Format(time.RFC3339) + "; the placer places it then"
 	}
 	return strings.TrimSpace(r.Reason)
+}
+
+// Refused reports whether err is a placement's NO_CAPACITY, QUOTA_EXCEEDED
+// or NOT_FOUND (the pool is no longer one the tenant may book: its ancestor
+// stopped sharing it) rather than a failure to retry.
+func Refused(err error) bool {
+	c := fault.CodeOf(err)
+	return c == fault.NoCapacity || c == fault.QuotaExceeded || c == fault.NotFound
 }

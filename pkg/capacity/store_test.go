@@ -304,7 +304,7 @@ func countsDrift(t *testing.T, pool *pgxpool.Pool) []string {
 			  FROM nodes n),
 		truth_free AS (
 			SELECT d.node_id, d.model, d.memory_bytes, count(*)::int AS free FROM devices d
-			 WHERE d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled
+			 WHERE d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND d.quarantined_at IS NULL AND NOT d.mig_enabled
 			   AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)
 			 GROUP BY 1, 2, 3),
 		counted_booked AS (

@@ -65,6 +65,9 @@ type Config struct {
 	// Nodes configures node liveness and the brakes on acting on lost
 	// nodes.
 	Nodes Nodes `yaml:"nodes"`
+	// Health configures the health job's remediation ladder and its
+	// brakes.
+	Health Health `yaml:"health"`
 	// Events configures the outbox relay, the event stream and retention.
 	Events Events `yaml:"events"`
 	// Webhooks configures webhook delivery.
@@ -309,6 +312,7 @@ func (c *Config) Defaults() {
 	r.Concurrency = cmp.Or(r.Concurrency, 8)
 	r.Batch = cmp.Or(r.Batch, 256)
 	c.Nodes.defaults(&c.Capacity)
+	c.Health.defaults()
 	c.Capacity.defaults()
 	c.Events.defaults()
 	c.Webhooks.defaults()
@@ -480,6 +484,7 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, c.Capacity.validate()...)
 	errs = append(errs, c.Nodes.validate(&c.Capacity)...)
+	errs = append(errs, c.Health.validate()...)
 	errs = append(errs, c.Events.validate()...)
 	errs = append(errs, c.Webhooks.validate()...)
 	errs = append(errs, c.Audit.validate()...)

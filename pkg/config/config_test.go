@@ -209,6 +209,10 @@ func TestValidateNamesTheField(t *testing.T) {
 		}, "nodes.lostAfter"},
 		{"liveness every", func(c *config.Config) { c.Nodes.LivenessEvery = -1 }, "nodes.livenessEvery"},
 		{"lost after alias disagrees", func(c *config.Config) { c.Capacity.LostAfter = config.Duration(time.Hour) }, "capacity.lostAfter"},
+		{"eviction rate", func(c *config.Config) { c.Nodes.EvictionRate = -0.1 }, "nodes.evictionRate"},
+		{"eviction burst", func(c *config.Config) { c.Nodes.EvictionBurst = -1 }, "nodes.evictionBurst"},
+		{"unhealthy threshold above 1", func(c *config.Config) { c.Nodes.UnhealthyThreshold = 55 }, "nodes.unhealthyThreshold"},
+		{"unhealthy threshold negative", func(c *config.Config) { c.Nodes.UnhealthyThreshold = -0.5 }, "nodes.unhealthyThreshold"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -349,5 +353,37 @@ func TestNodesDefaultsAndLostAfterAlias(t *testing.T) {
 	c.Defaults()
 	if c.Capacity.LostAfter.Std() != 3*time.Minute || c.Validate() != nil {
 		t.Fatalf("nodes.lostAfter: %+v %v", c.Capacity, c.Validate())
+	}
+}
+
+// TestNodesEvictionBrakes: the brakes' defaults, their environment
+// variables, and a file's bad value refused naming the key.
+func TestNodesEvictionBrakes(t *testing.T) {
+	t.Parallel()
+	c := &config.Config{}
+	c.Defaults()
+	if n := c.Nodes; n.EvictionRate != 0.1 || n.EvictionBurst != 1 || n.UnhealthyThreshold != 0.55 {
+		t.Fatalf("defaults: %+v", n)
+	}
+	c, err := config.Load(config.LoadOptions{LookupEnv: env(map[string]string{
+		"BC_NODES_EVICTION_RATE": "0.5", "BC_NODES_EVICTION_BURST": "3", "BC_NODES_UNHEALTHY_THRESHOLD": "1",
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Nodes; n.EvictionRate != 0.5 || n.EvictionBurst != 3 || n.UnhealthyThreshold != 1 {
+		t.Fatalf("from the environment: %+v", n)
+	}
+	c, err = config.Load(config.LoadOptions{Path: writeFile(t, "nodes:\n  unhealthyThreshold: 1.2\n  evictionRate: -1\n"), LookupEnv: env(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Defaults()
+	err = c.Validate()
+	if got := fields(t, err); !slices.Equal(got, []string{"nodes.evictionRate", "nodes.unhealthyThreshold"}) {
+		t.Fatalf("fields = %v (%v)", got, err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "at most 1") {
+		t.Fatalf("error %v does not say the range", err)
 	}
 }

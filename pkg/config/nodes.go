@@ -2,8 +2,10 @@ package config
 
 import (
 	"cmp"
+	"math"
 	"time"
 
+	"github.com/bettercompute/bettercompute/pkg/brakes"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
 
@@ -21,6 +23,18 @@ type Nodes struct {
 	// LivenessEvery is how often the liveness job looks for nodes whose
 	// Ready condition must change; default 5s.
 	LivenessEvery Duration `yaml:"livenessEvery"`
+	// EvictionRate is how many lost nodes per second, fleet-wide, the
+	// placer's replace and fail and the remediation ladder may act on (the
+	// eviction brakes' token bucket); default 0.1.
+	EvictionRate float64 `yaml:"evictionRate"`
+	// EvictionBurst is how many lost nodes may be acted on at once above
+	// the rate; default 1.
+	EvictionBurst int `yaml:"evictionBurst"`
+	// UnhealthyThreshold: while more than this fraction of a pool's nodes,
+	// or of the nodes one gateway last held, are not ready, nothing acts on
+	// that scope's lost nodes (fleet.eviction_paused); more than 0, at most
+	// 1; default 0.55.
+	UnhealthyThreshold float64 `yaml:"unhealthyThreshold"`
 }
 
 // defaults fills Nodes, taking lostAfter from the deprecated
@@ -32,6 +46,9 @@ func (n *Nodes) defaults(c *Capacity) {
 	n.LostAfter = cmp.Or(n.LostAfter, c.LostAfter, Duration(2*time.Minute))
 	c.LostAfter = cmp.Or(c.LostAfter, n.LostAfter)
 	n.LivenessEvery = cmp.Or(n.LivenessEvery, Duration(5*time.Second))
+	n.EvictionRate = cmp.Or(n.EvictionRate, brakes.DefaultRate)
+	n.EvictionBurst = cmp.Or(n.EvictionBurst, brakes.DefaultBurst)
+	n.UnhealthyThreshold = cmp.Or(n.UnhealthyThreshold, brakes.DefaultUnhealthyThreshold)
 }
 
 func (n *Nodes) validate(c *Capacity) []error {
@@ -50,8 +67,25 @@ func (n *Nodes) validate(c *Capacity) []error {
 	if n.NotReadyAfter > 0 && n.LostAfter > 0 && n.LostAfter <= n.NotReadyAfter {
 		bad("nodes.lostAfter", "expected more than nodes.notReadyAfter (%s), got %s", n.NotReadyAfter.Std(), n.LostAfter.Std())
 	}
+	// Zero is "the default" until defaults fill it; NaN fails every test.
+	if !(n.EvictionRate >= 0) || math.IsInf(n.EvictionRate, 0) {
+		bad("nodes.evictionRate", "expected more than 0 nodes per second, got %g", n.EvictionRate)
+	}
+	if n.EvictionBurst < 0 {
+		bad("nodes.evictionBurst", "expected at least 1 node, got %d", n.EvictionBurst)
+	}
+	if !(n.UnhealthyThreshold >= 0 && n.UnhealthyThreshold <= 1) {
+		bad("nodes.unhealthyThreshold", "expected a fraction of nodes more than 0 and at most 1 (0.55 is 55 %%), got %g", n.UnhealthyThreshold)
+	}
 	if c.LostAfter > 0 && n.LostAfter > 0 && c.LostAfter != n.LostAfter {
 		bad("capacity.lostAfter", "is a deprecated alias of nodes.lostAfter (%s); set only nodes.lostAfter, got %s", n.LostAfter.Std(), c.LostAfter.Std())
 	}
 	return errs
+}
+
+// Brakes is the eviction brakes' configuration (pkg/brakes) from
+// nodes.evictionRate, nodes.evictionBurst and nodes.unhealthyThreshold:
+// what every actor on lost nodes passes to [brakes.Allow].
+func (n Nodes) Brakes() brakes.Config {
+	return brakes.Config{Rate: n.EvictionRate, Burst: n.EvictionBurst, UnhealthyThreshold: n.UnhealthyThreshold}
 }

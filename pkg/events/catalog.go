@@ -35,8 +35,8 @@ type Type struct {
 type Field struct {
 	// Name is the JSON name.
 	Name string
-	// Type is the JSON type: "string", "integer", "boolean", "object" or
-	// "array".
+	// Type is the JSON type: "string", "integer", "number", "boolean",
+	// "object" or "array".
 	Type string
 	// Doc says what it holds.
 	Doc string
@@ -110,6 +110,40 @@ func readyFields() []Field {
 		{"to", "string", "Its Ready condition now."},
 		{"reason", "string", "Why (empty for True), e.g. \"no heartbeat through any gateway for more than 40s\"."},
 		{"lastSeenAt", "string", "When a gateway last heard from it (RFC 3339); absent if never."},
+	}
+}
+
+// gpuFields are the payload of gpu.quarantined and gpu.recovered.
+func gpuFields() []Field {
+	return []Field{
+		{"nodeId", "string", "The node."},
+		{"poolId", "string", "Its pool."},
+		{"deviceId", "string", "The GPU (UUID)."},
+		{"reason", "string", "Why it was quarantined (unhealthy with the health reason, or missing), or how it recovered."},
+	}
+}
+
+// remediationFields are the payload of remediation.*.
+func remediationFields() []Field {
+	return []Field{
+		{"nodeId", "string", "The node."},
+		{"poolId", "string", "Its pool."},
+		{"remediationId", "string", "The step (rem_…)."},
+		{"step", "string", "gpu.reset or node.reboot."},
+		{"commandId", "string", "The step's command, once sent."},
+		{"gpuUuids", "array", "The GPUs the step is for."},
+		{"reason", "string", "Why it started, or how it ended."},
+	}
+}
+
+// brakeFields are the payload of fleet.eviction_paused and
+// fleet.eviction_resumed.
+func brakeFields() []Field {
+	return []Field{
+		{"scope", "string", "The circuit breaker: pool:<poolId> or gateway:<gatewayId>."},
+		{"notReady", "integer", "How many of the scope's nodes (retired ones aside) are not ready (Ready Unknown or Lost)."},
+		{"total", "integer", "How many nodes the scope has."},
+		{"threshold", "number", "nodes.unhealthyThreshold: the fraction not ready above which the scope is paused."},
 	}
 }
 
@@ -315,6 +349,158 @@ func catalog() []Type {
 			Subject: "node",
 			Fields:  convergenceFields(),
 			Doc:     "A node reported a section of its desired state failed to apply (the gateway); every report with a failed section writes one.",
+		},
+
+		// Drain and retire (the drain job, services/lifecycle).
+		{
+			Name:    "node.drain_requested",
+			Subject: "node",
+			Payload: &computev1.NodesServiceDrainResponse{},
+			Doc:     "An operator drained a node (nodes.drain); the payload is the node, draining. See node.draining.",
+		},
+		{
+			Name:    "node.retire_requested",
+			Subject: "node",
+			Payload: &computev1.NodesServiceRetireResponse{},
+			Doc:     "An operator retired a node (nodes.retire); the payload is the node, draining towards retired.",
+		},
+		{
+			Name:    "node.undrained",
+			Subject: "node",
+			Payload: &computev1.NodesServiceUndrainResponse{},
+			Doc:     "A draining or drained node was returned to service (nodes.undrain): it is adopted and bookable again.",
+		},
+		{
+			Name:    "node.draining",
+			Subject: "node",
+			Fields: []Field{
+				{"nodeId", "string", "The node."},
+				{"poolId", "string", "Its pool."},
+				{"deadline", "string", "When its bookings must be gone (RFC 3339)."},
+				{"reason", "string", "Why it is drained."},
+				{"by", "string", "Who drained it: operator (nodes.drain, nodes.retire) or remediation (the remediation ladder)."},
+				{"retiring", "boolean", "Whether the drain ends in retirement."},
+			},
+			Doc: "A node started draining, or its drain moved (the drain job): it takes no new bookings; at the deadline, or " +
+				"as soon as it has no active booking, it is drained. Commands and desired state keep flowing to it.",
+		},
+		{
+			Name:    "reservation.node_draining",
+			Subject: "reservation",
+			Fields: reservationFields(
+				Field{"nodeId", "string", "The draining node."},
+				Field{"deadline", "string", "When the reservation's bookings on it must be gone (RFC 3339)."},
+				Field{"reason", "string", "Why the node is drained."}),
+			Doc: "A node holding one of the reservation's bookings started draining (the drain job): at the deadline its " +
+				"bookings are handled by capacity.lostNode (replace re-places them, fail ends the reservation, wait keeps them).",
+		},
+		{
+			Name:    "node.drained",
+			Subject: "node",
+			Fields: []Field{
+				{"nodeId", "string", "The node."},
+				{"poolId", "string", "Its pool."},
+				{"reason", "string", "deadline (it passed) or no_bookings (none was left)."},
+			},
+			Doc: "A draining node's deadline passed or its last booking ended (the drain job): it is drained, and the placer " +
+				"applies capacity.lostNode to the bookings it still holds.",
+		},
+		{
+			Name:    "node.retired",
+			Subject: "node",
+			Fields: []Field{
+				{"nodeId", "string", "The node."},
+				{"poolId", "string", "Its pool."},
+				{"revokedCertificates", "integer", "How many of its certificates were revoked."},
+			},
+			Doc: "A retiring node was drained and its bookings handled (the drain job): its certificates are revoked, its " +
+				"gateway closes its session within a liveness interval, it cannot reconnect, and its hardware may join again " +
+				"only with a join token created after this, naming it in reclaimNodeIds.",
+		},
+
+		// GPU health, quarantine and remediation (the health job,
+		// services/lifecycle).
+		{
+			Name:    "gpu.quarantined",
+			Subject: "node",
+			Fields:  gpuFields(),
+			Doc: "A GPU was unhealthy or missing and is quarantined: it is not bookable until the health job sees it healthy " +
+				"and present again (the health job). Its reservations get `reservation.device_unhealthy`.",
+		},
+		{
+			Name:    "gpu.recovered",
+			Subject: "node",
+			Fields:  gpuFields(),
+			Doc:     "A quarantined GPU is healthy and present again, or a remediation step brought it back: it is bookable again (the health job).",
+		},
+		{
+			Name:    "reservation.device_unhealthy",
+			Subject: "reservation",
+			Fields: reservationFields(
+				Field{"nodeId", "string", "The node of the GPU."},
+				Field{"deviceId", "string", "The quarantined GPU (UUID)."},
+				Field{"reason", "string", "Why it was quarantined."},
+				Field{"action", "string", "What was done under capacity.lostNode: replaced (a healthy GPU took its place), failed (the reservation ended) or kept (wait)."}),
+			Doc: "A GPU booked by a live reservation was quarantined (the health job). Under capacity.lostNode replace a " +
+				"healthy GPU is booked instead and the node stops exposing the quarantined one; under fail the reservation " +
+				"fails; under wait it keeps the GPU.",
+		},
+		{
+			Name:    "remediation.started",
+			Subject: "node",
+			Fields:  remediationFields(),
+			Doc: "A step of a node's remediation ladder started: gpu.reset of its quarantined GPUs, then node.reboot once " +
+				"the node is drained (the health job).",
+		},
+		{
+			Name:    "remediation.succeeded",
+			Subject: "node",
+			Fields:  remediationFields(),
+			Doc:     "A remediation step's command succeeded and the node's next report showed its GPUs healthy: their quarantine is lifted (the health job).",
+		},
+		{
+			Name:    "remediation.failed",
+			Subject: "node",
+			Fields:  remediationFields(),
+			Doc: "A remediation step's command failed or expired, or the GPUs were still unhealthy after it (the health job): " +
+				"the ladder goes on to the next step, or the node needs repair.",
+		},
+		{
+			Name:    "node.needs_repair",
+			Subject: "node",
+			Fields: []Field{
+				{"nodeId", "string", "The node."},
+				{"poolId", "string", "Its pool."},
+				{"reason", "string", "Why: the steps tried, or the remediation budget spent."},
+				{"failed", "boolean", "Whether the node was moved to state failed (the ladder gave up)."},
+			},
+			Doc: "A node's NeedsRepair condition latched: the remediation ladder gave up (the node is failed), or the node " +
+				"spent health.maxRemediationsPerNode ladders in 7 days. Nothing is tried on it until nodes.clearRepair.",
+		},
+		{
+			Name:    "node.repair_cleared",
+			Subject: "node",
+			Payload: &computev1.NodesServiceClearRepairResponse{},
+			Doc: "A node's NeedsRepair was cleared and its remediation budget reset (nodes.clearRepair); a failed node is " +
+				"adopting again, so its acceptance checks run again.",
+		},
+
+		// Eviction brakes (the liveness job, services/lifecycle).
+		{
+			Name:    "fleet.eviction_paused",
+			Subject: "",
+			Fields:  brakeFields(),
+			Doc: "More than `nodes.unhealthyThreshold` (55 % by default) of a pool's nodes, or of the nodes one gateway last " +
+				"held, are not ready (the liveness job): the placer's replace and fail and the remediation ladder stop acting on " +
+				"that scope's lost nodes until it recovers. Tenant: the pool's, or root for a gateway. See " +
+				"[lifecycle](lifecycle.md#eviction-brakes).",
+		},
+		{
+			Name:    "fleet.eviction_resumed",
+			Subject: "",
+			Fields:  brakeFields(),
+			Doc: "A paused scope has at most `nodes.unhealthyThreshold` of its nodes not ready again (the liveness job): " +
+				"actions on its lost nodes resume, at `nodes.evictionRate`.",
 		},
 
 		// Policies.

@@ -125,6 +125,15 @@ func CodeOf(err error) Code {
 	return Internal
 }
 
+// MessageOf returns the message of the first *Error in err's chain (without
+// its code and field), or err's own text for any other error.
+func MessageOf(err error) string {
+	if fe, ok := As(err); ok {
+		return fe.Message
+	}
+	return err.Error()
+}
+
 // All returns every *Error in err, looking through errors.Join trees and
 // wrapping, in order.
 func All(err error) []*Error {

@@ -81,6 +81,20 @@ type Node struct {
 	LastSeenAt  *time.Time
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
+	// Drain: while draining, when its bookings must be gone; why; who
+	// drained it ([DrainByOperator] or [DrainByRemediation]); since when;
+	// and whether the drain ends in retirement.
+	DrainDeadline  *time.Time
+	DrainReason    string
+	DrainBy        string
+	DrainStartedAt *time.Time
+	Retiring       bool
+	RetiredAt      *time.Time
+	// NeedsRepair is latched by the remediation ladder until
+	// nodes.clearRepair: why, and since when.
+	NeedsRepair       bool
+	NeedsRepairReason string
+	NeedsRepairSince  *time.Time
 	// Devices are filled by [Get] and [List].
 	Devices []Device
 }
@@ -99,7 +113,17 @@ type Device struct {
 	HealthReason string
 	// MissingSince is set once the device stopped being reported.
 	MissingSince *time.Time
+	// QuarantinedAt is set while the health job keeps the device out of
+	// service (unhealthy or missing); QuarantineReason says why.
+	QuarantinedAt    *time.Time
+	QuarantineReason string
 }
+
+// Who drained a node (nodes.drain_by).
+const (
+	DrainByOperator    = "operator"
+	DrainByRemediation = "remediation"
+)
 
 // SectionStatus is one section's convergence as the node last reported it.
 type SectionStatus struct {
@@ -125,13 +149,17 @@ func (n Node) Schedulable() bool { return n.State == StateAdopted && n.ObservedG
 const cols = `id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, coalesce(join_token_id, ''),
 	generation, observed_generation, boot_id, journal_id, session_epoch, gateway_id, coalesce(spec_error, ''), last_seen_at, created_at, updated_at,
 	CASE WHEN jsonb_typeof(section_status) = 'array' THEN section_status ELSE '[]' END, conditions,
-	ready, ready_reason, ready_since`
+	ready, ready_reason, ready_since,
+	drain_deadline, drain_reason, drain_by, drain_started_at, retiring, retired_at,
+	needs_repair, needs_repair_reason, needs_repair_since`
 
 func scan(r pgx.Row) (Node, error) {
 	var n Node
 	err := r.Scan(&n.ID, &n.TenantID, &n.PoolID, &n.State, &n.Shard, &n.Labels, &n.Hostname, &n.HardwareKey, &n.JoinTokenID,
 		&n.Generation, &n.ObservedGeneration, &n.BootID, &n.JournalID, &n.SessionEpoch, &n.GatewayID, &n.SpecError, &n.LastSeenAt,
-		&n.CreatedAt, &n.UpdatedAt, &n.Sections, &n.Conditions, &n.Ready, &n.ReadyReason, &n.ReadySince)
+		&n.CreatedAt, &n.UpdatedAt, &n.Sections, &n.Conditions, &n.Ready, &n.ReadyReason, &n.ReadySince,
+		&n.DrainDeadline, &n.DrainReason, &n.DrainBy, &n.DrainStartedAt, &n.Retiring, &n.RetiredAt,
+		&n.NeedsRepair, &n.NeedsRepairReason, &n.NeedsRepairSince)
 	return n, err
 }
 
@@ -196,14 +224,16 @@ func OthersWithHardwareKey(ctx context.Context, q Querier, tenant, key string) (
 }
 
 // Reclaim hands node id back to re-joining hardware: it moves to pool with
-// labels, becomes adopting again, and forgets its session and boot.
+// labels, becomes adopting again, and forgets its session, boot and any
+// drain (a retired node's retired_at stays, for the record).
 func Reclaim(ctx context.Context, q Querier, id, pool, hostname, tokenID string, labels map[string]string) (Node, error) {
 	if labels == nil {
 		labels = map[string]string{}
 	}
 	n, err := scan(q.QueryRow(ctx, `
 		UPDATE nodes SET pool_id = $2, hostname = $3, join_token_id = $4, labels = $5, state = 'adopting',
-			boot_id = '', journal_id = '', gateway_id = '', updated_at = now()
+			boot_id = '', journal_id = '', gateway_id = '', updated_at = now(),
+			drain_deadline = NULL, drain_reason = '', drain_by = '', drain_started_at = NULL, retiring = false
 		WHERE id = $1 RETURNING `+cols, id, pool, hostname, tokenID, labels))
 	if err != nil {
 		return Node{}, fmt.Errorf("reclaim node %s: %w", id, err)
@@ -250,6 +280,9 @@ type Filter struct {
 	State  string
 	// Labels: only nodes carrying every one of these labels.
 	Labels map[string]string
+	// Condition: only nodes with this condition, when set (see
+	// [ParseCondition]); a bad one is INVALID_INPUT on "condition".
+	Condition string
 }
 
 // List returns up to limit nodes matching f with ids after after, in id
@@ -259,9 +292,20 @@ func List(ctx context.Context, q Querier, f Filter, after string, limit int) ([]
 	if labels == nil {
 		labels = map[string]string{}
 	}
+	var cond string
+	var arg any
+	if f.Condition != "" {
+		c, err := ParseCondition(f.Condition)
+		if err != nil {
+			return nil, err
+		}
+		cond, arg = c.sql("$7")
+	} else {
+		cond = "($7::text IS NULL)"
+	}
 	rows, err := q.Query(ctx, `SELECT `+cols+` FROM nodes
 		WHERE tenant_id = $1 AND ($2 = '' OR pool_id = $2) AND ($3 = '' OR state = $3) AND labels @> $4
-		AND id > $5 ORDER BY id LIMIT $6`, f.TenantID, f.PoolID, f.State, labels, after, limit)
+		AND id > $5 AND `+cond+` ORDER BY id LIMIT $6`, f.TenantID, f.PoolID, f.State, labels, after, limit, arg)
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -286,7 +330,7 @@ func withDevices(ctx context.Context, q Querier, ns []Node) error {
 		ids[i], at[n.ID] = n.ID, i
 	}
 	rows, err := q.Query(ctx, `SELECT node_id, id, kind, index, model, serial, memory_bytes, pci_bus_id, mig_enabled,
-		healthy, health_reason, missing_since FROM devices WHERE node_id = ANY($1) ORDER BY node_id, index, id`, ids)
+		healthy, health_reason, missing_since, quarantined_at, quarantine_reason FROM devices WHERE node_id = ANY($1) ORDER BY node_id, index, id`, ids)
 	if err != nil {
 		return fmt.Errorf("list devices: %w", err)
 	}
@@ -295,7 +339,7 @@ func withDevices(ctx context.Context, q Querier, ns []Node) error {
 		var node string
 		var d Device
 		if err := rows.Scan(&node, &d.ID, &d.Kind, &d.Index, &d.Model, &d.Serial, &d.MemoryBytes, &d.PCIBusID,
-			&d.MIGEnabled, &d.Healthy, &d.HealthReason, &d.MissingSince); err != nil {
+			&d.MIGEnabled, &d.Healthy, &d.HealthReason, &d.MissingSince, &d.QuarantinedAt, &d.QuarantineReason); err != nil {
 			return fmt.Errorf("list devices: %w", err)
 		}
 		ns[at[node]].Devices = append(ns[at[node]].Devices, d)

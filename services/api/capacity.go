@@ -47,7 +47,7 @@ func (s *capacityGroup) Get(ctx context.Context, req *computev1.CapacityServiceG
 		return nil, err
 	}
 	out := &computev1.CapacityServiceGetResponse{Total: &computev1.CapacityCounts{}}
-	rows, err := s.db.Query(ctx, `SELECT model, free, booked, unavailable, computed_at FROM capacity_rollup WHERE pool_id = $1 ORDER BY model`, res.ID)
+	rows, err := s.db.Query(ctx, `SELECT model, free, booked, unavailable, quarantined, computed_at FROM capacity_rollup WHERE pool_id = $1 ORDER BY model`, res.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func (s *capacityGroup) Get(ctx context.Context, req *computev1.CapacityServiceG
 		var model string
 		var c computev1.CapacityCounts
 		var at time.Time
-		if err := rows.Scan(&model, &c.Free, &c.Booked, &c.Unavailable, &at); err != nil {
+		if err := rows.Scan(&model, &c.Free, &c.Booked, &c.Unavailable, &c.Quarantined, &at); err != nil {
 			return nil, err
 		}
 		out.ComputeTime = ts(at)

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
@@ -19,6 +21,7 @@ import (
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/services/lifecycle"
 )
 
 // nodes implements computev1.NodesServiceServer.
@@ -33,6 +36,7 @@ func nodePB(n nodestore.Node) *computev1.Node {
 		LastSeenAt: tsp(n.LastSeenAt), SessionEpoch: n.SessionEpoch, GatewayId: n.GatewayID,
 		Generation: n.Generation, ObservedGeneration: n.ObservedGeneration, SpecError: n.SpecError,
 		CreateTime: ts(n.CreatedAt), UpdateTime: ts(n.UpdatedAt), Schedulable: n.Schedulable(),
+		DrainDeadline: tsp(n.DrainDeadline), DrainReason: n.DrainReason, Retiring: n.Retiring,
 	}
 	for _, st := range n.Sections {
 		out.Sections = append(out.Sections, &computev1.SectionStatus{Section: st.Section, State: st.State, Reason: st.Reason, Generation: st.Generation})
@@ -41,6 +45,22 @@ func nodePB(n nodestore.Node) *computev1.Node {
 	if n.Ready != "" {
 		r := n.ReadyCondition()
 		out.Conditions = append(out.Conditions, &computev1.NodeCondition{Type: r.Type, Status: r.Status, Reason: r.Reason, Since: ts(r.Since), Value: n.Ready})
+	}
+	// Draining (while draining or drained) and NeedsRepair (while latched)
+	// are shown only while they hold.
+	if n.State == nodestore.StateDraining || n.State == nodestore.StateDrained {
+		c := &computev1.NodeCondition{Type: nodestore.ConditionDraining, Status: true, Value: "True", Reason: drainReason(n)}
+		if n.DrainStartedAt != nil {
+			c.Since = ts(*n.DrainStartedAt)
+		}
+		out.Conditions = append(out.Conditions, c)
+	}
+	if n.NeedsRepair {
+		c := &computev1.NodeCondition{Type: nodestore.ConditionNeedsRepair, Status: true, Value: "True", Reason: n.NeedsRepairReason}
+		if n.NeedsRepairSince != nil {
+			c.Since = ts(*n.NeedsRepairSince)
+		}
+		out.Conditions = append(out.Conditions, c)
 	}
 	for _, c := range n.Conditions {
 		v := "False"
@@ -53,10 +73,32 @@ func nodePB(n nodestore.Node) *computev1.Node {
 		out.Devices = append(out.Devices, &computev1.Device{
 			Id: d.ID, Kind: d.Kind, Index: int32(d.Index), Model: d.Model, Serial: d.Serial, MemoryBytes: d.MemoryBytes,
 			PciBusId: d.PCIBusID, MigEnabled: d.MIGEnabled, Healthy: d.Healthy, HealthReason: d.HealthReason,
-			MissingSince: tsp(d.MissingSince),
+			MissingSince: tsp(d.MissingSince), Quarantined: d.QuarantinedAt != nil, QuarantineReason: d.QuarantineReason,
+			QuarantineTime: tsp(d.QuarantinedAt),
 		})
 	}
 	return out
+}
+
+// drainReason is the Draining condition's reason: why, and until when (or
+// that the drain is over).
+func drainReason(n nodestore.Node) string {
+	var b strings.Builder
+	if n.Retiring {
+		b.WriteString("retiring")
+	} else {
+		b.WriteString("draining")
+	}
+	if n.DrainReason != "" {
+		b.WriteString(": " + n.DrainReason)
+	}
+	switch {
+	case n.State == nodestore.StateDrained:
+		b.WriteString("; drained")
+	case n.DrainDeadline != nil:
+		b.WriteString("; deadline " + n.DrainDeadline.UTC().Format(time.RFC3339))
+	}
+	return b.String()
 }
 
 func (s *nodes) Get(ctx context.Context, req *computev1.NodesServiceGetRequest) (*computev1.NodesServiceGetResponse, error) {
@@ -92,11 +134,20 @@ func (s *nodes) List(ctx context.Context, req *computev1.NodesServiceListRequest
 	if err := validLabels(req.GetLabels()); err != nil {
 		return nil, err
 	}
+	if c := req.GetCondition(); c != "" {
+		if len(c) > maxCondition {
+			return nil, fault.New(fault.InvalidInput, "condition", "at most %d characters, got %d", maxCondition, len(c))
+		}
+		if _, err := nodestore.ParseCondition(c); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
 	ns, err := nodestore.List(ctx, s.db, nodestore.Filter{
 		TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), State: req.GetState(), Labels: req.GetLabels(),
+		Condition: req.GetCondition(),
 	}, after, size)
 	if err != nil {
 		return nil, err
@@ -218,6 +269,118 @@ func (s *nodes) Revoke(ctx context.Context, req *computev1.NodesServiceRevokeReq
 				return admission.Outcome{}, err
 			}
 			return outcome(&computev1.NodesServiceRevokeResponse{Node: nodePB(n), RevokedCertificates: revoked}, "node.revoked", &res)
+		},
+	}, out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Bounds of nodes.drain and nodes.retire.
+const (
+	maxDrainSeconds     = 7 * 24 * 3600
+	defaultDrainSeconds = 3600
+	maxDrainReason      = 1024
+	// maxCondition bounds nodes.list's condition filter.
+	maxCondition = 64
+)
+
+// drainArgs validates a drain's or retire's fields and returns its deadline.
+func (s *nodes) drainArgs(nodeID string, seconds int64, reason string) (time.Time, error) {
+	if err := required("nodeId", nodeID); err != nil {
+		return time.Time{}, err
+	}
+	if seconds < 0 || seconds > maxDrainSeconds {
+		return time.Time{}, fault.New(fault.InvalidInput, "deadlineSeconds", "expected 0 to %d (0 means %d), got %d", maxDrainSeconds, defaultDrainSeconds, seconds)
+	}
+	if len(reason) > maxDrainReason {
+		return time.Time{}, fault.New(fault.InvalidInput, "reason", "at most %d characters, got %d", maxDrainReason, len(reason))
+	}
+	if seconds == 0 {
+		seconds = defaultDrainSeconds
+	}
+	return s.now().Add(time.Duration(seconds) * time.Second), nil
+}
+
+// Drain drains a node (lifecycle.StartDrain) in the same transaction as
+// its audit row and node.drain_requested event.
+func (s *nodes) Drain(ctx context.Context, req *computev1.NodesServiceDrainRequest) (*computev1.NodesServiceDrainResponse, error) {
+	deadline, err := s.drainArgs(req.GetNodeId(), req.GetDeadlineSeconds(), req.GetReason())
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.NodesServiceDrainResponse{}
+	err = s.drain(ctx, req.GetTenantId(), req.GetNodeId(), lifecycle.DrainRequest{Deadline: deadline, Reason: req.GetReason(), By: nodestore.DrainByOperator},
+		func(n nodestore.Node) proto.Message { return &computev1.NodesServiceDrainResponse{Node: nodePB(n)} }, "node.drain_requested", out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Retire drains a node towards retirement: once drained and its bookings
+// handled, the drain job revokes its certificates.
+func (s *nodes) Retire(ctx context.Context, req *computev1.NodesServiceRetireRequest) (*computev1.NodesServiceRetireResponse, error) {
+	deadline, err := s.drainArgs(req.GetNodeId(), req.GetDeadlineSeconds(), req.GetReason())
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.NodesServiceRetireResponse{}
+	err = s.drain(ctx, req.GetTenantId(), req.GetNodeId(), lifecycle.DrainRequest{Deadline: deadline, Reason: req.GetReason(), By: nodestore.DrainByOperator, Retire: true},
+		func(n nodestore.Node) proto.Message { return &computev1.NodesServiceRetireResponse{Node: nodePB(n)} }, "node.retire_requested", out)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// drain is Drain's and Retire's admitted mutation.
+func (s *nodes) drain(ctx context.Context, tenant, id string, r lifecycle.DrainRequest, resp func(nodestore.Node) proto.Message, event string, out proto.Message) error {
+	res, err := authz.Get(ctx, s.db, tenant, authz.TypeNode, id, "nodeId")
+	if err != nil {
+		return err
+	}
+	return s.mutate(ctx, admission.Mutation{
+		Call:     admission.Call{TenantID: tenant},
+		Resource: res,
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
+			if _, err := lifecycle.StartDrain(ctx, tx, q, id, r); err != nil {
+				return admission.Outcome{}, err
+			}
+			n, err := nodestore.Get(ctx, tx, tenant, id)
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			o, err := outcome(resp(n), event, nil)
+			o.Detail = map[string]any{"deadline": r.Deadline.UTC().Format(time.RFC3339), "reason": r.Reason, "retire": r.Retire}
+			return o, err
+		},
+	}, out)
+}
+
+// Undrain returns a draining or drained node to service.
+func (s *nodes) Undrain(ctx context.Context, req *computev1.NodesServiceUndrainRequest) (*computev1.NodesServiceUndrainResponse, error) {
+	if err := required("nodeId", req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetNodeId(), "nodeId")
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.NodesServiceUndrainResponse{}
+	err = s.mutate(ctx, admission.Mutation{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: res,
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
+			if _, err := lifecycle.Undrain(ctx, tx, q, req.GetNodeId()); err != nil {
+				return admission.Outcome{}, err
+			}
+			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetNodeId())
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			return outcome(&computev1.NodesServiceUndrainResponse{Node: nodePB(n)}, "node.undrained", nil)
 		},
 	}, out)
 	if err != nil {

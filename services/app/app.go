@@ -345,7 +345,22 @@ func (a *App) startRuntime(ctx context.Context) error {
 		n := a.cfg.Nodes
 		if err := rt.Register(lifecycle.Liveness(lifecycle.Config{
 			NotReadyAfter: n.NotReadyAfter.Std(), LostAfter: n.LostAfter.Std(), Every: n.LivenessEvery.Std(),
+			UnhealthyThreshold: n.UnhealthyThreshold,
 		})); err != nil {
+			return err
+		}
+		// bc_eviction_paused{scope}, read from the brakes table at scrape.
+		if err := a.reg.Register(&lifecycle.BrakesCollector{Pool: a.pool}); err != nil {
+			return err
+		}
+		// The drain job's periodic pass (due drains) runs on the liveness
+		// period: a drain completes within one of its deadline.
+		if err := rt.Register(lifecycle.Drain(lifecycle.DrainConfig{
+			Every: n.LivenessEvery.Std(), LostNode: a.cfg.Capacity.LostNode,
+		})); err != nil {
+			return err
+		}
+		if err := a.registerHealth(rt); err != nil {
 			return err
 		}
 	}

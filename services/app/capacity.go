@@ -35,6 +35,7 @@ func (a *App) registerCapacity(rt *reconcile.Runtime) error {
 	recs, err := capacity.Reconcilers(capacity.Config{
 		Placer: c.Placer, LostNode: c.LostNode, LostAfter: c.LostAfter.Std(),
 		TickEvery: c.TickEvery.Std(), RollupEvery: c.RollupEvery.Std(),
+		Brakes: a.cfg.Nodes.Brakes(),
 	})
 	if err != nil {
 		return err

@@ -26,6 +26,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/brakes"
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
@@ -60,13 +61,22 @@ type Config struct {
 	Placer string
 	// LostNode is the lost-node policy: wait (default), replace or fail.
 	LostNode string
-	// LostAfter: a node unseen this long is lost; default 2m.
+	// LostAfter: placement books no node unseen this long; default 2m. The
+	// lost-node policy reads Ready = Lost instead, which the liveness job
+	// sets after the same nodes.lostAfter.
 	LostAfter time.Duration
 	// TickEvery is capacity.tick's period; default 5s.
 	TickEvery time.Duration
 	// RollupEvery is capacity.rollup's and capacity.usage's period; default
 	// 30s.
 	RollupEvery time.Duration
+	// Brakes rate-limit the lost-node policy's actions on unseen nodes and
+	// pause them while a pool or gateway is mostly not ready (config
+	// nodes.evictionRate, nodes.evictionBurst; the breakers are the
+	// liveness job's). Zero values take pkg/brakes' defaults.
+	Brakes brakes.Config
+	// Now is the brakes' clock; nil means time.Now. Tests pass a fake one.
+	Now func() time.Time
 }
 
 func (c *Config) defaults() error {
@@ -83,6 +93,20 @@ func (c *Config) defaults() error {
 	c.LostAfter = cmp.Or(c.LostAfter, capstore.DefaultLostAfter)
 	c.TickEvery = cmp.Or(c.TickEvery, 5*time.Second)
 	c.RollupEvery = cmp.Or(c.RollupEvery, 30*time.Second)
+	if c.Brakes.Rate < 0 {
+		return fault.New(fault.InvalidConfig, "nodes.evictionRate", "expected more than 0 nodes per second, got %g", c.Brakes.Rate)
+	}
+	if c.Brakes.Burst < 0 {
+		return fault.New(fault.InvalidConfig, "nodes.evictionBurst", "expected at least 1 node, got %d", c.Brakes.Burst)
+	}
+	b, err := c.Brakes.Normalize()
+	if err != nil {
+		return fault.New(fault.InvalidConfig, "nodes.unhealthyThreshold", "%v", err)
+	}
+	c.Brakes = b
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return nil
 }
 

@@ -2,11 +2,11 @@ package capacity
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bettercompute/bettercompute/pkg/brakes"
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
@@ -18,8 +18,17 @@ import (
 // places a pool, and every write checks the lease's fence.
 type placer struct{ cfg Config }
 
-// lostSQL is the condition on nodes n that makes a node lost.
-const lostSQL = `(n.state IN ('failed', 'retired') OR n.last_seen_at IS NULL OR n.last_seen_at < now() - $2::interval)`
+// intentSQL is the condition on nodes n that makes a node lost by an
+// operator's or the control plane's decision (failed, retired, drained):
+// acted on at once, unbraked.
+const intentSQL = `n.state IN ('failed', 'retired', 'drained')`
+
+// lostSQL is the condition on nodes n that makes a node lost: by intent, or
+// unseen — Ready Lost, as the liveness job set it after nodes.lostAfter
+// without a heartbeat, in the transaction that also recomputed the
+// eviction brakes' breakers, so the placer and the breakers agree on which
+// nodes are lost. Acting on an unseen node is braked ([brakes.Allow]).
+const lostSQL = `(` + intentSQL + ` OR n.ready = 'Lost')`
 
 // tick enqueues the placer for every pool with due work: pending
 // reservations whose start has come, live ones past their end time, and
@@ -33,7 +42,7 @@ func (p *placer) tick(ctx context.Context, rc *reconcile.RunContext, _ string) (
 			UNION
 			SELECT b.pool_id FROM bookings b JOIN nodes n ON n.id = b.node_id
 			 WHERE b.active AND $1 <> 'wait' AND `+lostSQL,
-			p.cfg.LostNode, p.cfg.LostAfter)
+			p.cfg.LostNode)
 		if err != nil {
 			return err
 		}
@@ -110,27 +119,57 @@ type idTenant struct {
 }
 
 // lost applies the lost-node policy to the pool's bookings on lost nodes.
+// Bookings on a node failed, retired or drained are acted on at once (an
+// operator's or the control plane's decision, not an inference). A node
+// that is merely unseen (Ready Lost) is first put to the eviction brakes,
+// once per node per pass, in the acting transaction: while its pool's or
+// its gateway's breaker is open it is skipped; when the fleet-wide rate has
+// no token left, no more unseen node is acted on this pass (the next tick
+// goes on).
 func (p *placer) lost(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, pool string) error {
 	if p.cfg.LostNode == LostNodeWait {
 		return nil
 	}
-	rows, err := tx.Query(ctx, `SELECT DISTINCT b.reservation_id, b.node_id FROM bookings b JOIN nodes n ON n.id = b.node_id
-		WHERE b.pool_id = $1 AND b.active AND `+lostSQL+` ORDER BY 1, 2`, pool, p.cfg.LostAfter)
+	rows, err := tx.Query(ctx, `SELECT DISTINCT b.reservation_id, b.node_id, n.pool_id, n.gateway_id, `+intentSQL+`
+		  FROM bookings b JOIN nodes n ON n.id = b.node_id
+		 WHERE b.pool_id = $1 AND b.active AND `+lostSQL+` ORDER BY 5 DESC, 2, 1`, pool)
 	if err != nil {
 		return fmt.Errorf("find bookings on lost nodes: %w", err)
 	}
-	type lostBooking struct{ Rsv, Node string }
+	type lostBooking struct {
+		Rsv, Node, Pool, Gateway string
+		Intent                   bool
+	}
 	lost, err := pgx.CollectRows(rows, pgx.RowToStructByPos[lostBooking])
 	if err != nil {
 		return err
 	}
+	act := map[string]bool{} // unseen node → whether the brakes let it be acted on
+	rateSpent := false
 	for _, l := range lost {
+		ok, decided := act[l.Node]
+		if !l.Intent && ((decided && !ok) || (!decided && rateSpent)) {
+			continue
+		}
 		r, err := capstore.Lock(ctx, tx, l.Rsv)
 		if err != nil {
 			return err
 		}
 		if !capstore.Live(r.State) {
 			continue
+		}
+		if !l.Intent && !decided {
+			// Asked only for a live reservation's booking, so no token is
+			// spent on a node with nothing to do.
+			d, err := brakes.Allow(ctx, tx, p.cfg.Brakes, brakes.Subject{NodeID: l.Node, PoolID: l.Pool, GatewayID: l.Gateway}, p.cfg.Now())
+			if err != nil {
+				return err
+			}
+			act[l.Node] = d.Allowed
+			rateSpent = !d.Allowed && !d.Paused
+			if !d.Allowed {
+				continue
+			}
 		}
 		if p.cfg.LostNode == LostNodeReplace {
 			n, err := capstore.Unbook(ctx, tx, r.ID, l.Node)
@@ -150,10 +189,10 @@ func (p *placer) lost(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, pool s
 				}
 				continue
 			}
-			if !placementRefused(err) {
+			if !capstore.Refused(err) {
 				return err
 			}
-			reason := fmt.Sprintf("node %s was lost and its %d GPUs could not be re-placed: %s", l.Node, n, message(err))
+			reason := fmt.Sprintf("node %s was lost and its %d GPUs could not be re-placed: %s", l.Node, n, fault.MessageOf(err))
 			if err := p.fail(ctx, tx, q, r, reason); err != nil {
 				return err
 			}
@@ -198,8 +237,8 @@ func (p *placer) placePending(ctx context.Context, tx pgx.Tx, q *reconcile.Queue
 			continue
 		}
 		nodes, err := capstore.Place(ctx, tx, &r, capstore.PlaceOptions{LostAfter: p.cfg.LostAfter})
-		if placementRefused(err) {
-			if err := capstore.SetPending(ctx, tx, r.ID, "not placed yet: "+message(err)); err != nil {
+		if capstore.Refused(err) {
+			if err := capstore.SetPending(ctx, tx, r.ID, "not placed yet: "+fault.MessageOf(err)); err != nil {
 				return err
 			}
 			continue
@@ -215,20 +254,4 @@ func (p *placer) placePending(ctx context.Context, tx pgx.Tx, q *reconcile.Queue
 		}
 	}
 	return nil
-}
-
-// placementRefused reports whether err is a placement's NO_CAPACITY,
-// QUOTA_EXCEEDED or NOT_FOUND (the pool is no longer one the tenant may
-// book: its ancestor stopped sharing it) rather than a failure to retry.
-func placementRefused(err error) bool {
-	c := fault.CodeOf(err)
-	return c == fault.NoCapacity || c == fault.QuotaExceeded || c == fault.NotFound
-}
-
-func message(err error) string {
-	var fe *fault.Error
-	if errors.As(err, &fe) {
-		return fe.Message
-	}
-	return err.Error()
 }

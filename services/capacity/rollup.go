@@ -12,8 +12,10 @@ import (
 )
 
 // rollup recounts every GPU pool's atoms per model (” for the whole pool):
-// booked (an active booking), free (bookable and not booked), unavailable
-// (unhealthy, missing, MIG-enabled, or on a node that is not schedulable).
+// quarantined (by the health job, booked or not: counted apart from the
+// rest), and of the others booked (an active booking), free (bookable and
+// not booked), unavailable (unhealthy, missing, MIG-enabled, or on a node
+// that is not schedulable). The four add up to the pool's GPUs.
 func (p *placer) rollup(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile.Result, error) {
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM capacity_rollup`); err != nil {
@@ -24,12 +26,14 @@ func (p *placer) rollup(ctx context.Context, rc *reconcile.RunContext, _ string)
 				SELECT p.id AS pool_id, coalesce(nullif(d.model, ''), 'unknown') AS model,
 				       EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active) AS booked,
 				       (n.state = 'adopted' AND n.observed_generation >= 1 AND n.last_seen_at > now() - $1::interval
-				        AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled) AS ok
+				        AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled) AS ok,
+				       d.quarantined_at IS NOT NULL AS quarantined
 				  FROM pools p JOIN nodes n ON n.pool_id = p.id JOIN devices d ON d.node_id = n.id
 				 WHERE p.class = 'gpu' AND d.kind = 'gpu')
-			INSERT INTO capacity_rollup (pool_id, model, free, booked, unavailable)
+			INSERT INTO capacity_rollup (pool_id, model, free, booked, unavailable, quarantined)
 			SELECT pool_id, coalesce(model, ''),
-			       count(*) FILTER (WHERE ok AND NOT booked), count(*) FILTER (WHERE booked), count(*) FILTER (WHERE NOT ok AND NOT booked)
+			       count(*) FILTER (WHERE ok AND NOT booked AND NOT quarantined), count(*) FILTER (WHERE booked AND NOT quarantined),
+			       count(*) FILTER (WHERE NOT ok AND NOT booked AND NOT quarantined), count(*) FILTER (WHERE quarantined)
 			  FROM atoms GROUP BY GROUPING SETS ((pool_id, model), (pool_id))`, p.cfg.LostAfter)
 		return err
 	})
@@ -75,7 +79,7 @@ type Collector struct{ Pool *pgxpool.Pool }
 
 var (
 	atomsDesc = prometheus.NewDesc("bettercompute_capacity_atoms",
-		"Bookable atoms (whole GPUs) per pool, model ('' for all) and state (free, booked, unavailable), as capacity.rollup last counted them.",
+		"Bookable atoms (whole GPUs) per pool, model ('' for all) and state (free, booked, unavailable, quarantined), as capacity.rollup last counted them.",
 		[]string{"pool", "model", "state"}, nil)
 	tenantBookedDesc = prometheus.NewDesc("bettercompute_capacity_tenant_booked",
 		"GPUs a tenant has booked in a pool, as capacity.usage last counted them.", []string{"pool", "tenant"}, nil)
@@ -94,12 +98,13 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rows, err := c.Pool.Query(ctx, `SELECT pool_id, model, free, booked, unavailable FROM capacity_rollup`)
+	rows, err := c.Pool.Query(ctx, `SELECT pool_id, model, free, booked, unavailable, quarantined FROM capacity_rollup`)
 	if err == nil {
 		for rows.Next() {
 			var pool, model string
-			var free, booked, unavailable int
-			if rows.Scan(&pool, &model, &free, &booked, &unavailable) == nil {
+			var free, booked, unavailable, quarantined int
+			if rows.Scan(&pool, &model, &free, &booked, &unavailable, &quarantined) == nil {
+				ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(quarantined), pool, model, "quarantined")
 				ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(free), pool, model, "free")
 				ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(booked), pool, model, "booked")
 				ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(unavailable), pool, model, "unavailable")

@@ -48,6 +48,11 @@ const (
 	DevicesPresent    = "DevicesPresent"
 )
 
+// healthKind is the health job's kind (services/lifecycle.HealthKind, not
+// imported: lifecycle may depend on this package), enqueued for the node
+// after every report applied.
+const healthKind = "health"
+
 // AcceptancePassed is the condition of a node in a pool with acceptance
 // checks: false (with the reason) while a check runs or after one failed.
 const AcceptancePassed = "AcceptancePassed"
@@ -162,6 +167,11 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 			stored[i] = nodestore.Condition(c)
 		}
 		if err := nodestore.SetState(ctx, tx, nodeID, next, stored); err != nil {
+			return err
+		}
+		// The health job quarantines what this report shows unhealthy or
+		// missing, and judges remediation steps by it.
+		if err := q.Enqueue(ctx, healthKind, nodeID); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `UPDATE node_inventory SET applied_at = clock_timestamp() WHERE node_id = $1 AND received_at = $2`, nodeID, received)

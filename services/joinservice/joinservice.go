@@ -143,7 +143,8 @@ const redeemAction = "compute:join-tokens:redeem"
 // opened; unknown, revoked, expired or exhausted token — see
 // jointoken.Err…), ACCESS_DENIED on "claims" (attestation or the token's
 // expectations failed), CONFLICT on "claims" (the hardware is already a node
-// and the token does not allow reclaiming it).
+// and the token does not allow reclaiming it; a retired node's hardware
+// needs a token created after its retirement that names it).
 func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
 	switch {
 	case len(req.GetSealedToken()) == 0:
@@ -184,6 +185,12 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 			return err
 		}
 		switch {
+		case found && old.State == nodes.StateRetired && (!tok.Reclaim || !slices.Contains(tok.ReclaimNodeIDs, old.ID) ||
+			old.RetiredAt == nil || !tok.CreatedAt.After(*old.RetiredAt)):
+			// A retired node's hardware comes back only on purpose: with a
+			// token made after the retirement that names it.
+			return fault.Wrap(nodes.ErrHardwareTaken, fault.Conflict, "claims", "this hardware is node %s, retired at %s; to join it again, "+
+				"create a join token after its retirement that names %s in reclaimNodeIds", old.ID, retiredAt(old), old.ID)
 		case found && (!tok.Reclaim || !slices.Contains(tok.ReclaimNodeIDs, old.ID)):
 			return fault.Wrap(nodes.ErrHardwareTaken, fault.Conflict, "claims", "this hardware has already joined as node %s; join with a token that names that node in reclaimNodeIds to take it back", old.ID)
 		case found:
@@ -322,4 +329,12 @@ func claimsOf(c *agentv1.HardwareClaims) attest.Claims {
 		out.GPUs = append(out.GPUs, attest.GPU{UUID: g.GetUuid(), Model: g.GetModel(), Serial: g.GetSerial(), MemoryBytes: g.GetMemoryBytes(), PCIBusID: g.GetPciBusId()})
 	}
 	return out
+}
+
+// retiredAt is when n was retired, for a message.
+func retiredAt(n nodes.Node) string {
+	if n.RetiredAt == nil {
+		return "an unknown time"
+	}
+	return n.RetiredAt.UTC().Format(time.RFC3339)
 }

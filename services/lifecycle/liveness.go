@@ -1,6 +1,7 @@
-// Package lifecycle holds the node lifecycle's reconcilers. Today that is
-// the liveness job: a node's Ready condition follows how long ago a gateway
-// last heard from it.
+// Package lifecycle holds the node lifecycle's reconcilers. Among them the
+// liveness job: a node's Ready condition follows how long ago a gateway
+// last heard from it, and the eviction brakes' circuit breakers (pkg/brakes)
+// follow Ready.
 package lifecycle
 
 import (
@@ -9,7 +10,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/bettercompute/bettercompute/pkg/brakes"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -38,21 +42,34 @@ type Config struct {
 	Every time.Duration
 	// Limit bounds the nodes changed per transaction; 0 means 1,000.
 	Limit int
+	// UnhealthyThreshold: a pool or gateway with more than this fraction of
+	// its nodes not ready has its eviction brake on (config
+	// nodes.unhealthyThreshold); 0 means 0.55.
+	UnhealthyThreshold float64
+	// Now is the clock of the breakers' since; nil means time.Now.
+	Now func() time.Time
 }
 
 // Liveness is the liveness job: a ShardByNone reconciler of the controllers
 // role (lease singleton:liveness) with the one periodic key "all". Each
-// run changes, in one transaction, every node whose Ready condition no
+// run, in one transaction, changes every node whose Ready condition no
 // longer matches its last heartbeat ([nodes.UpdateReadiness], one
-// statement) and writes their node.not_ready, node.lost and node.ready
-// events (one statement). It reads only the database, so it converges with
-// the bus down: the runtime polls the queue and enqueues the periodic key
-// on its own timer.
+// statement), recomputes every pool's and gateway's eviction circuit
+// breaker from Ready ([brakes.Evaluate], one statement), and writes the
+// nodes' node.not_ready, node.lost and node.ready events with the
+// breakers' fleet.eviction_paused and fleet.eviction_resumed (one
+// statement): three statements a pass however many nodes. It reads only
+// the database, so it converges with the bus down: the runtime polls the
+// queue and enqueues the periodic key on its own timer.
 func Liveness(cfg Config) reconcile.Reconciler {
 	cfg.NotReadyAfter = cmp.Or(cfg.NotReadyAfter, DefaultNotReadyAfter)
 	cfg.LostAfter = cmp.Or(cfg.LostAfter, DefaultLostAfter)
 	cfg.Every = cmp.Or(cfg.Every, DefaultEvery)
 	cfg.Limit = cmp.Or(cfg.Limit, DefaultLimit)
+	cfg.UnhealthyThreshold = cmp.Or(cfg.UnhealthyThreshold, brakes.DefaultUnhealthyThreshold)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	l := &liveness{cfg: cfg}
 	return reconcile.Reconciler{
 		Name:     LivenessKind,
@@ -67,6 +84,7 @@ type liveness struct{ cfg Config }
 
 func (l *liveness) run(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile.Result, error) {
 	var n int
+	var transitions []brakes.Transition
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		changes, err := nodes.UpdateReadiness(ctx, tx, nodes.Readiness{
 			NotReadyAfter: l.cfg.NotReadyAfter, LostAfter: l.cfg.LostAfter, Limit: l.cfg.Limit,
@@ -75,7 +93,13 @@ func (l *liveness) run(ctx context.Context, rc *reconcile.RunContext, _ string) 
 			return err
 		}
 		n = len(changes)
-		es := make([]outbox.Event, 0, len(changes))
+		// After the Ready changes, in their transaction: the breakers
+		// never disagree with Ready.
+		transitions, err = brakes.Evaluate(ctx, tx, l.cfg.UnhealthyThreshold, l.cfg.Now())
+		if err != nil {
+			return err
+		}
+		es := make([]outbox.Event, 0, len(changes)+len(transitions))
 		for _, c := range changes {
 			var event string
 			switch c.To {
@@ -92,13 +116,60 @@ func (l *liveness) run(ctx context.Context, rc *reconcile.RunContext, _ string) 
 			}
 			es = append(es, outbox.Event{TenantID: c.TenantID, Type: event, Resource: c.NodeID, Payload: payload})
 		}
+		for _, t := range transitions {
+			event := "fleet.eviction_resumed"
+			if t.Opened {
+				event = "fleet.eviction_paused"
+			}
+			es = append(es, outbox.Event{TenantID: t.TenantID, Type: event, Payload: map[string]any{
+				"scope": t.Scope, "notReady": t.NotReady, "total": t.Total, "threshold": l.cfg.UnhealthyThreshold,
+			}})
+		}
 		return outbox.WriteMany(ctx, tx, es)
 	})
 	if err != nil {
 		return reconcile.Done, err
 	}
+	for _, t := range transitions {
+		if t.Opened {
+			rc.Logger.WarnContext(ctx, "eviction paused", "scope", t.Scope, "notReady", t.NotReady, "total", t.Total, "threshold", l.cfg.UnhealthyThreshold)
+		} else {
+			rc.Logger.InfoContext(ctx, "eviction resumed", "scope", t.Scope, "notReady", t.NotReady, "total", t.Total)
+		}
+	}
 	if n >= l.cfg.Limit {
 		return reconcile.SyncAgain, nil // more to do: back in a second
 	}
 	return reconcile.Done, nil
+}
+
+// BrakesCollector exports the eviction brakes' circuit breakers as the
+// Prometheus gauge bc_eviction_paused{scope} (1 while paused, 0 once
+// resumed), read from the database at scrape time, so every process
+// reports what the liveness job stored wherever it ran.
+type BrakesCollector struct{ Pool *pgxpool.Pool }
+
+var pausedDesc = prometheus.NewDesc("bc_eviction_paused",
+	"1 while the eviction brake of a scope (pool:<id>, gateway:<id>) is on: more than nodes.unhealthyThreshold of its nodes are not ready, and nothing acts on its lost nodes; 0 once it resumed.",
+	[]string{"scope"}, nil)
+
+// Describe implements prometheus.Collector.
+func (c *BrakesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- pausedDesc }
+
+// Collect implements prometheus.Collector.
+func (c *BrakesCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	bs, err := brakes.Breakers(ctx, c.Pool)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(pausedDesc, err)
+		return
+	}
+	for _, b := range bs {
+		v := 0.0
+		if b.Paused {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, v, b.Scope)
+	}
 }

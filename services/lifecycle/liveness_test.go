@@ -1,11 +1,16 @@
 package lifecycle_test
 
 import (
+	"context"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bettercompute/bettercompute/pkg/bus"
 	"github.com/bettercompute/bettercompute/pkg/db"
@@ -213,4 +218,185 @@ func TestLivenessChaosBusStopped(t *testing.T) {
 	if got := eventsOf(t, pool, "node_1"); !eq(got, []string{"node.not_ready", "node.lost", "node.ready"}) {
 		t.Fatalf("events: %v", got)
 	}
+}
+
+// statements counts the statements on a pool that touch the tables the
+// liveness job writes (nodes, brakes, outbox).
+type statements struct{ n atomic.Int64 }
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "nodes") || strings.Contains(d.SQL, "brakes") || strings.Contains(d.SQL, "outbox") {
+		s.n.Add(1)
+	}
+	return ctx
+}
+
+func (*statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// fleetEvent is a fleet.eviction_* event as stored.
+type fleetEvent struct {
+	Type, Tenant string
+	Payload      map[string]any
+}
+
+func fleetEvents(t *testing.T, pool *pgxpool.Pool) []fleetEvent {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `SELECT type, tenant_id, payload FROM outbox WHERE type LIKE 'fleet.%' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[fleetEvent])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// gauge returns bc_eviction_paused by scope, as a scrape sees it.
+func gauge(t *testing.T, pool *pgxpool.Pool) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(&lifecycle.BrakesCollector{Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "bc_eviction_paused" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+// TestLivenessEvictionBrakes: when more than nodes.unhealthyThreshold of a
+// pool's nodes, or of one gateway's, go Lost, the liveness pass that marks
+// them opens the scope's breaker with a fleet.eviction_paused event (the
+// pool's tenant; root for a gateway) and the gauge at 1; when they come
+// back, fleet.eviction_resumed and 0. Each pass is at most three statements
+// on nodes, brakes and outbox (readiness, breakers, events), breakers or not.
+func TestLivenessEvictionBrakes(t *testing.T) {
+	var count statements
+	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 8, Tracer: &count})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, sql := range []string{
+		`INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme')`,
+		`INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'acme', 'a', 'gpu'), ('pool_b', 'root', 'b', 'gpu')`,
+	} {
+		if _, err := pool.Exec(t.Context(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// gw-1 holds a1 a2 a3 b1 b2 b3; gw-2 holds a4 a5 b4 b5.
+	for _, n := range []struct{ id, pool, gw string }{
+		{"a1", "pool_a", "gw-1"}, {"a2", "pool_a", "gw-1"}, {"a3", "pool_a", "gw-1"}, {"a4", "pool_a", "gw-2"}, {"a5", "pool_a", "gw-2"},
+		{"b1", "pool_b", "gw-1"}, {"b2", "pool_b", "gw-1"}, {"b3", "pool_b", "gw-1"}, {"b4", "pool_b", "gw-2"}, {"b5", "pool_b", "gw-2"},
+	} {
+		if _, err := nodes.Create(t.Context(), pool, nodes.Node{ID: "node_" + n.id, TenantID: "root", PoolID: n.pool, HardwareKey: "hw-" + n.id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nodes.OpenSession(t.Context(), pool, "node_"+n.id, n.gw, "boot", "journal"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers}, Heartbeat: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Register(lifecycle.Liveness(lifecycle.Config{})); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Stop)
+	tick := func() {
+		t.Helper()
+		if err := workqueue.Enqueue(t.Context(), pool, lifecycle.LivenessKind, "all"); err != nil {
+			t.Fatal(err)
+		}
+		before := count.n.Load()
+		tr, err := rt.Jobs()[lifecycle.LivenessKind].Tick(t.Context())
+		if err != nil || tr.Failed > 0 {
+			t.Fatalf("tick: %+v %v", tr, err)
+		}
+		if n := count.n.Load() - before; n < 2 || n > 3 {
+			t.Fatalf("a liveness pass ran %d statements on nodes, brakes and outbox, want 2 or 3", n)
+		}
+	}
+	paused := func(scope string) bool {
+		t.Helper()
+		var p bool
+		if err := pool.QueryRow(t.Context(), `SELECT paused FROM brakes WHERE scope = $1`, scope).Scan(&p); err != nil {
+			t.Fatalf("breaker %s: %v", scope, err)
+		}
+		return p
+	}
+	check := func(want []fleetEvent) {
+		t.Helper()
+		got := fleetEvents(t, pool)
+		if len(got) != len(want) {
+			t.Fatalf("fleet events %+v, want %+v", got, want)
+		}
+		for i := range want {
+			g, w := got[i], want[i]
+			if g.Type != w.Type || g.Tenant != w.Tenant || g.Payload["scope"] != w.Payload["scope"] ||
+				g.Payload["notReady"] != w.Payload["notReady"] || g.Payload["total"] != w.Payload["total"] || g.Payload["threshold"] != 0.55 {
+				t.Fatalf("fleet event %d: %+v, want %+v", i, g, w)
+			}
+		}
+	}
+	ev := func(typ, tenant, scope string, notReady, total float64) fleetEvent {
+		return fleetEvent{typ, tenant, map[string]any{"scope": scope, "notReady": notReady, "total": total}}
+	}
+
+	tick()
+	check(nil)
+
+	// 3 of pool_a's 5 go Lost: pool_a is paused (60 %); gw-1 is not (3 of 6).
+	seenAgo(t, pool, 3*time.Minute, "node_a1", "node_a2", "node_a3")
+	tick()
+	want := []fleetEvent{ev("fleet.eviction_paused", "acme", "pool:pool_a", 3, 5)}
+	check(want)
+	if !paused("pool:pool_a") {
+		t.Fatal("pool_a's breaker is not paused")
+	}
+	if g := gauge(t, pool); len(g) != 1 || g["pool:pool_a"] != 1 {
+		t.Fatalf("gauge: %v", g)
+	}
+	tick() // still paused: no second event
+	check(want)
+
+	// They come back: resumed, once.
+	heartbeat(t, pool, "node_a1", "node_a2", "node_a3")
+	tick()
+	tick()
+	want = append(want, ev("fleet.eviction_resumed", "acme", "pool:pool_a", 0, 5))
+	check(want)
+	if paused("pool:pool_a") {
+		t.Fatal("pool_a's breaker is still paused")
+	}
+	if g := gauge(t, pool); g["pool:pool_a"] != 0 {
+		t.Fatalf("gauge after resuming: %v", g)
+	}
+
+	// gw-2's four nodes, spread over both pools, go Lost: gw-2 is paused
+	// (root's event), neither pool is (2 of 5 each).
+	seenAgo(t, pool, 3*time.Minute, "node_a4", "node_a5", "node_b4", "node_b5")
+	tick()
+	want = append(want, ev("fleet.eviction_paused", "root", "gateway:gw-2", 4, 4))
+	check(want)
+	if g := gauge(t, pool); g["gateway:gw-2"] != 1 || g["pool:pool_a"] != 0 || len(g) != 2 {
+		t.Fatalf("gauge with gw-2 down: %v", g)
+	}
+	heartbeat(t, pool, "node_a4", "node_a5", "node_b4", "node_b5")
+	tick()
+	want = append(want, ev("fleet.eviction_resumed", "root", "gateway:gw-2", 0, 4))
+	check(want)
 }

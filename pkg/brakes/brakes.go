@@ -1,0 +1,320 @@
+// Package brakes stores the eviction brakes (table brakes): what keeps the
+// control plane from acting on half the fleet because a gateway or a rack
+// switch hiccupped. Every action on a lost node — the placer's replace and
+// fail, a remediation step — first asks [Allow]:
+//
+//   - a circuit breaker per pool and per gateway (the nodes a gateway last
+//     held): while more than Config.UnhealthyThreshold of the scope's nodes
+//     are not ready, nothing in it is acted on. [Evaluate] (run by the
+//     liveness job, in the transaction that changes Ready) opens and closes
+//     the breakers and returns the transitions, for the
+//     fleet.eviction_paused and fleet.eviction_resumed events;
+//   - a fleet-wide token bucket (Config.Rate nodes per second, Config.Burst
+//     at once), taken in the acting transaction, so the rate holds across
+//     every placer and controller process.
+//
+// Time is passed in (now), so tests drive the bucket with a fake clock.
+package brakes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/pkg/iam"
+)
+
+// Defaults of [Config].
+const (
+	DefaultRate               = 0.1
+	DefaultBurst              = 1
+	DefaultUnhealthyThreshold = 0.55
+)
+
+// Config configures the brakes (config nodes.evictionRate,
+// nodes.evictionBurst, nodes.unhealthyThreshold).
+type Config struct {
+	// Rate is how many lost nodes per second may be acted on, fleet-wide;
+	// 0 means 0.1.
+	Rate float64
+	// Burst is how many at once; 0 means 1.
+	Burst int
+	// UnhealthyThreshold: a pool or gateway with more than this fraction of
+	// its nodes not ready is paused; 0 means 0.55.
+	UnhealthyThreshold float64
+}
+
+// Subject is what an action is on: the node, its pool and the gateway that
+// last held it ("" when none).
+type Subject struct {
+	NodeID    string
+	PoolID    string
+	GatewayID string
+}
+
+// Decision is [Allow]'s answer.
+type Decision struct {
+	// Allowed: act now (a token was taken).
+	Allowed bool
+	// Paused: a circuit breaker of the subject's pool or gateway is open.
+	Paused bool
+	// Reason says why not, naming the scope or the rate.
+	Reason string
+}
+
+// Scopes of the brakes table's rows.
+const (
+	// RateScope is the fleet-wide token bucket's row.
+	RateScope     = "rate"
+	poolPrefix    = "pool:"
+	gatewayPrefix = "gateway:"
+)
+
+// PoolScope is the scope of pool id's circuit breaker.
+func PoolScope(id string) string { return poolPrefix + id }
+
+// GatewayScope is the scope of the circuit breaker of the nodes gateway id
+// last held.
+func GatewayScope(id string) string { return gatewayPrefix + id }
+
+// ErrBadConfig is returned for a [Config] out of range (a negative rate,
+// a threshold above 1); the config package refuses those first, naming
+// the key.
+var ErrBadConfig = errors.New("brakes: bad configuration")
+
+// Normalize returns cfg with its defaults filled in, or [ErrBadConfig]
+// naming the bad field.
+func (cfg Config) Normalize() (Config, error) {
+	if cfg.Rate == 0 {
+		cfg.Rate = DefaultRate
+	}
+	if cfg.Burst == 0 {
+		cfg.Burst = DefaultBurst
+	}
+	if cfg.UnhealthyThreshold == 0 {
+		cfg.UnhealthyThreshold = DefaultUnhealthyThreshold
+	}
+	switch {
+	case cfg.Rate < 0 || math.IsNaN(cfg.Rate) || math.IsInf(cfg.Rate, 0):
+		return cfg, fmt.Errorf("%w: Rate %g, expected more than 0", ErrBadConfig, cfg.Rate)
+	case cfg.Burst < 0:
+		return cfg, fmt.Errorf("%w: Burst %d, expected at least 1", ErrBadConfig, cfg.Burst)
+	case !(cfg.UnhealthyThreshold > 0 && cfg.UnhealthyThreshold <= 1):
+		return cfg, fmt.Errorf("%w: UnhealthyThreshold %g, expected more than 0 and at most 1", ErrBadConfig, cfg.UnhealthyThreshold)
+	}
+	return cfg, nil
+}
+
+// ErrNotBuilt is no longer returned.
+//
+// Deprecated: the brakes are built; kept for callers written against the
+// contract before they were.
+var ErrNotBuilt = errors.New("brakes: not built yet")
+
+// tokenSlack absorbs float error in the refill (10 s × 0.1/s is a token).
+const tokenSlack = 1e-9
+
+// Allow decides whether an action on s may run now: not while a breaker of
+// its pool or gateway is open; otherwise only if the fleet-wide bucket has a
+// token at now, which it takes. Call it in the transaction that acts, so a
+// rolled-back action gives its token back.
+//
+// The bucket's row is locked (SELECT … FOR UPDATE) until tx ends, so
+// concurrent actors across processes take tokens one at a time; it starts
+// full (cfg.Burst tokens) and refills by (now − refilled_at) × cfg.Rate,
+// capped at cfg.Burst. A refusal writes nothing. A now earlier than the last
+// refill (clocks of two processes apart) refills nothing.
+func Allow(ctx context.Context, tx pgx.Tx, cfg Config, s Subject, now time.Time) (Decision, error) {
+	cfg, err := cfg.Normalize()
+	if err != nil {
+		return Decision{}, err
+	}
+	scopes := []string{PoolScope(s.PoolID)}
+	if s.GatewayID != "" {
+		scopes = append(scopes, GatewayScope(s.GatewayID))
+	}
+	var scope, reason string
+	var notReady, total int
+	// 'pool:' sorts after 'gateway:': DESC names the pool first.
+	err = tx.QueryRow(ctx, `SELECT scope, not_ready, total, reason FROM brakes
+		WHERE scope = ANY($1) AND paused ORDER BY scope DESC LIMIT 1`, scopes).Scan(&scope, &notReady, &total, &reason)
+	switch {
+	case err == nil:
+		if reason == "" {
+			reason = fmt.Sprintf("%s: %d of %d nodes not ready", scope, notReady, total)
+		}
+		return Decision{Paused: true, Reason: "eviction paused: " + reason}, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return Decision{}, fmt.Errorf("read circuit breakers of %s: %w", s.NodeID, err)
+	}
+
+	tokens, at, err := lockBucket(ctx, tx, cfg, now)
+	if err != nil {
+		return Decision{}, err
+	}
+	if elapsed := now.Sub(at).Seconds(); elapsed > 0 {
+		tokens = math.Min(float64(cfg.Burst), tokens+elapsed*cfg.Rate)
+	}
+	if tokens < 1-tokenSlack {
+		next := time.Duration((1 - tokens) / cfg.Rate * float64(time.Second)).Round(time.Millisecond)
+		return Decision{Reason: fmt.Sprintf("eviction rate nodes.evictionRate=%g reached (nodes.evictionBurst=%d): the next node in %s", cfg.Rate, cfg.Burst, next)}, nil
+	}
+	tokens = math.Max(0, tokens-1)
+	if at.After(now) {
+		now = at
+	}
+	if _, err := tx.Exec(ctx, `UPDATE brakes SET tokens = $1, refilled_at = $2 WHERE scope = 'rate'`, tokens, now); err != nil {
+		return Decision{}, fmt.Errorf("take an eviction token: %w", err)
+	}
+	return Decision{Allowed: true}, nil
+}
+
+// lockBucket locks the token bucket's row, creating it full at now the
+// first time.
+func lockBucket(ctx context.Context, tx pgx.Tx, cfg Config, now time.Time) (float64, time.Time, error) {
+	for range 2 {
+		var tokens float64
+		var at time.Time
+		err := tx.QueryRow(ctx, `SELECT tokens, refilled_at FROM brakes WHERE scope = 'rate' FOR UPDATE`).Scan(&tokens, &at)
+		if err == nil {
+			return tokens, at, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, time.Time{}, fmt.Errorf("lock the eviction bucket: %w", err)
+		}
+		// Another transaction inserting it at once: DO NOTHING waits for
+		// it, and the next SELECT sees its row.
+		if _, err := tx.Exec(ctx, `INSERT INTO brakes (scope, tokens, refilled_at) VALUES ('rate', $1, $2)
+			ON CONFLICT (scope) DO NOTHING`, float64(cfg.Burst), now); err != nil {
+			return 0, time.Time{}, fmt.Errorf("create the eviction bucket: %w", err)
+		}
+	}
+	return 0, time.Time{}, errors.New("lock the eviction bucket: no row after creating it")
+}
+
+// Transition is a circuit breaker that [Evaluate] opened or closed.
+type Transition struct {
+	// Scope is the breaker's row: "pool:<id>" or "gateway:<id>".
+	Scope string
+	// Kind is "pool" or "gateway"; ID the pool's or the gateway's id.
+	Kind, ID string
+	// TenantID is whom the event is for: the pool's tenant, or
+	// [iam.RootTenant] for a gateway (or a pool since deleted).
+	TenantID string
+	// Opened: actions in the scope are paused from now; false: resumed.
+	Opened bool
+	// NotReady of Total nodes (not retired) were not ready.
+	NotReady, Total int
+}
+
+// evaluateSQL recomputes every breaker in one statement: one scan of the
+// nodes (not retired) grouped by pool and by gateway (GROUPING SETS),
+// joined with the stored breakers, locked. It inserts a breaker that
+// opens, updates a stored one whose counts or state changed, deletes a
+// closed one whose scope has no node left (a gateway gone, a pool
+// emptied), and returns the scopes whose state changed, with the tenant of
+// their event. $1 is the threshold, $2 now, $3 the root tenant.
+const evaluateSQL = `
+WITH c AS (
+	SELECT CASE WHEN grouping(n.pool_id) = 0 THEN 'pool:' || n.pool_id ELSE 'gateway:' || n.gateway_id END AS scope,
+	       (count(*) FILTER (WHERE n.ready IN ('Unknown', 'Lost')))::int AS not_ready, count(*)::int AS total
+	  FROM nodes n WHERE n.state <> 'retired'
+	 GROUP BY GROUPING SETS ((n.pool_id), (n.gateway_id))
+	HAVING grouping(n.pool_id) = 0 OR n.gateway_id <> ''),
+b AS (SELECT scope, paused, not_ready, total FROM brakes WHERE scope <> 'rate' FOR UPDATE),
+w AS (
+	SELECT coalesce(c.scope, b.scope) AS scope, coalesce(c.not_ready, 0) AS not_ready, coalesce(c.total, 0) AS total,
+	       coalesce(c.total > 0 AND c.not_ready::numeric > $1::float8::numeric * c.total, false) AS paused,
+	       b.scope IS NOT NULL AS stored, coalesce(b.paused, false) AS was,
+	       coalesce(b.not_ready, -1) AS old_not_ready, coalesce(b.total, -1) AS old_total
+	  FROM c FULL JOIN b ON b.scope = c.scope),
+gone AS (
+	DELETE FROM brakes d USING w
+	 WHERE d.scope = w.scope AND w.stored AND NOT w.was AND NOT w.paused AND w.total = 0),
+up AS (
+	INSERT INTO brakes (scope, paused, not_ready, total, reason, since)
+	SELECT scope, paused, not_ready, total,
+	       CASE WHEN paused THEN format('%s: %s of %s nodes not ready, more than nodes.unhealthyThreshold=%s', scope, not_ready, total, $1::float8) ELSE '' END,
+	       $2
+	  FROM w
+	 WHERE (paused OR stored) AND NOT (stored AND NOT was AND NOT paused AND total = 0)
+	   AND (paused <> was OR not_ready <> old_not_ready OR total <> old_total)
+	ON CONFLICT (scope) DO UPDATE SET paused = excluded.paused, not_ready = excluded.not_ready, total = excluded.total,
+	       reason = excluded.reason,
+	       since = CASE WHEN brakes.paused = excluded.paused THEN brakes.since ELSE excluded.since END)
+SELECT w.scope, w.paused, w.not_ready, w.total, coalesce(p.tenant_id, $3)
+  FROM w LEFT JOIN pools p ON left(w.scope, 5) = 'pool:' AND p.id = substr(w.scope, 6)
+ WHERE w.paused <> w.was
+ ORDER BY w.scope`
+
+// Evaluate recomputes every pool's and every gateway's circuit breaker from
+// the nodes (not retired; not ready is Ready Unknown or Lost; a gateway's
+// nodes are those whose gateway_id names it, the gateway that last held
+// the session), in one statement however many nodes: a scope is paused
+// while more than threshold of its nodes are not ready (0 means
+// [DefaultUnhealthyThreshold]). It stores the scopes that are or were
+// paused, and returns the breakers that opened or closed, by scope. Call
+// it in the transaction that changes Ready (the liveness job), so the
+// breakers and the events agree with it; now is when a change happened.
+func Evaluate(ctx context.Context, tx pgx.Tx, threshold float64, now time.Time) ([]Transition, error) {
+	cfg, err := Config{UnhealthyThreshold: threshold}.Normalize()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, evaluateSQL, cfg.UnhealthyThreshold, now, iam.RootTenant)
+	if err != nil {
+		return nil, fmt.Errorf("evaluate circuit breakers: %w", err)
+	}
+	var out []Transition
+	for rows.Next() {
+		var t Transition
+		if err := rows.Scan(&t.Scope, &t.Opened, &t.NotReady, &t.Total, &t.TenantID); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("evaluate circuit breakers: %w", err)
+		}
+		t.Kind, t.ID, _ = strings.Cut(t.Scope, ":")
+		if t.Kind == "gateway" {
+			t.TenantID = iam.RootTenant
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("evaluate circuit breakers: %w", err)
+	}
+	return out, nil
+}
+
+// Breaker is a stored circuit breaker.
+type Breaker struct {
+	Scope           string
+	Paused          bool
+	NotReady, Total int
+	Reason          string
+	Since           time.Time
+}
+
+// Querier is what [Breakers] reads through: a pool, a connection or a
+// transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Breakers lists the stored circuit breakers (paused ones, and closed ones
+// whose scope still has nodes), by scope: what the bc_eviction_paused gauge
+// and operators read.
+func Breakers(ctx context.Context, q Querier) ([]Breaker, error) {
+	rows, err := q.Query(ctx, `SELECT scope, paused, not_ready, total, reason, since FROM brakes WHERE scope <> 'rate' ORDER BY scope`)
+	if err != nil {
+		return nil, fmt.Errorf("list circuit breakers: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Breaker])
+	if err != nil {
+		return nil, fmt.Errorf("list circuit breakers: %w", err)
+	}
+	return out, nil
+}

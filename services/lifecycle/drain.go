@@ -1,0 +1,202 @@
+package lifecycle
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/pkg/audit"
+	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/nodeca"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
+	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/services/capacity"
+)
+
+// DrainKind is the drain job's kind in the work queue.
+const DrainKind = "drain"
+
+// DrainDueKey is the drain job's periodic key: its run enqueues every node
+// whose drain has something to do ([nodes.DueDrains]).
+const DrainDueKey = "due"
+
+// DefaultDrainEvery is the period of the due key when [DrainConfig.Every]
+// is 0: a drain completes at most this long after its deadline even with
+// the bus down.
+const DefaultDrainEvery = 5 * time.Second
+
+// DrainConfig configures the drain job.
+type DrainConfig struct {
+	// Every is the period of the due key; 0 means 5s.
+	Every time.Duration
+	// LostNode is capacity.lostNode (wait, replace or fail; "" is wait):
+	// under wait a retiring node's bookings stay where they are, so it is
+	// retired as soon as it is drained; otherwise once the placer has
+	// handled them.
+	LostNode string
+}
+
+// DrainRequest is how [StartDrain] drains a node.
+type DrainRequest struct {
+	// Deadline is when the node's bookings must be gone.
+	Deadline time.Time
+	// Reason says why, for the events and nodes.get.
+	Reason string
+	// By is [nodes.DrainByOperator] or [nodes.DrainByRemediation].
+	By string
+	// Retire ends the drain in retirement.
+	Retire bool
+}
+
+// StartDrain drains node id in tx ([nodes.StartDrain]: no new bookings from
+// now, while desired state and commands keep flowing), writes node.draining
+// and one reservation.node_draining per live reservation with an active
+// booking on the node, and enqueues the node's drain key through q: the
+// job drains it as soon as it holds no active booking, or at the deadline.
+// The API's nodes.drain and nodes.retire call it, and so does the
+// remediation ladder before a reboot (By [nodes.DrainByRemediation]).
+// Errors are [nodes.StartDrain]'s.
+func StartDrain(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string, r DrainRequest) (nodes.Node, error) {
+	n, err := nodes.StartDrain(ctx, tx, id, nodes.Drain{Deadline: r.Deadline, Reason: r.Reason, By: r.By, Retire: r.Retire})
+	if err != nil {
+		return nodes.Node{}, err
+	}
+	deadline := ""
+	if n.DrainDeadline != nil {
+		deadline = n.DrainDeadline.UTC().Format(time.RFC3339Nano)
+	}
+	es := []outbox.Event{{TenantID: n.TenantID, Type: "node.draining", Resource: n.ID, Payload: map[string]any{
+		"nodeId": n.ID, "poolId": n.PoolID, "deadline": deadline, "reason": n.DrainReason, "by": n.DrainBy, "retiring": n.Retiring,
+	}}}
+	rsvs, err := nodes.LiveReservationsOn(ctx, tx, n.ID)
+	if err != nil {
+		return nodes.Node{}, err
+	}
+	for _, rsv := range rsvs {
+		es = append(es, outbox.Event{TenantID: rsv.TenantID, Type: "reservation.node_draining", Resource: rsv.ID, Payload: map[string]any{
+			"reservationId": rsv.ID, "nodeId": n.ID, "deadline": deadline, "reason": n.DrainReason,
+		}})
+	}
+	if err := outbox.WriteMany(ctx, tx, es); err != nil {
+		return nodes.Node{}, err
+	}
+	if err := q.Enqueue(ctx, DrainKind, n.ID); err != nil {
+		return nodes.Node{}, err
+	}
+	return n, nil
+}
+
+// Undrain returns draining or drained node id to service in tx
+// ([nodes.Undrain]) and enqueues its pool's placer through q, so pending
+// reservations that fit on it are placed now rather than at the next tick.
+// It writes no event: the caller says why (the API's node.undrained).
+func Undrain(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (nodes.Node, error) {
+	n, err := nodes.Undrain(ctx, tx, id)
+	if err != nil {
+		return nodes.Node{}, err
+	}
+	if err := q.Enqueue(ctx, capacity.KindReservations, n.PoolID); err != nil {
+		return nodes.Node{}, err
+	}
+	return n, nil
+}
+
+// Drain is the drain job: a ShardByNode reconciler of the controllers role
+// whose keys are nodes being drained, plus the periodic key "due". A node's
+// run moves it from draining to drained once it holds no active booking or
+// its deadline passed (node.drained), and enqueues its pool's placer, which
+// applies capacity.lostNode to the bookings it still holds (drained nodes
+// count as lost: replace re-places them elsewhere, fail ends them, wait
+// keeps them). A retiring node, once drained and its bookings gone (or at
+// once under wait), is retired: its certificates are revoked (the gateway
+// closes its session at its next liveness tick and refuses it after),
+// node.retired and an audit row are written. The due key's run enqueues
+// every node whose drain has something to do, in one statement: a drain
+// completes at its deadline with the bus down, and a node whose last
+// booking ended is drained within a period.
+func Drain(cfg DrainConfig) reconcile.Reconciler {
+	cfg.Every = cmp.Or(cfg.Every, DefaultDrainEvery)
+	cfg.LostNode = cmp.Or(cfg.LostNode, capacity.LostNodeWait)
+	d := &drain{cfg: cfg}
+	return reconcile.Reconciler{
+		Name:    DrainKind,
+		ShardBy: reconcile.ShardByNode,
+		Role:    reconcile.RoleControllers,
+		Run:     d.run,
+		Keys: func(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
+			return nodes.DrainKeys(ctx, q, shards)
+		},
+		Periodic: []reconcile.Periodic{{Key: DrainDueKey, Every: cfg.Every}},
+	}
+}
+
+type drain struct{ cfg DrainConfig }
+
+func (d *drain) run(ctx context.Context, rc *reconcile.RunContext, key string) (reconcile.Result, error) {
+	if key == DrainDueKey {
+		return reconcile.Done, rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
+			ids, err := nodes.DueDrains(ctx, tx, 0)
+			if err != nil {
+				return err
+			}
+			for _, id := range ids {
+				if err := q.Enqueue(ctx, DrainKind, id); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return reconcile.Done, rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
+		return d.step(ctx, tx, q, key)
+	})
+}
+
+// step moves node id as far along its drain as it can go now.
+func (d *drain) step(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) error {
+	n, drained, err := nodes.MarkDrained(ctx, tx, id)
+	if err != nil {
+		return err
+	}
+	if drained {
+		reason := "no_bookings"
+		if n.DrainDeadline != nil && !n.DrainDeadline.After(n.UpdatedAt) {
+			reason = "deadline"
+		}
+		if _, err := outbox.Write(ctx, tx, outbox.Event{TenantID: n.TenantID, Type: "node.drained", Resource: n.ID, Payload: map[string]any{
+			"nodeId": n.ID, "poolId": n.PoolID, "reason": reason,
+		}}); err != nil {
+			return err
+		}
+		// The placer applies the lost-node policy to what it still holds.
+		if err := q.Enqueue(ctx, capacity.KindReservations, n.PoolID); err != nil {
+			return err
+		}
+	}
+	n, retired, err := nodes.MarkRetired(ctx, tx, id, d.cfg.LostNode == capacity.LostNodeWait)
+	if err != nil || !retired {
+		return err
+	}
+	revoked, err := nodeca.RevokeNode(ctx, tx, n.ID)
+	if err != nil {
+		return err
+	}
+	if _, err := outbox.Write(ctx, tx, outbox.Event{TenantID: n.TenantID, Type: "node.retired", Resource: n.ID, Payload: map[string]any{
+		"nodeId": n.ID, "poolId": n.PoolID, "revokedCertificates": revoked,
+	}}); err != nil {
+		return err
+	}
+	res := authz.Resource{Type: authz.TypeNode, ID: n.ID, TenantID: n.TenantID, PoolID: n.PoolID, Labels: n.Labels}
+	if err := audit.Write(ctx, tx, audit.Record{
+		TenantID: n.TenantID, Actor: "drain", ActorTenantID: n.TenantID, Action: string(authz.NodesRetire),
+		Resource: res.UID(), Decision: audit.Allow, Method: "job:" + DrainKind,
+		Detail: map[string]any{"revokedCertificates": revoked, "reason": n.DrainReason, "by": n.DrainBy},
+	}); err != nil {
+		return fmt.Errorf("audit retirement of %s: %w", n.ID, err)
+	}
+	return nil
+}
