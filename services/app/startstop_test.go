@@ -5,9 +5,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/startstop/startstoptest"
 	"github.com/bettercompute/bettercompute/services/app"
 )
@@ -36,10 +40,25 @@ func TestStartStop(t *testing.T) {
 	// The first start creates the relay's stream, and with it the bus
 	// server's goroutines for it: before the stress, so that they are not
 	// counted as the app's.
+	// The relay creates it once it leads, a moment after Start: wait for
+	// it, or a slow machine counts the stream's goroutines as a leak.
 	first := newApp(t)
 	if err := first.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 30*time.Second, "the relay's stream", func() bool {
+		_, err := js.Stream(t.Context(), testConfig(url).Events.Stream)
+		return err == nil
+	})
+	nc.Close()
 	first.Stop(context.Background())
 
 	startstoptest.Stress(t, func(t *testing.T) startstoptest.Service {
