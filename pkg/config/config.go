@@ -51,7 +51,8 @@ type Config struct {
 	// roles.
 	Runtime Runtime `yaml:"runtime"`
 	// JoinService is the node CA and join-token redemption: the joinservice
-	// role, and the gateway that hosts it in this release.
+	// role, standalone on its internal listener or inside a gateway that
+	// does not relay (gateway.joinService unset).
 	JoinService JoinService `yaml:"joinService"`
 	// Gateway configures the gateway role.
 	Gateway Gateway `yaml:"gateway"`
@@ -95,6 +96,39 @@ type JoinService struct {
 	// once and reused when the files above are unset; dev sets
 	// <dev.dataDir>/pki.
 	KeyDir string `yaml:"keyDir"`
+	// Listen is the internal listener of the joinservice role (host:port):
+	// Join and Renew relayed by gateways, over mutual TLS, where a caller
+	// must present a gateway certificate of the trust domain. Empty means
+	// ":8444" when the joinservice role is asked for by name, and that
+	// `all` hosts joinservice inside its gateway with no listener.
+	Listen string `yaml:"listen"`
+	// Hosts are the DNS names and IPs gateways dial joinservice at, put in
+	// the certificate the node CA signs for the internal listener at start
+	// (URI SAN spiffe://<trustDomain>/joinservice); default the host name,
+	// localhost and 127.0.0.1.
+	Hosts []string `yaml:"hosts"`
+	// TLS replaces that certificate with files of the operator's.
+	TLS CertKey `yaml:"tls"`
+}
+
+// CertKey is a certificate (PEM, leaf first, with its chain) and its
+// private key (PEM).
+type CertKey struct {
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+}
+
+// GatewayTLS is the gateway's own certificate, for a gateway that holds no
+// node CA: it serves daemons with it and presents it to joinservice.
+type GatewayTLS struct {
+	// CertFile and KeyFile are the gateway's certificate (PEM, URI SAN
+	// spiffe://<trustDomain>/gateway/<id>, server and client
+	// authentication, signed by the node CA) and its key.
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
+	// CAFile is the trust bundle (PEM certificates of the node CA): node
+	// certificates and joinservice's must chain to it.
+	CAFile string `yaml:"caFile"`
 }
 
 // Gateway configures the gateway role: node daemons' sessions over mutual
@@ -127,6 +161,20 @@ type Gateway struct {
 	// would wait longer is refused RESOURCE_EXHAUSTED with a jittered
 	// retry delay, which the daemon honours. Default 10s.
 	AdmitWait Duration `yaml:"admitWait"`
+	// JoinService are joinservice's internal addresses (host:port, at most
+	// 16). Set, the gateway relays Join and Renew to them over mutual TLS
+	// (round robin, ready connections first, the next address when one is
+	// unreachable) and loads no node CA key, HPKE key or signing key; it
+	// then needs gateway.tls. Empty, joinservice runs inside the gateway's
+	// process (`all`, dev).
+	JoinService []string `yaml:"joinService"`
+	// JoinServiceTimeout bounds one relayed call to one address; default
+	// 10s.
+	JoinServiceTimeout Duration `yaml:"joinServiceTimeout"`
+	// TLS is the gateway's own certificate and the trust bundle; required
+	// with JoinService. Unset, the in-process node CA signs a serving
+	// certificate for Hosts at start.
+	TLS GatewayTLS `yaml:"tls"`
 }
 
 // Commands configures the command queue.
@@ -301,6 +349,10 @@ func (c *Config) Defaults() {
 	c.Gateway.AdmitRate = cmp.Or(c.Gateway.AdmitRate, 1000)
 	c.Gateway.AdmitBurst = cmp.Or(c.Gateway.AdmitBurst, 200)
 	c.Gateway.AdmitWait = cmp.Or(c.Gateway.AdmitWait, Duration(10*time.Second))
+	c.Gateway.JoinServiceTimeout = cmp.Or(c.Gateway.JoinServiceTimeout, Duration(10*time.Second))
+	if len(c.JoinService.Hosts) == 0 {
+		c.JoinService.Hosts = []string{host, "localhost", "127.0.0.1"}
+	}
 	c.Commands.SweepInterval = cmp.Or(c.Commands.SweepInterval, Duration(5*time.Second))
 	r := &c.Runtime
 	r.Heartbeat = cmp.Or(r.Heartbeat, Duration(2*time.Second))
@@ -482,6 +534,7 @@ func (c *Config) Validate() error {
 		}
 		bad(field, "set caCertFile and caKeyFile together")
 	}
+	errs = append(errs, c.validateJoinServiceRelay()...)
 	errs = append(errs, c.Capacity.validate()...)
 	errs = append(errs, c.Nodes.validate(&c.Capacity)...)
 	errs = append(errs, c.Health.validate()...)

@@ -319,7 +319,7 @@ func TestRoleLists(t *testing.T) {
 	if len(config.AllRoles) != 13 || slices.Contains(config.AllRoles, config.RoleAll) {
 		t.Fatalf("all roles: %v", config.AllRoles)
 	}
-	want := []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleScheduler, config.RoleSinks}
+	want := []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleScheduler, config.RoleSinks}
 	if !slices.Equal(config.BuiltRoles, want) {
 		t.Errorf("built roles %v, want %v", config.BuiltRoles, want)
 	}

@@ -44,7 +44,7 @@ var roleTable = []struct {
 	membership bool
 }{
 	{RoleAPI, true, false},
-	{RoleJoinService, false, false},
+	{RoleJoinService, true, false},
 	{RoleGateway, true, false},
 	{RoleNodeSpecController, true, true},
 	{RolePlacer, true, false},

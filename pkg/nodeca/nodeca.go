@@ -271,9 +271,17 @@ func (ca *CA) IssueNode(ctx context.Context, q Querier, nodeID string, pub crypt
 // hosts and URI SAN spiffe://<trust domain>/gateway/<name>, for its TLS
 // listener. Nothing is recorded.
 func (ca *CA) ServingCertificate(name string, hosts []string, validity time.Duration) (tls.Certificate, error) {
-	id, err := spiffeid.FromSegments(ca.td, "gateway", name)
+	return ca.ServiceCertificate(name, hosts, validity, "gateway", name)
+}
+
+// ServiceCertificate is [CA.ServingCertificate] for another control-plane
+// service: common name name, URI SAN spiffe://<trust domain>/<path...>
+// (joinservice's internal listener: path "joinservice"), server and client
+// authentication. Nothing is recorded.
+func (ca *CA) ServiceCertificate(name string, hosts []string, validity time.Duration, path ...string) (tls.Certificate, error) {
+	id, err := spiffeid.FromSegments(ca.td, path...)
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("gateway SPIFFE ID: %w", err)
+		return tls.Certificate{}, fmt.Errorf("service SPIFFE ID: %w", err)
 	}
 	if validity <= 0 {
 		validity = 30 * 24 * time.Hour
@@ -388,38 +396,118 @@ func (ca *CA) VerifyNode(ctx context.Context, q Querier, chain []*x509.Certifica
 }
 
 // generate makes a self-signed CA for td: an ECDSA P-256 key, valid for ten
-// years, returned as PEM (certificate, then key).
+// years, returned as PEM (certificate, then key). It signs node and gateway
+// certificates itself (path length 0): the development CA.
 func generate(td spiffeid.TrustDomain) ([]byte, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert, key, err := generateCA(td, "Better Compute node CA ("+td.Name()+")", 0, 10*365*24*time.Hour, nil, nil)
 	if err != nil {
 		return nil, err
 	}
+	return append(cert, key...), nil
+}
+
+// GenerateRoot makes a self-signed root CA for trustDomain that may sign one
+// level of subordinate CAs (path length 1): an ECDSA P-256 key valid for
+// twenty years, as PEM certificate and PEM PKCS #8 key. `better-compute pki
+// init` signs the node CA with it, so that the node CA can be rotated under
+// the root every node pins.
+func GenerateRoot(trustDomain string) (certPEM, keyPEM []byte, err error) {
+	td, err := spiffeid.TrustDomainFromString(trustDomain)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trust domain %q: %w", trustDomain, err)
+	}
+	return generateCA(td, "Better Compute root CA ("+td.Name()+")", 1, 20*365*24*time.Hour, nil, nil)
+}
+
+// IntermediateValidity is how long a node CA made by [GenerateIntermediate]
+// is valid (at most its parent's remaining life): rotate it before then.
+const IntermediateValidity = 5 * 365 * 24 * time.Hour
+
+// GenerateIntermediate makes a node CA for trustDomain signed by the CA in
+// parentCertPEM (its first certificate) and parentKeyPEM: a fresh ECDSA
+// P-256 key, path length 0, valid for [IntermediateValidity] or until the
+// parent expires. It returns the new certificate followed by the parent's
+// certificates (the chain [Open] reads from caCertFile) and the new key, as
+// PEM.
+func GenerateIntermediate(trustDomain string, parentCertPEM, parentKeyPEM []byte) (chainPEM, keyPEM []byte, err error) {
+	td, err := spiffeid.TrustDomainFromString(trustDomain)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trust domain %q: %w", trustDomain, err)
+	}
+	parents, err := parseCerts(parentCertPEM)
+	if err != nil {
+		return nil, nil, err
+	}
+	parentKey, err := parseKey(parentKeyPEM)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !publicKeysEqual(parents[0].PublicKey, parentKey.Public()) {
+		return nil, nil, errors.New("node CA: the parent key does not match the parent certificate")
+	}
+	if !parents[0].IsCA || parents[0].KeyUsage&x509.KeyUsageCertSign == 0 || (parents[0].MaxPathLen == 0 && parents[0].MaxPathLenZero) {
+		return nil, nil, errors.New("node CA: the parent certificate may not sign CA certificates (CA, certSign, path length of at least 1)")
+	}
+	cert, key, err := generateCA(td, "Better Compute node CA ("+td.Name()+") "+time.Now().UTC().Format("2006-01-02"), 0, IntermediateValidity, parents[0], parentKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, p := range parents {
+		cert = append(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.Raw})...)
+	}
+	return cert, key, nil
+}
+
+// generateCA makes a CA certificate and key for td, self-signed when parent
+// is nil, as PEM.
+func generateCA(td spiffeid.TrustDomain, name string, maxPathLen int, validity time.Duration, parent *x509.Certificate, parentKey crypto.Signer) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial.Add(serial, big.NewInt(1)),
-		Subject:               pkix.Name{CommonName: "Better Compute node CA (" + td.Name() + ")"},
+		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             now.Add(-Backdate),
-		NotAfter:              now.AddDate(10, 0, 0),
+		NotAfter:              now.Add(validity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
-		MaxPathLenZero:        true,
+		MaxPathLen:            maxPathLen,
+		MaxPathLenZero:        maxPathLen == 0,
 		URIs:                  []*url.URL{td.ID().URL()},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	signer, signerKey := tmpl, crypto.Signer(key)
+	if parent != nil {
+		signer, signerKey = parent, parentKey
+		if tmpl.NotAfter.After(parent.NotAfter) {
+			tmpl.NotAfter = parent.NotAfter
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, key.Public(), signerKey)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	return append(out, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})...), nil
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), nil
+}
+
+// BundlePEM returns the trust bundle as PEM certificates: the ca.pem that
+// `bcd join --ca` and bcsim read.
+func (ca *CA) BundlePEM() []byte {
+	var out []byte
+	for _, der := range ca.TrustBundle() {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	return out
 }
 
 // LoadOrCreate reads the file at path, or creates it once (mode 0600, its

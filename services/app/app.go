@@ -125,6 +125,7 @@ type App struct {
 	pool    *pgxpool.Pool
 	runtime *reconcile.Runtime
 	gateway *gatewayServer
+	joinSvc *joinServer // the node CA and HPKE key live here, or nowhere in the process
 	admin   *adminServer
 	relay   *relay.Service
 	localGW atomic.Pointer[gateway.Gateway] // for in-process dispatch
@@ -169,8 +170,14 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 			cfg.Gateway.Listen = ":8443"
 		}
 	}
-	if slices.Contains(roles, config.RoleGateway) {
+	roles = resolveJoinService(cfg, roles)
+	if slices.Contains(roles, config.RoleJoinService) || (slices.Contains(roles, config.RoleGateway) && !cfg.RelaysJoins()) {
 		if err := cfg.RequireJoinServiceKeys(); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(roles, config.RoleGateway) {
+		if err := cfg.RequireGatewayTLS(); err != nil {
 			return nil, err
 		}
 	}
@@ -235,6 +242,9 @@ func (a *App) start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := a.startRuntime(ctx); err != nil {
+		return err
+	}
+	if err := a.startJoinService(ctx); err != nil {
 		return err
 	}
 	if slices.Contains(a.roles, config.RoleGateway) {
@@ -507,6 +517,9 @@ func (a *App) stop(ctx context.Context) {
 	}
 	if a.gateway != nil {
 		a.gateway.stop(ctx)
+	}
+	if a.joinSvc != nil {
+		a.joinSvc.stop(ctx)
 	}
 	if a.runtime != nil {
 		a.runtime.Stop() // releases its leases so other workers take over at once

@@ -49,7 +49,7 @@ func start(t *testing.T, cfg *config.Config) *app.App {
 func TestResolveRoles(t *testing.T) {
 	t.Parallel()
 	run, notBuilt, err := app.ResolveRoles(nil)
-	if err != nil || !slices.Equal(run, []config.Role{config.RoleAPI, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleScheduler, config.RoleSinks}) || !slices.Contains(notBuilt, config.RoleMetal) {
+	if err != nil || !slices.Equal(run, []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleScheduler, config.RoleSinks}) || !slices.Contains(notBuilt, config.RoleMetal) {
 		t.Fatalf("all: run=%v notBuilt=%v err=%v", run, notBuilt, err)
 	}
 	if len(run)+len(notBuilt) != len(config.AllRoles) {

@@ -3,9 +3,11 @@ package app
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,28 +30,65 @@ type gatewayServer struct {
 	sub    *nats.Subscription
 	cmdSub *nats.Subscription
 	gw     *gateway.Gateway
-	js     *joinservice.Service
+	relay  *joinservice.Client // nil: joinservice is in process
 	grpc   *grpc.Server
 	ln     net.Listener
 	done   chan struct{}
 }
 
 // startGateway runs the gateway role: daemon sessions over mutual TLS on
-// gateway.listen, with joinservice constructed in the same process from the
-// shared configuration (this release's host for Join and Renew).
+// gateway.listen. With gateway.joinService set it relays Join and Renew to
+// those joinservice addresses, presenting its gateway.tls certificate, and
+// holds no node CA, no HPKE key and no signing key; without, joinservice
+// runs in this process (startJoinService) and its CA signs the gateway's
+// serving certificate unless gateway.tls names one.
 func (a *App) startGateway(context.Context) error {
-	js, err := joinservice.Open(a.cfg.JoinService, a.pool, a.logger)
-	if err != nil {
-		return err
-	}
 	gc := a.cfg.Gateway
-	ca := js.CA()
-	cert, err := ca.ServingCertificate(gc.ID, gc.Hosts, 0)
-	if err != nil {
-		return fmt.Errorf("gateway serving certificate: %w", err)
+	var (
+		cert   tls.Certificate
+		bundle *x509.CertPool
+		joiner gateway.Joiner
+		relay  *joinservice.Client
+		err    error
+	)
+	if gc.TLS.CertFile != "" {
+		if cert, bundle, err = a.gatewayIdentity(); err != nil {
+			return err
+		}
+	}
+	if a.cfg.RelaysJoins() {
+		if a.cfg.JoinService.CAKeyFile != "" || a.cfg.JoinService.HPKEKeyFile != "" || a.cfg.JoinService.KeyDir != "" {
+			a.logger.Warn("gateway.joinService is set: this gateway relays to joinservice and reads none of joinService's keys")
+		}
+		relay, err = joinservice.NewClient(joinservice.ClientConfig{
+			Addrs: gc.JoinService, Certificate: cert, RootCAs: bundle, TrustDomain: a.cfg.JoinService.TrustDomain,
+			Timeout: gc.JoinServiceTimeout.Std(), Logger: a.logger.With("role", "gateway"),
+		})
+		if err != nil {
+			return fault.Wrap(err, fault.InvalidConfig, "gateway.joinService", "%v", err)
+		}
+		joiner = relay
+	} else {
+		js := a.JoinService()
+		if js == nil {
+			return errors.New("gateway: no joinservice in process")
+		}
+		joiner = joinservice.NewJoiner(js)
+		if gc.TLS.CertFile == "" {
+			if cert, err = js.CA().ServingCertificate(gc.ID, gc.Hosts, 0); err != nil {
+				return fmt.Errorf("gateway serving certificate: %w", err)
+			}
+			bundle = js.CA().Pool()
+		}
+	}
+	td := a.cfg.JoinService.TrustDomain
+	closeRelay := func() {
+		if relay != nil {
+			relay.Close()
+		}
 	}
 	gw, err := gateway.New(gateway.Config{
-		ID: gc.ID, DB: a.pool, Joiner: joinservice.NewJoiner(js), TrustDomain: ca.TrustDomain().Name(),
+		ID: gc.ID, DB: a.pool, Joiner: joiner, TrustDomain: td,
 		Revoked: func(ctx context.Context, serials []string) ([]string, error) {
 			return nodeca.RevokedAmong(ctx, a.pool, serials)
 		},
@@ -64,11 +103,12 @@ func (a *App) startGateway(context.Context) error {
 		Kinds:             a.kinds,
 	})
 	if err != nil {
+		closeRelay()
 		return err
 	}
 	creds := credentials.NewTLS(&tls.Config{
 		Certificates: []tls.Certificate{cert},
-		ClientCAs:    ca.Pool(),
+		ClientCAs:    bundle,
 		// Join is the one call made without a client certificate; every
 		// other method checks the verified chain itself.
 		ClientAuth: tls.VerifyClientCertIfGiven,
@@ -79,11 +119,17 @@ func (a *App) startGateway(context.Context) error {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	agentv1.RegisterNodeServiceServer(gs, gw)
+	// bettercompute_gateway_sessions, what the gateway's autoscaler reads.
+	if err := a.reg.Register(gw.Collector()); err != nil {
+		closeRelay()
+		return err
+	}
 	ln, err := net.Listen("tcp", gc.Listen)
 	if err != nil {
+		closeRelay()
 		return fault.Wrap(err, fault.Unavailable, "gateway.listen", "cannot listen on %s: %v", gc.Listen, err)
 	}
-	g := &gatewayServer{gw: gw, js: js, grpc: gs, ln: ln, done: make(chan struct{})}
+	g := &gatewayServer{gw: gw, relay: relay, grpc: gs, ln: ln, done: make(chan struct{})}
 	gw.Start()
 	a.localGW.Store(gw)
 	a.specRouter.SetLocal(gw)
@@ -105,7 +151,7 @@ func (a *App) startGateway(context.Context) error {
 		}
 	}()
 	a.gateway = g
-	a.logger.Info("gateway serving", "addr", ln.Addr().String(), "id", gc.ID, "trustDomain", ca.TrustDomain().Name())
+	a.logger.Info("gateway serving", "addr", ln.Addr().String(), "id", gc.ID, "trustDomain", td, "joinService", strings.Join(gc.JoinService, ","))
 	return nil
 }
 
@@ -126,6 +172,9 @@ func (g *gatewayServer) stop(ctx context.Context) {
 		g.grpc.Stop()
 	}
 	<-g.done
+	if g.relay != nil {
+		g.relay.Close()
+	}
 }
 
 // GatewayAddr returns the gateway's listen address, or "" when the process
@@ -135,14 +184,6 @@ func (a *App) GatewayAddr() string {
 		return ""
 	}
 	return a.gateway.ln.Addr().String()
-}
-
-// JoinService returns the in-process joinservice of the gateway role, or nil.
-func (a *App) JoinService() *joinservice.Service {
-	if a.gateway == nil {
-		return nil
-	}
-	return a.gateway.js
 }
 
 // GatewaySessions returns how many daemon sessions the process's gateway

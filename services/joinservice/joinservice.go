@@ -13,9 +13,13 @@
 // valid, unrevoked certificate of its own (mutual TLS proves possession of
 // its key) and a CSR for the same key.
 //
-// The gateway holds no CA: it embeds [Server] (agentv1.NodeServiceServer
-// for Join and Renew; Session is the gateway's own) and asks the CA for its
-// serving certificate, the trust bundle and revocation.
+// joinservice runs in one of two places. Under `all` and dev it is inside
+// the gateway's process: the gateway calls it through [NewJoiner] and the CA
+// signs the gateway's serving certificate. As its own deployable (`serve
+// --roles joinservice`) it serves Join and Renew to gateways only, on an
+// internal listener with mutual TLS ([NewInternalServer]; see internal.go),
+// and a gateway with gateway.joinService set relays to it with a [Client],
+// holding no CA key, no HPKE key and no signing key.
 package joinservice
 
 import (
