@@ -49,19 +49,40 @@ func EnsureEd25519(path, field, what string) (ed25519.PrivateKey, error) {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	_, key, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(key)
+	key, b, err := NewEd25519()
 	if err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+	if err := os.WriteFile(path, b, 0o600); err != nil {
 		return nil, fmt.Errorf("write %s: %w", what, err)
 	}
 	return key, nil
+}
+
+// NewEd25519 generates a key and returns it with its file content (PEM
+// "PRIVATE KEY", PKCS #8): what [EnsureEd25519] writes and `better-compute
+// pki init` puts on disk.
+func NewEd25519() (ed25519.PrivateKey, []byte, error) {
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return key, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// PublicPEM returns pub as a PEM "PUBLIC KEY" (PKIX) block: the form daemons
+// pin (`bcd node --command-key`) and `openssl pkey -pubout` writes.
+func PublicPEM(pub ed25519.PublicKey) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), nil
 }

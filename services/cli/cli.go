@@ -134,6 +134,8 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		newEvents(stdout, stderr),
 		newWebhooks(stdout, stderr),
 		newBootstrap(g, stdout, stderr),
+		newPKI(stdout),
+		newJoinScript(stdout, stderr),
 	)
 	return root
 }
