@@ -2,10 +2,11 @@
 # `make help` lists them.
 
 SHELL := /bin/bash
-MODULES := proto pkg services agent tools
+MODULES := proto pkg services agent tools deploy/kubernetes
 GO ?= go
-# go test flags; CI adds nothing, a developer may add -run or -count.
-TESTFLAGS ?=
+# go test flags: -count=1 by default, so a warm test cache never stands in for
+# a run; a developer may set others (-run, -short).
+TESTFLAGS ?= -count=1
 BENCHFLAGS ?= -run '^$$' -bench . -benchmem -count 1
 
 .DEFAULT_GOAL := help
@@ -58,7 +59,7 @@ fuzz-smoke: ## run every fuzz target for 3s each (CI)
 bench: ## run every module's benchmarks; print one table of them beside this machine's limits (pgbench), written to .bench/results.md
 	@mkdir -p .bench; : > .bench/raw.txt
 	@set -e -o pipefail; for m in $(MODULES); do \
-		echo "== $$m"; (cd $$m && $(GO) test $(BENCHFLAGS) ./... 2>&1 | tee -a ../.bench/raw.txt); \
+		echo "== $$m"; (cd $$m && $(GO) test $(BENCHFLAGS) ./... 2>&1 | tee -a $(CURDIR)/.bench/raw.txt); \
 	done
 	$(GO) run ./tools/cmd/benchtable --in .bench/raw.txt --out .bench/results.md
 

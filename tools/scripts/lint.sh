@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # lint.sh [MODULE...] — lint every Go module of the workspace (default: the
-# modules listed in go.work: proto pkg services agent tools):
+# modules listed in go.work: proto pkg services agent tools deploy/kubernetes):
 #   1. gofmt -l must list no file;
 #   2. go vet ./... in each module;
 #   3. golangci-lint run ./... in each module, with the repo's .golangci.yml
@@ -16,7 +16,7 @@ if [[ $# -gt 0 ]]; then
 else
   mapfile -t modules < <(go work edit -json | sed -n 's/^.*"DiskPath": "\.\/\([^"]*\)".*$/\1/p')
   if [[ ${#modules[@]} -eq 0 ]]; then
-    modules=(proto pkg services agent tools)
+    modules=(proto pkg services agent tools deploy/kubernetes)
   fi
 fi
 
