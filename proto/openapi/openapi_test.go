@@ -40,6 +40,35 @@ func TestDocument(t *testing.T) {
 	}
 }
 
+// TestV3Document: the OpenAPI 3 document is converted from this Swagger
+// document (tools/cmd/openapi3), so it has the same paths.
+func TestV3Document(t *testing.T) {
+	var v3 struct {
+		OpenAPI string                     `json:"openapi"`
+		Paths   map[string]json.RawMessage `json:"paths"`
+	}
+	if err := json.Unmarshal(V3Document(), &v3); err != nil {
+		t.Fatalf("embedded %s is not JSON: %v", V3FileName, err)
+	}
+	if !strings.HasPrefix(v3.OpenAPI, "3.") {
+		t.Errorf("openapi = %q, want 3.x", v3.OpenAPI)
+	}
+	v2 := parse(t)
+	if len(v3.Paths) != len(v2.Paths) {
+		t.Errorf("%s has %d paths, %s %d: run make proto", V3FileName, len(v3.Paths), FileName, len(v2.Paths))
+	}
+	for p := range v2.Paths {
+		if _, ok := v3.Paths[p]; !ok {
+			t.Errorf("%s missing from %s: run make proto", p, V3FileName)
+		}
+	}
+	d := V3Document()
+	d[0] = 'x'
+	if V3Document()[0] == 'x' {
+		t.Error("V3Document returned shared memory")
+	}
+}
+
 func lowerFirst(s string) string {
 	r, n := utf8.DecodeRuneInString(s)
 	return string(unicode.ToLower(r)) + s[n:]

@@ -42,8 +42,13 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
-// OpenAPIPath serves the generated OpenAPI document.
+// OpenAPIPath serves the generated OpenAPI 3 document (with the bearer
+// scheme and the error envelope), which client generators accept.
 const OpenAPIPath = "/api/compute/openapi.json"
+
+// SwaggerPath serves the Swagger 2.0 document OpenAPIPath served before the
+// OpenAPI 3 one. Deprecated: kept for one release; read OpenAPIPath.
+const SwaggerPath = "/api/compute/swagger.json"
 
 // Prefix is where every REST method lives.
 const Prefix = "/api/compute/"
@@ -261,7 +266,7 @@ func (s *Server) SetServing(ok bool) {
 }
 
 // Gateway returns the REST handler (every method under [Prefix] plus the
-// OpenAPI document), which forwards to the gRPC server at addr so that REST
+// OpenAPI documents), which forwards to the gRPC server at addr so that REST
 // and gRPC share interceptors, limits and errors.
 func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 	// The REST gateway reaches the gRPC server through an in-process
@@ -313,6 +318,12 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 	h := http.NewServeMux()
 	h.HandleFunc("GET "+OpenAPIPath, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", openapi.ContentType)
+		_, _ = w.Write(openapi.V3Document())
+	})
+	h.HandleFunc("GET "+SwaggerPath, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", openapi.ContentType)
+		w.Header().Set("Deprecation", "true")
+		w.Header().Set("Link", "<"+OpenAPIPath+`>; rel="successor-version"`)
 		_, _ = w.Write(openapi.Document())
 	})
 	h.Handle(Prefix, http.MaxBytesHandler(mux, MaxRequestBytes))

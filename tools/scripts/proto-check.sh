@@ -12,9 +12,10 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 # Copy proto/, drop every generated file (protoc-gen-go, -go-grpc,
-# -grpc-gateway, -openapiv2) from the copy, and regenerate it from scratch.
+# -grpc-gateway, -openapiv2, tools/cmd/openapi3) from the copy, and
+# regenerate it from scratch.
 cp -a "$root/proto" "$tmp/proto"
-find "$tmp/proto" -type f \( -name '*.pb.go' -o -name '*.pb.gw.go' -o -path "$tmp/proto/openapi/*.swagger.json" \) -delete
+find "$tmp/proto" -type f \( -name '*.pb.go' -o -name '*.pb.gw.go' -o -path "$tmp/proto/openapi/*.swagger.json" -o -path "$tmp/proto/openapi/*.openapi.json" \) -delete
 "$root/tools/scripts/proto.sh" "$tmp/proto"
 
 # Everything else was copied as is, so any difference is a generated file.

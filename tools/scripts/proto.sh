@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # proto.sh — lint the .proto sources and regenerate the committed Go code and
-# OpenAPI document under proto/. Runs offline: local buf config, local plugins
+# OpenAPI documents (Swagger 2.0 and OpenAPI 3) under proto/. Runs offline: local buf config, local plugins
 # built from tools/go.mod (see build-tools.sh). Run from anywhere in the repo.
 #
 #   tools/scripts/proto.sh          lint + generate into proto/
@@ -22,3 +22,9 @@ export BUF_BETA_SUPPRESS_WARNINGS=1
 cd "$dir"
 buf lint
 buf generate
+# The OpenAPI 3 document the API serves (and client generators read), made
+# from the Swagger 2.0 one buf just wrote: tools/cmd/openapi3 adds the bearer
+# scheme and the error envelope. Built from tools/go.mod, like the plugins.
+openapi="$PWD/openapi"
+(cd "$root/tools" && GOWORK=off go run ./cmd/openapi3 \
+  -in "$openapi/compute.swagger.json" -out "$openapi/compute.openapi.json")
