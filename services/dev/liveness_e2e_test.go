@@ -107,13 +107,13 @@ func TestLivenessEndToEnd(t *testing.T) {
 			t.Fatalf("%s before: %+v", id, c)
 		}
 		f.Halt(i)
-		poll.Until(t, 30*time.Second, id+" to go Unknown", func() bool { return readyOf(t, env, id).Value == "Unknown" })
+		poll.Until(t, time.Minute, id+" to go Unknown", func() bool { return readyOf(t, env, id).Value == "Unknown" })
 		if c := readyOf(t, env, id); c.Status || c.Reason == "" || c.Since.IsZero() {
 			t.Fatalf("%s Unknown: %+v", id, c)
 		}
-		poll.Until(t, 30*time.Second, id+" to go Lost", func() bool { return readyOf(t, env, id).Value == "Lost" })
+		poll.Until(t, time.Minute, id+" to go Lost", func() bool { return readyOf(t, env, id).Value == "Lost" })
 		f.Resume(i)
-		poll.Until(t, 30*time.Second, id+" to be Ready again", func() bool { return readyOf(t, env, id).Value == "True" })
+		poll.Until(t, time.Minute, id+" to be Ready again", func() bool { return readyOf(t, env, id).Value == "True" })
 		if got := readyEvents(t, db, id); !equal(got, want) {
 			t.Fatalf("%s events %v, want %v", id, got, want)
 		}
