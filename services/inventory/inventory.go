@@ -50,7 +50,8 @@ const (
 
 // healthKind is the health job's kind (services/lifecycle.HealthKind, not
 // imported: lifecycle may depend on this package), enqueued for the node
-// after every report applied.
+// after a report applied when one of its GPUs is unhealthy, missing or
+// quarantined: a fleet of healthy nodes costs the health job nothing.
 const healthKind = "health"
 
 // AcceptancePassed is the condition of a node in a pool with acceptance
@@ -127,7 +128,7 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 				return err
 			}
 		}
-		conds, err := conditions(ctx, tx, nodeID)
+		conds, needsHealth, err := conditions(ctx, tx, nodeID)
 		if err != nil {
 			return err
 		}
@@ -170,9 +171,12 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 			return err
 		}
 		// The health job quarantines what this report shows unhealthy or
-		// missing, and judges remediation steps by it.
-		if err := q.Enqueue(ctx, healthKind, nodeID); err != nil {
-			return err
+		// missing, lifts quarantines and judges remediation steps by it
+		// (a running step's GPUs stay quarantined until it succeeds).
+		if needsHealth {
+			if err := q.Enqueue(ctx, healthKind, nodeID); err != nil {
+				return err
+			}
 		}
 		_, err = tx.Exec(ctx, `UPDATE node_inventory SET applied_at = clock_timestamp() WHERE node_id = $1 AND received_at = $2`, nodeID, received)
 		return err
@@ -281,21 +285,25 @@ func applyGPUs(ctx context.Context, tx pgx.Tx, nodeID string, gpus []*agentv1.GP
 	return nil
 }
 
-// conditions derives the node's conditions from its devices, keeping each
-// condition's Since while its status holds.
-func conditions(ctx context.Context, tx pgx.Tx, nodeID string) ([]Condition, error) {
+// conditions derives the node's conditions from its devices, and whether
+// the health job has anything to look at (a GPU unhealthy, missing or
+// quarantined).
+func conditions(ctx context.Context, tx pgx.Tx, nodeID string) ([]Condition, bool, error) {
 	var unhealthy, missing []string
-	rows, err := tx.Query(ctx, `SELECT id, healthy, missing_since IS NOT NULL FROM devices WHERE node_id = $1 ORDER BY index, id`, nodeID)
+	quarantined := false
+	rows, err := tx.Query(ctx, `SELECT id, healthy, missing_since IS NOT NULL, quarantined_at IS NOT NULL
+		FROM devices WHERE node_id = $1 ORDER BY index, id`, nodeID)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for rows.Next() {
 		var id string
-		var healthy, gone bool
-		if err := rows.Scan(&id, &healthy, &gone); err != nil {
+		var healthy, gone, q bool
+		if err := rows.Scan(&id, &healthy, &gone, &q); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, false, err
 		}
+		quarantined = quarantined || q
 		switch {
 		case gone:
 			missing = append(missing, id)
@@ -305,7 +313,7 @@ func conditions(ctx context.Context, tx pgx.Tx, nodeID string) ([]Condition, err
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	out := []Condition{
 		{Type: InventoryReported, Status: true},
@@ -318,7 +326,7 @@ func conditions(ctx context.Context, tx pgx.Tx, nodeID string) ([]Condition, err
 	if len(missing) > 0 {
 		out[2].Reason = fmt.Sprintf("missing: %v", missing)
 	}
-	return out, nil
+	return out, quarantined || len(unhealthy) > 0 || len(missing) > 0, nil
 }
 
 // keepSince stamps each condition with now, or with its previous Since
