@@ -14,6 +14,9 @@ require (
 
 require (
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae // indirect
+	github.com/pin/tftp/v3 v3.1.0 // indirect
+	github.com/stmcginnis/gofish v0.20.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
