@@ -26,8 +26,9 @@ const (
 // LogSourceAgent is logs.collect's source for the daemon's own log.
 const LogSourceAgent = "agent"
 
-// diagNvml checks every GPU asked for through NVML; it fails, with the
-// result attached, when any GPU is unhealthy.
+// diagNvml checks every GPU asked for through NVML and, on a daemon with
+// a Ramdisk (burn-in), every disk of its inventory; it fails, with the
+// result attached, when any GPU or disk is unhealthy.
 func (e *Executor) diagNvml(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
 	p := body.GetDiagNvml()
 	switch p.GetLevel() {
@@ -38,12 +39,15 @@ func (e *Executor) diagNvml(ctx context.Context, body *agentv1.CommandBody) (*ag
 	d, ok := e.cfg.Inventory.(interface {
 		Diagnose(ctx context.Context, uuids []string) (*agentv1.DiagNvmlResult, error)
 	})
-	if !ok {
+	if !ok && e.cfg.Ramdisk == nil {
 		return nil, errors.New("NVML diagnostics are not available on this daemon")
 	}
-	res, err := d.Diagnose(ctx, p.GetGpuUuids())
-	if err != nil {
-		return nil, err
+	res := &agentv1.DiagNvmlResult{}
+	if ok {
+		var err error
+		if res, err = d.Diagnose(ctx, p.GetGpuUuids()); err != nil {
+			return nil, err
+		}
 	}
 	out := &agentv1.CommandResult{Kind: &agentv1.CommandResult_DiagNvml{DiagNvml: res}}
 	var bad []string
@@ -55,7 +59,67 @@ func (e *Executor) diagNvml(ctx context.Context, body *agentv1.CommandBody) (*ag
 	if len(bad) > 0 {
 		return out, fmt.Errorf("%d of %d GPUs unhealthy: %s", len(bad), len(res.GetGpus()), strings.Join(bad, "; "))
 	}
+	if e.cfg.Ramdisk != nil {
+		disks, err := e.cfg.Ramdisk.CheckDisks(ctx)
+		res.Disks = disks
+		if err != nil {
+			return out, fmt.Errorf("disk burn-in: %w", err)
+		}
+		for _, c := range disks {
+			if !c.GetHealthy() {
+				bad = append(bad, fmt.Sprintf("%s: %s", c.GetPath(), c.GetReason()))
+			}
+		}
+		if len(bad) > 0 {
+			return out, fmt.Errorf("%d of %d disks unhealthy: %s", len(bad), len(disks), strings.Join(bad, "; "))
+		}
+	}
 	return out, nil
+}
+
+// Ramdisk runs the commissioning kinds on a machine booted into bcd
+// ramdisk (an *ramdisk.Ramdisk). Each method must return once ctx ends.
+type Ramdisk interface {
+	// WipeDisks runs disk.wipe; a result returned with an error says what
+	// was wiped before it.
+	WipeDisks(ctx context.Context, p *agentv1.DiskWipe) (*agentv1.DiskWipeResult, error)
+	// DeployImage runs image.deploy, failing unless the SHA-256 of what it
+	// wrote is the payload's.
+	DeployImage(ctx context.Context, p *agentv1.ImageDeploy) (*agentv1.ImageDeployResult, error)
+	// LoadKexec fetches, checks and loads node.kexec's kernel and initrd;
+	// ExecKexec then boots into them (it returns only on failure, or, with
+	// a test hook, once the call is recorded).
+	LoadKexec(ctx context.Context, p *agentv1.NodeKexec) error
+	ExecKexec(ctx context.Context) error
+	// CheckDisks is the burn-in check of every disk of the inventory,
+	// added to diag.nvml's result.
+	CheckDisks(ctx context.Context) ([]*agentv1.DiskCheck, error)
+}
+
+// diskWipe wipes disks through the Ramdisk; the result (signed, with a
+// ResultKey) lists every disk wiped, also when a later one failed.
+func (e *Executor) diskWipe(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
+	p := body.GetDiskWipe()
+	e.log.Warn("wiping disks", "disks", p.GetDisks(), "method", p.GetMethod().String(), "reason", p.GetReason())
+	res, err := e.cfg.Ramdisk.WipeDisks(ctx, p)
+	if res == nil {
+		if err != nil {
+			return nil, err
+		}
+		res = &agentv1.DiskWipeResult{}
+	}
+	return &agentv1.CommandResult{Kind: &agentv1.CommandResult_DiskWipe{DiskWipe: res}}, err
+}
+
+// imageDeploy streams an image onto a disk through the Ramdisk.
+func (e *Executor) imageDeploy(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
+	p := body.GetImageDeploy()
+	e.log.Warn("deploying an image", "disk", p.GetDisk(), "url", p.GetUrl(), "sha256", p.GetSha256())
+	res, err := e.cfg.Ramdisk.DeployImage(ctx, p)
+	if res == nil {
+		return nil, err
+	}
+	return &agentv1.CommandResult{Kind: &agentv1.CommandResult_ImageDeploy{ImageDeploy: res}}, err
 }
 
 // inventoryRefresh re-collects the sections (rescanning first when asked)

@@ -15,7 +15,8 @@
 //
 //  1. UNSUPPORTED: another node's command, a kind the daemon does not know
 //     or its configuration denies (node.reboot without a reboot hook,
-//     gpu.reset without a GPU inventory), or
+//     gpu.reset without a GPU inventory, disk.wipe, image.deploy and
+//     node.kexec without a Config.Ramdisk), or
 //     a body that is not the kind's payload message.
 //  2. STALE_GENERATION: min_generation ahead of the applied generation. The
 //     command is held (no answer) and re-checked as SetApplied advances;
@@ -32,6 +33,12 @@
 // run. At start, entries still accepted become failed ("interrupted: the
 // agent restarted"), except self-terminating ones (node.reboot), which
 // become succeeded when the boot id changed.
+//
+// A daemon with a Config.ResultKey (bcd ramdisk) signs the final update of
+// every command it ran (succeeded, failed or cancelled, and those settled
+// at start) with proto/resultsig for its node id and trust domain, and
+// journals the signature with the outcome, so a re-delivery is answered
+// with the same signed report. Rejections are not signed: nothing ran.
 package command
 
 import (
@@ -50,6 +57,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/commandsig"
+	"github.com/bettercompute/bettercompute/proto/resultsig"
 )
 
 // Func runs one command of a kind with its decoded body. It returns the
@@ -109,6 +117,15 @@ type Config struct {
 	// is journaled and ACCEPTED is sent. Nil disallows node.reboot
 	// (UNSUPPORTED). It should return once the reboot is under way.
 	RebootHook func(ctx context.Context, reason string) error
+	// Ramdisk runs the commissioning kinds (disk.wipe, image.deploy,
+	// node.kexec) and adds a burn-in check of the disks to diag.nvml: an
+	// *ramdisk.Ramdisk in bcd ramdisk. Nil refuses those kinds
+	// (UNSUPPORTED).
+	Ramdisk Ramdisk
+	// ResultKey, when set, signs the final update of every command run
+	// (proto/resultsig; see the package comment): bcd ramdisk's Ed25519
+	// key, the one its certificate binds. Signing needs TrustDomain.
+	ResultKey ed25519.PrivateKey
 	// Executors replace the built-in Func of known kinds (tests use slow
 	// or blocking ones); a key that is not a known kind is an error.
 	Executors map[string]Func
@@ -187,7 +204,7 @@ func New(cfg Config) (*Executor, error) {
 	e.cfg.Resetter = cfg.Resetter
 	e.funcs = map[string]Func{
 		KindDiagNvml: e.diagNvml, KindInventoryRefresh: e.inventoryRefresh, KindLogsCollect: e.logsCollect,
-		KindGPUReset: e.gpuReset,
+		KindGPUReset: e.gpuReset, KindDiskWipe: e.diskWipe, KindImageDeploy: e.imageDeploy,
 	}
 	for k, f := range cfg.Executors {
 		if _, ok := kinds[k]; !ok {
@@ -209,6 +226,7 @@ func New(cfg Config) (*Executor, error) {
 		default:
 			next.State, next.Reason = stateFailed, InterruptedReason
 		}
+		e.seal(&next)
 		if err := j.put(&next); err != nil {
 			return nil, err
 		}
@@ -297,6 +315,9 @@ func (e *Executor) decode(c *agentv1.Command) (*agentv1.CommandBody, string) {
 	}
 	if _, ok := e.cfg.Inventory.(GPUInventory); c.GetKind() == KindGPUReset && (e.cfg.Resetter == nil || !ok) {
 		return nil, "gpu.reset is not available on this daemon (no GPU inventory)"
+	}
+	if k.ramdisk && e.cfg.Ramdisk == nil {
+		return nil, c.GetKind() + " runs only in bcd ramdisk (commissioning)"
 	}
 	body := &agentv1.CommandBody{}
 	if err := proto.Unmarshal(c.GetBody(), body); err != nil {
@@ -391,12 +412,7 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 		defer stop()
 	}
 	if k.selfTerminating {
-		if e.cfg.WaitSent != nil {
-			wctx, cancel := context.WithTimeout(ctx, RebootGrace)
-			e.cfg.WaitSent(wctx)
-			cancel()
-		}
-		err = e.cfg.RebootHook(ctx, body.GetNodeReboot().GetReason())
+		err = e.terminate(ctx, c.GetKind(), body)
 		if err == nil {
 			// Stays accepted: it succeeds when the node comes back
 			// with a new boot id.
@@ -404,10 +420,9 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 			delete(e.running, c.GetSeq())
 			e.inUse[k.lane]--
 			e.mu.Unlock()
-			e.log.Info("reboot under way", "seq", c.GetSeq())
+			e.log.Info("reboot under way", "seq", c.GetSeq(), "kind", c.GetKind())
 			return
 		}
-		err = fmt.Errorf("reboot: %w", err)
 	} else {
 		res, err = e.funcs[c.GetKind()](ctx, body)
 	}
@@ -435,6 +450,7 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 			final.Result = b
 		}
 	}
+	e.seal(&final)
 	if perr := e.journal.put(&final); perr != nil {
 		// Keep the outcome in memory so re-deliveries get it; after a
 		// restart the entry reads as interrupted.
@@ -443,6 +459,59 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 	}
 	e.log.Info("command finished", "seq", c.GetSeq(), "kind", c.GetKind(), "state", final.State, "reason", final.Reason)
 	e.send(final.update())
+}
+
+// terminate runs a self-terminating kind: node.reboot's RebootHook, or
+// node.kexec's load (fetch, check, kexec -l) and then exec. Updates sent so
+// far are given RebootGrace to go out before the machine goes down. A nil
+// error means the machine is going down.
+func (e *Executor) terminate(ctx context.Context, kind string, body *agentv1.CommandBody) error {
+	waitSent := func() {
+		if e.cfg.WaitSent != nil {
+			wctx, cancel := context.WithTimeout(ctx, RebootGrace)
+			e.cfg.WaitSent(wctx)
+			cancel()
+		}
+	}
+	switch kind {
+	case KindNodeKexec:
+		if err := e.cfg.Ramdisk.LoadKexec(ctx, body.GetNodeKexec()); err != nil {
+			return fmt.Errorf("kexec: %w", err)
+		}
+		waitSent()
+		if err := e.cfg.Ramdisk.ExecKexec(ctx); err != nil {
+			return fmt.Errorf("kexec: %w", err)
+		}
+		return nil
+	default:
+		waitSent()
+		if err := e.cfg.RebootHook(ctx, body.GetNodeReboot().GetReason()); err != nil {
+			return fmt.Errorf("reboot: %w", err)
+		}
+		return nil
+	}
+}
+
+// seal signs en's update with ResultKey (when set) and keeps the
+// signature in en. A report that cannot be signed (no trust domain) goes
+// unsigned, and the control plane refuses it; the error is logged.
+func (e *Executor) seal(en *entry) {
+	if e.cfg.ResultKey == nil {
+		return
+	}
+	en.Signature = nil
+	u := en.update()
+	s := resultsig.Subject{TrustDomain: e.cfg.TrustDomain, NodeID: e.cfg.NodeID, CommandID: en.ID, Kind: en.Kind, Seq: en.Seq}
+	if err := resultsig.Sign(u, s, e.cfg.ResultKey); err != nil {
+		e.log.Error("command result not signed", "seq", en.Seq, "kind", en.Kind, "err", err)
+		return
+	}
+	b, err := proto.Marshal(u.GetNodeSignature())
+	if err != nil {
+		e.log.Error("command result not signed", "seq", en.Seq, "kind", en.Kind, "err", err)
+		return
+	}
+	en.Signature = b
 }
 
 // Cancel stops the command cc names: a running one is cancelled and

@@ -32,15 +32,19 @@ const JournalDir = "journal"
 
 // entry is one command's journal record, <root>/journal/cmd-<seq>.json.
 type entry struct {
-	Seq    int64     `json:"seq"`
-	ID     string    `json:"id"`
-	Kind   string    `json:"kind"`
-	State  string    `json:"state"`
-	Reject string    `json:"reject,omitempty"` // the RejectCode's name, for rejected
-	Reason string    `json:"reason,omitempty"`
-	Result []byte    `json:"result,omitempty"` // a serialized CommandResult
-	BootID string    `json:"boot_id"`
-	At     time.Time `json:"at"`
+	Seq    int64  `json:"seq"`
+	ID     string `json:"id"`
+	Kind   string `json:"kind"`
+	State  string `json:"state"`
+	Reject string `json:"reject,omitempty"` // the RejectCode's name, for rejected
+	Reason string `json:"reason,omitempty"`
+	Result []byte `json:"result,omitempty"` // a serialized CommandResult
+	// Signature is the serialized NodeSignature over the entry's update
+	// (proto/resultsig), for a finished command of a daemon with a
+	// Config.ResultKey.
+	Signature []byte    `json:"signature,omitempty"`
+	BootID    string    `json:"boot_id"`
+	At        time.Time `json:"at"`
 }
 
 // final reports whether the entry will never change again.
@@ -66,6 +70,12 @@ func (e *entry) update() *agentv1.CommandUpdate {
 		r := &agentv1.CommandResult{}
 		if proto.Unmarshal(e.Result, r) == nil {
 			u.Result = r
+		}
+	}
+	if len(e.Signature) > 0 {
+		s := &agentv1.NodeSignature{}
+		if proto.Unmarshal(e.Signature, s) == nil {
+			u.NodeSignature = s
 		}
 	}
 	return u

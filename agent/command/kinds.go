@@ -17,6 +17,10 @@ const (
 	KindLogsCollect      = "logs.collect"
 	KindNodeReboot       = "node.reboot"
 	KindGPUReset         = "gpu.reset"
+	// The commissioning kinds, run by bcd ramdisk (Config.Ramdisk).
+	KindDiskWipe    = "disk.wipe"
+	KindImageDeploy = "image.deploy"
+	KindNodeKexec   = "node.kexec"
 )
 
 // Lanes and their credits: how many commands of the lane may run at once.
@@ -35,6 +39,8 @@ type kind struct {
 	// selfTerminating: the daemon never answers SUCCEEDED; the control
 	// plane does when the node comes back with a new boot id.
 	selfTerminating bool
+	// ramdisk: only a daemon with a Config.Ramdisk (bcd ramdisk) runs it.
+	ramdisk bool
 	// has reports whether the body holds the kind's payload message.
 	has func(*agentv1.CommandBody) bool
 }
@@ -45,12 +51,15 @@ var kinds = map[string]kind{
 	KindLogsCollect:      {lane: LaneDefault, has: func(b *agentv1.CommandBody) bool { return b.GetLogsCollect() != nil }},
 	KindNodeReboot:       {lane: LaneExclusive, selfTerminating: true, has: func(b *agentv1.CommandBody) bool { return b.GetNodeReboot() != nil }},
 	KindGPUReset:         {lane: LaneExclusive, has: func(b *agentv1.CommandBody) bool { return b.GetGpuReset() != nil }},
+	KindDiskWipe:         {lane: LaneExclusive, ramdisk: true, has: func(b *agentv1.CommandBody) bool { return b.GetDiskWipe() != nil }},
+	KindImageDeploy:      {lane: LaneExclusive, ramdisk: true, has: func(b *agentv1.CommandBody) bool { return b.GetImageDeploy() != nil }},
+	KindNodeKexec:        {lane: LaneExclusive, ramdisk: true, selfTerminating: true, has: func(b *agentv1.CommandBody) bool { return b.GetNodeKexec() != nil }},
 }
 
 // destructive are the kinds that must carry a valid signature from the
 // pinned command-signing key, including those this daemon does not run yet.
 var destructive = map[string]bool{
-	KindNodeReboot: true, KindGPUReset: true, "disk.wipe": true, "image.deploy": true, "node.kexec": true,
+	KindNodeReboot: true, KindGPUReset: true, KindDiskWipe: true, KindImageDeploy: true, KindNodeKexec: true,
 }
 
 // Destructive reports whether kind must be signed.

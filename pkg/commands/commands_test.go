@@ -610,7 +610,7 @@ func TestRegistry(t *testing.T) {
 	for _, k := range commands.Builtin().Kinds() {
 		names = append(names, k.Name)
 	}
-	if len(names) != 5 || names[0] != "diag.nvml" || names[1] != "gpu.reset" || names[4] != "node.reboot" {
+	if len(names) != 8 || names[0] != "diag.nvml" || names[1] != "disk.wipe" || names[2] != "gpu.reset" || names[3] != "image.deploy" || names[6] != "node.kexec" || names[7] != "node.reboot" {
 		t.Fatalf("built-in kinds %v", names)
 	}
 }

@@ -2,6 +2,8 @@ package commands
 
 import (
 	"fmt"
+	"net/url"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -168,7 +170,8 @@ func (r *Registry) timeout(name string) time.Duration {
 
 // Builtin returns a registry with the server's kinds (DESIGN §6).
 // agent.upgrade has no payload message in the wire contract yet, so it is
-// not registered.
+// not registered. disk.wipe, image.deploy and node.kexec are the metal
+// workflow's (bcd ramdisk runs them), never commands.run's.
 func Builtin() *Registry {
 	r := NewRegistry()
 	r.MustRegister(Kind{Name: "diag.nvml", Field: "diag_nvml", API: true, RetrySafe: true, Lane: LaneDiag, Timeout: 10 * time.Minute,
@@ -181,7 +184,143 @@ func Builtin() *Registry {
 		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."})
 	r.MustRegister(Kind{Name: "gpu.reset", Field: "gpu_reset", Destructive: true, Lane: LaneExclusive, Timeout: 5 * time.Minute,
 		Doc: "Resets GPUs by UUID (the remediation ladder's first step); the daemon refuses a GPU running compute processes unless force is set.", Check: checkGpuReset})
+	r.MustRegister(Kind{Name: "disk.wipe", Field: "disk_wipe", Destructive: true, Lane: LaneExclusive, Timeout: 6 * time.Hour,
+		Doc: "Wipes disks of a machine in commissioning (bcd ramdisk) by discard, zeros or the drive's secure erase, reading back what it can; issued only by the metal workflow. The result is signed by the ramdisk's key (proto/resultsig).", Check: checkDiskWipe})
+	r.MustRegister(Kind{Name: "image.deploy", Field: "image_deploy", Destructive: true, Lane: LaneExclusive, Timeout: 2 * time.Hour,
+		Doc: "Streams a raw disk image over HTTP onto a disk (bcd ramdisk), hashing it as it goes; succeeds only when its SHA-256 matches. The result is signed by the ramdisk's key.", Check: checkImageDeploy})
+	r.MustRegister(Kind{Name: "node.kexec", Field: "node_kexec", SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 10 * time.Minute,
+		Doc: "Fetches a kernel and initrd, checks their SHA-256 and kexecs into them (bcd ramdisk); succeeds when the node reconnects with a new boot id.", Check: checkNodeKexec})
 	return r
+}
+
+// Bounds of the commissioning kinds' payloads (disk.wipe, image.deploy,
+// node.kexec).
+const (
+	// MaxWipeDisks bounds disk.wipe's disks.
+	MaxWipeDisks = 64
+	// MaxDiskPath bounds one device path, in characters.
+	MaxDiskPath = 256
+	// MaxURL bounds an image or kernel URL, in characters.
+	MaxURL = 2048
+	// MaxKexecCmdline bounds node.kexec's cmdline, in characters.
+	MaxKexecCmdline = 4096
+	// MaxImageBytes bounds image.deploy's size_bytes (1 PiB).
+	MaxImageBytes = 1 << 50
+	// MaxWipeReason bounds disk.wipe's reason, in characters.
+	MaxWipeReason = 1024
+)
+
+// checkDiskWipe wants 1 to MaxWipeDisks distinct absolute device paths of
+// at most MaxDiskPath characters, a method and a short reason.
+func checkDiskWipe(body *agentv1.CommandBody) error {
+	p := body.GetDiskWipe()
+	disks := p.GetDisks()
+	if len(disks) == 0 || len(disks) > MaxWipeDisks {
+		return fault.New(fault.InvalidInput, "payload.disks", "want 1 to %d disks, got %d", MaxWipeDisks, len(disks))
+	}
+	for i, d := range disks {
+		if err := checkDiskPath("payload.disks", d); err != nil {
+			return err
+		}
+		if slices.Contains(disks[:i], d) {
+			return fault.New(fault.InvalidInput, "payload.disks", "disk %s named twice", d)
+		}
+	}
+	if _, ok := agentv1.WipeMethod_name[int32(p.GetMethod())]; !ok || p.GetMethod() == agentv1.WipeMethod_WIPE_METHOD_UNSPECIFIED {
+		return fault.New(fault.InvalidInput, "payload.method", "required: WIPE_METHOD_DISCARD, WIPE_METHOD_ZERO or WIPE_METHOD_SECURE_ERASE")
+	}
+	if n := len([]rune(p.GetReason())); n > MaxWipeReason {
+		return fault.New(fault.InvalidInput, "payload.reason", "at most %d characters, got %d", MaxWipeReason, n)
+	}
+	return nil
+}
+
+// checkImageDeploy wants an http(s) URL, a hex SHA-256, a device path, a
+// size within MaxImageBytes and the raw format.
+func checkImageDeploy(body *agentv1.CommandBody) error {
+	p := body.GetImageDeploy()
+	if err := checkURL("payload.url", p.GetUrl(), true); err != nil {
+		return err
+	}
+	if err := checkSHA256("payload.sha256", p.GetSha256()); err != nil {
+		return err
+	}
+	if err := checkDiskPath("payload.disk", p.GetDisk()); err != nil {
+		return err
+	}
+	if p.GetSizeBytes() > MaxImageBytes {
+		return fault.New(fault.InvalidInput, "payload.sizeBytes", "at most %d bytes, got %d", uint64(MaxImageBytes), p.GetSizeBytes())
+	}
+	switch p.GetFormat() {
+	case agentv1.ImageFormat_IMAGE_FORMAT_UNSPECIFIED, agentv1.ImageFormat_IMAGE_FORMAT_RAW:
+	default:
+		return fault.New(fault.InvalidInput, "payload.format", "only IMAGE_FORMAT_RAW is supported")
+	}
+	return nil
+}
+
+// checkNodeKexec wants a kernel URL and SHA-256, an initrd SHA-256 with an
+// initrd URL, and a command line of at most MaxKexecCmdline characters.
+func checkNodeKexec(body *agentv1.CommandBody) error {
+	p := body.GetNodeKexec()
+	if err := checkURL("payload.kernelUrl", p.GetKernelUrl(), true); err != nil {
+		return err
+	}
+	if err := checkSHA256("payload.kernelSha256", p.GetKernelSha256()); err != nil {
+		return err
+	}
+	if err := checkURL("payload.initrdUrl", p.GetInitrdUrl(), false); err != nil {
+		return err
+	}
+	if p.GetInitrdUrl() != "" {
+		if err := checkSHA256("payload.initrdSha256", p.GetInitrdSha256()); err != nil {
+			return err
+		}
+	} else if p.GetInitrdSha256() != "" {
+		return fault.New(fault.InvalidInput, "payload.initrdSha256", "set without initrdUrl")
+	}
+	if n := len([]rune(p.GetCmdline())); n > MaxKexecCmdline {
+		return fault.New(fault.InvalidInput, "payload.cmdline", "at most %d characters, got %d", MaxKexecCmdline, n)
+	}
+	return nil
+}
+
+func checkDiskPath(field, d string) error {
+	switch {
+	case d == "":
+		return fault.New(fault.InvalidInput, field, "required: a device path")
+	case len(d) > MaxDiskPath:
+		return fault.New(fault.InvalidInput, field, "a device path of at most %d characters, got %d", MaxDiskPath, len(d))
+	case !strings.HasPrefix(d, "/") || path.Clean(d) != d || strings.ContainsAny(d, "\x00\n"):
+		return fault.New(fault.InvalidInput, field, "%q is not a clean absolute device path", d)
+	}
+	return nil
+}
+
+func checkURL(field, raw string, required bool) error {
+	if raw == "" {
+		if required {
+			return fault.New(fault.InvalidInput, field, "required: an http:// or https:// URL")
+		}
+		return nil
+	}
+	if len(raw) > MaxURL {
+		return fault.New(fault.InvalidInput, field, "at most %d characters, got %d", MaxURL, len(raw))
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fault.New(fault.InvalidInput, field, "want an http:// or https:// URL")
+	}
+	return nil
+}
+
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func checkSHA256(field, s string) error {
+	if !sha256Hex.MatchString(s) {
+		return fault.New(fault.InvalidInput, field, "want a SHA-256: 64 lower-case hex characters")
+	}
+	return nil
 }
 
 // Bounds of gpu.reset's payload.

@@ -49,6 +49,6 @@ func (r *Registry) Reference() string {
 	b.WriteString("## Not registered yet\n\n")
 	b.WriteString("`agent.upgrade` (self-terminating, `exclusive`, 15 min) is in the design but has no payload message\n")
 	b.WriteString("in `bettercompute.agent.v1.CommandBody` yet, so it is not registered: enqueueing it is `UNSUPPORTED`\n")
-	b.WriteString("on `kind`. The same holds for `disk.wipe`, `image.deploy` and `node.kexec`.\n")
+	b.WriteString("on `kind`.\n")
 	return b.String()
 }

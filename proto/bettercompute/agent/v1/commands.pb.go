@@ -23,6 +23,116 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// WipeMethod is how disk.wipe erases a disk.
+type WipeMethod int32
+
+const (
+	// Not set: refused.
+	WipeMethod_WIPE_METHOD_UNSPECIFIED WipeMethod = 0
+	// Discard every block (BLKDISCARD; punching holes in a file), then read
+	// back zeros; where discarding is unsupported or does not read back as
+	// zeros, overwrite with zeros instead (the result says ZERO).
+	WipeMethod_WIPE_METHOD_DISCARD WipeMethod = 1
+	// Overwrite every byte with zeros and read them back.
+	WipeMethod_WIPE_METHOD_ZERO WipeMethod = 2
+	// The drive's own erase (nvme format --ses=1, ATA security erase),
+	// covering remapped blocks; on a file-backed disk (simulation) it is
+	// ZERO, and the result says ZERO.
+	WipeMethod_WIPE_METHOD_SECURE_ERASE WipeMethod = 3
+)
+
+// Enum value maps for WipeMethod.
+var (
+	WipeMethod_name = map[int32]string{
+		0: "WIPE_METHOD_UNSPECIFIED",
+		1: "WIPE_METHOD_DISCARD",
+		2: "WIPE_METHOD_ZERO",
+		3: "WIPE_METHOD_SECURE_ERASE",
+	}
+	WipeMethod_value = map[string]int32{
+		"WIPE_METHOD_UNSPECIFIED":  0,
+		"WIPE_METHOD_DISCARD":      1,
+		"WIPE_METHOD_ZERO":         2,
+		"WIPE_METHOD_SECURE_ERASE": 3,
+	}
+)
+
+func (x WipeMethod) Enum() *WipeMethod {
+	p := new(WipeMethod)
+	*p = x
+	return p
+}
+
+func (x WipeMethod) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WipeMethod) Descriptor() protoreflect.EnumDescriptor {
+	return file_bettercompute_agent_v1_commands_proto_enumTypes[0].Descriptor()
+}
+
+func (WipeMethod) Type() protoreflect.EnumType {
+	return &file_bettercompute_agent_v1_commands_proto_enumTypes[0]
+}
+
+func (x WipeMethod) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WipeMethod.Descriptor instead.
+func (WipeMethod) EnumDescriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{0}
+}
+
+// ImageFormat is the format of an image.deploy image.
+type ImageFormat int32
+
+const (
+	// Not set: raw.
+	ImageFormat_IMAGE_FORMAT_UNSPECIFIED ImageFormat = 0
+	// A raw disk image, written byte for byte from offset 0.
+	ImageFormat_IMAGE_FORMAT_RAW ImageFormat = 1
+)
+
+// Enum value maps for ImageFormat.
+var (
+	ImageFormat_name = map[int32]string{
+		0: "IMAGE_FORMAT_UNSPECIFIED",
+		1: "IMAGE_FORMAT_RAW",
+	}
+	ImageFormat_value = map[string]int32{
+		"IMAGE_FORMAT_UNSPECIFIED": 0,
+		"IMAGE_FORMAT_RAW":         1,
+	}
+)
+
+func (x ImageFormat) Enum() *ImageFormat {
+	p := new(ImageFormat)
+	*p = x
+	return p
+}
+
+func (x ImageFormat) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ImageFormat) Descriptor() protoreflect.EnumDescriptor {
+	return file_bettercompute_agent_v1_commands_proto_enumTypes[1].Descriptor()
+}
+
+func (ImageFormat) Type() protoreflect.EnumType {
+	return &file_bettercompute_agent_v1_commands_proto_enumTypes[1]
+}
+
+func (x ImageFormat) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ImageFormat.Descriptor instead.
+func (ImageFormat) EnumDescriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{1}
+}
+
 // CommandOutcome is the stage a CommandUpdate reports.
 type CommandOutcome int32
 
@@ -72,11 +182,11 @@ func (x CommandOutcome) String() string {
 }
 
 func (CommandOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_bettercompute_agent_v1_commands_proto_enumTypes[0].Descriptor()
+	return file_bettercompute_agent_v1_commands_proto_enumTypes[2].Descriptor()
 }
 
 func (CommandOutcome) Type() protoreflect.EnumType {
-	return &file_bettercompute_agent_v1_commands_proto_enumTypes[0]
+	return &file_bettercompute_agent_v1_commands_proto_enumTypes[2]
 }
 
 func (x CommandOutcome) Number() protoreflect.EnumNumber {
@@ -85,7 +195,7 @@ func (x CommandOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CommandOutcome.Descriptor instead.
 func (CommandOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{0}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{2}
 }
 
 // RejectCode is the daemon check that refused a command.
@@ -137,11 +247,11 @@ func (x RejectCode) String() string {
 }
 
 func (RejectCode) Descriptor() protoreflect.EnumDescriptor {
-	return file_bettercompute_agent_v1_commands_proto_enumTypes[1].Descriptor()
+	return file_bettercompute_agent_v1_commands_proto_enumTypes[3].Descriptor()
 }
 
 func (RejectCode) Type() protoreflect.EnumType {
-	return &file_bettercompute_agent_v1_commands_proto_enumTypes[1]
+	return &file_bettercompute_agent_v1_commands_proto_enumTypes[3]
 }
 
 func (x RejectCode) Number() protoreflect.EnumNumber {
@@ -150,7 +260,7 @@ func (x RejectCode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RejectCode.Descriptor instead.
 func (RejectCode) EnumDescriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{3}
 }
 
 // Command is one one-shot action the gateway sends a node over its session:
@@ -308,6 +418,9 @@ type CommandBody struct {
 	//	*CommandBody_LogsCollect
 	//	*CommandBody_NodeReboot
 	//	*CommandBody_GpuReset
+	//	*CommandBody_DiskWipe
+	//	*CommandBody_ImageDeploy
+	//	*CommandBody_NodeKexec
 	Kind          isCommandBody_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -395,6 +508,33 @@ func (x *CommandBody) GetGpuReset() *GpuReset {
 	return nil
 }
 
+func (x *CommandBody) GetDiskWipe() *DiskWipe {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandBody_DiskWipe); ok {
+			return x.DiskWipe
+		}
+	}
+	return nil
+}
+
+func (x *CommandBody) GetImageDeploy() *ImageDeploy {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandBody_ImageDeploy); ok {
+			return x.ImageDeploy
+		}
+	}
+	return nil
+}
+
+func (x *CommandBody) GetNodeKexec() *NodeKexec {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandBody_NodeKexec); ok {
+			return x.NodeKexec
+		}
+	}
+	return nil
+}
+
 type isCommandBody_Kind interface {
 	isCommandBody_Kind()
 }
@@ -424,6 +564,21 @@ type CommandBody_GpuReset struct {
 	GpuReset *GpuReset `protobuf:"bytes,5,opt,name=gpu_reset,json=gpuReset,proto3,oneof"`
 }
 
+type CommandBody_DiskWipe struct {
+	// disk.wipe
+	DiskWipe *DiskWipe `protobuf:"bytes,6,opt,name=disk_wipe,json=diskWipe,proto3,oneof"`
+}
+
+type CommandBody_ImageDeploy struct {
+	// image.deploy
+	ImageDeploy *ImageDeploy `protobuf:"bytes,7,opt,name=image_deploy,json=imageDeploy,proto3,oneof"`
+}
+
+type CommandBody_NodeKexec struct {
+	// node.kexec
+	NodeKexec *NodeKexec `protobuf:"bytes,8,opt,name=node_kexec,json=nodeKexec,proto3,oneof"`
+}
+
 func (*CommandBody_DiagNvml) isCommandBody_Kind() {}
 
 func (*CommandBody_InventoryRefresh) isCommandBody_Kind() {}
@@ -433,6 +588,12 @@ func (*CommandBody_LogsCollect) isCommandBody_Kind() {}
 func (*CommandBody_NodeReboot) isCommandBody_Kind() {}
 
 func (*CommandBody_GpuReset) isCommandBody_Kind() {}
+
+func (*CommandBody_DiskWipe) isCommandBody_Kind() {}
+
+func (*CommandBody_ImageDeploy) isCommandBody_Kind() {}
+
+func (*CommandBody_NodeKexec) isCommandBody_Kind() {}
 
 // DiagNvml runs NVML health checks and a short check per GPU.
 type DiagNvml struct {
@@ -722,6 +883,247 @@ func (x *GpuReset) GetReason() string {
 	return ""
 }
 
+// DiskWipe wipes disks of a machine in commissioning (bcd ramdisk).
+// Destructive: signed; issued only by the metal workflow, never through
+// commands.run. The ramdisk refuses a disk outside its disk inventory and
+// signs its result (see NodeSignature).
+type DiskWipe struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The disks, by device path (e.g. "/dev/nvme0n1"); at least 1, at most
+	// 64, each at most 256 characters, each once.
+	Disks []string `protobuf:"bytes,1,rep,name=disks,proto3" json:"disks,omitempty"`
+	// How to wipe them; required.
+	Method WipeMethod `protobuf:"varint,2,opt,name=method,proto3,enum=bettercompute.agent.v1.WipeMethod" json:"method,omitempty"`
+	// Why, for the node's log; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiskWipe) Reset() {
+	*x = DiskWipe{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiskWipe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiskWipe) ProtoMessage() {}
+
+func (x *DiskWipe) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiskWipe.ProtoReflect.Descriptor instead.
+func (*DiskWipe) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DiskWipe) GetDisks() []string {
+	if x != nil {
+		return x.Disks
+	}
+	return nil
+}
+
+func (x *DiskWipe) GetMethod() WipeMethod {
+	if x != nil {
+		return x.Method
+	}
+	return WipeMethod_WIPE_METHOD_UNSPECIFIED
+}
+
+func (x *DiskWipe) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// ImageDeploy streams a disk image from url onto disk, hashing it as it
+// goes; it succeeds only when the SHA-256 of what was written is sha256.
+// Destructive: signed.
+type ImageDeploy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The image, an http:// or https:// URL; at most 2,048 characters.
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// The image's SHA-256, 64 lower-case hex characters; required.
+	Sha256 string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// The target disk, a device path in the ramdisk's disk inventory; at
+	// most 256 characters.
+	Disk string `protobuf:"bytes,3,opt,name=disk,proto3" json:"disk,omitempty"`
+	// The image's size in bytes, when known (0: not known); a different
+	// length fails the command. At most 2^50 (1 PiB).
+	SizeBytes uint64 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// The image's format; only raw.
+	Format        ImageFormat `protobuf:"varint,5,opt,name=format,proto3,enum=bettercompute.agent.v1.ImageFormat" json:"format,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageDeploy) Reset() {
+	*x = ImageDeploy{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageDeploy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageDeploy) ProtoMessage() {}
+
+func (x *ImageDeploy) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageDeploy.ProtoReflect.Descriptor instead.
+func (*ImageDeploy) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ImageDeploy) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *ImageDeploy) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *ImageDeploy) GetDisk() string {
+	if x != nil {
+		return x.Disk
+	}
+	return ""
+}
+
+func (x *ImageDeploy) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *ImageDeploy) GetFormat() ImageFormat {
+	if x != nil {
+		return x.Format
+	}
+	return ImageFormat_IMAGE_FORMAT_UNSPECIFIED
+}
+
+// NodeKexec fetches a kernel and an initrd, checks their SHA-256, loads
+// them and kexecs into them. Destructive (signed) and self-terminating: it
+// succeeds when the node comes back with a new boot id; a download, hash
+// or load failure fails it before anything is executed.
+type NodeKexec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The kernel, an http:// or https:// URL; at most 2,048 characters.
+	KernelUrl string `protobuf:"bytes,1,opt,name=kernel_url,json=kernelUrl,proto3" json:"kernel_url,omitempty"`
+	// The kernel's SHA-256, 64 lower-case hex characters; required.
+	KernelSha256 string `protobuf:"bytes,2,opt,name=kernel_sha256,json=kernelSha256,proto3" json:"kernel_sha256,omitempty"`
+	// The initrd, an http:// or https:// URL; optional; at most 2,048
+	// characters.
+	InitrdUrl string `protobuf:"bytes,3,opt,name=initrd_url,json=initrdUrl,proto3" json:"initrd_url,omitempty"`
+	// The initrd's SHA-256, 64 lower-case hex characters; required with
+	// initrd_url.
+	InitrdSha256 string `protobuf:"bytes,4,opt,name=initrd_sha256,json=initrdSha256,proto3" json:"initrd_sha256,omitempty"`
+	// The kernel command line; at most 4,096 characters.
+	Cmdline       string `protobuf:"bytes,5,opt,name=cmdline,proto3" json:"cmdline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeKexec) Reset() {
+	*x = NodeKexec{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeKexec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeKexec) ProtoMessage() {}
+
+func (x *NodeKexec) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeKexec.ProtoReflect.Descriptor instead.
+func (*NodeKexec) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *NodeKexec) GetKernelUrl() string {
+	if x != nil {
+		return x.KernelUrl
+	}
+	return ""
+}
+
+func (x *NodeKexec) GetKernelSha256() string {
+	if x != nil {
+		return x.KernelSha256
+	}
+	return ""
+}
+
+func (x *NodeKexec) GetInitrdUrl() string {
+	if x != nil {
+		return x.InitrdUrl
+	}
+	return ""
+}
+
+func (x *NodeKexec) GetInitrdSha256() string {
+	if x != nil {
+		return x.InitrdSha256
+	}
+	return ""
+}
+
+func (x *NodeKexec) GetCmdline() string {
+	if x != nil {
+		return x.Cmdline
+	}
+	return ""
+}
+
 // CommandCancel asks the daemon to stop an in-flight command. The daemon
 // answers with the command's final CommandUpdate.
 type CommandCancel struct {
@@ -736,7 +1138,7 @@ type CommandCancel struct {
 
 func (x *CommandCancel) Reset() {
 	*x = CommandCancel{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -748,7 +1150,7 @@ func (x *CommandCancel) String() string {
 func (*CommandCancel) ProtoMessage() {}
 
 func (x *CommandCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -761,7 +1163,7 @@ func (x *CommandCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandCancel.ProtoReflect.Descriptor instead.
 func (*CommandCancel) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CommandCancel) GetId() string {
@@ -793,14 +1195,18 @@ type CommandUpdate struct {
 	// A human-readable reason (why it failed or was rejected).
 	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	// For COMMAND_OUTCOME_SUCCEEDED (and failures with detail): the result.
-	Result        *CommandResult `protobuf:"bytes,6,opt,name=result,proto3" json:"result,omitempty"`
+	Result *CommandResult `protobuf:"bytes,6,opt,name=result,proto3" json:"result,omitempty"`
+	// The node's signature over this report (see proto/resultsig): set by
+	// bcd ramdisk on every finished command, so the control plane can tell
+	// that the machine itself, not a gateway, reports a wipe or a deploy.
+	NodeSignature *NodeSignature `protobuf:"bytes,7,opt,name=node_signature,json=nodeSignature,proto3" json:"node_signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +1218,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +1231,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CommandUpdate) GetId() string {
@@ -870,6 +1276,81 @@ func (x *CommandUpdate) GetResult() *CommandResult {
 	return nil
 }
 
+func (x *CommandUpdate) GetNodeSignature() *NodeSignature {
+	if x != nil {
+		return x.NodeSignature
+	}
+	return nil
+}
+
+// NodeSignature is a node's signature over a finished command's report:
+// the input of proto/resultsig ("bc-result-v1", the trust domain, key_id,
+// the command id, node id, kind, seq, outcome, reason and the SHA-256 of
+// the deterministically serialized result).
+type NodeSignature struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which key signed: hex of the first 8 bytes of the SHA-256 of the
+	// public key (16 characters).
+	KeyId string `protobuf:"bytes,1,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	// The algorithm: "ed25519" (at most 16 characters).
+	Algorithm string `protobuf:"bytes,2,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	// The signature, 64 bytes.
+	Signature     []byte `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeSignature) Reset() {
+	*x = NodeSignature{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeSignature) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeSignature) ProtoMessage() {}
+
+func (x *NodeSignature) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeSignature.ProtoReflect.Descriptor instead.
+func (*NodeSignature) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *NodeSignature) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *NodeSignature) GetAlgorithm() string {
+	if x != nil {
+		return x.Algorithm
+	}
+	return ""
+}
+
+func (x *NodeSignature) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
 // CommandResult is a finished command's result: one message per kind.
 type CommandResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -881,6 +1362,8 @@ type CommandResult struct {
 	//	*CommandResult_InventoryRefresh
 	//	*CommandResult_LogsCollect
 	//	*CommandResult_GpuReset
+	//	*CommandResult_DiskWipe
+	//	*CommandResult_ImageDeploy
 	Kind          isCommandResult_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -888,7 +1371,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1383,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1396,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CommandResult) GetKind() isCommandResult_Kind {
@@ -959,6 +1442,24 @@ func (x *CommandResult) GetGpuReset() *GpuResetResult {
 	return nil
 }
 
+func (x *CommandResult) GetDiskWipe() *DiskWipeResult {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandResult_DiskWipe); ok {
+			return x.DiskWipe
+		}
+	}
+	return nil
+}
+
+func (x *CommandResult) GetImageDeploy() *ImageDeployResult {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandResult_ImageDeploy); ok {
+			return x.ImageDeploy
+		}
+	}
+	return nil
+}
+
 type isCommandResult_Kind interface {
 	isCommandResult_Kind()
 }
@@ -983,6 +1484,16 @@ type CommandResult_GpuReset struct {
 	GpuReset *GpuResetResult `protobuf:"bytes,4,opt,name=gpu_reset,json=gpuReset,proto3,oneof"`
 }
 
+type CommandResult_DiskWipe struct {
+	// disk.wipe
+	DiskWipe *DiskWipeResult `protobuf:"bytes,5,opt,name=disk_wipe,json=diskWipe,proto3,oneof"`
+}
+
+type CommandResult_ImageDeploy struct {
+	// image.deploy
+	ImageDeploy *ImageDeployResult `protobuf:"bytes,6,opt,name=image_deploy,json=imageDeploy,proto3,oneof"`
+}
+
 func (*CommandResult_DiagNvml) isCommandResult_Kind() {}
 
 func (*CommandResult_InventoryRefresh) isCommandResult_Kind() {}
@@ -991,6 +1502,10 @@ func (*CommandResult_LogsCollect) isCommandResult_Kind() {}
 
 func (*CommandResult_GpuReset) isCommandResult_Kind() {}
 
+func (*CommandResult_DiskWipe) isCommandResult_Kind() {}
+
+func (*CommandResult_ImageDeploy) isCommandResult_Kind() {}
+
 // DiagNvmlResult is the health of each GPU checked.
 type DiagNvmlResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -998,13 +1513,15 @@ type DiagNvmlResult struct {
 	Gpus []*GpuCheck `protobuf:"bytes,1,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	// The driver version NVML reported.
 	DriverVersion string `protobuf:"bytes,2,opt,name=driver_version,json=driverVersion,proto3" json:"driver_version,omitempty"`
+	// The burn-in check of each disk (bcd ramdisk); at most 64.
+	Disks         []*DiskCheck `protobuf:"bytes,3,rep,name=disks,proto3" json:"disks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DiagNvmlResult) Reset() {
 	*x = DiagNvmlResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1533,7 @@ func (x *DiagNvmlResult) String() string {
 func (*DiagNvmlResult) ProtoMessage() {}
 
 func (x *DiagNvmlResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1546,7 @@ func (x *DiagNvmlResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiagNvmlResult.ProtoReflect.Descriptor instead.
 func (*DiagNvmlResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DiagNvmlResult) GetGpus() []*GpuCheck {
@@ -1042,6 +1559,95 @@ func (x *DiagNvmlResult) GetGpus() []*GpuCheck {
 func (x *DiagNvmlResult) GetDriverVersion() string {
 	if x != nil {
 		return x.DriverVersion
+	}
+	return ""
+}
+
+func (x *DiagNvmlResult) GetDisks() []*DiskCheck {
+	if x != nil {
+		return x.Disks
+	}
+	return nil
+}
+
+// DiskCheck is one disk's burn-in check: its size, and a sample read.
+type DiskCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The device path; at most 256 characters.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// The disk's size in bytes.
+	SizeBytes uint64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// How many bytes were read back.
+	SampledBytes uint64 `protobuf:"varint,3,opt,name=sampled_bytes,json=sampledBytes,proto3" json:"sampled_bytes,omitempty"`
+	// Whether the sample read without error.
+	Healthy bool `protobuf:"varint,4,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// What failed, when not healthy; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiskCheck) Reset() {
+	*x = DiskCheck{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiskCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiskCheck) ProtoMessage() {}
+
+func (x *DiskCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiskCheck.ProtoReflect.Descriptor instead.
+func (*DiskCheck) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DiskCheck) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *DiskCheck) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *DiskCheck) GetSampledBytes() uint64 {
+	if x != nil {
+		return x.SampledBytes
+	}
+	return 0
+}
+
+func (x *DiskCheck) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *DiskCheck) GetReason() string {
+	if x != nil {
+		return x.Reason
 	}
 	return ""
 }
@@ -1067,7 +1673,7 @@ type GpuCheck struct {
 
 func (x *GpuCheck) Reset() {
 	*x = GpuCheck{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1685,7 @@ func (x *GpuCheck) String() string {
 func (*GpuCheck) ProtoMessage() {}
 
 func (x *GpuCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1698,7 @@ func (x *GpuCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuCheck.ProtoReflect.Descriptor instead.
 func (*GpuCheck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GpuCheck) GetUuid() string {
@@ -1151,7 +1757,7 @@ type InventoryRefreshResult struct {
 
 func (x *InventoryRefreshResult) Reset() {
 	*x = InventoryRefreshResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1769,7 @@ func (x *InventoryRefreshResult) String() string {
 func (*InventoryRefreshResult) ProtoMessage() {}
 
 func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1782,7 @@ func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRefreshResult.ProtoReflect.Descriptor instead.
 func (*InventoryRefreshResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InventoryRefreshResult) GetSections() []string {
@@ -1206,7 +1812,7 @@ type LogsCollectResult struct {
 
 func (x *LogsCollectResult) Reset() {
 	*x = LogsCollectResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1824,7 @@ func (x *LogsCollectResult) String() string {
 func (*LogsCollectResult) ProtoMessage() {}
 
 func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1837,7 @@ func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsCollectResult.ProtoReflect.Descriptor instead.
 func (*LogsCollectResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LogsCollectResult) GetData() []byte {
@@ -1261,7 +1867,7 @@ type GpuResetResult struct {
 
 func (x *GpuResetResult) Reset() {
 	*x = GpuResetResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1879,7 @@ func (x *GpuResetResult) String() string {
 func (*GpuResetResult) ProtoMessage() {}
 
 func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1892,7 @@ func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuResetResult.ProtoReflect.Descriptor instead.
 func (*GpuResetResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GpuResetResult) GetResetUuids() []string {
@@ -1301,6 +1907,191 @@ func (x *GpuResetResult) GetGpus() []*GpuCheck {
 		return x.Gpus
 	}
 	return nil
+}
+
+// DiskWipeResult is what a disk.wipe did to each disk, in the order asked.
+type DiskWipeResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per disk wiped (at most 64).
+	Disks         []*DiskWiped `protobuf:"bytes,1,rep,name=disks,proto3" json:"disks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiskWipeResult) Reset() {
+	*x = DiskWipeResult{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiskWipeResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiskWipeResult) ProtoMessage() {}
+
+func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiskWipeResult.ProtoReflect.Descriptor instead.
+func (*DiskWipeResult) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DiskWipeResult) GetDisks() []*DiskWiped {
+	if x != nil {
+		return x.Disks
+	}
+	return nil
+}
+
+// DiskWiped is one disk's wipe.
+type DiskWiped struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The device path, as asked; at most 256 characters.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// The method actually used (a DISCARD that fell back to zeros, or a
+	// SECURE_ERASE of a file-backed disk, says ZERO).
+	Method WipeMethod `protobuf:"varint,2,opt,name=method,proto3,enum=bettercompute.agent.v1.WipeMethod" json:"method,omitempty"`
+	// The bytes wiped: the disk's size.
+	Bytes uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Whether every byte was read back as zero after the wipe (a drive's
+	// secure erase is read back in samples).
+	Verified      bool `protobuf:"varint,4,opt,name=verified,proto3" json:"verified,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiskWiped) Reset() {
+	*x = DiskWiped{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiskWiped) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiskWiped) ProtoMessage() {}
+
+func (x *DiskWiped) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiskWiped.ProtoReflect.Descriptor instead.
+func (*DiskWiped) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DiskWiped) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *DiskWiped) GetMethod() WipeMethod {
+	if x != nil {
+		return x.Method
+	}
+	return WipeMethod_WIPE_METHOD_UNSPECIFIED
+}
+
+func (x *DiskWiped) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *DiskWiped) GetVerified() bool {
+	if x != nil {
+		return x.Verified
+	}
+	return false
+}
+
+// ImageDeployResult is what image.deploy wrote.
+type ImageDeployResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The disk, as asked; at most 256 characters.
+	Disk string `protobuf:"bytes,1,opt,name=disk,proto3" json:"disk,omitempty"`
+	// The SHA-256 of the bytes written, 64 lower-case hex characters.
+	Sha256 string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// How many bytes were written.
+	Bytes         uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageDeployResult) Reset() {
+	*x = ImageDeployResult{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageDeployResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageDeployResult) ProtoMessage() {}
+
+func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageDeployResult.ProtoReflect.Descriptor instead.
+func (*ImageDeployResult) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ImageDeployResult) GetDisk() string {
+	if x != nil {
+		return x.Disk
+	}
+	return ""
+}
+
+func (x *ImageDeployResult) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *ImageDeployResult) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
 }
 
 var File_bettercompute_agent_v1_commands_proto protoreflect.FileDescriptor
@@ -1319,14 +2110,18 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1c\n" +
 	"\tsignature\x18\t \x01(\fR\tsignature\x12\x15\n" +
 	"\x06key_id\x18\n" +
-	" \x01(\tR\x05keyId\"\x81\x03\n" +
+	" \x01(\tR\x05keyId\"\xd0\x04\n" +
 	"\vCommandBody\x12?\n" +
 	"\tdiag_nvml\x18\x01 \x01(\v2 .bettercompute.agent.v1.DiagNvmlH\x00R\bdiagNvml\x12W\n" +
 	"\x11inventory_refresh\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRefreshH\x00R\x10inventoryRefresh\x12H\n" +
 	"\flogs_collect\x18\x03 \x01(\v2#.bettercompute.agent.v1.LogsCollectH\x00R\vlogsCollect\x12E\n" +
 	"\vnode_reboot\x18\x04 \x01(\v2\".bettercompute.agent.v1.NodeRebootH\x00R\n" +
 	"nodeReboot\x12?\n" +
-	"\tgpu_reset\x18\x05 \x01(\v2 .bettercompute.agent.v1.GpuResetH\x00R\bgpuResetB\x06\n" +
+	"\tgpu_reset\x18\x05 \x01(\v2 .bettercompute.agent.v1.GpuResetH\x00R\bgpuReset\x12?\n" +
+	"\tdisk_wipe\x18\x06 \x01(\v2 .bettercompute.agent.v1.DiskWipeH\x00R\bdiskWipe\x12H\n" +
+	"\fimage_deploy\x18\a \x01(\v2#.bettercompute.agent.v1.ImageDeployH\x00R\vimageDeploy\x12B\n" +
+	"\n" +
+	"node_kexec\x18\b \x01(\v2!.bettercompute.agent.v1.NodeKexecH\x00R\tnodeKexecB\x06\n" +
 	"\x04kind\"=\n" +
 	"\bDiagNvml\x12\x1b\n" +
 	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
@@ -1344,26 +2139,60 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\bGpuReset\x12\x1b\n" +
 	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"1\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"t\n" +
+	"\bDiskWipe\x12\x14\n" +
+	"\x05disks\x18\x01 \x03(\tR\x05disks\x12:\n" +
+	"\x06method\x18\x02 \x01(\x0e2\".bettercompute.agent.v1.WipeMethodR\x06method\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa7\x01\n" +
+	"\vImageDeploy\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x12\n" +
+	"\x04disk\x18\x03 \x01(\tR\x04disk\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12;\n" +
+	"\x06format\x18\x05 \x01(\x0e2#.bettercompute.agent.v1.ImageFormatR\x06format\"\xad\x01\n" +
+	"\tNodeKexec\x12\x1d\n" +
+	"\n" +
+	"kernel_url\x18\x01 \x01(\tR\tkernelUrl\x12#\n" +
+	"\rkernel_sha256\x18\x02 \x01(\tR\fkernelSha256\x12\x1d\n" +
+	"\n" +
+	"initrd_url\x18\x03 \x01(\tR\tinitrdUrl\x12#\n" +
+	"\rinitrd_sha256\x18\x04 \x01(\tR\finitrdSha256\x12\x18\n" +
+	"\acmdline\x18\x05 \x01(\tR\acmdline\"1\n" +
 	"\rCommandCancel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\x86\x02\n" +
+	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\xd4\x02\n" +
 	"\rCommandUpdate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12@\n" +
 	"\aoutcome\x18\x03 \x01(\x0e2&.bettercompute.agent.v1.CommandOutcomeR\aoutcome\x12:\n" +
 	"\x06reject\x18\x04 \x01(\x0e2\".bettercompute.agent.v1.RejectCodeR\x06reject\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12=\n" +
-	"\x06result\x18\x06 \x01(\v2%.bettercompute.agent.v1.CommandResultR\x06result\"\xd4\x02\n" +
+	"\x06result\x18\x06 \x01(\v2%.bettercompute.agent.v1.CommandResultR\x06result\x12L\n" +
+	"\x0enode_signature\x18\a \x01(\v2%.bettercompute.agent.v1.NodeSignatureR\rnodeSignature\"b\n" +
+	"\rNodeSignature\x12\x15\n" +
+	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12\x1c\n" +
+	"\talgorithm\x18\x02 \x01(\tR\talgorithm\x12\x1c\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\"\xeb\x03\n" +
 	"\rCommandResult\x12E\n" +
 	"\tdiag_nvml\x18\x01 \x01(\v2&.bettercompute.agent.v1.DiagNvmlResultH\x00R\bdiagNvml\x12]\n" +
 	"\x11inventory_refresh\x18\x02 \x01(\v2..bettercompute.agent.v1.InventoryRefreshResultH\x00R\x10inventoryRefresh\x12N\n" +
 	"\flogs_collect\x18\x03 \x01(\v2).bettercompute.agent.v1.LogsCollectResultH\x00R\vlogsCollect\x12E\n" +
-	"\tgpu_reset\x18\x04 \x01(\v2&.bettercompute.agent.v1.GpuResetResultH\x00R\bgpuResetB\x06\n" +
-	"\x04kind\"m\n" +
+	"\tgpu_reset\x18\x04 \x01(\v2&.bettercompute.agent.v1.GpuResetResultH\x00R\bgpuReset\x12E\n" +
+	"\tdisk_wipe\x18\x05 \x01(\v2&.bettercompute.agent.v1.DiskWipeResultH\x00R\bdiskWipe\x12N\n" +
+	"\fimage_deploy\x18\x06 \x01(\v2).bettercompute.agent.v1.ImageDeployResultH\x00R\vimageDeployB\x06\n" +
+	"\x04kind\"\xa6\x01\n" +
 	"\x0eDiagNvmlResult\x124\n" +
 	"\x04gpus\x18\x01 \x03(\v2 .bettercompute.agent.v1.GpuCheckR\x04gpus\x12%\n" +
-	"\x0edriver_version\x18\x02 \x01(\tR\rdriverVersion\"\xd1\x01\n" +
+	"\x0edriver_version\x18\x02 \x01(\tR\rdriverVersion\x127\n" +
+	"\x05disks\x18\x03 \x03(\v2!.bettercompute.agent.v1.DiskCheckR\x05disks\"\x95\x01\n" +
+	"\tDiskCheck\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12#\n" +
+	"\rsampled_bytes\x18\x03 \x01(\x04R\fsampledBytes\x12\x18\n" +
+	"\ahealthy\x18\x04 \x01(\bR\ahealthy\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xd1\x01\n" +
 	"\bGpuCheck\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x18\n" +
@@ -1380,7 +2209,27 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x0eGpuResetResult\x12\x1f\n" +
 	"\vreset_uuids\x18\x01 \x03(\tR\n" +
 	"resetUuids\x124\n" +
-	"\x04gpus\x18\x02 \x03(\v2 .bettercompute.agent.v1.GpuCheckR\x04gpus*\xc7\x01\n" +
+	"\x04gpus\x18\x02 \x03(\v2 .bettercompute.agent.v1.GpuCheckR\x04gpus\"I\n" +
+	"\x0eDiskWipeResult\x127\n" +
+	"\x05disks\x18\x01 \x03(\v2!.bettercompute.agent.v1.DiskWipedR\x05disks\"\x8d\x01\n" +
+	"\tDiskWiped\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12:\n" +
+	"\x06method\x18\x02 \x01(\x0e2\".bettercompute.agent.v1.WipeMethodR\x06method\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x1a\n" +
+	"\bverified\x18\x04 \x01(\bR\bverified\"U\n" +
+	"\x11ImageDeployResult\x12\x12\n" +
+	"\x04disk\x18\x01 \x01(\tR\x04disk\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes*v\n" +
+	"\n" +
+	"WipeMethod\x12\x1b\n" +
+	"\x17WIPE_METHOD_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13WIPE_METHOD_DISCARD\x10\x01\x12\x14\n" +
+	"\x10WIPE_METHOD_ZERO\x10\x02\x12\x1c\n" +
+	"\x18WIPE_METHOD_SECURE_ERASE\x10\x03*A\n" +
+	"\vImageFormat\x12\x1c\n" +
+	"\x18IMAGE_FORMAT_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10IMAGE_FORMAT_RAW\x10\x01*\xc7\x01\n" +
 	"\x0eCommandOutcome\x12\x1f\n" +
 	"\x1bCOMMAND_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18COMMAND_OUTCOME_ACCEPTED\x10\x01\x12\x1c\n" +
@@ -1409,52 +2258,73 @@ func file_bettercompute_agent_v1_commands_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_commands_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
-	(CommandOutcome)(0),            // 0: bettercompute.agent.v1.CommandOutcome
-	(RejectCode)(0),                // 1: bettercompute.agent.v1.RejectCode
-	(*Command)(nil),                // 2: bettercompute.agent.v1.Command
-	(*CommandBody)(nil),            // 3: bettercompute.agent.v1.CommandBody
-	(*DiagNvml)(nil),               // 4: bettercompute.agent.v1.DiagNvml
-	(*InventoryRefresh)(nil),       // 5: bettercompute.agent.v1.InventoryRefresh
-	(*LogsCollect)(nil),            // 6: bettercompute.agent.v1.LogsCollect
-	(*NodeReboot)(nil),             // 7: bettercompute.agent.v1.NodeReboot
-	(*GpuReset)(nil),               // 8: bettercompute.agent.v1.GpuReset
-	(*CommandCancel)(nil),          // 9: bettercompute.agent.v1.CommandCancel
-	(*CommandUpdate)(nil),          // 10: bettercompute.agent.v1.CommandUpdate
-	(*CommandResult)(nil),          // 11: bettercompute.agent.v1.CommandResult
-	(*DiagNvmlResult)(nil),         // 12: bettercompute.agent.v1.DiagNvmlResult
-	(*GpuCheck)(nil),               // 13: bettercompute.agent.v1.GpuCheck
-	(*InventoryRefreshResult)(nil), // 14: bettercompute.agent.v1.InventoryRefreshResult
-	(*LogsCollectResult)(nil),      // 15: bettercompute.agent.v1.LogsCollectResult
-	(*GpuResetResult)(nil),         // 16: bettercompute.agent.v1.GpuResetResult
-	(*timestamppb.Timestamp)(nil),  // 17: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 18: google.protobuf.Duration
+	(WipeMethod)(0),                // 0: bettercompute.agent.v1.WipeMethod
+	(ImageFormat)(0),               // 1: bettercompute.agent.v1.ImageFormat
+	(CommandOutcome)(0),            // 2: bettercompute.agent.v1.CommandOutcome
+	(RejectCode)(0),                // 3: bettercompute.agent.v1.RejectCode
+	(*Command)(nil),                // 4: bettercompute.agent.v1.Command
+	(*CommandBody)(nil),            // 5: bettercompute.agent.v1.CommandBody
+	(*DiagNvml)(nil),               // 6: bettercompute.agent.v1.DiagNvml
+	(*InventoryRefresh)(nil),       // 7: bettercompute.agent.v1.InventoryRefresh
+	(*LogsCollect)(nil),            // 8: bettercompute.agent.v1.LogsCollect
+	(*NodeReboot)(nil),             // 9: bettercompute.agent.v1.NodeReboot
+	(*GpuReset)(nil),               // 10: bettercompute.agent.v1.GpuReset
+	(*DiskWipe)(nil),               // 11: bettercompute.agent.v1.DiskWipe
+	(*ImageDeploy)(nil),            // 12: bettercompute.agent.v1.ImageDeploy
+	(*NodeKexec)(nil),              // 13: bettercompute.agent.v1.NodeKexec
+	(*CommandCancel)(nil),          // 14: bettercompute.agent.v1.CommandCancel
+	(*CommandUpdate)(nil),          // 15: bettercompute.agent.v1.CommandUpdate
+	(*NodeSignature)(nil),          // 16: bettercompute.agent.v1.NodeSignature
+	(*CommandResult)(nil),          // 17: bettercompute.agent.v1.CommandResult
+	(*DiagNvmlResult)(nil),         // 18: bettercompute.agent.v1.DiagNvmlResult
+	(*DiskCheck)(nil),              // 19: bettercompute.agent.v1.DiskCheck
+	(*GpuCheck)(nil),               // 20: bettercompute.agent.v1.GpuCheck
+	(*InventoryRefreshResult)(nil), // 21: bettercompute.agent.v1.InventoryRefreshResult
+	(*LogsCollectResult)(nil),      // 22: bettercompute.agent.v1.LogsCollectResult
+	(*GpuResetResult)(nil),         // 23: bettercompute.agent.v1.GpuResetResult
+	(*DiskWipeResult)(nil),         // 24: bettercompute.agent.v1.DiskWipeResult
+	(*DiskWiped)(nil),              // 25: bettercompute.agent.v1.DiskWiped
+	(*ImageDeployResult)(nil),      // 26: bettercompute.agent.v1.ImageDeployResult
+	(*timestamppb.Timestamp)(nil),  // 27: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 28: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
-	17, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
-	18, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
-	4,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
-	5,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
-	6,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
-	7,  // 5: bettercompute.agent.v1.CommandBody.node_reboot:type_name -> bettercompute.agent.v1.NodeReboot
-	8,  // 6: bettercompute.agent.v1.CommandBody.gpu_reset:type_name -> bettercompute.agent.v1.GpuReset
-	18, // 7: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
-	0,  // 8: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
-	1,  // 9: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
-	11, // 10: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
-	12, // 11: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
-	14, // 12: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
-	15, // 13: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
-	16, // 14: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
-	13, // 15: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	13, // 16: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	27, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
+	28, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
+	6,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
+	7,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
+	8,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
+	9,  // 5: bettercompute.agent.v1.CommandBody.node_reboot:type_name -> bettercompute.agent.v1.NodeReboot
+	10, // 6: bettercompute.agent.v1.CommandBody.gpu_reset:type_name -> bettercompute.agent.v1.GpuReset
+	11, // 7: bettercompute.agent.v1.CommandBody.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipe
+	12, // 8: bettercompute.agent.v1.CommandBody.image_deploy:type_name -> bettercompute.agent.v1.ImageDeploy
+	13, // 9: bettercompute.agent.v1.CommandBody.node_kexec:type_name -> bettercompute.agent.v1.NodeKexec
+	28, // 10: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
+	0,  // 11: bettercompute.agent.v1.DiskWipe.method:type_name -> bettercompute.agent.v1.WipeMethod
+	1,  // 12: bettercompute.agent.v1.ImageDeploy.format:type_name -> bettercompute.agent.v1.ImageFormat
+	2,  // 13: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
+	3,  // 14: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
+	17, // 15: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
+	16, // 16: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
+	18, // 17: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
+	21, // 18: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
+	22, // 19: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
+	23, // 20: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
+	24, // 21: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
+	26, // 22: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
+	20, // 23: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	19, // 24: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
+	20, // 25: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	25, // 26: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
+	0,  // 27: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_commands_proto_init() }
@@ -1468,20 +2338,25 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 		(*CommandBody_LogsCollect)(nil),
 		(*CommandBody_NodeReboot)(nil),
 		(*CommandBody_GpuReset)(nil),
+		(*CommandBody_DiskWipe)(nil),
+		(*CommandBody_ImageDeploy)(nil),
+		(*CommandBody_NodeKexec)(nil),
 	}
-	file_bettercompute_agent_v1_commands_proto_msgTypes[9].OneofWrappers = []any{
+	file_bettercompute_agent_v1_commands_proto_msgTypes[13].OneofWrappers = []any{
 		(*CommandResult_DiagNvml)(nil),
 		(*CommandResult_InventoryRefresh)(nil),
 		(*CommandResult_LogsCollect)(nil),
 		(*CommandResult_GpuReset)(nil),
+		(*CommandResult_DiskWipe)(nil),
+		(*CommandResult_ImageDeploy)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_commands_proto_rawDesc), len(file_bettercompute_agent_v1_commands_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   15,
+			NumEnums:      4,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
