@@ -36,6 +36,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/fault"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/startstop"
@@ -435,20 +436,24 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 			return nil
 		case m := <-msgs:
 			g.markSeen(s)
+			var err error
 			if inv := m.GetInventory(); inv != nil {
-				if err := g.storeInventory(sctx, s, inv); err != nil {
+				if err = g.storeInventory(sctx, s, inv); err != nil {
 					log.WarnContext(ctx, "store inventory", "err", err)
 				}
 			}
-			if obs := m.GetObserved(); obs != nil {
-				if err := g.storeObserved(sctx, s, obs); err != nil {
+			if obs := m.GetObserved(); obs != nil && !lostReport(err) {
+				if err = g.storeObserved(sctx, s, obs); err != nil {
 					log.WarnContext(ctx, "store observed generation", "err", err)
 				}
 			}
-			if u := m.GetCommandUpdate(); u != nil {
-				if err := g.applyUpdate(sctx, s, u); err != nil {
+			if u := m.GetCommandUpdate(); u != nil && !lostReport(err) {
+				if err = g.applyUpdate(sctx, s, u); err != nil {
 					log.WarnContext(ctx, "apply command update", "command", u.GetId(), "err", err)
 				}
+			}
+			if lostReport(err) && sctx.Err() == nil {
+				return status.Errorf(codes.Unavailable, "the gateway could not store the node's report (%v); reconnect to report again", err)
 			}
 		}
 	}
@@ -463,6 +468,27 @@ func (g *Gateway) markSeen(s *session) {
 // storeInventory keeps the latest report, if the session is still the
 // node's current one, and enqueues the inventory controller, through the
 // batch writer (a reconnecting fleet's inventories commit in batches).
+// lostReport reports whether err, from storing a node's report, lost the
+// report (a terminated database connection, a failed commit): the session
+// then ends with UNAVAILABLE, so the daemon reconnects and reports again —
+// its Hello carries the generation it observed and its inventory, and a
+// command whose outcome was lost is dispatched again under the new session
+// and answered from the daemon's journal. Only logging it would leave the
+// node's observedGeneration, or the command's outcome, behind until the
+// node's next change. A report the gateway refused (a *fault.Error other
+// than INTERNAL or UNAVAILABLE) is only logged: sending it again changes
+// nothing.
+func lostReport(err error) bool {
+	if err == nil {
+		return false
+	}
+	switch fault.CodeOf(err) {
+	case fault.Internal, fault.Unavailable:
+		return true
+	}
+	return false
+}
+
 func (g *Gateway) storeInventory(ctx context.Context, s *session, inv *agentv1.InventoryReport) error {
 	report, err := protojson.Marshal(inv)
 	if err != nil {
