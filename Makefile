@@ -31,6 +31,15 @@ test: ## run every module's tests with -race (real PostgreSQL and an embedded NA
 		echo "== $$m"; (cd $$m && $(GO) test -race $(TESTFLAGS) ./...); \
 	done
 
+# The multi-process chaos suite (services/chaos): `make test` runs it with 4
+# simulated nodes; this runs it with CHAOS_NODES nodes, CHAOS_COUNT times.
+CHAOS_NODES ?= 50
+CHAOS_COUNT ?= 3
+
+.PHONY: chaos
+chaos: ## the multi-process chaos suite with a larger fleet, repeated (CHAOS_NODES=50, CHAOS_COUNT=3)
+	cd services && BC_CHAOS_NODES=$(CHAOS_NODES) $(GO) test -race -count=$(CHAOS_COUNT) -timeout 60m -run '^TestChaos$$' -v ./chaos/
+
 # Fuzz targets, package:FuzzName (go test takes one -fuzz target per run).
 FUZZ_TARGETS := \
 	pkg/commands:FuzzKindEncode \
