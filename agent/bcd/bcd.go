@@ -1,7 +1,9 @@
 // Package bcd is the node daemon's command line: `bcd join` redeems a join
 // token for the node's identity, `bcd node` holds the node's session with
-// the control plane; `bcd site` and `bcd ramdisk` answer that they are not
-// built yet rather than pretending to run.
+// the control plane; `bcd site join` enrolls a site agent with a site token
+// and `bcd site run` holds its session and the site's boot lease (see
+// site.go); `bcd ramdisk` answers that it is not built yet rather than
+// pretending to run.
 //
 // Every flag can also be set in the environment as BCD_<FLAG> (upper case,
 // dashes as underscores: --joinservice-key is BCD_JOINSERVICE_KEY); a flag
@@ -46,7 +48,6 @@ const DefaultRoot = "/var/lib/bcd"
 
 // notBuilt are the subcommands later releases add.
 var notBuilt = map[string]string{
-	"site":    "run the site agent (PXE, image cache, BMC access)",
 	"ramdisk": "run the commissioning agent",
 }
 
@@ -73,6 +74,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runJoin(ctx, args[1:], stdout, stderr)
 	case cmd == "node":
 		err = runNode(ctx, args[1:], stderr)
+	case cmd == "site":
+		err = runSite(ctx, args[1:], stdout, stderr)
 	case notBuilt[cmd] != "":
 		fmt.Fprintf(stderr, "error: UNSUPPORTED: bcd %s is not built yet in this release\n", cmd)
 		return 1
@@ -104,8 +107,9 @@ func usage(w io.Writer) {
 commands:
   version   print the version
   join      join this server to a control plane with a join token
-  node      run the node daemon (session, inventory, commands, certificate renewal)`)
-	for _, c := range []string{"site", "ramdisk"} {
+  node      run the node daemon (session, inventory, commands, certificate renewal)
+  site      bcd site join: enroll a site agent with a site token; bcd site run: run it (session, boot lease)`)
+	for _, c := range []string{"ramdisk"} {
 		fmt.Fprintf(w, "  %-9s %s (not built yet)\n", c, notBuilt[c])
 	}
 	fmt.Fprintln(w, "\nflags can be set as BCD_<FLAG> environment variables; `bcd <command> -h` lists them")

@@ -17,7 +17,11 @@ func TestMain_Commands(t *testing.T) {
 		out, err string
 	}{
 		{[]string{"version"}, 0, "bcd ", ""},
-		{[]string{"site"}, 1, "", "bcd site is not built yet"},
+		{[]string{"site"}, 2, "", "expected join or run"},
+		{[]string{"site", "join", "--gateway", "x:1"}, 2, "", "--token and --gateway are required"},
+		{[]string{"site", "run"}, 2, "", "--gateway is required"},
+		{[]string{"site", "run", "--gateway", "x:1", "--lease-ttl", "1h"}, 2, "", "--lease-ttl"},
+		{[]string{"site", "bogus"}, 2, "", `unknown command "bogus"`},
 		{[]string{"ramdisk"}, 1, "", "bcd ramdisk is not built yet"},
 		{[]string{"node"}, 2, "", "--gateway is required"},
 		{[]string{"join", "--gateway", "x:1"}, 2, "", "--token and --gateway are required"},

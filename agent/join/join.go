@@ -72,7 +72,17 @@ type Config struct {
 	Claims Claimer
 	// Timeout bounds the Join call; zero means 30 seconds.
 	Timeout time.Duration
+	// Role is what to become: "" or RoleNode (a node, with a join token)
+	// or RoleSite (a site agent, with a site token). joinservice refuses a
+	// token of the other kind, and Join refuses an answer of another role.
+	Role string
 }
+
+// Roles of a join (JoinRequest.role).
+const (
+	RoleNode = "node"
+	RoleSite = "site"
+)
 
 // Join redeems cfg.Token: it seals it, sends a CSR for the node key and the
 // hardware claims to NodeService.Join, checks the answer (the certificate
@@ -124,6 +134,7 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 		JoinserviceKeyId: keyID,
 		Csr:              csr,
 		Claims:           claims,
+		Role:             cfg.Role,
 	})
 	if err != nil {
 		return state.Identity{}, fmt.Errorf("join: %w", err)
@@ -132,7 +143,21 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 	if id.NodeID == "" || len(id.Chain) == 0 || len(id.Bundle) == 0 {
 		return state.Identity{}, errors.New("join: the answer lacks a node id, certificate or trust bundle")
 	}
-	if err := id.Verify(key); err != nil {
+	role := cfg.Role
+	if role == "" {
+		role = RoleNode
+	}
+	if got := resp.GetRole(); got != role && (got != "" || role != RoleNode) {
+		return state.Identity{}, fmt.Errorf("join: asked to join as %s, the answer is for a %s", role, got)
+	}
+	want := "/node/" + id.NodeID
+	if role == RoleSite {
+		if resp.GetSiteId() == "" {
+			return state.Identity{}, errors.New("join: the answer lacks the site id")
+		}
+		want = "/site/" + resp.GetSiteId() + "/agent/" + id.NodeID
+	}
+	if err := id.VerifyPath(key, want); err != nil {
 		return state.Identity{}, fmt.Errorf("join: %w", err)
 	}
 	if err := cfg.State.SaveIdentity(id); err != nil {

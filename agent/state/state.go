@@ -343,12 +343,19 @@ func (id Identity) Pool() (*x509.CertPool, error) {
 // not checked here (the chain is verified as of the leaf's NotBefore);
 // callers look at Leaf().NotAfter.
 func (id Identity) Verify(key *ecdsa.PrivateKey) error {
+	return id.VerifyPath(key, "/node/"+id.NodeID)
+}
+
+// VerifyPath is [Identity.Verify] for a certificate whose SPIFFE id has
+// path want: a site agent's identity (NodeID is then the agent id) carries
+// /site/<site id>/agent/<agent id>.
+func (id Identity) VerifyPath(key *ecdsa.PrivateKey, want string) error {
 	leaf, err := id.Leaf()
 	if err != nil {
 		return err
 	}
 	if !key.PublicKey.Equal(leaf.PublicKey) {
-		return errors.New("state: the node certificate is not for the node key")
+		return errors.New("state: the certificate is not for the key")
 	}
 	roots, err := id.Pool()
 	if err != nil {
@@ -370,7 +377,6 @@ func (id Identity) Verify(key *ecdsa.PrivateKey) error {
 	}); err != nil {
 		return fmt.Errorf("state: node certificate does not chain to the trust bundle: %w", err)
 	}
-	want := "/node/" + id.NodeID
 	for _, u := range leaf.URIs {
 		if u.Scheme == "spiffe" && u.Host != "" && u.Path == want {
 			return nil

@@ -35,6 +35,8 @@ const (
 	TypeAudit     = "AuditLog"
 	// TypeWebhook is a webhook endpoint.
 	TypeWebhook = "Webhook"
+	// TypeSite is a site; its tokens and agents are acted on through it.
+	TypeSite = "Site"
 )
 
 // Resource is what a decision knows about the resource acted on: a row of

@@ -111,6 +111,16 @@ const (
 	// ReservationsRelease ends a reservation and frees its GPUs.
 	ReservationsRelease Action = "compute:reservations:release"
 
+	SitesCreate Action = "compute:sites:create"
+	SitesGet    Action = "compute:sites:get"
+	SitesList   Action = "compute:sites:list"
+	SitesDelete Action = "compute:sites:delete"
+	// SitesRevokeAgent revokes a site agent's certificates and boot lease.
+	SitesRevokeAgent Action = "compute:sites:revoke-agent"
+	SiteTokensCreate Action = "compute:site-tokens:create"
+	SiteTokensList   Action = "compute:site-tokens:list"
+	SiteTokensRevoke Action = "compute:site-tokens:revoke"
+
 	// CapacityGet reads a pool's capacity and quotas.
 	CapacityGet Action = "compute:capacity:get"
 	// QuotasSet sets or removes a tenant's quota in a pool.
@@ -134,6 +144,8 @@ var catalog = []Action{
 	JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
 	ReservationsCreate, ReservationsGet, ReservationsList, ReservationsCancel,
 	ReservationsRelease, CapacityGet, QuotasSet,
+	SitesCreate, SitesGet, SitesList, SitesDelete, SitesRevokeAgent,
+	SiteTokensCreate, SiteTokensList, SiteTokensRevoke,
 }
 
 // breakGlass are the actions a descendant tenant's policies cannot forbid to

@@ -20,7 +20,7 @@ type Type struct {
 	Doc string
 	// Subject is the kind of resource whose id the event's subject
 	// (outbox.Event.Resource) is: "node", "reservation", "command", "pool",
-	// "tenant", "identity", "apiKey", "joinToken", "policy", "webhook"; ""
+	// "tenant", "identity", "apiKey", "joinToken", "policy", "webhook", "site"; ""
 	// when the event is about no one resource.
 	Subject string
 	// Payload, when set, is the payload's message: the payload is that
@@ -588,6 +588,49 @@ func catalog() []Type {
 				Field{"reason", "string", "Why, e.g. the lost node and why its GPUs could not be re-placed."}),
 			Doc: "A live reservation failed because a booked node was lost: capacity.lostNode is fail, or it is replace and " +
 				"the GPUs could not be re-placed (the placer). Its bookings ended.",
+		},
+
+		// Sites.
+		{
+			Name:    "site.created",
+			Subject: "site",
+			Payload: &computev1.SitesServiceCreateResponse{},
+			Doc:     "A site was created (sites.create).",
+		},
+		{
+			Name:    "site.deleted",
+			Subject: "site",
+			Payload: &computev1.SitesServiceDeleteResponse{},
+			Doc:     "A site was deleted with its tokens and agents (sites.delete); the payload is the site as it was.",
+		},
+		{
+			Name:    "siteToken.created",
+			Subject: "site",
+			Payload: &computev1.SitesServiceCreateTokenResponse{},
+			Doc:     "A site token was minted (sites.createToken). The payload is the stored response, so `token` is never set.",
+		},
+		{
+			Name:    "siteToken.revoked",
+			Subject: "site",
+			Payload: &computev1.SitesServiceRevokeTokenResponse{},
+			Doc:     "A site token was revoked (sites.revokeToken).",
+		},
+		{
+			Name:    "site.agent_enrolled",
+			Subject: "site",
+			Fields: []Field{
+				{"siteId", "string", "The site."},
+				{"agentId", "string", "The new site agent (sag_…)."},
+				{"siteTokenId", "string", "The site token it redeemed."},
+				{"hostname", "string", "The agent's host name."},
+			},
+			Doc: "A `bcd site` redeemed a site token and became a site agent of the site, with its first certificate (joinservice).",
+		},
+		{
+			Name:    "site.agent_revoked",
+			Subject: "site",
+			Payload: &computev1.SitesServiceRevokeAgentResponse{},
+			Doc:     "A site agent was revoked (sites.revokeAgent): its certificates stop working and its boot lease ends.",
 		},
 
 		// Tenants.

@@ -1,6 +1,7 @@
 // Package nodeca is the node certificate authority: it signs the 24-hour
 // X.509 SVIDs of nodes (URI SAN spiffe://<trust-domain>/node/<node id>) and
-// the gateways' serving certificates, records every node certificate's
+// of site agents (spiffe://<trust-domain>/site/<site id>/agent/<agent id>;
+// see site.go), the gateways' serving certificates, records every node certificate's
 // serial so that the gateway can refuse revoked ones, and verifies a
 // presented node certificate chain (chain, role, revocation).
 //
@@ -625,12 +626,19 @@ func RevokedSerial(ctx context.Context, q Querier, serial string) (bool, error) 
 
 // RevokedAmong returns which of serials (lowercase hex) must be refused:
 // revoked, or unknown to the CA — in one statement, for a gateway's every
-// session at once.
+// session at once. A serial is accepted when it is an unrevoked node
+// certificate's, or an unrevoked site agent certificate's whose agent is
+// not revoked (which role a certificate may play is the SPIFFE ID's
+// business, checked by the caller).
 func RevokedAmong(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }, serials []string) ([]string, error) {
 	rows, err := q.Query(ctx, `SELECT s.serial FROM unnest($1::text[]) AS s(serial)
-		LEFT JOIN node_certificates c ON c.serial = s.serial WHERE c.serial IS NULL OR c.revoked_at IS NOT NULL`, serials)
+		LEFT JOIN node_certificates c ON c.serial = s.serial
+		LEFT JOIN site_agent_certificates sc ON sc.serial = s.serial
+		LEFT JOIN site_agents a ON a.id = sc.agent_id
+		WHERE (c.serial IS NULL OR c.revoked_at IS NOT NULL)
+		  AND (sc.serial IS NULL OR sc.revoked_at IS NOT NULL OR a.revoked_at IS NOT NULL)`, serials)
 	if err != nil {
 		return nil, fmt.Errorf("check revocation: %w", err)
 	}
@@ -641,8 +649,9 @@ func RevokedAmong(ctx context.Context, q interface {
 	return out, nil
 }
 
-// PruneExpired deletes up to limit certificate rows that expired before
-// before, and returns how many. An expired certificate fails verification
+// PruneExpired deletes up to limit node certificate rows and up to limit
+// site agent certificate rows that expired before before, and returns how
+// many it deleted in all. An expired certificate fails verification
 // whatever its row says, so its revocation record is no longer needed once
 // the grace period has passed.
 func PruneExpired(ctx context.Context, q Querier, before time.Time, limit int) (int64, error) {
@@ -651,5 +660,10 @@ func PruneExpired(ctx context.Context, q Querier, before time.Time, limit int) (
 	if err != nil {
 		return 0, fmt.Errorf("prune node certificates: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	sites, err := q.Exec(ctx, `DELETE FROM site_agent_certificates WHERE serial IN (
+		SELECT serial FROM site_agent_certificates WHERE not_after < $1 ORDER BY not_after LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune site agent certificates: %w", err)
+	}
+	return tag.RowsAffected() + sites.RowsAffected(), nil
 }

@@ -119,6 +119,7 @@ func (a *App) startGateway(context.Context) error {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	agentv1.RegisterNodeServiceServer(gs, gw)
+	agentv1.RegisterSiteAgentServiceServer(gs, gw.SiteService())
 	// bettercompute_gateway_sessions, what the gateway's autoscaler reads.
 	if err := a.reg.Register(gw.Collector()); err != nil {
 		closeRelay()

@@ -9,7 +9,8 @@
 // superseded and its late messages are ignored); it asks for inventory after
 // Hello and hands reports to the inventory controller through the work queue;
 // it writes liveness for all its sessions in one statement per interval; and
-// it delivers commands (see commands.go).
+// it delivers commands (see commands.go). It also holds the site agents'
+// SiteAgentService sessions and their boot leases (see site.go).
 package gateway
 
 import (
@@ -124,6 +125,9 @@ type Gateway struct {
 	reports     chan *report
 	reportsDone chan struct{}
 	admission   *admission
+
+	// sites are the site agents' sessions (see site.go).
+	sites siteSessions
 }
 
 type session struct {
@@ -193,7 +197,8 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{}),
 		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{}),
-		admission: newAdmission(cfg.AdmitRate, cfg.AdmitBurst, cmp.Or(cfg.AdmitWait, 10*time.Second))}, nil
+		admission: newAdmission(cfg.AdmitRate, cfg.AdmitBurst, cmp.Or(cfg.AdmitWait, 10*time.Second)),
+		sites:     siteSessions{m: map[string]*siteSession{}}}, nil
 }
 
 // Start runs the liveness writer and the report writer until Stop. A second
@@ -220,6 +225,11 @@ func (g *Gateway) Stop() {
 			s.cancel(errors.New("gateway stopping"))
 		}
 		g.mu.Unlock()
+		g.sites.mu.Lock()
+		for _, s := range g.sites.m {
+			s.cancel(errors.New("gateway stopping"))
+		}
+		g.sites.mu.Unlock()
 		if started {
 			<-g.done
 			<-g.reportsDone
@@ -255,9 +265,15 @@ func (g *Gateway) joinerErr(ctx context.Context, method string, err error) error
 	return status.Error(codes.Internal, "internal error")
 }
 
-// Renew relays to joinservice with the caller's verified chain.
+// Renew relays to joinservice with the caller's verified chain: a node's,
+// or a site agent's (joinservice renews each as what it is).
 func (g *Gateway) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
 	chain, _, err := g.verifiedNode(ctx)
+	if status.Code(err) == codes.PermissionDenied {
+		if siteChain, _, _, siteErr := g.verifiedSiteAgent(ctx); siteErr == nil {
+			chain, err = siteChain, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -550,8 +566,14 @@ func (g *Gateway) livenessLoop() {
 // RecheckCertificates closes every session whose certificate has expired or
 // been revoked since it opened: the revocation lookup for all of them is one
 // call. The liveness loop runs it every interval, so a revoked node loses its
-// session (and the commands it would receive) within one interval.
+// session (and the commands it would receive) within one interval. Site
+// agents' sessions are rechecked the same way, with their agents'
+// revocation.
 func (g *Gateway) RecheckCertificates(ctx context.Context) error {
+	return errors.Join(g.recheckNodes(ctx), g.recheckSites(ctx))
+}
+
+func (g *Gateway) recheckNodes(ctx context.Context) error {
 	now := time.Now()
 	g.mu.Lock()
 	bySerial := make(map[string][]*session, len(g.sessions))

@@ -47,6 +47,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/ratelimit"
+	"github.com/bettercompute/bettercompute/pkg/sites"
 )
 
 // DB is what joinservice needs of the database: a pool.
@@ -160,6 +161,10 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	case req.GetClaims() == nil:
 		return nil, fault.New(fault.InvalidInput, "claims", "required: the node's hardware claims")
 	}
+	role := cmp.Or(req.GetRole(), RoleNode)
+	if role != RoleNode && role != RoleSite {
+		return nil, fault.New(fault.InvalidInput, "role", "expected %q or %q, got %q", RoleNode, RoleSite, limit(req.GetRole(), 32))
+	}
 	plain, err := s.key.Open(req.GetEncapsulatedKey(), req.GetSealedToken(), req.GetCsr())
 	if err != nil {
 		return nil, fault.Wrap(err, fault.Unauthenticated, "sealedToken", "the join token cannot be opened with joinservice's key %s for this CSR", s.key.ID())
@@ -167,6 +172,17 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	csr, err := nodeca.ParseCSR(req.GetCsr())
 	if err != nil {
 		return nil, err
+	}
+	// The token's kind decides what it can make, and the caller's role must
+	// agree before anything is spent: a join token never makes a site
+	// agent, a site token never a node.
+	switch isSite := sites.IsToken(string(plain)); {
+	case isSite && role == RoleNode:
+		return nil, fault.New(fault.InvalidInput, "role", "a site token (bcst_…) enrolls a site agent, not a node: run `bcd site join`")
+	case !isSite && role == RoleSite:
+		return nil, fault.New(fault.InvalidInput, "role", "a site agent enrolls with a site token (bcst_…); this is not one")
+	case isSite:
+		return s.enrollSite(ctx, string(plain), csr, req.GetClaims().GetHostname())
 	}
 	claims := claimsOf(req.GetClaims())
 	hwKey := attest.HardwareKey(claims)
@@ -248,7 +264,7 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	}
 	id, _ := s.ca.NodeSPIFFEID(node.ID)
 	s.logger.InfoContext(ctx, "node joined", "node", node.ID, "tenant", node.TenantID, "pool", node.PoolID, "reclaimed", reclaimed)
-	return &agentv1.JoinResponse{NodeId: node.ID, CertificateChain: der(chain), TrustBundle: s.ca.TrustBundle(), SpiffeId: id.String()}, nil
+	return &agentv1.JoinResponse{NodeId: node.ID, CertificateChain: der(chain), TrustBundle: s.ca.TrustBundle(), SpiffeId: id.String(), Role: RoleNode}, nil
 }
 
 // reportHardwareConflict writes a node.hardware_conflict event in the root
@@ -283,6 +299,9 @@ func reportHardwareConflict(ctx context.Context, tx pgx.Tx, node nodes.Node, hwK
 func (s *Service) Renew(ctx context.Context, peer []*x509.Certificate, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
 	if len(peer) == 0 {
 		return nil, fault.New(fault.Unauthenticated, "certificate", "Renew needs the node's current certificate (mutual TLS)")
+	}
+	if isSiteAgent(peer[0]) {
+		return s.renewSite(ctx, peer, req)
 	}
 	nodeID, err := s.ca.VerifyNode(ctx, s.db, peer)
 	if err != nil {

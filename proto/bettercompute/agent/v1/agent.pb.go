@@ -97,8 +97,13 @@ type JoinRequest struct {
 	// csr is a DER PKCS#10 certificate request for the node's key.
 	Csr []byte `protobuf:"bytes,4,opt,name=csr,proto3" json:"csr,omitempty"`
 	// claims describe the hardware; attestors check them and the hardware key
-	// is derived from them.
-	Claims        *HardwareClaims `protobuf:"bytes,5,opt,name=claims,proto3" json:"claims,omitempty"`
+	// is derived from them. A site agent sends only its hostname.
+	Claims *HardwareClaims `protobuf:"bytes,5,opt,name=claims,proto3" json:"claims,omitempty"`
+	// role is what the caller means to become: "node" (or empty: `bcd join`,
+	// with a join token bcjt_…) or "site" (`bcd site join`, with a site token
+	// bcst_…). A token of the other kind is refused and not spent, so a join
+	// token never makes a site agent and a site token never a node.
+	Role          string `protobuf:"bytes,6,opt,name=role,proto3" json:"role,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -166,6 +171,13 @@ func (x *JoinRequest) GetClaims() *HardwareClaims {
 		return x.Claims
 	}
 	return nil
+}
+
+func (x *JoinRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
 }
 
 // HardwareClaims are what a node says about its hardware when it joins.
@@ -251,8 +263,14 @@ type JoinResponse struct {
 	// trust_bundle holds the CA certificates (DER) that sign gateway and node
 	// certificates.
 	TrustBundle [][]byte `protobuf:"bytes,3,rep,name=trust_bundle,json=trustBundle,proto3" json:"trust_bundle,omitempty"`
-	// spiffe_id is spiffe://<trust-domain>/node/<node id>.
-	SpiffeId      string `protobuf:"bytes,4,opt,name=spiffe_id,json=spiffeId,proto3" json:"spiffe_id,omitempty"`
+	// spiffe_id is spiffe://<trust-domain>/node/<node id>, or for a site
+	// agent spiffe://<trust-domain>/site/<site id>/agent/<agent id>.
+	SpiffeId string `protobuf:"bytes,4,opt,name=spiffe_id,json=spiffeId,proto3" json:"spiffe_id,omitempty"`
+	// role is what the certificate is for: "node" or "site" (node_id is then
+	// the site agent's id, sag_…).
+	Role string `protobuf:"bytes,5,opt,name=role,proto3" json:"role,omitempty"`
+	// site_id is the site a site agent serves; empty for a node.
+	SiteId        string `protobuf:"bytes,6,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -311,6 +329,20 @@ func (x *JoinResponse) GetTrustBundle() [][]byte {
 func (x *JoinResponse) GetSpiffeId() string {
 	if x != nil {
 		return x.SpiffeId
+	}
+	return ""
+}
+
+func (x *JoinResponse) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *JoinResponse) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
 	}
 	return ""
 }
@@ -1401,24 +1433,27 @@ var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a%bettercompute/agent/v1/commands.proto\x1a%bettercompute/agent/v1/nodespec.proto\"\xdb\x01\n" +
+	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a%bettercompute/agent/v1/commands.proto\x1a%bettercompute/agent/v1/nodespec.proto\"\xef\x01\n" +
 	"\vJoinRequest\x12!\n" +
 	"\fsealed_token\x18\x01 \x01(\fR\vsealedToken\x12)\n" +
 	"\x10encapsulated_key\x18\x02 \x01(\fR\x0fencapsulatedKey\x12,\n" +
 	"\x12joinservice_key_id\x18\x03 \x01(\tR\x10joinserviceKeyId\x12\x10\n" +
 	"\x03csr\x18\x04 \x01(\fR\x03csr\x12>\n" +
-	"\x06claims\x18\x05 \x01(\v2&.bettercompute.agent.v1.HardwareClaimsR\x06claims\"\xa1\x01\n" +
+	"\x06claims\x18\x05 \x01(\v2&.bettercompute.agent.v1.HardwareClaimsR\x06claims\x12\x12\n" +
+	"\x04role\x18\x06 \x01(\tR\x04role\"\xa1\x01\n" +
 	"\x0eHardwareClaims\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x02 \x01(\tR\tmachineId\x12#\n" +
 	"\rsystem_serial\x18\x03 \x01(\tR\fsystemSerial\x12/\n" +
-	"\x04gpus\x18\x04 \x03(\v2\x1b.bettercompute.agent.v1.GPUR\x04gpus\"\x94\x01\n" +
+	"\x04gpus\x18\x04 \x03(\v2\x1b.bettercompute.agent.v1.GPUR\x04gpus\"\xc1\x01\n" +
 	"\fJoinResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11certificate_chain\x18\x02 \x03(\fR\x10certificateChain\x12!\n" +
 	"\ftrust_bundle\x18\x03 \x03(\fR\vtrustBundle\x12\x1b\n" +
-	"\tspiffe_id\x18\x04 \x01(\tR\bspiffeId\" \n" +
+	"\tspiffe_id\x18\x04 \x01(\tR\bspiffeId\x12\x12\n" +
+	"\x04role\x18\x05 \x01(\tR\x04role\x12\x17\n" +
+	"\asite_id\x18\x06 \x01(\tR\x06siteId\" \n" +
 	"\fRenewRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\"_\n" +
 	"\rRenewResponse\x12+\n" +
