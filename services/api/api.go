@@ -22,6 +22,7 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -97,6 +98,9 @@ type Config struct {
 	// (webhooks.allowPrivateNetworks); without it a literal private
 	// address is refused at create and update.
 	AllowPrivateWebhooks bool
+	// Registerer receives the role's metrics
+	// (bc_api_deprecated_fields_total); nil registers none.
+	Registerer prometheus.Registerer
 }
 
 // CapacityOptions tune inline placement.
@@ -163,6 +167,7 @@ type Server struct {
 	nc                    *nats.Conn
 	allowInsecureWebhooks bool
 	allowPrivateWebhooks  bool
+	deprecations          *deprecations
 	watch                 *watchHub
 	watchOnce             sync.Once
 	closing               chan struct{}
@@ -217,9 +222,13 @@ func New(cfg Config) (*Server, error) {
 		maxDL:                 cmp.Or(cfg.MaxDeadline, 30*time.Second),
 		now:                   now,
 	}
+	var err error
+	if s.deprecations, err = newDeprecations(logger, cfg.Registerer); err != nil {
+		return nil, err
+	}
 	gs := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
-		grpc.ChainUnaryInterceptor(unaryErrors(logger), s.unaryAuth),
+		grpc.ChainUnaryInterceptor(unaryErrors(logger), s.deprecations.unary, s.unaryAuth),
 		grpc.ChainStreamInterceptor(s.streamAuth),
 		grpc.MaxRecvMsgSize(MaxRequestBytes),
 	)
@@ -237,6 +246,7 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterCapacityServiceServer(gs, &capacityGroup{Server: s})
 	computev1.RegisterEventsServiceServer(gs, &eventsAPI{Server: s})
 	computev1.RegisterWebhooksServiceServer(gs, &webhooksAPI{Server: s})
+	computev1.RegisterSitesServiceServer(gs, &sitesAPI{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -290,6 +300,7 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 		runtime.WithErrorHandler(gatewayErrorHandler),
 		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		runtime.WithIncomingHeaderMatcher(headerMatcher),
+		runtime.WithOutgoingHeaderMatcher(outgoingHeaderMatcher),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{EmitUnpopulated: true},
 			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
@@ -310,6 +321,7 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 		"commands":     computev1.RegisterCommandsServiceHandler,
 		"events":       computev1.RegisterEventsServiceHandler,
 		"webhooks":     computev1.RegisterWebhooksServiceHandler,
+		"sites":        computev1.RegisterSitesServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)

@@ -104,14 +104,14 @@ func (s *apiKeys) List(ctx context.Context, req *computev1.ApiKeysServiceListReq
 }
 
 func (s *apiKeys) Revoke(ctx context.Context, req *computev1.ApiKeysServiceRevokeRequest) (*computev1.ApiKeysServiceRevokeResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("apiKeyId", req.GetApiKeyId()); err != nil {
 		return nil, err
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeAPIKey, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeAPIKey, req.GetApiKeyId(), "apiKeyId")
 	if err != nil {
 		return nil, err
 	}
-	k, err := iam.GetKey(ctx, s.db, req.GetTenantId(), req.GetId())
+	k, err := iam.GetKey(ctx, s.db, req.GetTenantId(), req.GetApiKeyId())
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +121,7 @@ func (s *apiKeys) Revoke(ctx context.Context, req *computev1.ApiKeysServiceRevok
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			k, err := iam.RevokeKey(ctx, tx, req.GetTenantId(), req.GetId())
+			k, err := iam.RevokeKey(ctx, tx, req.GetTenantId(), req.GetApiKeyId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -141,10 +142,14 @@ type contextStream struct {
 
 func (c *contextStream) Context() context.Context { return c.ctx }
 
-// RecvMsg receives a request and holds it to the field limits (checkLimits).
+// RecvMsg receives a request, moves deprecated field names to their new
+// ones (normalizeRenamed) and holds it to the field limits (checkLimits).
 func (c *contextStream) RecvMsg(m any) error {
 	if err := c.ServerStream.RecvMsg(m); err != nil {
 		return err
+	}
+	if _, err := normalizeRenamed(m); err != nil {
+		return ToStatus(err).Err()
 	}
 	if err := checkLimits(m); err != nil {
 		return ToStatus(err).Err()
@@ -195,6 +200,16 @@ func headerMatcher(key string) (string, bool) {
 		return RequestIDHeader, true
 	}
 	return "", false
+}
+
+// outgoingHeaderMatcher names the REST headers of gRPC response metadata:
+// "Deprecation" as itself (a request used a deprecated field name, see
+// Renamed); the rest as grpc-gateway does by default, Grpc-Metadata-<key>.
+func outgoingHeaderMatcher(key string) (string, bool) {
+	if key == DeprecationHeader {
+		return "Deprecation", true
+	}
+	return runtime.MetadataHeaderPrefix + key, true
 }
 
 // clientAddr is the address a request came from, the key of the

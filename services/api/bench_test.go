@@ -50,7 +50,7 @@ func BenchmarkAPI(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	getBody := fmt.Sprintf(`{"tenantId":"root","id":%q}`, p.GetPool().GetId())
+	getBody := fmt.Sprintf(`{"tenantId":"root","poolId":%q}`, p.GetPool().GetId())
 	var n atomic.Int64
 
 	run := func(b *testing.B, call func() error) {
@@ -88,7 +88,7 @@ func BenchmarkAPI(b *testing.B) {
 	})
 	b.Run("pools.get/gRPC", func(b *testing.B) {
 		run(b, func() error {
-			_, err := pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "root", Id: p.GetPool().GetId()})
+			_, err := pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "root", PoolId: p.GetPool().GetId()})
 			return err
 		})
 	})

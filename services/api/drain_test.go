@@ -249,7 +249,7 @@ func TestDrainAPIDrainUndrainRetire(t *testing.T) {
 	if got := list("NeedsRepair=True"); !slices.Equal(got, []string{b}) {
 		t.Fatalf("NeedsRepair=True: %v", got)
 	}
-	nb, err := f.nodes.Get(ctx, &computev1.NodesServiceGetRequest{TenantId: "acme", Id: b})
+	nb, err := f.nodes.Get(ctx, &computev1.NodesServiceGetRequest{TenantId: "acme", NodeId: b})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -125,7 +125,10 @@ func writeEnvelope(w http.ResponseWriter, st *status.Status) {
 }
 
 // gatewayErrorHandler is grpc-gateway's error handler: the REST envelope.
-func gatewayErrorHandler(_ context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, err error) {
+func gatewayErrorHandler(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, err error) {
+	if md, ok := runtime.ServerMetadataFromContext(ctx); ok && (len(md.HeaderMD.Get(DeprecationHeader)) > 0 || len(md.TrailerMD.Get(DeprecationHeader)) > 0) {
+		w.Header().Set("Deprecation", "true") // a refused request also learns it used a deprecated name
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		st = ToStatus(err)

@@ -154,7 +154,7 @@ func TestWebhooksEndToEndThroughTheAPI(t *testing.T) {
 	}
 
 	// Rotation: both secrets sign during the overlap.
-	code, rot := h.rest(t, h.root, "webhooks/rotateSecret", `{"tenantId":"root","id":"`+id+`"}`)
+	code, rot := h.rest(t, h.root, "webhooks/rotateSecret", `{"tenantId":"root","webhookId":"`+id+`"}`)
 	if code != 200 {
 		t.Fatalf("rotate: %d %v", code, rot)
 	}
@@ -170,7 +170,7 @@ func TestWebhooksEndToEndThroughTheAPI(t *testing.T) {
 	}
 
 	// webhooks.test reaches this webhook now.
-	code, tested := h.rest(t, h.root, "webhooks/test", `{"tenantId":"root","id":"`+id+`"}`)
+	code, tested := h.rest(t, h.root, "webhooks/test", `{"tenantId":"root","webhookId":"`+id+`"}`)
 	if code != 200 {
 		t.Fatalf("test: %d %v", code, tested)
 	}
@@ -203,20 +203,20 @@ func TestWebhooksEndToEndThroughTheAPI(t *testing.T) {
 	wantREST(t, code, body, fault.InvalidInput, "deliveryId")
 
 	// Update and disable; get and list show it.
-	code, up := h.rest(t, h.root, "webhooks/update", `{"tenantId":"root","id":"`+id+`","enabled":false,"description":"paused"}`)
+	code, up := h.rest(t, h.root, "webhooks/update", `{"tenantId":"root","webhookId":"`+id+`","enabled":false,"description":"paused"}`)
 	if code != 200 || up["webhook"].(map[string]any)["enabled"] == true || up["webhook"].(map[string]any)["disabledReason"] != "by request" {
 		t.Fatalf("update: %d %v", code, up)
 	}
-	code, got := h.rest(t, h.root, "webhooks/get", `{"tenantId":"root","id":"`+id+`"}`)
+	code, got := h.rest(t, h.root, "webhooks/get", `{"tenantId":"root","webhookId":"`+id+`"}`)
 	if code != 200 || got["webhook"].(map[string]any)["description"] != "paused" || got["secret"] != nil {
 		t.Fatalf("get: %d %v", code, got)
 	}
-	code, body = h.rest(t, h.root, "webhooks/delete", `{"tenantId":"root","id":"`+id+`"}`)
+	code, body = h.rest(t, h.root, "webhooks/delete", `{"tenantId":"root","webhookId":"`+id+`"}`)
 	if code != 200 {
 		t.Fatalf("delete: %d %v", code, body)
 	}
-	code, body = h.rest(t, h.root, "webhooks/get", `{"tenantId":"root","id":"`+id+`"}`)
-	wantREST(t, code, body, fault.NotFound, "id")
+	code, body = h.rest(t, h.root, "webhooks/get", `{"tenantId":"root","webhookId":"`+id+`"}`)
+	wantREST(t, code, body, fault.NotFound, "webhookId")
 }
 
 func TestWebhooksOfAnotherTenantAreNotFound(t *testing.T) {
@@ -231,9 +231,9 @@ func TestWebhooksOfAnotherTenantAreNotFound(t *testing.T) {
 		t.Fatalf("create: %d %v", code, body)
 	}
 	id := body["webhook"].(map[string]any)["id"].(string)
-	code, body = h.rest(t, keyB, "webhooks/get", `{"tenantId":"beta","id":"`+id+`"}`)
-	wantREST(t, code, body, fault.NotFound, "id")
-	code, body = h.rest(t, keyB, "webhooks/get", `{"tenantId":"acme","id":"`+id+`"}`)
+	code, body = h.rest(t, keyB, "webhooks/get", `{"tenantId":"beta","webhookId":"`+id+`"}`)
+	wantREST(t, code, body, fault.NotFound, "webhookId")
+	code, body = h.rest(t, keyB, "webhooks/get", `{"tenantId":"acme","webhookId":"`+id+`"}`)
 	wantREST(t, code, body, fault.AccessDenied, "tenantId")
 	code, body = h.rest(t, keyB, "events/list", `{"tenantId":"acme"}`)
 	wantREST(t, code, body, fault.AccessDenied, "tenantId")
@@ -321,7 +321,7 @@ func TestEventsWatchResumesWithLastEventID(t *testing.T) {
 	cancel()
 	// While away: two more, and one of another type.
 	h.rest(t, h.root, "pools/create", `{"tenantId":"root","class":"gpu","name":"p3"}`)
-	h.rest(t, h.root, "tenants/create", `{"tenantId":"root","id":"zed"}`)
+	h.rest(t, h.root, "tenants/create", `{"tenantId":"root","childTenantId":"zed"}`)
 	h.rest(t, h.root, "pools/create", `{"tenantId":"root","class":"gpu","name":"p4"}`)
 
 	ctx2, cancel2 := context.WithCancel(context.Background())
@@ -405,6 +405,6 @@ func TestWebhookToAPrivateAddressIsRefusedAtCreate(t *testing.T) {
 		t.Fatalf("a public https endpoint: %d %v", code, body)
 	}
 	id := body["webhook"].(map[string]any)["id"].(string)
-	code, body = h.rest(t, h.root, "webhooks/update", `{"tenantId":"root","id":"`+id+`","url":"https://192.168.0.9/"}`)
+	code, body = h.rest(t, h.root, "webhooks/update", `{"tenantId":"root","webhookId":"`+id+`","url":"https://192.168.0.9/"}`)
 	wantREST(t, code, body, fault.InvalidInput, "url")
 }

@@ -28,13 +28,13 @@ func TestGroups(t *testing.T) {
 
 	t.Run("tenants create, get and list in pages", func(t *testing.T) {
 		for i := range 5 {
-			if _, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", Id: fmt.Sprintf("t%d", i), Labels: map[string]string{"n": fmt.Sprint(i)}}); err != nil {
+			if _, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", ChildTenantId: fmt.Sprintf("t%d", i), Labels: map[string]string{"n": fmt.Sprint(i)}}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		_, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", Id: "t0"})
-		wantCode(t, err, fault.Conflict, "id")
-		if _, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "t0", Id: "t0.child", Name: "Child"}); err != nil {
+		_, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", ChildTenantId: "t0"})
+		wantCode(t, err, fault.Conflict, "childTenantId")
+		if _, err := tenants.Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "t0", ChildTenantId: "t0.child", Name: "Child"}); err != nil {
 			t.Fatal(err)
 		}
 		got, err := tenants.Get(ctx, &computev1.TenantsServiceGetRequest{TenantId: "t0.child"})
@@ -95,13 +95,13 @@ func TestGroups(t *testing.T) {
 		if err != nil || len(list.GetApiKeys()) != 1 {
 			t.Fatalf("list %v %v", list, err)
 		}
-		rev, err := keys.Revoke(ctx, &computev1.ApiKeysServiceRevokeRequest{TenantId: "t1", Id: first.GetApiKey().GetId()})
+		rev, err := keys.Revoke(ctx, &computev1.ApiKeysServiceRevokeRequest{TenantId: "t1", ApiKeyId: first.GetApiKey().GetId()})
 		if err != nil || rev.GetApiKey().GetRevokeTime() == nil {
 			t.Fatalf("revoke %v %v", rev, err)
 		}
-		_, err = keys.Revoke(ctx, &computev1.ApiKeysServiceRevokeRequest{TenantId: "t2", Id: first.GetApiKey().GetId()})
-		wantCode(t, err, fault.NotFound, "id")
-		rid, err := idents.Revoke(ctx, &computev1.IdentitiesServiceRevokeRequest{TenantId: "t1", Id: identID})
+		_, err = keys.Revoke(ctx, &computev1.ApiKeysServiceRevokeRequest{TenantId: "t2", ApiKeyId: first.GetApiKey().GetId()})
+		wantCode(t, err, fault.NotFound, "apiKeyId")
+		rid, err := idents.Revoke(ctx, &computev1.IdentitiesServiceRevokeRequest{TenantId: "t1", IdentityId: identID})
 		if err != nil || rid.GetIdentity().GetRevokeTime() == nil {
 			t.Fatalf("revoke identity %v %v", rid, err)
 		}
@@ -142,18 +142,18 @@ func TestGroups(t *testing.T) {
 		if _, err := pools.Create(ctx, &computev1.PoolsServiceCreateRequest{TenantId: "t3", Name: "gpus", Class: "gpu"}); err != nil {
 			t.Fatal(err)
 		}
-		got, err := pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "t3", Id: id})
+		got, err := pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "t3", PoolId: id})
 		if err != nil || got.GetPool().GetClass() != "vps-host" || got.GetPool().GetLabels()["zone"] != "a" {
 			t.Fatalf("get %v %v", got, err)
 		}
-		_, err = pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "t4", Id: id})
-		wantCode(t, err, fault.NotFound, "id")
+		_, err = pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "t4", PoolId: id})
+		wantCode(t, err, fault.NotFound, "poolId")
 		list, err := pools.List(ctx, &computev1.PoolsServiceListRequest{TenantId: "t3", Class: "gpu"})
 		if err != nil || len(list.GetPools()) != 1 || list.GetPools()[0].GetName() != "gpus" {
 			t.Fatalf("list %v %v", list, err)
 		}
 		up, err := pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{
-			TenantId: "t3", Id: id, Description: "hosts in zone b", Labels: map[string]string{"zone": "b"},
+			TenantId: "t3", PoolId: id, Description: "hosts in zone b", Labels: map[string]string{"zone": "b"},
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"description", "labels"}},
 		})
 		if err != nil || up.GetPool().GetGeneration() != 2 || up.GetPool().GetLabels()["zone"] != "b" {
@@ -163,12 +163,12 @@ func TestGroups(t *testing.T) {
 		if err := h.db.QueryRow(t.Context(), `SELECT labels->>'zone' FROM authz_projection WHERE type = 'Pool' AND id = $1`, id).Scan(&labels); err != nil || labels != "b" {
 			t.Fatalf("the projection follows the labels: %q %v", labels, err)
 		}
-		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"class"}}})
+		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"class"}}})
 		wantCode(t, err, fault.InvalidInput, "updateMask")
 
 		// Site and health settings: NodeSpec sections, validated.
 		site, _ := structpb.NewStruct(map[string]any{"logLevel": "debug", "ntpServers": map[string]any{"values": []any{"ntp1"}}})
-		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, Site: site,
+		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Site: site,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"site"}}})
 		if err != nil || up.GetPool().GetGeneration() != 3 {
 			t.Fatalf("update site %v %v", up, err)
@@ -178,22 +178,22 @@ func TestGroups(t *testing.T) {
 			t.Fatalf("site stored %q %v", level, err)
 		}
 		bad, _ := structpb.NewStruct(map[string]any{"logLevl": "debug"})
-		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, Site: bad,
+		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Site: bad,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"site"}}})
 		wantCode(t, err, fault.InvalidInput, "site")
 		badHealth, _ := structpb.NewStruct(map[string]any{"checkInterval": 5})
-		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, Health: badHealth,
+		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Health: badHealth,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"health"}}})
 		wantCode(t, err, fault.InvalidInput, "health")
 
 		// Acceptance checks: known command kinds, each once.
-		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, Acceptance: []string{"diag.nvml"},
+		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Acceptance: []string{"diag.nvml"},
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"acceptance"}}})
 		if err != nil || len(up.GetPool().GetAcceptance()) != 1 || up.GetPool().GetAcceptance()[0] != "diag.nvml" {
 			t.Fatalf("update acceptance %v %v", up, err)
 		}
 		for _, bad := range [][]string{{"disk.wipe"}, {"diag.nvml", "diag.nvml"}} {
-			_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id, Acceptance: bad,
+			_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Acceptance: bad,
 				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"acceptance"}}})
 			wantCode(t, err, fault.InvalidInput, "acceptance")
 		}
@@ -203,7 +203,7 @@ func TestGroups(t *testing.T) {
 		if err != nil || checked.GetPool().GetAcceptance()[0] != "diag.nvml" {
 			t.Fatalf("create with acceptance %v %v", checked, err)
 		}
-		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", Id: id,
+		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"acceptance"}}})
 		if err != nil || len(up.GetPool().GetAcceptance()) != 0 {
 			t.Fatalf("clearing acceptance %v %v", up, err)

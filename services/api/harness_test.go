@@ -197,7 +197,7 @@ func (h *harness) member(t testing.TB, tenant, name string) (string, string) {
 	if i := bytes.LastIndexByte([]byte(tenant), '.'); i >= 0 {
 		parent = tenant[:i]
 	}
-	_, err := computev1.NewTenantsServiceClient(h.conn).Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: parent, Id: tenant})
+	_, err := computev1.NewTenantsServiceClient(h.conn).Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: parent, ChildTenantId: tenant})
 	if c, _ := envelope(err); err != nil && c != fault.Conflict {
 		t.Fatal(err)
 	}

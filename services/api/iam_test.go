@@ -79,7 +79,7 @@ func TestRevokedKeyStopsWithinTheCacheBound(t *testing.T) {
 		t.Fatal(err) // cached now
 	}
 	id := strings.TrimPrefix(strings.Split(tok, ".")[0], "bck_")
-	if _, err := keys.Revoke(as(h.root), &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", Id: id}); err != nil {
+	if _, err := keys.Revoke(as(h.root), &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", ApiKeyId: id}); err != nil {
 		t.Fatal(err)
 	}
 	h.clock.Advance(29 * time.Second)
@@ -105,7 +105,7 @@ func TestRevokedIdentityStopsWithinTheCacheBound(t *testing.T) {
 	if _, err := sys.WhoAmI(as(tok), &computev1.WhoAmIRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := computev1.NewIdentitiesServiceClient(h.conn).Revoke(as(h.root), &computev1.IdentitiesServiceRevokeRequest{TenantId: "acme", Id: ident}); err != nil {
+	if _, err := computev1.NewIdentitiesServiceClient(h.conn).Revoke(as(h.root), &computev1.IdentitiesServiceRevokeRequest{TenantId: "acme", IdentityId: ident}); err != nil {
 		t.Fatal(err)
 	}
 	h.clock.Advance(31 * time.Second)
@@ -155,11 +155,11 @@ func TestTenantPreCheckDeniesBeforeAnyQuery(t *testing.T) {
 	before := h.queries.Load()
 	_, err := pools.Create(as(tok), &computev1.PoolsServiceCreateRequest{TenantId: "other", Name: "p", Class: "gpu"})
 	wantCode(t, err, fault.AccessDenied, "tenantId")
-	_, err = pools.Get(as(tok), &computev1.PoolsServiceGetRequest{TenantId: "root", Id: "pool_x"})
+	_, err = pools.Get(as(tok), &computev1.PoolsServiceGetRequest{TenantId: "root", PoolId: "pool_x"})
 	wantCode(t, err, fault.AccessDenied, "tenantId")
 	code, body := h.rest(t, tok, "pools/list", `{"tenantId":"other"}`)
 	wantREST(t, code, body, fault.AccessDenied, "tenantId")
-	code, body = h.rest(t, tok, "tenants/create", `{"tenantId":"root","id":"mine"}`)
+	code, body = h.rest(t, tok, "tenants/create", `{"tenantId":"root","childTenantId":"mine"}`)
 	wantREST(t, code, body, fault.AccessDenied, "tenantId")
 	if n := h.queries.Load() - before; n != 0 {
 		t.Fatalf("the pre-check ran %d statements; want none", n)
@@ -167,7 +167,7 @@ func TestTenantPreCheckDeniesBeforeAnyQuery(t *testing.T) {
 
 	// A sub-tenant lies inside its parent: acme's member passes the pre-check
 	// for acme.ml (its policies decide the rest).
-	if _, err := computev1.NewTenantsServiceClient(h.conn).Create(as(tok), &computev1.TenantsServiceCreateRequest{TenantId: "acme", Id: "acme.ml"}); err != nil {
+	if _, err := computev1.NewTenantsServiceClient(h.conn).Create(as(tok), &computev1.TenantsServiceCreateRequest{TenantId: "acme", ChildTenantId: "acme.ml"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pools.Create(as(tok), &computev1.PoolsServiceCreateRequest{TenantId: "acme.ml", Name: "p", Class: "gpu"}); err != nil {
@@ -335,7 +335,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"bad page token", "pools/list", `{"tenantId":"root","pageToken":"nope"}`, fault.InvalidInput, "pageToken"},
 		{"bad page size", "pools/list", `{"tenantId":"root","pageSize":5000}`, fault.InvalidInput, "pageSize"},
 		{"long idempotency key", "pools/create", `{"tenantId":"root","name":"p","class":"gpu","idempotencyKey":"` + strings.Repeat("k", 300) + `"}`, fault.InvalidInput, "idempotencyKey"},
-		{"tenant id not under its parent", "tenants/create", `{"tenantId":"root","id":"a.b"}`, fault.InvalidInput, "id"},
+		{"tenant id not under its parent", "tenants/create", `{"tenantId":"root","childTenantId":"a.b"}`, fault.InvalidInput, "childTenantId"},
 		{"unknown method", "pools/delete", `{}`, fault.NotFound, ""},
 		{"not JSON", "pools/create", `{"tenantId":`, fault.InvalidInput, ""},
 	}
@@ -357,7 +357,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	t.Run("gRPC missing fields", func(t *testing.T) {
 		_, err := pools.Create(as(h.root), &computev1.PoolsServiceCreateRequest{TenantId: "root", Class: "gpu"})
 		wantCode(t, err, fault.InvalidInput, "name")
-		_, err = pools.Update(as(h.root), &computev1.PoolsServiceUpdateRequest{TenantId: "root", Id: "pool_x"})
+		_, err = pools.Update(as(h.root), &computev1.PoolsServiceUpdateRequest{TenantId: "root", PoolId: "pool_x"})
 		wantCode(t, err, fault.InvalidInput, "updateMask")
 	})
 

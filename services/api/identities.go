@@ -84,12 +84,12 @@ func (s *identities) List(ctx context.Context, req *computev1.IdentitiesServiceL
 }
 
 func (s *identities) Revoke(ctx context.Context, req *computev1.IdentitiesServiceRevokeRequest) (*computev1.IdentitiesServiceRevokeResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("identityId", req.GetIdentityId()); err != nil {
 		return nil, err
 	}
 	// The resource is the target identity: the decision's context says
 	// whether it is the caller itself (authz.Resource.Target).
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeIdentity, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeIdentity, req.GetIdentityId(), "identityId")
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +98,7 @@ func (s *identities) Revoke(ctx context.Context, req *computev1.IdentitiesServic
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			i, err := iam.RevokeIdentity(ctx, tx, req.GetTenantId(), req.GetId())
+			i, err := iam.RevokeIdentity(ctx, tx, req.GetTenantId(), req.GetIdentityId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}

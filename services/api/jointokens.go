@@ -175,10 +175,10 @@ func (s *joinTokens) List(ctx context.Context, req *computev1.JoinTokensServiceL
 }
 
 func (s *joinTokens) Revoke(ctx context.Context, req *computev1.JoinTokensServiceRevokeRequest) (*computev1.JoinTokensServiceRevokeResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("joinTokenId", req.GetJoinTokenId()); err != nil {
 		return nil, err
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeJoinToken, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeJoinToken, req.GetJoinTokenId(), "joinTokenId")
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ func (s *joinTokens) Revoke(ctx context.Context, req *computev1.JoinTokensServic
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			t, err := jointoken.Revoke(ctx, tx, req.GetTenantId(), req.GetId())
+			t, err := jointoken.Revoke(ctx, tx, req.GetTenantId(), req.GetJoinTokenId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}

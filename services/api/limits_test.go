@@ -24,9 +24,9 @@ func TestOversizedFieldsAreRefusedNamingTheField(t *testing.T) {
 	ctx := as(h.root)
 	huge := strings.Repeat("x", 3<<20)
 
-	_, err := computev1.NewTenantsServiceClient(h.conn).Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", Id: "big", Name: huge})
+	_, err := computev1.NewTenantsServiceClient(h.conn).Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", ChildTenantId: "big", Name: huge})
 	wantCode(t, err, fault.InvalidInput, "name")
-	code, body := h.rest(t, h.root, "tenants/create", `{"tenantId":"root","id":"big","name":"`+strings.Repeat("y", 2000)+`"}`)
+	code, body := h.rest(t, h.root, "tenants/create", `{"tenantId":"root","childTenantId":"big","name":"`+strings.Repeat("y", 2000)+`"}`)
 	wantREST(t, code, body, fault.InvalidInput, "name")
 
 	payload, _ := structpb.NewStruct(map[string]any{"reason": huge})
@@ -46,7 +46,7 @@ func TestOversizedFieldsAreRefusedNamingTheField(t *testing.T) {
 		t.Fatalf("%d oversized tenants stored (%v)", tenants, err)
 	}
 	// Within the bounds the same calls go through to their handlers.
-	if _, err := computev1.NewTenantsServiceClient(h.conn).Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", Id: "fine", Name: "fine"}); err != nil {
+	if _, err := computev1.NewTenantsServiceClient(h.conn).Create(ctx, &computev1.TenantsServiceCreateRequest{TenantId: "root", ChildTenantId: "fine", Name: "fine"}); err != nil {
 		t.Fatalf("a normal tenant: %v", err)
 	}
 }

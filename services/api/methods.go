@@ -68,6 +68,15 @@ var methods = map[string]Method{
 	computev1.WebhooksService_ListDeliveries_FullMethodName: {Action: authz.WebhooksGet},
 	computev1.WebhooksService_Redeliver_FullMethodName:      {Action: authz.WebhooksRedeliver},
 
+	computev1.SitesService_Create_FullMethodName:      {Action: authz.SitesCreate},
+	computev1.SitesService_Get_FullMethodName:         {Action: authz.SitesGet},
+	computev1.SitesService_List_FullMethodName:        {Action: authz.SitesList},
+	computev1.SitesService_Delete_FullMethodName:      {Action: authz.SitesDelete},
+	computev1.SitesService_CreateToken_FullMethodName: {Action: authz.SiteTokensCreate},
+	computev1.SitesService_ListTokens_FullMethodName:  {Action: authz.SiteTokensList},
+	computev1.SitesService_RevokeToken_FullMethodName: {Action: authz.SiteTokensRevoke},
+	computev1.SitesService_RevokeAgent_FullMethodName: {Action: authz.SitesRevokeAgent},
+
 	computev1.JoinTokensService_Create_FullMethodName: {Action: authz.JoinTokensCreate},
 	computev1.JoinTokensService_List_FullMethodName:   {Action: authz.JoinTokensList},
 	computev1.JoinTokensService_Revoke_FullMethodName: {Action: authz.JoinTokensRevoke},

@@ -102,17 +102,17 @@ func drainReason(n nodestore.Node) string {
 }
 
 func (s *nodes) Get(ctx context.Context, req *computev1.NodesServiceGetRequest) (*computev1.NodesServiceGetResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("nodeId", req.GetNodeId()); err != nil {
 		return nil, err
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetNodeId(), "nodeId")
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
 		return nil, err
 	}
-	n, err := nodestore.Get(ctx, s.db, req.GetTenantId(), req.GetId())
+	n, err := nodestore.Get(ctx, s.db, req.GetTenantId(), req.GetNodeId())
 	if err != nil {
 		return nil, err
 	}
@@ -163,23 +163,23 @@ func (s *nodes) List(ctx context.Context, req *computev1.NodesServiceListRequest
 }
 
 func (s *nodes) GetSpec(ctx context.Context, req *computev1.NodesServiceGetSpecRequest) (*computev1.NodesServiceGetSpecResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("nodeId", req.GetNodeId()); err != nil {
 		return nil, err
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetNodeId(), "nodeId")
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
 		return nil, err
 	}
-	sp, err := nodestore.GetSpec(ctx, s.db, req.GetTenantId(), req.GetId())
+	sp, err := nodestore.GetSpec(ctx, s.db, req.GetTenantId(), req.GetNodeId())
 	if err != nil {
 		return nil, err
 	}
 	spec := &structpb.Struct{}
 	if err := protojson.Unmarshal(sp.JSON, spec); err != nil {
-		return nil, fmt.Errorf("decode spec of %s: %w", req.GetId(), err)
+		return nil, fmt.Errorf("decode spec of %s: %w", req.GetNodeId(), err)
 	}
 	return &computev1.NodesServiceGetSpecResponse{
 		Spec: spec, Generation: sp.Generation, ObservedGeneration: sp.ObservedGeneration, SpecError: sp.Error,
@@ -189,7 +189,7 @@ func (s *nodes) GetSpec(ctx context.Context, req *computev1.NodesServiceGetSpecR
 // Update replaces a node's labels and invalidates its desired state in the
 // same transaction.
 func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateRequest) (*computev1.NodesServiceUpdateResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("nodeId", req.GetNodeId()); err != nil {
 		return nil, err
 	}
 	paths := req.GetUpdateMask().GetPaths()
@@ -204,7 +204,7 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 	if err := validLabels(req.GetLabels()); err != nil {
 		return nil, err
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetNodeId(), "nodeId")
 	if err != nil {
 		return nil, err
 	}
@@ -217,13 +217,13 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			if err := nodestore.SetLabels(ctx, tx, req.GetTenantId(), req.GetId(), labels); err != nil {
+			if err := nodestore.SetLabels(ctx, tx, req.GetTenantId(), req.GetNodeId(), labels); err != nil {
 				return admission.Outcome{}, err
 			}
-			if err := nodespec.Invalidate(ctx, q, req.GetId()); err != nil {
+			if err := nodespec.Invalidate(ctx, q, req.GetNodeId()); err != nil {
 				return admission.Outcome{}, err
 			}
-			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetId())
+			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetNodeId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}
@@ -245,13 +245,13 @@ const maxRevokeReason = 1024
 // its audit row and node.revoked event; the gateway holding its session
 // closes it at its next liveness tick.
 func (s *nodes) Revoke(ctx context.Context, req *computev1.NodesServiceRevokeRequest) (*computev1.NodesServiceRevokeResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("nodeId", req.GetNodeId()); err != nil {
 		return nil, err
 	}
 	if len(req.GetReason()) > maxRevokeReason {
 		return nil, fault.New(fault.InvalidInput, "reason", "at most %d characters, got %d", maxRevokeReason, len(req.GetReason()))
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetNodeId(), "nodeId")
 	if err != nil {
 		return nil, err
 	}
@@ -260,11 +260,11 @@ func (s *nodes) Revoke(ctx context.Context, req *computev1.NodesServiceRevokeReq
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, _ *reconcile.Queue) (admission.Outcome, error) {
-			revoked, err := nodeca.RevokeNode(ctx, tx, req.GetId())
+			revoked, err := nodeca.RevokeNode(ctx, tx, req.GetNodeId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}
-			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetId())
+			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetNodeId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}

@@ -183,15 +183,15 @@ func TestJoinTokens(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := tokens.Revoke(ctx, &computev1.JoinTokensServiceRevokeRequest{TenantId: "root", Id: fresh.GetJoinToken().GetId()})
+		got, err := tokens.Revoke(ctx, &computev1.JoinTokensServiceRevokeRequest{TenantId: "root", JoinTokenId: fresh.GetJoinToken().GetId()})
 		if err != nil || got.GetJoinToken().GetRevokeTime() == nil {
 			t.Fatalf("revoke %v %v", got, err)
 		}
 		if _, err := j.join(t, fresh.GetToken(), "SN-3"); !errors.Is(err, jointoken.ErrRevoked) {
 			t.Fatalf("join with a revoked token: %v", err)
 		}
-		_, err = tokens.Revoke(ctx, &computev1.JoinTokensServiceRevokeRequest{TenantId: "root", Id: "nope"})
-		wantCode(t, err, fault.NotFound, "id")
+		_, err = tokens.Revoke(ctx, &computev1.JoinTokensServiceRevokeRequest{TenantId: "root", JoinTokenId: "nope"})
+		wantCode(t, err, fault.NotFound, "joinTokenId")
 	})
 }
 
@@ -247,7 +247,7 @@ func TestNodes(t *testing.T) {
 	}
 
 	t.Run("update labels, and what bad updates get", func(t *testing.T) {
-		cur, err := nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", Id: ids[2]})
+		cur, err := nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", NodeId: ids[2]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,7 +255,7 @@ func TestNodes(t *testing.T) {
 		for k, v := range cur.GetNode().GetLabels() {
 			labels[k] = v // keep what the list subtest filters on
 		}
-		up, err := nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2],
+		up, err := nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", NodeId: ids[2],
 			Labels: labels, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
 		if err != nil || up.GetNode().GetLabels()["extra"] != "x" || len(up.GetNode().GetLabels()) != len(labels) {
 			t.Fatalf("update %v %v", up, err)
@@ -265,20 +265,20 @@ func TestNodes(t *testing.T) {
 		if audited != 1 {
 			t.Fatalf("audit rows for the update: %d", audited)
 		}
-		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2], UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"state"}}})
+		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", NodeId: ids[2], UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"state"}}})
 		wantCode(t, err, fault.InvalidInput, "updateMask")
-		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2]})
+		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", NodeId: ids[2]})
 		wantCode(t, err, fault.InvalidInput, "updateMask")
-		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: ids[2],
+		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", NodeId: ids[2],
 			Labels: map[string]string{"": "x"}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
 		wantCode(t, err, fault.InvalidInput, "labels")
-		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", Id: "node_nope",
+		_, err = nodesC.Update(as(acmeKey), &computev1.NodesServiceUpdateRequest{TenantId: "acme", NodeId: "node_nope",
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"labels"}}})
-		wantCode(t, err, fault.NotFound, "id")
+		wantCode(t, err, fault.NotFound, "nodeId")
 	})
 
 	t.Run("get over REST and gRPC", func(t *testing.T) {
-		code, body := h.rest(t, acmeKey, "nodes/get", fmt.Sprintf(`{"tenantId":"acme","id":%q}`, adopted))
+		code, body := h.rest(t, acmeKey, "nodes/get", fmt.Sprintf(`{"tenantId":"acme","nodeId":%q}`, adopted))
 		if code != http.StatusOK {
 			t.Fatalf("%d %v", code, body)
 		}
@@ -292,7 +292,7 @@ func TestNodes(t *testing.T) {
 		if n["state"] != "adopted" || n["gatewayId"] != "gw-1" || n["sessionEpoch"] != "3" || len(devs) != 2 || devs[0].(map[string]any)["id"] != "GPU-a" {
 			t.Fatalf("node %v", n)
 		}
-		got, err := nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", Id: ids[1]})
+		got, err := nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", NodeId: ids[1]})
 		if err != nil || got.GetNode().GetState() != "adopting" || got.GetNode().GetTenantId() != "acme" || got.GetNode().GetLabels()["rack"] == "" {
 			t.Fatalf("get %v %v", got, err)
 		}
@@ -304,7 +304,7 @@ func TestNodes(t *testing.T) {
 		if _, err := h.db.Exec(bg, `UPDATE nodes SET ready = 'Lost', ready_reason = 'no heartbeat', ready_since = now() WHERE id = $1`, ids[1]); err != nil {
 			t.Fatal(err)
 		}
-		got, err = nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", Id: ids[1]})
+		got, err = nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", NodeId: ids[1]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -355,20 +355,20 @@ func TestNodes(t *testing.T) {
 
 	t.Run("revoke ends a node's certificates, and what bad revokes get", func(t *testing.T) {
 		victim := ids[len(ids)-1]
-		_, err := nodesC.Revoke(as(otherKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", Id: victim})
+		_, err := nodesC.Revoke(as(otherKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", NodeId: victim})
 		wantCode(t, err, fault.AccessDenied, "tenantId")
-		_, err = nodesC.Revoke(as(otherKey), &computev1.NodesServiceRevokeRequest{TenantId: "other", Id: victim})
-		wantCode(t, err, fault.NotFound, "id")
-		_, err = nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", Id: victim, Reason: strings.Repeat("x", 1025)})
+		_, err = nodesC.Revoke(as(otherKey), &computev1.NodesServiceRevokeRequest{TenantId: "other", NodeId: victim})
+		wantCode(t, err, fault.NotFound, "nodeId")
+		_, err = nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", NodeId: victim, Reason: strings.Repeat("x", 1025)})
 		wantCode(t, err, fault.InvalidInput, "reason")
 		_, err = nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme"})
-		wantCode(t, err, fault.InvalidInput, "id")
+		wantCode(t, err, fault.InvalidInput, "nodeId")
 		var live int
 		_ = h.db.QueryRow(bg, `SELECT count(*) FROM node_certificates WHERE node_id = $1 AND revoked_at IS NULL`, victim).Scan(&live)
 		if live != 1 {
 			t.Fatalf("%d live certificates before the revoke, want 1: a refused revoke revoked something", live)
 		}
-		got, err := nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", Id: victim, Reason: "decommissioned"})
+		got, err := nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", NodeId: victim, Reason: "decommissioned"})
 		if err != nil || got.GetRevokedCertificates() != 1 || got.GetNode().GetId() != victim {
 			t.Fatalf("revoke %v %v", got, err)
 		}
@@ -378,17 +378,17 @@ func TestNodes(t *testing.T) {
 		if live != 0 || events != 1 {
 			t.Fatalf("after the revoke: %d live certificates, %d node.revoked events", live, events)
 		}
-		again, err := nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", Id: victim})
+		again, err := nodesC.Revoke(as(acmeKey), &computev1.NodesServiceRevokeRequest{TenantId: "acme", NodeId: victim})
 		if err != nil || again.GetRevokedCertificates() != 0 {
 			t.Fatalf("a second revoke: %v %v, want 0 revoked", again, err)
 		}
 	})
 
 	t.Run("another tenant sees nothing", func(t *testing.T) {
-		_, err := nodesC.Get(as(otherKey), &computev1.NodesServiceGetRequest{TenantId: "acme", Id: adopted})
+		_, err := nodesC.Get(as(otherKey), &computev1.NodesServiceGetRequest{TenantId: "acme", NodeId: adopted})
 		wantCode(t, err, fault.AccessDenied, "tenantId")
-		_, err = nodesC.Get(as(otherKey), &computev1.NodesServiceGetRequest{TenantId: "other", Id: adopted})
-		wantCode(t, err, fault.NotFound, "id")
+		_, err = nodesC.Get(as(otherKey), &computev1.NodesServiceGetRequest{TenantId: "other", NodeId: adopted})
+		wantCode(t, err, fault.NotFound, "nodeId")
 		code, body := h.rest(t, otherKey, "nodes/list", `{"tenantId":"acme"}`)
 		wantREST(t, code, body, fault.AccessDenied, "tenantId")
 		list, err := nodesC.List(as(otherKey), &computev1.NodesServiceListRequest{TenantId: "other"})

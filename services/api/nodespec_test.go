@@ -50,7 +50,7 @@ func TestNodesGetSpec(t *testing.T) {
 	}
 	c := computev1.NewNodesServiceClient(h.conn)
 	poll.UntilNil(t, 20*time.Second, "the spec to be computed", func() error {
-		got, err := c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", Id: "node_x"})
+		got, err := c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", NodeId: "node_x"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,7 +61,7 @@ func TestNodesGetSpec(t *testing.T) {
 	})
 
 	t.Run("over REST", func(t *testing.T) {
-		code, body := h.rest(t, acmeKey, "nodes/getSpec", `{"tenantId":"acme","id":"node_x"}`)
+		code, body := h.rest(t, acmeKey, "nodes/getSpec", `{"tenantId":"acme","nodeId":"node_x"}`)
 		if code != http.StatusOK {
 			t.Fatalf("%d %v", code, body)
 		}
@@ -80,11 +80,11 @@ func TestNodesGetSpec(t *testing.T) {
 		if _, err := h.db.Exec(ctx, `UPDATE nodes SET spec_error = 'conflicting desired state' WHERE id = 'node_x'`); err != nil {
 			t.Fatal(err)
 		}
-		got, err := c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", Id: "node_x"})
+		got, err := c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", NodeId: "node_x"})
 		if err != nil || got.GetSpecError() != "conflicting desired state" || got.GetGeneration() != 1 || got.GetSpec().GetFields()["identity"] == nil {
 			t.Fatalf("getSpec %v %v", got, err)
 		}
-		n, err := c.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", Id: "node_x"})
+		n, err := c.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", NodeId: "node_x"})
 		if err != nil || n.GetNode().GetSpecError() != "conflicting desired state" {
 			t.Fatalf("get %v %v", n, err)
 		}
@@ -92,12 +92,12 @@ func TestNodesGetSpec(t *testing.T) {
 
 	t.Run("errors", func(t *testing.T) {
 		_, err := c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme"})
-		wantCode(t, err, fault.InvalidInput, "id")
-		_, err = c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", Id: "node_nope"})
-		wantCode(t, err, fault.NotFound, "id")
-		_, err = c.GetSpec(as(otherKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", Id: "node_x"})
+		wantCode(t, err, fault.InvalidInput, "nodeId")
+		_, err = c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", NodeId: "node_nope"})
+		wantCode(t, err, fault.NotFound, "nodeId")
+		_, err = c.GetSpec(as(otherKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", NodeId: "node_x"})
 		wantCode(t, err, fault.AccessDenied, "tenantId")
-		code, body := h.rest(t, otherKey, "nodes/getSpec", fmt.Sprintf(`{"tenantId":"other","id":%q}`, "node_x"))
-		wantREST(t, code, body, fault.NotFound, "id")
+		code, body := h.rest(t, otherKey, "nodes/getSpec", fmt.Sprintf(`{"tenantId":"other","nodeId":%q}`, "node_x"))
+		wantREST(t, code, body, fault.NotFound, "nodeId")
 	})
 }

@@ -285,9 +285,9 @@ func TestOpenAPIServed(t *testing.T) {
 	if st, b := h.rest(t, "", "system/version", `{}`); st != http.StatusOK {
 		t.Errorf("system.version without a token (documented security: []): %d %v", st, b)
 	}
-	st, b := h.rest(t, "", "nodes/get", `{"tenantId":"root","id":"n1"}`)
+	st, b := h.rest(t, "", "nodes/get", `{"tenantId":"root","nodeId":"n1"}`)
 	conforms("nodes.get without a token", st, b, fault.Unauthenticated)
-	st, b = h.rest(t, h.root, "nodes/get", `{"tenantId":"root","id":"no-such-node"}`)
+	st, b = h.rest(t, h.root, "nodes/get", `{"tenantId":"root","nodeId":"no-such-node"}`)
 	conforms("nodes.get of a missing node", st, b, fault.NotFound)
 	st, b = h.rest(t, h.root, "nodes/get", `{"tenantId":"root","bogus":1}`)
 	conforms("nodes.get with an unknown field", st, b, fault.InvalidInput)

@@ -19,7 +19,7 @@ import (
 func (h *harness) share(t testing.TB, pool string, defaultQuota int32) {
 	t.Helper()
 	_, err := computev1.NewPoolsServiceClient(h.conn).Update(as(h.root), &computev1.PoolsServiceUpdateRequest{
-		TenantId: "root", Id: pool, Sharing: "descendants", DefaultQuota: defaultQuota,
+		TenantId: "root", PoolId: pool, Sharing: "descendants", DefaultQuota: defaultQuota,
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"sharing", "default_quota"}},
 	})
 	if err != nil {
@@ -77,14 +77,14 @@ func TestDescendantCannotBookAnUnsharedAncestorPool(t *testing.T) {
 		t.Fatalf("in the shared pool: %v", err)
 	}
 	_, err = computev1.NewPoolsServiceClient(h.conn).Update(as(h.root), &computev1.PoolsServiceUpdateRequest{
-		TenantId: "root", Id: pool, Sharing: "none", UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"sharing"}},
+		TenantId: "root", PoolId: pool, Sharing: "none", UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"sharing"}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.Create(as(key), &computev1.ReservationsServiceCreateRequest{TenantId: "acme", PoolId: pool, GpuCount: 1})
 	wantCode(t, err, fault.NotFound, "poolId")
-	got, err := c.Get(as(key), &computev1.ReservationsServiceGetRequest{TenantId: "acme", Id: held.GetReservation().GetId()})
+	got, err := c.Get(as(key), &computev1.ReservationsServiceGetRequest{TenantId: "acme", ReservationId: held.GetReservation().GetId()})
 	if err != nil || got.GetReservation().GetState() != "placed" || len(got.GetReservation().GetBookings()) != 2 {
 		t.Fatalf("after unsharing: %v %v", got, err)
 	}
@@ -180,7 +180,7 @@ func TestPoolSharingBadInput(t *testing.T) {
 		{&computev1.PoolsServiceUpdateRequest{Sharing: "all", UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"sharing"}}}, "sharing"},
 		{&computev1.PoolsServiceUpdateRequest{DefaultQuota: -5, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"default_quota"}}}, "defaultQuota"},
 	} {
-		tc.req.TenantId, tc.req.Id = "root", id
+		tc.req.TenantId, tc.req.PoolId = "root", id
 		_, err := pools.Update(ctx, tc.req)
 		wantCode(t, err, fault.InvalidInput, tc.field)
 	}
@@ -188,7 +188,7 @@ func TestPoolSharingBadInput(t *testing.T) {
 	if err != nil || s.GetPool().GetSharing() != "descendants" || s.GetPool().GetDefaultQuota() != 4 {
 		t.Fatalf("shared pool: %v %v", s, err)
 	}
-	got, err := pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "root", Id: s.GetPool().GetId()})
+	got, err := pools.Get(ctx, &computev1.PoolsServiceGetRequest{TenantId: "root", PoolId: s.GetPool().GetId()})
 	if err != nil || got.GetPool().GetSharing() != "descendants" || got.GetPool().GetDefaultQuota() != 4 {
 		t.Fatalf("get: %v %v", got, err)
 	}

@@ -95,17 +95,17 @@ func (s *pools) Create(ctx context.Context, req *computev1.PoolsServiceCreateReq
 }
 
 func (s *pools) Get(ctx context.Context, req *computev1.PoolsServiceGetRequest) (*computev1.PoolsServiceGetResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("poolId", req.GetPoolId()); err != nil {
 		return nil, err
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
 		return nil, err
 	}
-	p, err := poolstore.Get(ctx, s.db, req.GetTenantId(), req.GetId())
+	p, err := poolstore.Get(ctx, s.db, req.GetTenantId(), req.GetPoolId())
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +192,7 @@ func specSection(st *structpb.Struct, into proto.Message, field string) ([]byte,
 }
 
 func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateRequest) (*computev1.PoolsServiceUpdateResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("poolId", req.GetPoolId()); err != nil {
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
@@ -246,7 +246,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance, sharing, defaultQuota can)", path)
 		}
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +255,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			p, err := poolstore.Apply(ctx, tx, req.GetTenantId(), req.GetId(), u)
+			p, err := poolstore.Apply(ctx, tx, req.GetTenantId(), req.GetPoolId(), u)
 			if err != nil {
 				return admission.Outcome{}, err
 			}

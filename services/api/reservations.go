@@ -163,17 +163,17 @@ func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsSe
 }
 
 func (s *reservations) Get(ctx context.Context, req *computev1.ReservationsServiceGetRequest) (*computev1.ReservationsServiceGetResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("reservationId", req.GetReservationId()); err != nil {
 		return nil, err
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), TypeReservation, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), TypeReservation, req.GetReservationId(), "reservationId")
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
 		return nil, err
 	}
-	r, err := capstore.Get(ctx, s.db, req.GetTenantId(), req.GetId())
+	r, err := capstore.Get(ctx, s.db, req.GetTenantId(), req.GetReservationId())
 	if err != nil {
 		return nil, err
 	}
@@ -211,10 +211,10 @@ func (s *reservations) List(ctx context.Context, req *computev1.ReservationsServ
 }
 
 func (s *reservations) Release(ctx context.Context, req *computev1.ReservationsServiceReleaseRequest) (*computev1.ReservationsServiceReleaseResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("reservationId", req.GetReservationId()); err != nil {
 		return nil, err
 	}
-	res, err := authz.Get(ctx, s.db, req.GetTenantId(), TypeReservation, req.GetId(), "id")
+	res, err := authz.Get(ctx, s.db, req.GetTenantId(), TypeReservation, req.GetReservationId(), "reservationId")
 	if err != nil {
 		return nil, err
 	}
@@ -223,10 +223,10 @@ func (s *reservations) Release(ctx context.Context, req *computev1.ReservationsS
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			if _, err := capstore.Lock(ctx, tx, req.GetId()); err != nil {
+			if _, err := capstore.Lock(ctx, tx, req.GetReservationId()); err != nil {
 				return admission.Outcome{}, err
 			}
-			nodes, _, err := capstore.Finish(ctx, tx, req.GetId(), capstore.StateReleased, "")
+			nodes, _, err := capstore.Finish(ctx, tx, req.GetReservationId(), capstore.StateReleased, "")
 			if err != nil {
 				return admission.Outcome{}, err
 			}
@@ -235,7 +235,7 @@ func (s *reservations) Release(ctx context.Context, req *computev1.ReservationsS
 					return admission.Outcome{}, err
 				}
 			}
-			r, err := capstore.Get(ctx, tx, req.GetTenantId(), req.GetId())
+			r, err := capstore.Get(ctx, tx, req.GetTenantId(), req.GetReservationId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}

@@ -148,7 +148,7 @@ func TestReservationsCreate(t *testing.T) {
 		}
 	})
 	t.Run("release frees the GPUs and withdraws them from the node", func(t *testing.T) {
-		resp, err := c.Release(ctx, &computev1.ReservationsServiceReleaseRequest{TenantId: "root", Id: first.GetId()})
+		resp, err := c.Release(ctx, &computev1.ReservationsServiceReleaseRequest{TenantId: "root", ReservationId: first.GetId()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,15 +156,15 @@ func TestReservationsCreate(t *testing.T) {
 		if r.GetState() != "released" || r.GetFinishTime() == nil || len(r.GetBookings()) != 3 {
 			t.Fatalf("released %v", r)
 		}
-		again, err := c.Release(ctx, &computev1.ReservationsServiceReleaseRequest{TenantId: "root", Id: first.GetId()})
+		again, err := c.Release(ctx, &computev1.ReservationsServiceReleaseRequest{TenantId: "root", ReservationId: first.GetId()})
 		if err != nil || again.GetReservation().GetState() != "released" || !again.GetReservation().GetFinishTime().AsTime().Equal(r.GetFinishTime().AsTime()) {
 			t.Fatalf("second release changed it: %v %v", again, err)
 		}
 		poll.Until(t, 30*time.Second, "the node's spec to withdraw the reservation", func() bool {
 			return h.count(t, `SELECT count(*) FROM nodes WHERE spec::text LIKE '%' || $1 || '%'`, first.GetId()) == 0
 		})
-		_, err = c.Release(ctx, &computev1.ReservationsServiceReleaseRequest{TenantId: "root", Id: "rsv_nope"})
-		wantCode(t, err, fault.NotFound, "id")
+		_, err = c.Release(ctx, &computev1.ReservationsServiceReleaseRequest{TenantId: "root", ReservationId: "rsv_nope"})
+		wantCode(t, err, fault.NotFound, "reservationId")
 	})
 	t.Run("a future start stays pending and says why; list is newest first", func(t *testing.T) {
 		start := time.Now().Add(time.Hour)
@@ -173,7 +173,7 @@ func TestReservationsCreate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := c.Get(ctx, &computev1.ReservationsServiceGetRequest{TenantId: "root", Id: resp.GetReservation().GetId()})
+		got, err := c.Get(ctx, &computev1.ReservationsServiceGetRequest{TenantId: "root", ReservationId: resp.GetReservation().GetId()})
 		if err != nil || got.GetReservation().GetState() != "pending" || !strings.Contains(got.GetReservation().GetReason(), "starts at") {
 			t.Fatalf("pending %v %v", got, err)
 		}
@@ -257,9 +257,9 @@ func TestReservationsPoolOfAnAncestor(t *testing.T) {
 	_, err = c.Create(as(acmeKey), &computev1.ReservationsServiceCreateRequest{TenantId: "acme", PoolId: p.GetPool().GetId(), GpuCount: 1})
 	wantCode(t, err, fault.NotFound, "poolId")
 	// Another tenant cannot read acme's reservation.
-	_, err = c.Get(as(otherKey), &computev1.ReservationsServiceGetRequest{TenantId: "other", Id: resp.GetReservation().GetId()})
-	wantCode(t, err, fault.NotFound, "id")
-	got, err := c.Get(as(acmeKey), &computev1.ReservationsServiceGetRequest{TenantId: "acme", Id: resp.GetReservation().GetId()})
+	_, err = c.Get(as(otherKey), &computev1.ReservationsServiceGetRequest{TenantId: "other", ReservationId: resp.GetReservation().GetId()})
+	wantCode(t, err, fault.NotFound, "reservationId")
+	got, err := c.Get(as(acmeKey), &computev1.ReservationsServiceGetRequest{TenantId: "acme", ReservationId: resp.GetReservation().GetId()})
 	if err != nil || got.GetReservation().GetState() != "placed" {
 		t.Fatalf("acme reads its reservation: %v %v", got, err)
 	}

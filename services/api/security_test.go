@@ -53,12 +53,12 @@ func TestIdentityRevokeIsDecidedOnTheTarget(t *testing.T) {
 	h.policy(t, "acme", "self-revoke", `permit (principal in Tenant::"acme", action == Action::"compute:identities:revoke", resource in Tenant::"acme")
 when { context.self };`)
 
-	_, err := idents.Revoke(as(ciTok), &computev1.IdentitiesServiceRevokeRequest{TenantId: "acme", Id: admin})
+	_, err := idents.Revoke(as(ciTok), &computev1.IdentitiesServiceRevokeRequest{TenantId: "acme", IdentityId: admin})
 	wantCode(t, err, fault.AccessDenied, "")
 	if n := h.count(t, `SELECT count(*) FROM identities WHERE id = $1 AND revoked_at IS NULL`, admin); n != 1 {
 		t.Fatal("the denied call revoked the admin")
 	}
-	got, err := idents.Revoke(as(ciTok), &computev1.IdentitiesServiceRevokeRequest{TenantId: "acme", Id: ci})
+	got, err := idents.Revoke(as(ciTok), &computev1.IdentitiesServiceRevokeRequest{TenantId: "acme", IdentityId: ci})
 	if err != nil || got.GetIdentity().GetRevokeTime() == nil {
 		t.Fatalf("revoking oneself: %v %v", got, err)
 	}
@@ -76,15 +76,15 @@ func TestAPIKeyRevokeIsDecidedOnTheKeysOwner(t *testing.T) {
 forbid (principal, action == Action::"compute:api-keys:revoke", resource)
 when { context.targetIdentity == Identity::"`+admin+`" } unless { context.self };`)
 
-	_, err := keys.Revoke(as(ciTok), &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", Id: keyID(adminTok)})
+	_, err := keys.Revoke(as(ciTok), &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", ApiKeyId: keyID(adminTok)})
 	wantCode(t, err, fault.AccessDenied, "")
 	if _, err := computev1.NewSystemServiceClient(h.conn).WhoAmI(as(adminTok), &computev1.WhoAmIRequest{}); err != nil {
 		t.Fatalf("the admin's key still works: %v", err)
 	}
-	if _, err := keys.Revoke(as(ciTok), &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", Id: keyID(ciTok)}); err != nil {
+	if _, err := keys.Revoke(as(ciTok), &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", ApiKeyId: keyID(ciTok)}); err != nil {
 		t.Fatalf("revoking one's own key: %v", err)
 	}
-	if _, err := keys.Revoke(as(adminTok), &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", Id: keyID(adminTok)}); err != nil {
+	if _, err := keys.Revoke(as(adminTok), &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", ApiKeyId: keyID(adminTok)}); err != nil {
 		t.Fatalf("the admin revokes its own key: %v", err)
 	}
 }
@@ -119,10 +119,10 @@ func TestChildTenantCannotForbidItsAncestorsBreakGlass(t *testing.T) {
 	if _, err := computev1.NewIdentitiesServiceClient(h.conn).List(rootCtx, &computev1.IdentitiesServiceListRequest{TenantId: "acme"}); err != nil {
 		t.Fatalf("identities.list: %v", err)
 	}
-	if _, err := computev1.NewApiKeysServiceClient(h.conn).Revoke(rootCtx, &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", Id: keyID(ciTok)}); err != nil {
+	if _, err := computev1.NewApiKeysServiceClient(h.conn).Revoke(rootCtx, &computev1.ApiKeysServiceRevokeRequest{TenantId: "acme", ApiKeyId: keyID(ciTok)}); err != nil {
 		t.Fatalf("apiKeys.revoke: %v", err)
 	}
-	if _, err := computev1.NewIdentitiesServiceClient(h.conn).Revoke(rootCtx, &computev1.IdentitiesServiceRevokeRequest{TenantId: "acme", Id: ci}); err != nil {
+	if _, err := computev1.NewIdentitiesServiceClient(h.conn).Revoke(rootCtx, &computev1.IdentitiesServiceRevokeRequest{TenantId: "acme", IdentityId: ci}); err != nil {
 		t.Fatalf("identities.revoke: %v", err)
 	}
 	if _, err := pols.Delete(rootCtx, &computev1.PoliciesServiceDeleteRequest{TenantId: "acme", Name: "lockout"}); err != nil {

@@ -26,23 +26,23 @@ func tenantPB(t iam.Tenant) *computev1.Tenant {
 }
 
 func (s *tenants) Create(ctx context.Context, req *computev1.TenantsServiceCreateRequest) (*computev1.TenantsServiceCreateResponse, error) {
-	if err := required("id", req.GetId()); err != nil {
+	if err := required("childTenantId", req.GetChildTenantId()); err != nil {
 		return nil, err
 	}
-	if !iam.ValidTenantID(req.GetId()) || !iam.ChildOf(req.GetId(), req.GetTenantId()) {
-		return nil, fault.New(fault.InvalidInput, "id", "%q is not a child id of %s: expected %s", req.GetId(), req.GetTenantId(), childExample(req.GetTenantId()))
+	if !iam.ValidTenantID(req.GetChildTenantId()) || !iam.ChildOf(req.GetChildTenantId(), req.GetTenantId()) {
+		return nil, fault.New(fault.InvalidInput, "childTenantId", "%q is not a child id of %s: expected %s", req.GetChildTenantId(), req.GetTenantId(), childExample(req.GetTenantId()))
 	}
 	if err := validLabels(req.GetLabels()); err != nil {
 		return nil, err
 	}
 	name := req.GetName()
 	if name == "" {
-		name = req.GetId()[strings.LastIndexByte(req.GetId(), '.')+1:]
+		name = req.GetChildTenantId()[strings.LastIndexByte(req.GetChildTenantId(), '.')+1:]
 	}
 	out := &computev1.TenantsServiceCreateResponse{}
 	_, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
-		Resource: authz.Resource{Type: authz.TypeTenant, ID: req.GetId(), TenantID: req.GetId(), Labels: req.GetLabels()},
+		Resource: authz.Resource{Type: authz.TypeTenant, ID: req.GetChildTenantId(), TenantID: req.GetChildTenantId(), Labels: req.GetLabels()},
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			t, err := iam.CreateTenant(ctx, tx, iam.Tenant{ID: id, ParentID: req.GetTenantId(), Name: name, Labels: req.GetLabels()})
 			if err != nil {

@@ -129,21 +129,21 @@ func (s *webhooksAPI) Create(ctx context.Context, req *computev1.WebhooksService
 // resource reads the webhook's projection row (NOT_FOUND in another
 // tenant).
 func (s *webhooksAPI) resource(ctx context.Context, tenant, id string) (authz.Resource, error) {
-	if err := required("id", id); err != nil {
+	if err := required("webhookId", id); err != nil {
 		return authz.Resource{}, err
 	}
-	return authz.Get(ctx, s.db, tenant, authz.TypeWebhook, id, "id")
+	return authz.Get(ctx, s.db, tenant, authz.TypeWebhook, id, "webhookId")
 }
 
 func (s *webhooksAPI) Get(ctx context.Context, req *computev1.WebhooksServiceGetRequest) (*computev1.WebhooksServiceGetResponse, error) {
-	res, err := s.resource(ctx, req.GetTenantId(), req.GetId())
+	res, err := s.resource(ctx, req.GetTenantId(), req.GetWebhookId())
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
 		return nil, err
 	}
-	w, err := webhooks.Get(ctx, s.db, req.GetTenantId(), req.GetId())
+	w, err := webhooks.Get(ctx, s.db, req.GetTenantId(), req.GetWebhookId())
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +190,7 @@ func (s *webhooksAPI) Update(ctx context.Context, req *computev1.WebhooksService
 	if len(req.GetDescription()) > maxWebhookDescription {
 		return nil, fault.New(fault.InvalidInput, "description", "at most %d characters", maxWebhookDescription)
 	}
-	res, err := s.resource(ctx, req.GetTenantId(), req.GetId())
+	res, err := s.resource(ctx, req.GetTenantId(), req.GetWebhookId())
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +199,7 @@ func (s *webhooksAPI) Update(ctx context.Context, req *computev1.WebhooksService
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetId())
+			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetWebhookId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}
@@ -235,7 +235,7 @@ func (s *webhooksAPI) Update(ctx context.Context, req *computev1.WebhooksService
 }
 
 func (s *webhooksAPI) Delete(ctx context.Context, req *computev1.WebhooksServiceDeleteRequest) (*computev1.WebhooksServiceDeleteResponse, error) {
-	res, err := s.resource(ctx, req.GetTenantId(), req.GetId())
+	res, err := s.resource(ctx, req.GetTenantId(), req.GetWebhookId())
 	if err != nil {
 		return nil, err
 	}
@@ -244,14 +244,14 @@ func (s *webhooksAPI) Delete(ctx context.Context, req *computev1.WebhooksService
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetId())
+			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetWebhookId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}
-			if err := webhooks.Delete(ctx, tx, req.GetTenantId(), req.GetId()); err != nil {
+			if err := webhooks.Delete(ctx, tx, req.GetTenantId(), req.GetWebhookId()); err != nil {
 				return admission.Outcome{}, err
 			}
-			if err := authz.Delete(ctx, tx, authz.TypeWebhook, req.GetId()); err != nil {
+			if err := authz.Delete(ctx, tx, authz.TypeWebhook, req.GetWebhookId()); err != nil {
 				return admission.Outcome{}, err
 			}
 			return outcome(&computev1.WebhooksServiceDeleteResponse{Webhook: webhookPB(w)}, "webhook.deleted", nil)
@@ -264,7 +264,7 @@ func (s *webhooksAPI) Delete(ctx context.Context, req *computev1.WebhooksService
 }
 
 func (s *webhooksAPI) RotateSecret(ctx context.Context, req *computev1.WebhooksServiceRotateSecretRequest) (*computev1.WebhooksServiceRotateSecretResponse, error) {
-	res, err := s.resource(ctx, req.GetTenantId(), req.GetId())
+	res, err := s.resource(ctx, req.GetTenantId(), req.GetWebhookId())
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +274,7 @@ func (s *webhooksAPI) RotateSecret(ctx context.Context, req *computev1.WebhooksS
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetId())
+			w, err := webhooks.Lock(ctx, tx, req.GetTenantId(), req.GetWebhookId())
 			if err != nil {
 				return admission.Outcome{}, err
 			}
@@ -295,7 +295,7 @@ func (s *webhooksAPI) RotateSecret(ctx context.Context, req *computev1.WebhooksS
 }
 
 func (s *webhooksAPI) Test(ctx context.Context, req *computev1.WebhooksServiceTestRequest) (*computev1.WebhooksServiceTestResponse, error) {
-	res, err := s.resource(ctx, req.GetTenantId(), req.GetId())
+	res, err := s.resource(ctx, req.GetTenantId(), req.GetWebhookId())
 	if err != nil {
 		return nil, err
 	}
@@ -307,12 +307,12 @@ func (s *webhooksAPI) Test(ctx context.Context, req *computev1.WebhooksServiceTe
 			// The test event and its one delivery commit together; the
 			// fan-out sends webhook.test only to the webhook it names, so it
 			// adds nothing.
-			payload, _ := json.Marshal(map[string]string{"webhookId": req.GetId(), "message": "a test event from webhooks.test"})
-			id, err := outbox.Write(ctx, tx, outbox.Event{TenantID: req.GetTenantId(), Type: "webhook.test", Resource: req.GetId(), Payload: json.RawMessage(payload)})
+			payload, _ := json.Marshal(map[string]string{"webhookId": req.GetWebhookId(), "message": "a test event from webhooks.test"})
+			id, err := outbox.Write(ctx, tx, outbox.Event{TenantID: req.GetTenantId(), Type: "webhook.test", Resource: req.GetWebhookId(), Payload: json.RawMessage(payload)})
 			if err != nil {
 				return admission.Outcome{}, err
 			}
-			d, err := webhooks.InsertOne(ctx, tx, webhooks.Planned{WebhookID: req.GetId(), EventID: id, TenantID: req.GetTenantId()})
+			d, err := webhooks.InsertOne(ctx, tx, webhooks.Planned{WebhookID: req.GetWebhookId(), EventID: id, TenantID: req.GetTenantId()})
 			if err != nil {
 				return admission.Outcome{}, err
 			}

@@ -444,7 +444,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: tuning, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
 			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Kinds: a.admitKinds,
-			AuditKey: a.auditKey(),
+			AuditKey: a.auditKey(), Registerer: a.reg,
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),

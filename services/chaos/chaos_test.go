@@ -351,7 +351,7 @@ func bookingSet(r reservation) string {
 
 func (s *suite) reservation(id string) reservation {
 	var out struct{ Reservation reservation }
-	s.call("reservations/get", map[string]any{"tenantId": "root", "id": id}, &out)
+	s.call("reservations/get", map[string]any{"tenantId": "root", "reservationId": id}, &out)
 	return out.Reservation
 }
 
@@ -397,7 +397,7 @@ func (s *suite) change() string {
 	s.round++
 	level := levels[s.round%len(levels)]
 	var out map[string]any
-	s.call("pools/update", map[string]any{"tenantId": "root", "id": s.pool, "site": map[string]any{"logLevel": level}, "updateMask": "site"}, &out)
+	s.call("pools/update", map[string]any{"tenantId": "root", "poolId": s.pool, "site": map[string]any{"logLevel": level}, "updateMask": "site"}, &out)
 	return level
 }
 

@@ -120,6 +120,9 @@ func runAPICall(ctx context.Context, f *apiFlags, args []string, stdin io.Reader
 	}
 	if resp.StatusCode/100 == 2 {
 		_, err := stdout.Write(indentJSON(answer))
+		if resp.Header.Get("Deprecation") != "" {
+			cat.warnDeprecated(stderr, m, body)
+		}
 		return err
 	}
 	env := envelopeOfAnswer(resp, answer)
@@ -127,7 +130,31 @@ func runAPICall(ctx context.Context, f *apiFlags, args []string, stdin io.Reader
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(env)
+	if resp.Header.Get("Deprecation") != "" {
+		cat.warnDeprecated(stderr, m, body)
+	}
 	return &apiCallError{method: m.name, status: resp.StatusCode, env: env}
+}
+
+// warnDeprecated tells the user, on stderr, that the server answered
+// "Deprecation: true": the request named a field by a name accepted for
+// one release only. It names each such field of body the catalog marks
+// "Deprecated:" and what to send instead.
+func (c *apiCatalog) warnDeprecated(stderr io.Writer, m *apiMethod, body []byte) {
+	var sent map[string]json.RawMessage
+	_ = json.Unmarshal(body, &sent)
+	named := false
+	if req := c.resolve(m.request); req != nil {
+		for _, p := range req.Properties {
+			if _, ok := sent[p.name]; ok && strings.HasPrefix(p.s.Description, "Deprecated:") {
+				fmt.Fprintf(stderr, "warning: %s: field %s is deprecated (%s)\n", m.name, p.name, oneLine(strings.TrimSpace(strings.TrimPrefix(p.s.Description, "Deprecated:"))))
+				named = true
+			}
+		}
+	}
+	if !named {
+		fmt.Fprintf(stderr, "warning: %s: the request used a deprecated field name (see better-compute api %s --help)\n", m.name, m.name)
+	}
 }
 
 // apiCallError is a call the server refused; its envelope is already on

@@ -53,7 +53,7 @@ func TestEventsWatchPrintsAndResumes(t *testing.T) {
 		}
 		if !created {
 			time.Sleep(300 * time.Millisecond)
-			code, o, e := execCLI(t, "", "api", "tenants.create", "tenantId=root", "id=watched", "--url", base, "--token", token, "--client-config", f.clientConfig)
+			code, o, e := execCLI(t, "", "api", "tenants.create", "tenantId=root", "childTenantId=watched", "--url", base, "--token", token, "--client-config", f.clientConfig)
 			if code != ExitOK {
 				t.Fatalf("tenants.create: %d %s %s", code, o, e)
 			}

@@ -57,7 +57,7 @@ func TestAcceptanceChecksWithRealDaemons(t *testing.T) {
 		var n node
 		poll.UntilNil(t, 30*time.Second, "node "+id+" to be "+state, func() error {
 			var got struct{ Node node }
-			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id}, &got)
+			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "nodeId": id}, &got)
 			if n = got.Node; n.State == state {
 				return nil
 			}

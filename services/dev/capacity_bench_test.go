@@ -85,7 +85,7 @@ func BenchmarkReservationCreateToBound(b *testing.B) {
 		}
 		lat = append(lat, time.Since(t0))
 		var rel struct{ Reservation reservation }
-		call(b, env, "reservations/release", map[string]any{"tenantId": "root", "id": out.Reservation.ID}, &rel)
+		call(b, env, "reservations/release", map[string]any{"tenantId": "root", "reservationId": out.Reservation.ID}, &rel)
 	}
 	b.StopTimer()
 	slices.Sort(lat)

@@ -57,7 +57,7 @@ func tryCall(t testing.TB, env *dev.Env, method string, body any) (int, []byte) 
 func getReservation(t testing.TB, env *dev.Env, id string) reservation {
 	t.Helper()
 	var out struct{ Reservation reservation }
-	call(t, env, "reservations/get", map[string]any{"tenantId": "root", "id": id}, &out)
+	call(t, env, "reservations/get", map[string]any{"tenantId": "root", "reservationId": id}, &out)
 	return out.Reservation
 }
 
@@ -336,7 +336,7 @@ func TestReservationsEndToEnd(t *testing.T) {
 
 	t.Run("release withdraws the GPUs from the node", func(t *testing.T) {
 		var out struct{ Reservation reservation }
-		call(t, env, "reservations/release", map[string]any{"tenantId": "root", "id": id}, &out)
+		call(t, env, "reservations/release", map[string]any{"tenantId": "root", "reservationId": id}, &out)
 		if out.Reservation.State != "released" {
 			t.Fatalf("released %+v", out.Reservation)
 		}

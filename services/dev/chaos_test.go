@@ -73,7 +73,7 @@ func fleet(t *testing.T, env *dev.Env, n int, root string) (*sim.Fleet, string) 
 func setSite(t *testing.T, env *dev.Env, poolID, level string) {
 	t.Helper()
 	var out struct{}
-	call(t, env, "pools/update", map[string]any{"tenantId": "root", "id": poolID, "site": map[string]any{"logLevel": level}, "updateMask": "site"}, &out)
+	call(t, env, "pools/update", map[string]any{"tenantId": "root", "poolId": poolID, "site": map[string]any{"logLevel": level}, "updateMask": "site"}, &out)
 }
 
 // waitConverged waits until every node applied a generation of at least gen

@@ -396,7 +396,7 @@ func TestCommandsChecksEndToEnd(t *testing.T) {
 			t.Fatalf("held command: %s accepted %v runs %d", got.State, got.AcceptedAt, h.count("held"))
 		}
 		var out struct{}
-		call(t, env, "nodes/update", map[string]any{"tenantId": "root", "id": hnode, "labels": map[string]string{"step": "min-generation"}, "updateMask": "labels"}, &out)
+		call(t, env, "nodes/update", map[string]any{"tenantId": "root", "nodeId": hnode, "labels": map[string]string{"step": "min-generation"}, "updateMask": "labels"}, &out)
 		got := wantFinal(t, env, hnode, c.ID, "succeeded", "")
 		if h.count("held") != 1 || nodeGeneration(t, db, hnode) <= gen {
 			t.Fatalf("runs %d, generation %d (was %d)", h.count("held"), nodeGeneration(t, db, hnode), gen)

@@ -94,7 +94,7 @@ func BenchmarkConvergence(b *testing.B) {
 				next := gen(node) + 1
 				start := time.Now()
 				var out struct{}
-				call(b, env, "nodes/update", map[string]any{"tenantId": "root", "id": node, "labels": map[string]string{"i": strconv.Itoa(i)}, "updateMask": "labels"}, &out)
+				call(b, env, "nodes/update", map[string]any{"tenantId": "root", "nodeId": node, "labels": map[string]string{"i": strconv.Itoa(i)}, "updateMask": "labels"}, &out)
 				wait(next, node)
 				one = append(one, time.Since(start))
 			}
@@ -114,7 +114,7 @@ func BenchmarkConvergence(b *testing.B) {
 			}
 			start := time.Now()
 			var out struct{}
-			call(b, env, "pools/update", map[string]any{"tenantId": "root", "id": pool, "site": map[string]any{"logLevel": "debug"}, "updateMask": "site"}, &out)
+			call(b, env, "pools/update", map[string]any{"tenantId": "root", "poolId": pool, "site": map[string]any{"logLevel": "debug"}, "updateMask": "site"}, &out)
 			var specced time.Duration
 			for {
 				var done, computed int

@@ -133,7 +133,7 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	}
 	var got struct{ Node node }
 	poll.UntilNil(t, 30*time.Second, "the node to be adopted with its GPUs", func() error {
-		call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id.NodeID}, &got)
+		call(t, env, "nodes/get", map[string]any{"tenantId": "root", "nodeId": id.NodeID}, &got)
 		if got.Node.State == "adopted" && len(got.Node.Devices) == 8 {
 			return nil
 		}
@@ -170,7 +170,7 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 		var n specNode
 		poll.UntilNil(t, 30*time.Second, what, func() error {
 			var got struct{ Node specNode }
-			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id.NodeID}, &got)
+			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "nodeId": id.NodeID}, &got)
 			if n = got.Node; n.Generation != "0" && n.Generation == n.ObservedGeneration && cond(n) {
 				return nil
 			}
@@ -180,7 +180,7 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	}
 	first := waitConverged(t, "the node applying generation 1", func(n specNode) bool { return n.Schedulable && len(n.Sections) == 8 })
 	var upd struct{ Pool struct{ Generation string } }
-	call(t, env, "pools/update", map[string]any{"tenantId": "root", "id": pool.Pool.ID, "site": map[string]any{"logLevel": "debug"}, "updateMask": "site"}, &upd)
+	call(t, env, "pools/update", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "site": map[string]any{"logLevel": "debug"}, "updateMask": "site"}, &upd)
 	changed := waitConverged(t, "the node converging on the pool's new site settings", func(n specNode) bool { return n.Generation != first.Generation })
 	if changed.Generation != "2" {
 		t.Fatalf("one change must bump the generation once: %+v", changed)
@@ -194,7 +194,7 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	var labelled struct {
 		Node struct{ Labels map[string]string }
 	}
-	call(t, env, "nodes/update", map[string]any{"tenantId": "root", "id": id.NodeID, "labels": map[string]string{"rack": "r1"}, "updateMask": "labels"}, &labelled)
+	call(t, env, "nodes/update", map[string]any{"tenantId": "root", "nodeId": id.NodeID, "labels": map[string]string{"rack": "r1"}, "updateMask": "labels"}, &labelled)
 	if labelled.Node.Labels["rack"] != "r1" {
 		t.Fatalf("update answered %+v", labelled)
 	}
@@ -204,7 +204,7 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 			Identity struct{ Labels map[string]string }
 		}
 	}
-	call(t, env, "nodes/getSpec", map[string]any{"tenantId": "root", "id": id.NodeID}, &spec)
+	call(t, env, "nodes/getSpec", map[string]any{"tenantId": "root", "nodeId": id.NodeID}, &spec)
 	if spec.Spec.Identity.Labels["rack"] != "r1" {
 		t.Fatalf("the spec's identity lacks the label: %+v", spec)
 	}
@@ -214,7 +214,7 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 	// reconnecting, is refused.
 	held := env.App.GatewaySessions() // this node's and dev's simulated ones
 	var revoked struct{ RevokedCertificates string }
-	call(t, env, "nodes/revoke", map[string]any{"tenantId": "root", "id": id.NodeID, "reason": "decommissioned"}, &revoked)
+	call(t, env, "nodes/revoke", map[string]any{"tenantId": "root", "nodeId": id.NodeID, "reason": "decommissioned"}, &revoked)
 	if revoked.RevokedCertificates != "1" {
 		t.Fatalf("nodes.revoke answered %+v, want 1 certificate revoked", revoked)
 	}

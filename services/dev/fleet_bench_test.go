@@ -297,7 +297,7 @@ func changeFleet(b *testing.B, env *dev.Env, db *pgxpool.Pool, gw *childProc, ob
 	b.Helper()
 	start := time.Now()
 	var out struct{}
-	benchCall(b, env, "pools/update", map[string]any{"tenantId": "root", "id": pool, "site": map[string]any{"logLevel": level}, "updateMask": "site"}, &out)
+	benchCall(b, env, "pools/update", map[string]any{"tenantId": "root", "poolId": pool, "site": map[string]any{"logLevel": level}, "updateMask": "site"}, &out)
 	if dir := os.Getenv("BC_BENCH_PROFILE_DIR"); dir != "" {
 		stop := profile(b, filepath.Join(dir, "control-plane-"+level+".pprof"))
 		defer stop()

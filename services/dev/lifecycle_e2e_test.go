@@ -205,7 +205,7 @@ func TestGPUFaultEndToEnd(t *testing.T) {
 				}
 			}
 		}
-		call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": node}, &out)
+		call(t, env, "nodes/get", map[string]any{"tenantId": "root", "nodeId": node}, &out)
 		i := slices.IndexFunc(out.Node.Conditions, func(c struct {
 			Type   string
 			Status bool

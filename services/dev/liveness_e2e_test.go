@@ -57,7 +57,7 @@ func readyOf(t *testing.T, env *dev.Env, id string) readyCond {
 	var out struct {
 		Node struct{ Conditions []readyCond }
 	}
-	call(t, env, "nodes/get", map[string]any{"tenantId": "root", "id": id}, &out)
+	call(t, env, "nodes/get", map[string]any{"tenantId": "root", "nodeId": id}, &out)
 	for _, c := range out.Node.Conditions {
 		if c.Type == "Ready" {
 			return c

@@ -84,7 +84,7 @@ grep "ready in" "$W/bcsim.log" || true
 change() { # $1 phase, $2 level
 	local t0 t1
 	t0=$(date +%s.%N)
-	"$BC" api pools.update tenantId=root id="$POOL" site:="{\"logLevel\":\"$2\"}" updateMask=site >/dev/null
+	"$BC" api pools.update tenantId=root poolId="$POOL" site:="{\"logLevel\":\"$2\"}" updateMask=site >/dev/null
 	wait_converged "$2" 300
 	t1=$(date +%s.%N)
 	printf '%-22s every node converged %.2f s after pools.update\n' "$1" "$(echo "$t1 - $t0" | bc)"

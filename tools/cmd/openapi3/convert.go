@@ -93,6 +93,7 @@ func Convert(swagger []byte, d Declarations) ([]byte, error) {
 	}
 	addSecurity(doc)
 	freeFormStructs(doc)
+	deprecatedFields(doc)
 	if err := addErrors(doc, d.Errors); err != nil {
 		return nil, err
 	}
@@ -164,6 +165,24 @@ func freeFormStructs(doc *openapi3.T) {
 			walk(p)
 		}
 		walk(s.Value.Items)
+	}
+}
+
+// deprecatedFields marks deprecated the properties whose description says
+// "Deprecated: …": the old names of renamed request fields, which the
+// protos mark [deprecated = true] and say so in their comment. Swagger 2.0
+// has no deprecated schemas, so protoc-gen-openapiv2 keeps only the
+// comment; OpenAPI 3 has them, and generators turn them into @deprecated.
+func deprecatedFields(doc *openapi3.T) {
+	for _, s := range doc.Components.Schemas {
+		if s.Value == nil {
+			continue
+		}
+		for _, p := range s.Value.Properties {
+			if p.Ref == "" && p.Value != nil && strings.HasPrefix(p.Value.Description, "Deprecated:") {
+				p.Value.Deprecated = true
+			}
+		}
 	}
 }
 

@@ -266,3 +266,39 @@ func keys[V any](m map[string]V) []string {
 	}
 	return ks
 }
+
+// TestDeprecatedFieldsMarked: a property the protos mark deprecated (its
+// description starts "Deprecated:", as the old names of renamed request
+// fields do) is deprecated in the OpenAPI 3 document; its replacement is
+// not. Checked on the committed document, which TestCommittedDocumentIsFresh
+// ties to Convert.
+func TestDeprecatedFieldsMarked(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "proto", "openapi", "compute.openapi.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Components struct {
+			Schemas map[string]struct {
+				Properties map[string]struct {
+					Description string `json:"description"`
+					Deprecated  bool   `json:"deprecated"`
+				} `json:"properties"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	props := doc.Components.Schemas["NodesServiceGetRequest"].Properties
+	if !props["id"].Deprecated || props["nodeId"].Deprecated {
+		t.Fatalf("NodesServiceGetRequest %+v: want id deprecated, nodeId not", props)
+	}
+	for name, s := range doc.Components.Schemas {
+		for p, v := range s.Properties {
+			if v.Deprecated != strings.HasPrefix(v.Description, "Deprecated:") {
+				t.Errorf("%s.%s: deprecated %v, description %q", name, p, v.Deprecated, v.Description)
+			}
+		}
+	}
+}

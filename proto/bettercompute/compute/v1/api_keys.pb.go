@@ -394,7 +394,11 @@ type ApiKeysServiceRevokeRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The key's id. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	ApiKeyId string `protobuf:"bytes,2,opt,name=api_key_id,json=apiKeyId,proto3" json:"api_key_id,omitempty"`
+	// Deprecated: accepted for one release; use api_key_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/api_keys.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -436,6 +440,14 @@ func (x *ApiKeysServiceRevokeRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *ApiKeysServiceRevokeRequest) GetApiKeyId() string {
+	if x != nil {
+		return x.ApiKeyId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/api_keys.proto.
 func (x *ApiKeysServiceRevokeRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -526,10 +538,12 @@ const file_bettercompute_compute_v1_api_keys_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"\x81\x01\n" +
 	"\x1aApiKeysServiceListResponse\x12;\n" +
 	"\bapi_keys\x18\x01 \x03(\v2 .bettercompute.compute.v1.ApiKeyR\aapiKeys\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"J\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"l\n" +
 	"\x1bApiKeysServiceRevokeRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"Y\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1c\n" +
+	"\n" +
+	"api_key_id\x18\x02 \x01(\tR\bapiKeyId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"Y\n" +
 	"\x1cApiKeysServiceRevokeResponse\x129\n" +
 	"\aapi_key\x18\x01 \x01(\v2 .bettercompute.compute.v1.ApiKeyR\x06apiKey2\xf5\x02\n" +
 	"\x0eApiKeysService\x12w\n" +

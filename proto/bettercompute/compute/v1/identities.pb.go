@@ -358,7 +358,11 @@ type IdentitiesServiceRevokeRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The identity. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	IdentityId string `protobuf:"bytes,2,opt,name=identity_id,json=identityId,proto3" json:"identity_id,omitempty"`
+	// Deprecated: accepted for one release; use identity_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/identities.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -400,6 +404,14 @@ func (x *IdentitiesServiceRevokeRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *IdentitiesServiceRevokeRequest) GetIdentityId() string {
+	if x != nil {
+		return x.IdentityId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/identities.proto.
 func (x *IdentitiesServiceRevokeRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -483,10 +495,12 @@ const file_bettercompute_compute_v1_identities_proto_rawDesc = "" +
 	"\n" +
 	"identities\x18\x01 \x03(\v2\".bettercompute.compute.v1.IdentityR\n" +
 	"identities\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"M\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"r\n" +
 	"\x1eIdentitiesServiceRevokeRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"a\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1f\n" +
+	"\videntity_id\x18\x02 \x01(\tR\n" +
+	"identityId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"a\n" +
 	"\x1fIdentitiesServiceRevokeResponse\x12>\n" +
 	"\bidentity\x18\x01 \x01(\v2\".bettercompute.compute.v1.IdentityR\bidentity2\x8a\x03\n" +
 	"\x11IdentitiesService\x12}\n" +

@@ -577,7 +577,11 @@ type JoinTokensServiceRevokeRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The token. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	JoinTokenId string `protobuf:"bytes,2,opt,name=join_token_id,json=joinTokenId,proto3" json:"join_token_id,omitempty"`
+	// Deprecated: accepted for one release; use join_token_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/join_tokens.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -619,6 +623,14 @@ func (x *JoinTokensServiceRevokeRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *JoinTokensServiceRevokeRequest) GetJoinTokenId() string {
+	if x != nil {
+		return x.JoinTokenId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/join_tokens.proto.
 func (x *JoinTokensServiceRevokeRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -733,10 +745,11 @@ const file_bettercompute_compute_v1_join_tokens_proto_rawDesc = "" +
 	"\x1dJoinTokensServiceListResponse\x12D\n" +
 	"\vjoin_tokens\x18\x01 \x03(\v2#.bettercompute.compute.v1.JoinTokenR\n" +
 	"joinTokens\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"M\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"u\n" +
 	"\x1eJoinTokensServiceRevokeRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"e\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\"\n" +
+	"\rjoin_token_id\x18\x02 \x01(\tR\vjoinTokenId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"e\n" +
 	"\x1fJoinTokensServiceRevokeResponse\x12B\n" +
 	"\n" +
 	"join_token\x18\x01 \x01(\v2#.bettercompute.compute.v1.JoinTokenR\tjoinToken2\x8a\x03\n" +

@@ -480,9 +480,13 @@ type NodesServiceRevokeRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The node. Required.
-	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Why, for the audit log and the event; at most 1,024 characters.
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Deprecated: accepted for one release; use node_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
+	Id            string `protobuf:"bytes,4,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -524,9 +528,9 @@ func (x *NodesServiceRevokeRequest) GetTenantId() string {
 	return ""
 }
 
-func (x *NodesServiceRevokeRequest) GetId() string {
+func (x *NodesServiceRevokeRequest) GetNodeId() string {
 	if x != nil {
-		return x.Id
+		return x.NodeId
 	}
 	return ""
 }
@@ -534,6 +538,14 @@ func (x *NodesServiceRevokeRequest) GetId() string {
 func (x *NodesServiceRevokeRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
+func (x *NodesServiceRevokeRequest) GetId() string {
+	if x != nil {
+		return x.Id
 	}
 	return ""
 }
@@ -600,11 +612,15 @@ type NodesServiceUpdateRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The node. Required.
-	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Which fields to change: "labels". Required.
-	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,4,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,4,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	// Deprecated: accepted for one release; use node_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
+	Id            string `protobuf:"bytes,5,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -646,9 +662,9 @@ func (x *NodesServiceUpdateRequest) GetTenantId() string {
 	return ""
 }
 
-func (x *NodesServiceUpdateRequest) GetId() string {
+func (x *NodesServiceUpdateRequest) GetNodeId() string {
 	if x != nil {
-		return x.Id
+		return x.NodeId
 	}
 	return ""
 }
@@ -665,6 +681,14 @@ func (x *NodesServiceUpdateRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
 		return x.UpdateMask
 	}
 	return nil
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
+func (x *NodesServiceUpdateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
 }
 
 // NodesServiceUpdateResponse is the changed node.
@@ -1281,7 +1305,11 @@ type NodesServiceGetRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The node. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Deprecated: accepted for one release; use node_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1323,6 +1351,14 @@ func (x *NodesServiceGetRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *NodesServiceGetRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
 func (x *NodesServiceGetRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -1540,7 +1576,11 @@ type NodesServiceGetSpecRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The node. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Deprecated: accepted for one release; use node_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1582,6 +1622,14 @@ func (x *NodesServiceGetSpecRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *NodesServiceGetSpecRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
 func (x *NodesServiceGetSpecRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -1695,20 +1743,22 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"U\n" +
 	"\x1fNodesServiceClearRepairResponse\x122\n" +
-	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"`\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"}\n" +
 	"\x19NodesServiceRevokeRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x83\x01\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x12\n" +
+	"\x02id\x18\x04 \x01(\tB\x02\x18\x01R\x02id\"\x83\x01\n" +
 	"\x1aNodesServiceRevokeResponse\x122\n" +
 	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\x121\n" +
-	"\x14revoked_certificates\x18\x02 \x01(\x03R\x13revokedCertificates\"\x99\x02\n" +
+	"\x14revoked_certificates\x18\x02 \x01(\x03R\x13revokedCertificates\"\xb6\x02\n" +
 	"\x19NodesServiceUpdateRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12W\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12W\n" +
 	"\x06labels\x18\x03 \x03(\v2?.bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntryR\x06labels\x12;\n" +
 	"\vupdate_mask\x18\x04 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
-	"updateMask\x1a9\n" +
+	"updateMask\x12\x12\n" +
+	"\x02id\x18\x05 \x01(\tB\x02\x18\x01R\x02id\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
@@ -1779,10 +1829,11 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\rmissing_since\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fmissingSince\x12 \n" +
 	"\vquarantined\x18\f \x01(\bR\vquarantined\x12+\n" +
 	"\x11quarantine_reason\x18\r \x01(\tR\x10quarantineReason\x12C\n" +
-	"\x0fquarantine_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x0equarantineTime\"E\n" +
+	"\x0fquarantine_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x0equarantineTime\"b\n" +
 	"\x16NodesServiceGetRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"M\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"M\n" +
 	"\x17NodesServiceGetResponse\x122\n" +
 	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xd1\x02\n" +
 	"\x17NodesServiceListRequest\x12\x1b\n" +
@@ -1799,10 +1850,11 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"x\n" +
 	"\x18NodesServiceListResponse\x124\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.NodeR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"I\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"f\n" +
 	"\x1aNodesServiceGetSpecRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"\xba\x01\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"\xba\x01\n" +
 	"\x1bNodesServiceGetSpecResponse\x12+\n" +
 	"\x04spec\x18\x01 \x01(\v2\x17.google.protobuf.StructR\x04spec\x12\x1e\n" +
 	"\n" +

@@ -351,7 +351,11 @@ type PoolsServiceGetRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The pool. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	PoolId string `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// Deprecated: accepted for one release; use pool_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/pools.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -393,6 +397,14 @@ func (x *PoolsServiceGetRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *PoolsServiceGetRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/pools.proto.
 func (x *PoolsServiceGetRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -580,7 +592,7 @@ type PoolsServiceUpdateRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The pool. Required.
-	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	PoolId string `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
 	// The new description, when update_mask names "description".
 	Description string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
 	// The new labels (replacing all), when update_mask names "labels".
@@ -606,7 +618,11 @@ type PoolsServiceUpdateRequest struct {
 	// stay pending and a lost node's bookings are not re-placed.
 	Sharing string `protobuf:"bytes,9,opt,name=sharing,proto3" json:"sharing,omitempty"`
 	// The default quota, when update_mask names "default_quota".
-	DefaultQuota  int32 `protobuf:"varint,10,opt,name=default_quota,json=defaultQuota,proto3" json:"default_quota,omitempty"`
+	DefaultQuota int32 `protobuf:"varint,10,opt,name=default_quota,json=defaultQuota,proto3" json:"default_quota,omitempty"`
+	// Deprecated: accepted for one release; use pool_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/pools.proto.
+	Id            string `protobuf:"bytes,11,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -648,9 +664,9 @@ func (x *PoolsServiceUpdateRequest) GetTenantId() string {
 	return ""
 }
 
-func (x *PoolsServiceUpdateRequest) GetId() string {
+func (x *PoolsServiceUpdateRequest) GetPoolId() string {
 	if x != nil {
-		return x.Id
+		return x.PoolId
 	}
 	return ""
 }
@@ -709,6 +725,14 @@ func (x *PoolsServiceUpdateRequest) GetDefaultQuota() int32 {
 		return x.DefaultQuota
 	}
 	return 0
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/pools.proto.
+func (x *PoolsServiceUpdateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
 }
 
 // PoolsServiceUpdateResponse is the changed pool.
@@ -801,10 +825,11 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\x1aPoolsServiceCreateResponse\x122\n" +
-	"\x04pool\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.PoolR\x04pool\"E\n" +
+	"\x04pool\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.PoolR\x04pool\"b\n" +
 	"\x16PoolsServiceGetRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"M\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"M\n" +
 	"\x17PoolsServiceGetResponse\x122\n" +
 	"\x04pool\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.PoolR\x04pool\"\x88\x01\n" +
 	"\x17PoolsServiceListRequest\x12\x1b\n" +
@@ -815,10 +840,10 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf8\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x95\x04\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12 \n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12 \n" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\x12W\n" +
 	"\x06labels\x18\x04 \x03(\v2?.bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntryR\x06labels\x12;\n" +
 	"\vupdate_mask\x18\x05 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
@@ -830,7 +855,8 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"acceptance\x12\x18\n" +
 	"\asharing\x18\t \x01(\tR\asharing\x12#\n" +
 	"\rdefault_quota\x18\n" +
-	" \x01(\x05R\fdefaultQuota\x1a9\n" +
+	" \x01(\x05R\fdefaultQuota\x12\x12\n" +
+	"\x02id\x18\v \x01(\tB\x02\x18\x01R\x02id\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +

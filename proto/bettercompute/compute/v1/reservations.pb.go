@@ -485,7 +485,11 @@ type ReservationsServiceGetRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The reservation. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	ReservationId string `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// Deprecated: accepted for one release; use reservation_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/reservations.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -527,6 +531,14 @@ func (x *ReservationsServiceGetRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *ReservationsServiceGetRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/reservations.proto.
 func (x *ReservationsServiceGetRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -723,7 +735,11 @@ type ReservationsServiceReleaseRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The reservation. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	ReservationId string `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// Deprecated: accepted for one release; use reservation_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/reservations.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -765,6 +781,14 @@ func (x *ReservationsServiceReleaseRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *ReservationsServiceReleaseRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/reservations.proto.
 func (x *ReservationsServiceReleaseRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -868,10 +892,11 @@ const file_bettercompute_compute_v1_reservations_proto_rawDesc = "" +
 	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12'\n" +
 	"\x0fidempotency_key\x18\a \x01(\tR\x0eidempotencyKey\"l\n" +
 	"!ReservationsServiceCreateResponse\x12G\n" +
-	"\vreservation\x18\x01 \x01(\v2%.bettercompute.compute.v1.ReservationR\vreservation\"L\n" +
+	"\vreservation\x18\x01 \x01(\v2%.bettercompute.compute.v1.ReservationR\vreservation\"w\n" +
 	"\x1dReservationsServiceGetRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"i\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"i\n" +
 	"\x1eReservationsServiceGetResponse\x12G\n" +
 	"\vreservation\x18\x01 \x01(\v2%.bettercompute.compute.v1.ReservationR\vreservation\"\xa8\x01\n" +
 	"\x1eReservationsServiceListRequest\x12\x1b\n" +
@@ -883,10 +908,11 @@ const file_bettercompute_compute_v1_reservations_proto_rawDesc = "" +
 	"page_token\x18\x05 \x01(\tR\tpageToken\"\x94\x01\n" +
 	"\x1fReservationsServiceListResponse\x12I\n" +
 	"\freservations\x18\x01 \x03(\v2%.bettercompute.compute.v1.ReservationR\freservations\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"P\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"{\n" +
 	"!ReservationsServiceReleaseRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"m\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"m\n" +
 	"\"ReservationsServiceReleaseResponse\x12G\n" +
 	"\vreservation\x18\x01 \x01(\v2%.bettercompute.compute.v1.ReservationR\vreservation2\x97\x04\n" +
 	"\x13ReservationsService\x12\x81\x01\n" +

@@ -109,18 +109,23 @@ type TenantsServiceCreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The parent tenant the new one is created under. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
-	// The new tenant's id: "<tenant_id>.<segment>", or "<segment>" under root.
-	// A segment is lowercase letters, digits and inner hyphens. Required.
-	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	// A display name; defaults to the last segment of id.
+	// The new (child) tenant's id: "<tenant_id>.<segment>", or "<segment>"
+	// under root. A segment is lowercase letters, digits and inner hyphens.
+	// Required.
+	ChildTenantId string `protobuf:"bytes,2,opt,name=child_tenant_id,json=childTenantId,proto3" json:"child_tenant_id,omitempty"`
+	// A display name; defaults to the last segment of child_tenant_id.
 	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	// Labels.
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Makes the call safe to retry: the same request under the same key
 	// returns the first result; a different one is CONFLICT.
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Deprecated: accepted for one release; use child_tenant_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/tenants.proto.
+	Id            string `protobuf:"bytes,6,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TenantsServiceCreateRequest) Reset() {
@@ -160,9 +165,9 @@ func (x *TenantsServiceCreateRequest) GetTenantId() string {
 	return ""
 }
 
-func (x *TenantsServiceCreateRequest) GetId() string {
+func (x *TenantsServiceCreateRequest) GetChildTenantId() string {
 	if x != nil {
-		return x.Id
+		return x.ChildTenantId
 	}
 	return ""
 }
@@ -184,6 +189,14 @@ func (x *TenantsServiceCreateRequest) GetLabels() map[string]string {
 func (x *TenantsServiceCreateRequest) GetIdempotencyKey() string {
 	if x != nil {
 		return x.IdempotencyKey
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/tenants.proto.
+func (x *TenantsServiceCreateRequest) GetId() string {
+	if x != nil {
+		return x.Id
 	}
 	return ""
 }
@@ -459,13 +472,14 @@ const file_bettercompute_compute_v1_tenants_proto_rawDesc = "" +
 	"createTime\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x02\n" +
 	"\x1bTenantsServiceCreateRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12&\n" +
+	"\x0fchild_tenant_id\x18\x02 \x01(\tR\rchildTenantId\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12Y\n" +
 	"\x06labels\x18\x04 \x03(\v2A.bettercompute.compute.v1.TenantsServiceCreateRequest.LabelsEntryR\x06labels\x12'\n" +
-	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x1a9\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12\x12\n" +
+	"\x02id\x18\x06 \x01(\tB\x02\x18\x01R\x02id\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"X\n" +

@@ -323,7 +323,11 @@ type WebhooksServiceGetRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The webhook. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	WebhookId string `protobuf:"bytes,2,opt,name=webhook_id,json=webhookId,proto3" json:"webhook_id,omitempty"`
+	// Deprecated: accepted for one release; use webhook_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -365,6 +369,14 @@ func (x *WebhooksServiceGetRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *WebhooksServiceGetRequest) GetWebhookId() string {
+	if x != nil {
+		return x.WebhookId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
 func (x *WebhooksServiceGetRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -543,7 +555,7 @@ type WebhooksServiceUpdateRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The webhook. Required.
-	Id string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	WebhookId string `protobuf:"bytes,2,opt,name=webhook_id,json=webhookId,proto3" json:"webhook_id,omitempty"`
 	// A new endpoint, when set.
 	Url *string `protobuf:"bytes,3,opt,name=url,proto3,oneof" json:"url,omitempty"`
 	// New event types, when not empty.
@@ -553,7 +565,11 @@ type WebhooksServiceUpdateRequest struct {
 	// Whether to include descendants' events, when set.
 	IncludeDescendants *bool `protobuf:"varint,6,opt,name=include_descendants,json=includeDescendants,proto3,oneof" json:"include_descendants,omitempty"`
 	// Enables or disables the webhook, when set.
-	Enabled       *bool `protobuf:"varint,7,opt,name=enabled,proto3,oneof" json:"enabled,omitempty"`
+	Enabled *bool `protobuf:"varint,7,opt,name=enabled,proto3,oneof" json:"enabled,omitempty"`
+	// Deprecated: accepted for one release; use webhook_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
+	Id            string `protobuf:"bytes,8,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -595,9 +611,9 @@ func (x *WebhooksServiceUpdateRequest) GetTenantId() string {
 	return ""
 }
 
-func (x *WebhooksServiceUpdateRequest) GetId() string {
+func (x *WebhooksServiceUpdateRequest) GetWebhookId() string {
 	if x != nil {
-		return x.Id
+		return x.WebhookId
 	}
 	return ""
 }
@@ -635,6 +651,14 @@ func (x *WebhooksServiceUpdateRequest) GetEnabled() bool {
 		return *x.Enabled
 	}
 	return false
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
+func (x *WebhooksServiceUpdateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
 }
 
 // WebhooksServiceUpdateResponse is the changed webhook.
@@ -689,7 +713,11 @@ type WebhooksServiceDeleteRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The webhook. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	WebhookId string `protobuf:"bytes,2,opt,name=webhook_id,json=webhookId,proto3" json:"webhook_id,omitempty"`
+	// Deprecated: accepted for one release; use webhook_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -731,6 +759,14 @@ func (x *WebhooksServiceDeleteRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *WebhooksServiceDeleteRequest) GetWebhookId() string {
+	if x != nil {
+		return x.WebhookId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
 func (x *WebhooksServiceDeleteRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -790,7 +826,11 @@ type WebhooksServiceRotateSecretRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The webhook. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	WebhookId string `protobuf:"bytes,2,opt,name=webhook_id,json=webhookId,proto3" json:"webhook_id,omitempty"`
+	// Deprecated: accepted for one release; use webhook_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -832,6 +872,14 @@ func (x *WebhooksServiceRotateSecretRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *WebhooksServiceRotateSecretRequest) GetWebhookId() string {
+	if x != nil {
+		return x.WebhookId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
 func (x *WebhooksServiceRotateSecretRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -900,7 +948,11 @@ type WebhooksServiceTestRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The webhook. Required.
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	WebhookId string `protobuf:"bytes,2,opt,name=webhook_id,json=webhookId,proto3" json:"webhook_id,omitempty"`
+	// Deprecated: accepted for one release; use webhook_id.
+	//
+	// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -942,6 +994,14 @@ func (x *WebhooksServiceTestRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *WebhooksServiceTestRequest) GetWebhookId() string {
+	if x != nil {
+		return x.WebhookId
+	}
+	return ""
+}
+
+// Deprecated: Marked as deprecated in bettercompute/compute/v1/webhooks.proto.
 func (x *WebhooksServiceTestRequest) GetId() string {
 	if x != nil {
 		return x.Id
@@ -1404,10 +1464,12 @@ const file_bettercompute_compute_v1_webhooks_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\"t\n" +
 	"\x1dWebhooksServiceCreateResponse\x12;\n" +
 	"\awebhook\x18\x01 \x01(\v2!.bettercompute.compute.v1.WebhookR\awebhook\x12\x16\n" +
-	"\x06secret\x18\x02 \x01(\tR\x06secret\"H\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"k\n" +
 	"\x19WebhooksServiceGetRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"Y\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"webhook_id\x18\x02 \x01(\tR\twebhookId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"Y\n" +
 	"\x1aWebhooksServiceGetResponse\x12;\n" +
 	"\awebhook\x18\x01 \x01(\v2!.bettercompute.compute.v1.WebhookR\awebhook\"u\n" +
 	"\x1aWebhooksServiceListRequest\x12\x1b\n" +
@@ -1417,37 +1479,45 @@ const file_bettercompute_compute_v1_webhooks_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"\x84\x01\n" +
 	"\x1bWebhooksServiceListResponse\x12=\n" +
 	"\bwebhooks\x18\x01 \x03(\v2!.bettercompute.compute.v1.WebhookR\bwebhooks\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xbb\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xde\x02\n" +
 	"\x1cWebhooksServiceUpdateRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12\x15\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"webhook_id\x18\x02 \x01(\tR\twebhookId\x12\x15\n" +
 	"\x03url\x18\x03 \x01(\tH\x00R\x03url\x88\x01\x01\x12\x1f\n" +
 	"\vevent_types\x18\x04 \x03(\tR\n" +
 	"eventTypes\x12%\n" +
 	"\vdescription\x18\x05 \x01(\tH\x01R\vdescription\x88\x01\x01\x124\n" +
 	"\x13include_descendants\x18\x06 \x01(\bH\x02R\x12includeDescendants\x88\x01\x01\x12\x1d\n" +
-	"\aenabled\x18\a \x01(\bH\x03R\aenabled\x88\x01\x01B\x06\n" +
+	"\aenabled\x18\a \x01(\bH\x03R\aenabled\x88\x01\x01\x12\x12\n" +
+	"\x02id\x18\b \x01(\tB\x02\x18\x01R\x02idB\x06\n" +
 	"\x04_urlB\x0e\n" +
 	"\f_descriptionB\x16\n" +
 	"\x14_include_descendantsB\n" +
 	"\n" +
 	"\b_enabled\"\\\n" +
 	"\x1dWebhooksServiceUpdateResponse\x12;\n" +
-	"\awebhook\x18\x01 \x01(\v2!.bettercompute.compute.v1.WebhookR\awebhook\"K\n" +
+	"\awebhook\x18\x01 \x01(\v2!.bettercompute.compute.v1.WebhookR\awebhook\"n\n" +
 	"\x1cWebhooksServiceDeleteRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"\\\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"webhook_id\x18\x02 \x01(\tR\twebhookId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"\\\n" +
 	"\x1dWebhooksServiceDeleteResponse\x12;\n" +
-	"\awebhook\x18\x01 \x01(\v2!.bettercompute.compute.v1.WebhookR\awebhook\"Q\n" +
+	"\awebhook\x18\x01 \x01(\v2!.bettercompute.compute.v1.WebhookR\awebhook\"t\n" +
 	"\"WebhooksServiceRotateSecretRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"z\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"webhook_id\x18\x02 \x01(\tR\twebhookId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"z\n" +
 	"#WebhooksServiceRotateSecretResponse\x12;\n" +
 	"\awebhook\x18\x01 \x01(\v2!.bettercompute.compute.v1.WebhookR\awebhook\x12\x16\n" +
-	"\x06secret\x18\x02 \x01(\tR\x06secret\"I\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"l\n" +
 	"\x1aWebhooksServiceTestRequest\x12\x1b\n" +
-	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"d\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"webhook_id\x18\x02 \x01(\tR\twebhookId\x12\x12\n" +
+	"\x02id\x18\x03 \x01(\tB\x02\x18\x01R\x02id\"d\n" +
 	"\x1bWebhooksServiceTestResponse\x12E\n" +
 	"\bdelivery\x18\x01 \x01(\v2).bettercompute.compute.v1.WebhookDeliveryR\bdelivery\"\xb7\x03\n" +
 	"\x0fWebhookDelivery\x12\x0e\n" +
