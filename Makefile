@@ -50,7 +50,8 @@ FUZZ_TARGETS := \
 	services/joinservice:FuzzKeyOpen \
 	services/joinservice:FuzzHardwareClaims \
 	services/gateway:FuzzSessionRequest \
-	agent/command:FuzzCommand
+	agent/command:FuzzCommand \
+	agent/site/pxe:FuzzProxyDHCP
 FUZZTIME ?= 30s
 
 .PHONY: fuzz

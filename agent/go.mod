@@ -7,6 +7,10 @@ replace github.com/bettercompute/bettercompute/proto => ../proto
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/bettercompute/bettercompute/proto v0.0.0
+	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae
+	github.com/pin/tftp/v3 v3.1.0
+	github.com/stmcginnis/gofish v0.20.0
+	golang.org/x/sys v0.49.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -14,10 +18,12 @@ require (
 
 require (
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae // indirect
-	github.com/pin/tftp/v3 v3.1.0 // indirect
-	github.com/stmcginnis/gofish v0.20.0 // indirect
+	github.com/josharian/native v1.1.0 // indirect
+	github.com/mdlayher/packet v1.1.2 // indirect
+	github.com/mdlayher/socket v0.4.1 // indirect
+	github.com/pierrec/lz4/v4 v4.1.14 // indirect
+	github.com/u-root/uio v0.0.0-20230220225925-ffce2a382923 // indirect
 	golang.org/x/net v0.61.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
