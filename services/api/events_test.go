@@ -177,11 +177,21 @@ func TestWebhooksEndToEndThroughTheAPI(t *testing.T) {
 	rcv.wait(t, "webhook.test", 1)
 
 	// Deliveries are listed, and a redelivery sends the same webhook-id.
-	code, list := h.rest(t, h.root, "webhooks/listDeliveries", `{"tenantId":"root","webhookId":"`+id+`","state":"succeeded"}`)
-	ds, _ := list["deliveries"].([]any)
-	if code != 200 || len(ds) < 3 {
-		t.Fatalf("listDeliveries: %d %v", code, list)
-	}
+	// The receiver answers before the deliverer marks the delivery
+	// succeeded: wait for all three to settle.
+	var ds []any
+	poll.UntilNil(t, 30*time.Second, "three succeeded deliveries", func() error {
+		code, list := h.rest(t, h.root, "webhooks/listDeliveries", `{"tenantId":"root","webhookId":"`+id+`","state":"succeeded"}`)
+		if code != 200 {
+			t.Fatalf("listDeliveries: %d %v", code, list)
+		}
+		ds, _ = list["deliveries"].([]any)
+		if len(ds) < 3 {
+			time.Sleep(20 * time.Millisecond) // between reads, not an assertion
+			return fmt.Errorf("%d succeeded deliveries: %v", len(ds), list)
+		}
+		return nil
+	})
 	var firstDelivery string
 	for _, d := range ds {
 		m := d.(map[string]any)
