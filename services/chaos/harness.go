@@ -128,6 +128,7 @@ func (p *Proc) start() error {
 	defer p.mu.Unlock()
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = p.env
+	dieWithParent(cmd)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	p.starts++
 	fmt.Fprintf(p.log, "---- chaos: start %d of %s\n", p.starts, p.Name)
