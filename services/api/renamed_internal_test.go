@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"os"
 	"slices"
 	"strings"
@@ -156,7 +157,7 @@ func TestRenameErrField(t *testing.T) {
 		t.Fatalf("got %v", fe)
 	}
 	other := fault.New(fault.InvalidInput, "tenantId", "bad")
-	if got := renameErrField(req, other); got != error(other) {
+	if got := renameErrField(req, other); !errors.Is(got, other) || fault.CodeOf(got) != fault.InvalidInput {
 		t.Fatalf("an error on another field changed: %v", got)
 	}
 	// A request without renamed fields keeps its errors' fields.

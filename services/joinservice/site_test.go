@@ -166,7 +166,7 @@ func TestTokensNeverCrossRoles(t *testing.T) {
 	if err != nil || resp.GetRole() != "node" || !strings.HasPrefix(resp.GetNodeId(), "node_") {
 		t.Fatalf("node join: %v %v", resp, err)
 	}
-	var leaf *x509.Certificate = parseChain(t, resp.GetCertificateChain())[0]
+	leaf := parseChain(t, resp.GetCertificateChain())[0]
 	if _, _, err := f.ca.VerifySiteAgent(ctx, f.db, []*x509.Certificate{leaf}); err == nil {
 		t.Fatal("a node certificate verified as a site agent's")
 	}

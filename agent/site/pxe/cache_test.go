@@ -13,10 +13,10 @@ import (
 	"testing"
 )
 
-func newTestCache(t *testing.T, max int64) (*Cache, string) {
+func newTestCache(t *testing.T, maxBytes int64) (*Cache, string) {
 	t.Helper()
 	dir := t.TempDir()
-	c, err := NewCache(CacheConfig{Dir: dir, MaxBytes: max, Logger: quietLogger()})
+	c, err := NewCache(CacheConfig{Dir: dir, MaxBytes: maxBytes, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

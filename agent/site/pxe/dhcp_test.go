@@ -254,7 +254,7 @@ func TestProxyDHCPOverUDP(t *testing.T) {
 	if _, err := conn.WriteTo(req.ToBytes(), h.srv.Addrs().PXE); err != nil {
 		t.Fatal(err)
 	}
-	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	buf := make([]byte, 1500)
 	n, _, err := conn.ReadFrom(buf)
 	if err != nil {

@@ -144,7 +144,7 @@ func TestNetnsDHCPExchange(t *testing.T) {
 		select {
 		case <-exited:
 		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill()
 			<-exited
 		}
 		if t.Failed() {
@@ -281,7 +281,7 @@ func rawGet(t *testing.T, url string) (int, string) {
 		return 0, ""
 	}
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(time.Minute))
+	_ = conn.SetDeadline(time.Now().Add(time.Minute))
 	fmt.Fprintf(conn, "GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n", path, host)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
@@ -324,7 +324,7 @@ func TestNetnsServerHelper(t *testing.T) {
 		}
 	}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, netnsKernel)
+		_, _ = io.WriteString(w, netnsKernel)
 	}))
 	defer up.Close()
 	sum := sha256Hex([]byte(netnsKernel))
@@ -354,5 +354,5 @@ func TestNetnsServerHelper(t *testing.T) {
 	}
 	defer srv.Stop()
 	fmt.Println(helperReady)
-	io.Copy(io.Discard, os.Stdin) // until the test closes stdin
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the test closes stdin
 }

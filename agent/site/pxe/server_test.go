@@ -49,7 +49,7 @@ func newUpstream(t *testing.T) *upstream {
 		if gate != nil {
 			<-gate
 		}
-		w.Write(body)
+		_, _ = w.Write(body)
 	}))
 	t.Cleanup(u.srv.Close)
 	return u

@@ -335,7 +335,7 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	})
 	if err != nil {
 		if c.api != nil {
-			c.logout()
+			_ = c.logout() // logged by logout; the client is closed either way
 		}
 		base.CloseIdleConnections()
 		return nil, err
@@ -358,7 +358,7 @@ func (c *Client) do(ctx context.Context, op string, fn func(ctx context.Context)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	c.tr.setContext(ctx)
-	defer c.tr.setContext(nil)
+	defer c.tr.endOperation()
 	err := fn(ctx)
 	if err == nil {
 		return nil
@@ -648,7 +648,7 @@ func (c *Client) logout() error {
 	ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.Timeout, 10*time.Second))
 	defer cancel()
 	c.tr.setContext(ctx)
-	defer c.tr.setContext(nil)
+	defer c.tr.endOperation()
 	if err := gf.DeleteSession(c.api, s.ID); err != nil {
 		werr := c.wrap(ctx, "logout", err)
 		c.log.Warn("bmc logout failed", "err", werr)

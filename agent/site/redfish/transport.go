@@ -36,6 +36,14 @@ func (t *transport) setContext(ctx context.Context) {
 	t.mu.Unlock()
 }
 
+// endOperation clears the operation's context: requests outside an
+// operation are refused.
+func (t *transport) endOperation() {
+	t.mu.Lock()
+	t.ctx = nil
+	t.mu.Unlock()
+}
+
 func (t *transport) context() context.Context {
 	t.mu.Lock()
 	defer t.mu.Unlock()
