@@ -37,7 +37,15 @@ const (
 	TypeWebhook = "Webhook"
 	// TypeSite is a site; its tokens and agents are acted on through it.
 	TypeSite = "Site"
+	// TypeMachine is a bare-metal machine; its projection row carries the
+	// pool its node joins and its labels, plus its site's id under
+	// [SiteLabel] (resource.labels["bc:site"] in a policy).
+	TypeMachine = "Machine"
 )
+
+// SiteLabel is the projection label that holds a machine's site: a key no
+// request can set (label keys never hold ':'), so a policy can trust it.
+const SiteLabel = "bc:site"
 
 // Resource is what a decision knows about the resource acted on: a row of
 // the authorization projection.

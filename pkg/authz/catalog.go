@@ -121,6 +121,20 @@ const (
 	SiteTokensList   Action = "compute:site-tokens:list"
 	SiteTokensRevoke Action = "compute:site-tokens:revoke"
 
+	// MetalEnroll registers a bare-metal machine (with its BMC credentials).
+	MetalEnroll Action = "compute:metal:enroll"
+	MetalGet    Action = "compute:metal:get"
+	MetalList   Action = "compute:metal:list"
+	// MetalDeploy writes an image to a ready machine.
+	MetalDeploy Action = "compute:metal:deploy"
+	// MetalRelease wipes a deployed machine back to ready.
+	MetalRelease Action = "compute:metal:release"
+	// MetalRetry resumes a failed machine at its failed step.
+	MetalRetry Action = "compute:metal:retry"
+	// MetalRescue boots a machine's ramdisk for a person, without wiping.
+	MetalRescue Action = "compute:metal:rescue"
+	MetalDelete Action = "compute:metal:delete"
+
 	// CapacityGet reads a pool's capacity and quotas.
 	CapacityGet Action = "compute:capacity:get"
 	// QuotasSet sets or removes a tenant's quota in a pool.
@@ -146,6 +160,7 @@ var catalog = []Action{
 	ReservationsRelease, CapacityGet, QuotasSet,
 	SitesCreate, SitesGet, SitesList, SitesDelete, SitesRevokeAgent,
 	SiteTokensCreate, SiteTokensList, SiteTokensRevoke,
+	MetalEnroll, MetalGet, MetalList, MetalDeploy, MetalRelease, MetalRetry, MetalRescue, MetalDelete,
 }
 
 // breakGlass are the actions a descendant tenant's policies cannot forbid to

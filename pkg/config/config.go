@@ -75,6 +75,9 @@ type Config struct {
 	Webhooks Webhooks `yaml:"webhooks"`
 	// Audit configures the audit hash chain and its signed checkpoints.
 	Audit Audit `yaml:"audit"`
+	// Secrets configures the key that seals secrets (BMC credentials) at
+	// rest.
+	Secrets Secrets `yaml:"secrets"`
 }
 
 // JoinService configures the node CA and joinservice's HPKE key. Keys come
@@ -541,6 +544,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Events.validate()...)
 	errs = append(errs, c.Webhooks.validate()...)
 	errs = append(errs, c.Audit.validate()...)
+	errs = append(errs, c.Secrets.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -213,6 +213,10 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"eviction burst", func(c *config.Config) { c.Nodes.EvictionBurst = -1 }, "nodes.evictionBurst"},
 		{"unhealthy threshold above 1", func(c *config.Config) { c.Nodes.UnhealthyThreshold = 55 }, "nodes.unhealthyThreshold"},
 		{"unhealthy threshold negative", func(c *config.Config) { c.Nodes.UnhealthyThreshold = -0.5 }, "nodes.unhealthyThreshold"},
+		{"previous secrets keys without a key", func(c *config.Config) { c.Secrets.PreviousKeyFiles = []string{"old.key"} }, "secrets.previousKeyFiles"},
+		{"previous secrets key is the key", func(c *config.Config) {
+			c.Secrets.KeyFile, c.Secrets.PreviousKeyFiles = "k", []string{"k"}
+		}, "secrets.previousKeyFiles"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -385,5 +389,30 @@ func TestNodesEvictionBrakes(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "at most 1") {
 		t.Fatalf("error %v does not say the range", err)
+	}
+}
+
+// TestSecretsKeyFiles: secrets.keyFile is BC_SECRETS_KEY_FILE, older keys
+// follow it in KeyFiles, and none configured is nil (metal.enroll then says
+// UNSUPPORTED).
+func TestSecretsKeyFiles(t *testing.T) {
+	t.Parallel()
+	if got := config.EnvName("secrets.keyFile"); got != "BC_SECRETS_KEY_FILE" {
+		t.Fatalf("env name %s", got)
+	}
+	env := map[string]string{"BC_SECRETS_KEY_FILE": "/k/new.key", "BC_SECRETS_PREVIOUS_KEY_FILES": "/k/old1.key, /k/old2.key"}
+	c, err := config.Load(config.LoadOptions{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Defaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Secrets.KeyFiles(); !slices.Equal(got, []string{"/k/new.key", "/k/old1.key", "/k/old2.key"}) {
+		t.Fatalf("key files %v", got)
+	}
+	if got := (config.Secrets{}).KeyFiles(); got != nil {
+		t.Fatalf("no key: %v", got)
 	}
 }

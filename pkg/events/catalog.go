@@ -20,7 +20,7 @@ type Type struct {
 	Doc string
 	// Subject is the kind of resource whose id the event's subject
 	// (outbox.Event.Resource) is: "node", "reservation", "command", "pool",
-	// "tenant", "identity", "apiKey", "joinToken", "policy", "webhook", "site"; ""
+	// "tenant", "identity", "apiKey", "joinToken", "policy", "webhook", "site", "machine"; ""
 	// when the event is about no one resource.
 	Subject string
 	// Payload, when set, is the payload's message: the payload is that
@@ -631,6 +631,69 @@ func catalog() []Type {
 			Subject: "site",
 			Payload: &computev1.SitesServiceRevokeAgentResponse{},
 			Doc:     "A site agent was revoked (sites.revokeAgent): its certificates stop working and its boot lease ends.",
+		},
+
+		// Bare-metal machines.
+		{
+			Name:    "machine.enrolled",
+			Subject: "machine",
+			Payload: &computev1.MetalServiceEnrollResponse{},
+			Doc: "A machine was enrolled (metal.enroll) and commissioning starts. The payload names its credentials' " +
+				"secret (`bmcCredentialsRef`), never the credentials.",
+		},
+		{
+			Name:    "machine.deploy_requested",
+			Subject: "machine",
+			Payload: &computev1.MetalServiceDeployResponse{},
+			Doc:     "A deploy of an image to a ready machine was asked for (metal.deploy). The payload never holds the cloud-init user data, only its size.",
+		},
+		{
+			Name:    "machine.release_requested",
+			Subject: "machine",
+			Payload: &computev1.MetalServiceReleaseResponse{},
+			Doc:     "A machine is to be wiped back to ready (metal.release).",
+		},
+		{
+			Name:    "machine.retried",
+			Subject: "machine",
+			Payload: &computev1.MetalServiceRetryResponse{},
+			Doc:     "A failed machine resumes at the step it failed in (metal.retry).",
+		},
+		{
+			Name:    "machine.rescue_requested",
+			Subject: "machine",
+			Payload: &computev1.MetalServiceRescueResponse{},
+			Doc:     "A machine is to boot its ramdisk and stay there for a person (metal.rescue).",
+		},
+		{
+			Name:    "machine.deleted",
+			Subject: "machine",
+			Payload: &computev1.MetalServiceDeleteResponse{},
+			Doc:     "A machine was deleted (metal.delete), with its credentials when no other machine used them; the payload is the machine as it was.",
+		},
+		{
+			Name:    "machine.state_changed",
+			Subject: "machine",
+			Fields: []Field{
+				{"machineId", "string", "The machine."},
+				{"from", "string", "The state it left."},
+				{"to", "string", "The state it entered."},
+				{"purpose", "string", "Why it is in the flow: commission, deploy, release or rescue."},
+				{"reason", "string", "What moved it (the step's outcome)."},
+			},
+			Doc: "The metal workflow moved a machine to its next step.",
+		},
+		{
+			Name:    "machine.failed",
+			Subject: "machine",
+			Fields: []Field{
+				{"machineId", "string", "The machine."},
+				{"failedStep", "string", "The step it failed in (metal.retry resumes there)."},
+				{"purpose", "string", "Why it was in the flow."},
+				{"attempts", "integer", "The attempts the step had."},
+				{"reason", "string", "Why the last attempt failed."},
+			},
+			Doc: "A step of the metal workflow failed past its attempts; the machine is failed until metal.retry, metal.release or metal.rescue.",
 		},
 
 		// Tenants.

@@ -40,6 +40,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/ratelimit"
+	"github.com/bettercompute/bettercompute/pkg/secrets"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
@@ -101,6 +102,10 @@ type Config struct {
 	// Registerer receives the role's metrics
 	// (bc_api_deprecated_fields_total); nil registers none.
 	Registerer prometheus.Registerer
+	// Secrets seals the BMC credentials metal.enroll stores
+	// (secrets.keyFile); nil refuses metal.enroll UNSUPPORTED naming that
+	// setting.
+	Secrets *secrets.Keyring
 }
 
 // CapacityOptions tune inline placement.
@@ -163,6 +168,7 @@ type Server struct {
 
 	capacity CapacityOptions
 	auditKey ed25519.PublicKey
+	secrets  *secrets.Keyring
 
 	nc                    *nats.Conn
 	allowInsecureWebhooks bool
@@ -211,6 +217,7 @@ func New(cfg Config) (*Server, error) {
 		kinds:    cfg.Kinds,
 		capacity: cfg.Capacity,
 		auditKey: cfg.AuditKey,
+		secrets:  cfg.Secrets,
 		nc:       cfg.NATS,
 		closing:  make(chan struct{}),
 
@@ -247,6 +254,7 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterEventsServiceServer(gs, &eventsAPI{Server: s})
 	computev1.RegisterWebhooksServiceServer(gs, &webhooksAPI{Server: s})
 	computev1.RegisterSitesServiceServer(gs, &sitesAPI{Server: s})
+	computev1.RegisterMetalServiceServer(gs, &metalAPI{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -322,6 +330,7 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 		"events":       computev1.RegisterEventsServiceHandler,
 		"webhooks":     computev1.RegisterWebhooksServiceHandler,
 		"sites":        computev1.RegisterSitesServiceHandler,
+		"metal":        computev1.RegisterMetalServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)

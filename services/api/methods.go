@@ -77,6 +77,15 @@ var methods = map[string]Method{
 	computev1.SitesService_RevokeToken_FullMethodName: {Action: authz.SiteTokensRevoke},
 	computev1.SitesService_RevokeAgent_FullMethodName: {Action: authz.SitesRevokeAgent},
 
+	computev1.MetalService_Enroll_FullMethodName:  {Action: authz.MetalEnroll},
+	computev1.MetalService_Get_FullMethodName:     {Action: authz.MetalGet},
+	computev1.MetalService_List_FullMethodName:    {Action: authz.MetalList},
+	computev1.MetalService_Deploy_FullMethodName:  {Action: authz.MetalDeploy},
+	computev1.MetalService_Release_FullMethodName: {Action: authz.MetalRelease},
+	computev1.MetalService_Retry_FullMethodName:   {Action: authz.MetalRetry},
+	computev1.MetalService_Rescue_FullMethodName:  {Action: authz.MetalRescue},
+	computev1.MetalService_Delete_FullMethodName:  {Action: authz.MetalDelete},
+
 	computev1.JoinTokensService_Create_FullMethodName: {Action: authz.JoinTokensCreate},
 	computev1.JoinTokensService_List_FullMethodName:   {Action: authz.JoinTokensList},
 	computev1.JoinTokensService_Revoke_FullMethodName: {Action: authz.JoinTokensRevoke},

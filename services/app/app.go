@@ -440,11 +440,15 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		var err error
 		tuning := a.opts.API
 		tuning.NoReflection = tuning.NoReflection || a.cfg.Server.AdminAddr != "" // served on the admin listener
+		keyring, err := a.secretsKeyring()
+		if err != nil {
+			return nil, err
+		}
 		a.api, err = api.New(api.Config{
 			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: tuning, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
 			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Kinds: a.admitKinds,
-			AuditKey: a.auditKey(), Registerer: a.reg,
+			AuditKey: a.auditKey(), Registerer: a.reg, Secrets: keyring,
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),

@@ -22,6 +22,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/keyfile"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
+	"github.com/bettercompute/bettercompute/pkg/secrets"
 	"github.com/bettercompute/bettercompute/services/dev"
 	"github.com/bettercompute/bettercompute/services/joinservice"
 )
@@ -36,6 +37,7 @@ const (
 	PKIHPKEKey     = joinservice.DevKeyFile // joinService.hpkeKeyFile
 	PKICommandKey  = dev.CommandKeyFile     // commands.signingKeyFile
 	PKIAuditKey    = dev.AuditKeyFile       // audit.signingKeyFile
+	PKISecretsKey  = dev.SecretsKeyFile     // secrets.keyFile: 32 raw bytes
 	PKIExportCA    = "ca.pem"               // export: the trust bundle (bcd join --ca)
 	PKIExportJoin  = "joinservice.pub"      // export: bcd join --joinservice-key (Key-Id header)
 	PKIExportCmd   = "command-signing.pub"  // export: bcd node --command-key
@@ -75,8 +77,9 @@ func newPKIInit(stdout io.Writer) *cobra.Command {
 		Long: "init writes, as 0600 files in DIR (0700): a self-signed root CA (" + PKIRootCert + ", " + PKIRootKey +
 			") and the node CA it signs (" + PKINodeCACert + ", " + PKINodeCAKey + "), or, with --intermediate-cert " +
 			"and --intermediate-key, the operator's intermediate as the node CA; joinservice's HPKE key (" + PKIHPKEKey +
-			"); the command-signing key (" + PKICommandKey + ") and the audit key (" + PKIAuditKey + "). It refuses to " +
-			"overwrite a file unless --force, and prints the configuration that uses them.",
+			"); the command-signing key (" + PKICommandKey + "), the audit key (" + PKIAuditKey + ") and the key that " +
+			"seals BMC credentials (" + PKISecretsKey + "). It refuses to overwrite a file unless --force, and prints " +
+			"the configuration that uses them.",
 		Args: cobra.NoArgs,
 		RunE: func(_ *cobra.Command, _ []string) error {
 			if dir == "" {
@@ -89,7 +92,7 @@ func newPKIInit(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			names := []string{PKINodeCACert, PKINodeCAKey, PKIHPKEKey, PKICommandKey, PKIAuditKey}
+			names := []string{PKINodeCACert, PKINodeCAKey, PKIHPKEKey, PKICommandKey, PKIAuditKey, PKISecretsKey}
 			if interCert == "" {
 				names = append([]string{PKIRootCert, PKIRootKey}, names...)
 			}
@@ -100,6 +103,14 @@ func newPKIInit(stdout io.Writer) *cobra.Command {
 				} else if !errors.Is(err, fs.ErrNotExist) {
 					return err
 				}
+			}
+			if existOK && !force && len(present) == len(names)-1 && !slices.Contains(present, PKISecretsKey) {
+				// A directory made before secrets.key existed: add it alone.
+				if err := writePKIFiles(abs, []pkiFile{{PKISecretsKey, secrets.NewKey()}}, false); err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "wrote %s (0600)\n", filepath.Join(abs, PKISecretsKey))
+				present = append(present, PKISecretsKey)
 			}
 			if existOK && len(present) == len(names) && !force {
 				if _, err := loadPKI(abs, td); err != nil {
@@ -173,7 +184,7 @@ func makePKI(td, interCert, interKey string) ([]pkiFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	files = append(files, pkiFile{PKIHPKEKey, hpke})
+	files = append(files, pkiFile{PKIHPKEKey, hpke}, pkiFile{PKISecretsKey, secrets.NewKey()})
 	for _, name := range []string{PKICommandKey, PKIAuditKey} {
 		_, b, err := keyfile.NewEd25519()
 		if err != nil {
@@ -281,6 +292,9 @@ func loadPKI(dir, td string) (*pkiMaterial, error) {
 	if m.audit, err = audit.LoadSigner(filepath.Join(dir, PKIAuditKey)); err != nil {
 		return nil, err
 	}
+	if _, err := secrets.LoadKeyring(filepath.Join(dir, PKISecretsKey)); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -332,7 +346,7 @@ func bundleNames(ca *nodeca.CA) string {
 // and as environment overrides.
 func writeConfigLines(w io.Writer, dir, td string) {
 	settings := pkiSettings(dir, td)
-	fmt.Fprintln(w, "# The configuration that uses them (joinService: the joinservice role; commands and audit: api and controllers):")
+	fmt.Fprintln(w, "# The configuration that uses them (joinService: the joinservice role; commands and audit: api and controllers; secrets: api and metal):")
 	section := ""
 	for _, s := range settings {
 		sec, key, _ := strings.Cut(s[0], ".")
@@ -358,6 +372,7 @@ func pkiSettings(dir, td string) [][2]string {
 		{"joinService.hpkeKeyFile", filepath.Join(dir, PKIHPKEKey)},
 		{"commands.signingKeyFile", filepath.Join(dir, PKICommandKey)},
 		{"audit.signingKeyFile", filepath.Join(dir, PKIAuditKey)},
+		{"secrets.keyFile", filepath.Join(dir, PKISecretsKey)},
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
+	"github.com/bettercompute/bettercompute/pkg/secrets"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/commandsig"
 	"github.com/bettercompute/bettercompute/services/cli"
@@ -100,7 +101,7 @@ func TestPKIInit(t *testing.T) {
 	if mode(t, dir) != 0o700 {
 		t.Errorf("dir mode %v, want 0700", mode(t, dir))
 	}
-	names := []string{cli.PKIRootCert, cli.PKIRootKey, cli.PKINodeCACert, cli.PKINodeCAKey, cli.PKIHPKEKey, cli.PKICommandKey, cli.PKIAuditKey}
+	names := []string{cli.PKIRootCert, cli.PKIRootKey, cli.PKINodeCACert, cli.PKINodeCAKey, cli.PKIHPKEKey, cli.PKICommandKey, cli.PKIAuditKey, cli.PKISecretsKey}
 	for _, n := range names {
 		if m := mode(t, filepath.Join(dir, n)); m != 0o600 {
 			t.Errorf("%s: mode %v, want 0600", n, m)
@@ -137,6 +138,9 @@ func TestPKIInit(t *testing.T) {
 	if _, err := audit.LoadSigner(cfg.Audit.SigningKeyFile); err != nil {
 		t.Error(err)
 	}
+	if kr, err := secrets.LoadKeyring(cfg.Secrets.KeyFile); err != nil || len(read(t, cfg.Secrets.KeyFile)) != secrets.KeySize {
+		t.Errorf("secrets key %s: %v %v, want 32 bytes that load", cfg.Secrets.KeyFile, kr, err)
+	}
 	// Every BC_ line it prints is a real setting.
 	for line := range strings.SplitSeq(out, "\n") {
 		if name, _, ok := strings.Cut(strings.TrimPrefix(line, "#   "), "="); ok && strings.HasPrefix(name, "BC_") && !isEnvVar(name) {
@@ -157,6 +161,21 @@ func TestPKIInit(t *testing.T) {
 	}
 	if !bytes.Equal(read(t, filepath.Join(dir, cli.PKICommandKey)), before) {
 		t.Error("--exist-ok changed the command-signing key")
+	}
+	// A directory made before secrets.key existed gets it under --exist-ok,
+	// and keeps everything else.
+	secretsKey := read(t, filepath.Join(dir, cli.PKISecretsKey))
+	if err := os.Remove(filepath.Join(dir, cli.PKISecretsKey)); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustBC(t, "pki", "init", "--dir", dir, "--trust-domain", "fleet.example", "--exist-ok"); !strings.Contains(out, "wrote "+filepath.Join(dir, cli.PKISecretsKey)) || !strings.Contains(out, "kept them") {
+		t.Errorf("--exist-ok without secrets.key: %s", out)
+	}
+	if got := read(t, filepath.Join(dir, cli.PKISecretsKey)); len(got) != secrets.KeySize || bytes.Equal(got, secretsKey) || mode(t, filepath.Join(dir, cli.PKISecretsKey)) != 0o600 {
+		t.Errorf("the added secrets key: %d bytes, mode %v", len(got), mode(t, filepath.Join(dir, cli.PKISecretsKey)))
+	}
+	if !bytes.Equal(read(t, filepath.Join(dir, cli.PKICommandKey)), before) {
+		t.Error("adding secrets.key changed the command-signing key")
 	}
 	// Half a directory is not kept: it is refused.
 	if err := os.Remove(filepath.Join(dir, cli.PKIAuditKey)); err != nil {

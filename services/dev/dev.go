@@ -28,6 +28,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/natsembed"
 	"github.com/bettercompute/bettercompute/pkg/pglocal"
+	"github.com/bettercompute/bettercompute/pkg/secrets"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/app"
 )
@@ -143,6 +144,13 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 	if _, err := audit.EnsureSigner(cfg.Audit.SigningKeyFile); err != nil {
 		return nil, fmt.Errorf("audit key: %w", err)
 	}
+	// The key that seals BMC credentials, made once like the others.
+	if cfg.Secrets.KeyFile == "" {
+		cfg.Secrets.KeyFile = filepath.Join(dataDir, "pki", SecretsKeyFile)
+		if _, err := secrets.EnsureKeyFile(cfg.Secrets.KeyFile); err != nil {
+			return nil, fmt.Errorf("secrets key: %w", err)
+		}
+	}
 
 	// Webhooks to a receiver on this machine (http://127.0.0.1:…) work in
 	// dev; a deployment must opt in to both.
@@ -178,6 +186,10 @@ const CommandKeyFile = "command-signing.key"
 
 // AuditKeyFile is the audit key's file name under <dev.dataDir>/pki.
 const AuditKeyFile = "audit.key"
+
+// SecretsKeyFile is the secrets key's file name under <dev.dataDir>/pki
+// (secrets.keyFile).
+const SecretsKeyFile = "secrets.key"
 
 // DefaultGatewayListen is where dev's gateway listens unless configured.
 const DefaultGatewayListen = "127.0.0.1:8443"
