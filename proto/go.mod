@@ -3,6 +3,7 @@ module github.com/bettercompute/bettercompute/proto
 go 1.26.0
 
 require (
+	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b
 	google.golang.org/grpc v1.85.0

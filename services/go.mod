@@ -19,7 +19,10 @@ require (
 	gopkg.in/yaml.v3 v3.0.1
 )
 
-require github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
+require (
+	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
+	github.com/go-jose/go-jose/v4 v4.1.9 // indirect
+)
 
 require (
 	dario.cat/mergo v1.0.2 // indirect

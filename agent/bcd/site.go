@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/site"
+	"github.com/bettercompute/bettercompute/agent/site/pxe"
 	"github.com/bettercompute/bettercompute/agent/state"
 )
 
@@ -103,6 +105,15 @@ func runSiteRun(ctx context.Context, args []string, stderr io.Writer) error {
 	serverName := f.str("server-name", "", "name on the gateway's certificate (default: the host of --gateway)")
 	hostname := f.str("hostname", "", "host name to say in Hello (default: this host's)")
 	ttl := f.str("lease-ttl", site.DefaultLeaseTTL.String(), "the boot lease to ask for (renewed every third of it), at most "+site.MaxLeaseTTL.String())
+	bootIP := f.str("boot-ip", "", "this host's IPv4 address on the boot network: serve PXE there while holding the boot lease (empty: PXE off)")
+	bootIface := f.str("boot-interface", "", "the boot network's interface the DHCP sockets bind to (default: unbound)")
+	ipxeDir := f.str("ipxe-dir", "/usr/lib/ipxe", "directory of the iPXE binaries (Debian's ipxe package)")
+	cacheDir := f.str("cache-dir", "", "image cache directory (default <root>/images)")
+	httpAddr := f.str("http-addr", ":80", "HTTP boot listen address")
+	dhcpAddr := f.str("dhcp-addr", ":67", "proxy DHCP listen address")
+	pxeAddr := f.str("pxe-addr", ":4011", "PXE boot server listen address")
+	tftpAddr := f.str("tftp-addr", ":69", "TFTP listen address")
+	ramdiskGateway := f.str("ramdisk-gateway", "", "gateway host:port put on the ramdisk's kernel command line (default: --gateway)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -113,23 +124,45 @@ func runSiteRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil || leaseTTL <= 0 || leaseTTL > site.MaxLeaseTTL {
 		return usageError{fmt.Errorf("--lease-ttl %q: want a duration up to %s", *ttl, site.MaxLeaseTTL)}
 	}
+	var ip netip.Addr
+	if *bootIP != "" {
+		if ip, err = netip.ParseAddr(*bootIP); err != nil || !ip.Is4() {
+			return usageError{fmt.Errorf("--boot-ip %q: want an IPv4 address", *bootIP)}
+		}
+	}
 	store, err := state.Open(*root)
 	if err != nil {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	var boot site.BootServer = leaseOnly{logger}
+	var table *pxe.Table
+	if ip.IsValid() {
+		table = pxe.NewTable()
+		pb, err := site.NewPXEBoot(pxe.Config{
+			IP: ip, Interface: *bootIface, DHCPAddr: *dhcpAddr, PXEAddr: *pxeAddr, TFTPAddr: *tftpAddr, HTTPAddr: *httpAddr,
+			IPXEDir: *ipxeDir, CacheDir: cmp.Or(*cacheDir, filepath.Join(store.Root(), "images")),
+			Gateway: cmp.Or(*ramdiskGateway, *gateway), Machines: table, Logger: logger,
+		})
+		if err != nil {
+			return usageError{err}
+		}
+		boot = pb
+	} else {
+		logger.Info("PXE is off: no --boot-ip; the agent holds the boot lease and runs BMC tasks only")
+	}
 	return site.Run(ctx, site.Config{
-		Gateway: *gateway, ServerName: *serverName, State: store, Boot: leaseOnly{logger}, Version: version(),
-		Hostname: *hostname, LeaseTTL: leaseTTL, Logger: logger,
+		Gateway: *gateway, ServerName: *serverName, State: store, Boot: boot, Version: version(),
+		Hostname: *hostname, LeaseTTL: leaseTTL, Logger: logger, PXE: table,
 	})
 }
 
-// leaseOnly is the boot server of this release: it holds the lease and
-// says so; the PXE services come with the metal flow.
+// leaseOnly is the boot server without --boot-ip: it holds the lease and
+// says so, serving no PXE.
 type leaseOnly struct{ log *slog.Logger }
 
 func (l leaseOnly) Serve(epoch int64) error {
-	l.log.Info("holding the site's boot lease (no PXE services in this release)", "epoch", epoch)
+	l.log.Info("holding the site's boot lease (PXE off: no --boot-ip)", "epoch", epoch)
 	return nil
 }
 

@@ -26,6 +26,14 @@
 // the agent goes on serving until its local deadline while it reconnects,
 // so a gateway restart does not interrupt PXE.
 //
+// # Site tasks
+//
+// Every session makes a fresh P-256 key (proto/credseal) and says its
+// public half in Hello; the control plane seals site tasks' secrets to it.
+// The lease holder runs the SiteTasks it is sent (see tasks.go): BMC tasks
+// through agent/site/redfish, pxe.arm and pxe.disarm into Config.PXE, the
+// table the boot server answers from.
+//
 // The identity is kept in an agent/state Store (its own root directory):
 // the key, the agent id (in the node id file), the certificate chain and
 // the trust bundle pinned at enrollment.
@@ -53,8 +61,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bettercompute/bettercompute/agent/join"
+	"github.com/bettercompute/bettercompute/agent/site/pxe"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/credseal"
 )
 
 // Lease defaults (the control plane's: sites.DefaultLeaseTTL and
@@ -116,6 +126,15 @@ type Config struct {
 	OnSessionEnd func(err error)
 	// OnLease, when set, hears every LeaseState the control plane sent.
 	OnLease func(*agentv1.LeaseState)
+	// PXE is the table the boot server answers from; pxe.arm and
+	// pxe.disarm tasks change it. Nil: PXE is off and those tasks fail.
+	PXE *pxe.Table
+	// TaskTimeout bounds one site task (and its task's not_after does); 10
+	// minutes by default.
+	TaskTimeout time.Duration
+	// OnTask, when set, is called before each site task runs, with the
+	// task's context (tests: a holder that dies mid-task).
+	OnTask func(context.Context, *agentv1.SiteTask)
 }
 
 // Identity is an enrolled site agent's identity.
@@ -231,6 +250,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	r := &runner{cfg: cfg, key: key, log: cfg.Logger.With("site", id.SiteID, "agent", id.AgentID)}
 	r.lease.boot, r.lease.log = cfg.Boot, r.log
+	r.tasks = newTasks(r.log, cfg.PXE, cmp.Or(cfg.TaskTimeout, defaultTaskTimeout), cfg.OnTask)
 	if err := r.setIdentity(id); err != nil {
 		return err
 	}
@@ -238,6 +258,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Go(func() { r.renewLoop(ctx) })
 	r.sessionLoop(ctx)
 	wg.Wait()
+	r.tasks.wait()
 	r.lease.stop("shutting down")
 	return nil
 }
@@ -254,6 +275,7 @@ type runner struct {
 	pool *x509.CertPool
 
 	lease keeper
+	tasks *tasks
 }
 
 func (r *runner) setIdentity(id Identity) error {
@@ -361,8 +383,17 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 		return false, fmt.Errorf("site: open: %w", err)
 	}
 	id, _, _ := r.current()
+	// A key for this session only: what is sealed to it opens nowhere else.
+	sealKey, err := credseal.NewKey()
+	if err != nil {
+		return false, err
+	}
+	jwk, err := credseal.PublicJWK(sealKey)
+	if err != nil {
+		return false, err
+	}
 	if err := stream.Send(&agentv1.SiteAgentServiceSessionRequest{Body: &agentv1.SiteAgentServiceSessionRequest_Hello{Hello: &agentv1.SiteHello{
-		AgentId: id.AgentID, Version: r.cfg.Version, Hostname: r.cfg.Hostname,
+		AgentId: id.AgentID, Version: r.cfg.Version, Hostname: r.cfg.Hostname, SealKey: jwk,
 	}}}); err != nil {
 		return false, fmt.Errorf("site: hello: %w", err)
 	}
@@ -414,6 +445,14 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 			if err := ask(); err != nil {
 				return welcomed, fmt.Errorf("site: lease request: %w", err)
 			}
+		case <-r.tasks.wake:
+			for _, res := range r.tasks.take() {
+				if err := stream.Send(&agentv1.SiteAgentServiceSessionRequest{Body: &agentv1.SiteAgentServiceSessionRequest_TaskResult{TaskResult: res}}); err != nil {
+					// Lost with the session: the control plane sends the
+					// task again and the answer comes from memory.
+					return welcomed, fmt.Errorf("site: task result: %w", err)
+				}
+			}
 		case <-heartbeat.C:
 			beats++
 			if err := stream.Send(&agentv1.SiteAgentServiceSessionRequest{Body: &agentv1.SiteAgentServiceSessionRequest_Heartbeat{Heartbeat: &agentv1.Heartbeat{Sequence: beats}}}); err != nil {
@@ -426,6 +465,9 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 					r.log.InfoContext(ctx, "site session established", "generation", b.Spec.GetGeneration())
 				}
 				welcomed = true
+			case *agentv1.SiteAgentServiceSessionResponse_Task:
+				// ctx, not sctx: a task outlives the session it came on.
+				r.tasks.handle(ctx, b.Task, sealKey)
 			case *agentv1.SiteAgentServiceSessionResponse_Lease:
 				ls := b.Lease
 				at, ok := sent[ls.GetSequence()]

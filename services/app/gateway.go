@@ -34,6 +34,9 @@ type gatewayServer struct {
 	grpc   *grpc.Server
 	ln     net.Listener
 	done   chan struct{}
+
+	// siteSub hears site task pokes (bc.sitetasks.<site>).
+	siteSub *nats.Subscription
 }
 
 // startGateway runs the gateway role: daemon sessions over mutual TLS on
@@ -144,6 +147,9 @@ func (a *App) startGateway(context.Context) error {
 		if g.cmdSub, err = a.subscribeCommandPokes(gw); err != nil {
 			a.logger.Warn("no command pokes; dispatch relies on the database resync", "err", err)
 		}
+		if g.siteSub, err = gw.SubscribeSiteTaskPokes(a.nc); err != nil {
+			a.logger.Warn("no site task pokes; dispatch relies on the database resync", "err", err)
+		}
 	}
 	go func() {
 		defer close(g.done)
@@ -163,6 +169,9 @@ func (g *gatewayServer) stop(ctx context.Context) {
 	}
 	if g.cmdSub != nil {
 		_ = g.cmdSub.Unsubscribe()
+	}
+	if g.siteSub != nil {
+		_ = g.siteSub.Unsubscribe()
 	}
 	g.gw.Stop()
 	stopped := make(chan struct{})

@@ -16,10 +16,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/credseal"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/sites"
+	"github.com/bettercompute/bettercompute/pkg/sitetasks"
 )
 
 // Site sessions.
@@ -37,6 +39,11 @@ import (
 // agent seen (sites.Touch, at most once per SiteTouchInterval). A session
 // that ends leaves the lease alone: its agent may still be serving until its
 // own deadline, so a standby takes over only once the lease lapses.
+//
+// Hello carries the session's seal key (a public JWK, proto/credseal),
+// stored as the agent's (sitetasks.SetSealKey): the control plane seals site
+// tasks' secrets to it. While the session holds the boot lease, the gateway
+// delivers the site's tasks to it (see site_tasks.go).
 
 // SiteTouchInterval is how often a site session's heartbeats are written
 // as site_agents.last_seen_at.
@@ -47,6 +54,7 @@ const (
 	maxSiteAgentID  = 64
 	maxSiteVersion  = 64
 	maxSiteHostname = 253
+	maxSiteSealKey  = credseal.MaxJWK
 )
 
 // errAgentRevoked ends the session of a site agent revoked while it was
@@ -58,6 +66,42 @@ type siteSession struct {
 	cancel          context.CancelCauseFunc
 	serial          string
 	notAfter        time.Time
+	// kid is the id of the session's seal key ("" when it said none).
+	kid string
+
+	sendMu sync.Mutex // a gRPC stream takes one sender at a time
+	stream agentv1.SiteAgentService_SessionServer
+
+	// held and epoch are the boot lease as the session's last LeaseState
+	// answer said, guarded by mu.
+	mu    sync.Mutex
+	held  bool
+	epoch int64
+}
+
+// send sends m on the session's stream.
+func (s *siteSession) send(m *agentv1.SiteAgentServiceSessionResponse) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.stream.Send(m)
+}
+
+// holder returns the session as a task claimer, and whether it holds the
+// lease.
+func (s *siteSession) holder() (sitetasks.Holder, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sitetasks.Holder{SiteID: s.siteID, AgentID: s.agentID, Epoch: s.epoch, SessionKID: s.kid}, s.held
+}
+
+// setLease records a LeaseState answer; it reports whether the session
+// newly holds the lease (or holds it at a new epoch).
+func (s *siteSession) setLease(ls *agentv1.LeaseState) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	gained := ls.GetHeld() && (!s.held || s.epoch != ls.GetEpoch())
+	s.held, s.epoch = ls.GetHeld(), ls.GetEpoch()
+	return gained
 }
 
 // siteSessions are the gateway's site sessions by agent id.
@@ -137,8 +181,10 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 	switch {
 	case hello == nil:
 		return status.Error(codes.FailedPrecondition, "the first message of a site session must be Hello")
-	case len(hello.GetAgentId()) > maxSiteAgentID || len(hello.GetVersion()) > maxSiteVersion || len(hello.GetHostname()) > maxSiteHostname:
-		return status.Errorf(codes.InvalidArgument, "Hello: agent id, version and hostname are at most %d, %d and %d bytes", maxSiteAgentID, maxSiteVersion, maxSiteHostname)
+	case len(hello.GetAgentId()) > maxSiteAgentID || len(hello.GetVersion()) > maxSiteVersion || len(hello.GetHostname()) > maxSiteHostname ||
+		len(hello.GetSealKey()) > maxSiteSealKey:
+		return status.Errorf(codes.InvalidArgument, "Hello: agent id, version, hostname and seal key are at most %d, %d, %d and %d bytes",
+			maxSiteAgentID, maxSiteVersion, maxSiteHostname, maxSiteSealKey)
 	case hello.GetAgentId() != agentID:
 		return status.Errorf(codes.PermissionDenied, "certificate is for site agent %s, Hello says %s", agentID, hello.GetAgentId())
 	}
@@ -157,10 +203,22 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "read site: %v", err)
 	}
+	var kid string
+	if key := hello.GetSealKey(); key != "" {
+		if kid, err = credseal.KeyID(key); err != nil {
+			return status.Errorf(codes.InvalidArgument, "Hello: seal_key: %v", err)
+		}
+	}
+	// This session's key replaces the last one's: tasks sealed to that
+	// are resealed before they are sent here.
+	if err := sitetasks.SetSealKey(ctx, g.cfg.DB, agentID, hello.GetSealKey()); err != nil {
+		return status.Errorf(codes.Unavailable, "store seal key: %v", err)
+	}
 
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	s := &siteSession{agentID: agentID, siteID: siteID, cancel: cancel, serial: chain[0].SerialNumber.Text(16), notAfter: chain[0].NotAfter}
+	s := &siteSession{agentID: agentID, siteID: siteID, cancel: cancel, serial: chain[0].SerialNumber.Text(16), notAfter: chain[0].NotAfter,
+		kid: kid, stream: stream}
 	g.sites.mu.Lock()
 	select {
 	case <-g.stop:
@@ -186,11 +244,15 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 		log.WarnContext(ctx, "touch site agent", "err", err)
 	}
 	lastTouch := time.Now()
-	if err := stream.Send(&agentv1.SiteAgentServiceSessionResponse{Body: &agentv1.SiteAgentServiceSessionResponse_Spec{Spec: &agentv1.SiteSpec{
+	if err := s.send(&agentv1.SiteAgentServiceSessionResponse{Body: &agentv1.SiteAgentServiceSessionResponse_Spec{Spec: &agentv1.SiteSpec{
 		SiteId: siteID, Generation: site.Generation,
 	}}}); err != nil {
 		return err
 	}
+	// The task resync: without the bus, tasks reach the holder within an
+	// interval.
+	resync := time.NewTicker(g.cfg.LivenessInterval)
+	defer resync.Stop()
 
 	msgs := make(chan *agentv1.SiteAgentServiceSessionRequest)
 	recvErr := make(chan error, 1)
@@ -225,6 +287,10 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 		case err := <-recvErr:
 			log.InfoContext(ctx, "site session ended", "err", err)
 			return nil
+		case <-resync.C:
+			if err := g.resyncSiteSession(sctx, s); err != nil {
+				log.WarnContext(ctx, "resync site tasks", "err", err)
+			}
 		case m := <-msgs:
 			switch b := m.GetBody().(type) {
 			case *agentv1.SiteAgentServiceSessionRequest_LeaseRequest:
@@ -238,8 +304,18 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 					log.WarnContext(ctx, "acquire boot lease", "err", err)
 					continue
 				}
-				if err := stream.Send(&agentv1.SiteAgentServiceSessionResponse{Body: &agentv1.SiteAgentServiceSessionResponse_Lease{Lease: ls}}); err != nil {
+				if err := s.send(&agentv1.SiteAgentServiceSessionResponse{Body: &agentv1.SiteAgentServiceSessionResponse_Lease{Lease: ls}}); err != nil {
 					return err
+				}
+				if s.setLease(ls) {
+					// Newly the holder: what waits for the site is its now.
+					if err := g.dispatchSite(sctx, s); err != nil {
+						log.WarnContext(ctx, "dispatch site tasks", "err", err)
+					}
+				}
+			case *agentv1.SiteAgentServiceSessionRequest_TaskResult:
+				if err := g.applyTaskResult(sctx, s, b.TaskResult); err != nil {
+					log.WarnContext(ctx, "store site task result", "task", b.TaskResult.GetId(), "err", err)
 				}
 			case *agentv1.SiteAgentServiceSessionRequest_Heartbeat:
 				if time.Since(lastTouch) >= SiteTouchInterval {

@@ -50,11 +50,36 @@ type siteFixture struct {
 	gw   *gateway.Gateway
 	addr string
 	site sites.Site
+	// logs are the gateway's and (with runWith) the agents' log lines.
+	logs *logBuffer
+}
+
+// logBuffer is a log sink safe for concurrent writers.
+type logBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b = append(l.b, p...)
+	return len(p), nil
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.b)
+}
+
+func (l *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func setupSite(t *testing.T) *siteFixture {
 	t.Helper()
-	f := &siteFixture{db: pgtest.New(t)}
+	f := &siteFixture{db: pgtest.New(t), logs: &logBuffer{}}
 	var err error
 	if f.ca, err = nodeca.Open(nodeca.Config{TrustDomain: trustDomain, Dir: t.TempDir()}); err != nil {
 		t.Fatal(err)
@@ -72,6 +97,7 @@ func setupSite(t *testing.T) *siteFixture {
 			return nodeca.RevokedAmong(ctx, f.db, serials)
 		},
 		LivenessInterval: time.Hour, // rechecked by hand
+		Logger:           f.logs.logger(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -194,16 +220,26 @@ type agent struct {
 // run starts site.Run for the agent in st, dialing addr.
 func (f *siteFixture) run(t *testing.T, id site.Identity, st *state.Store, addr string) *agent {
 	t.Helper()
+	return f.runWith(t, id, st, addr, nil)
+}
+
+// runWith is run with edit applied to the agent's Config.
+func (f *siteFixture) runWith(t *testing.T, id site.Identity, st *state.Store, addr string, edit func(*site.Config)) *agent {
+	t.Helper()
 	a := &agent{id: id, boot: &recorder{}, done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
+	cfg := site.Config{
+		Gateway: addr, ServerName: "127.0.0.1", State: st, Boot: a.boot, Version: "test", LeaseTTL: siteLeaseTTL,
+		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler), OnSessionEnd: a.boot.ended,
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
 	go func() {
 		defer close(a.done)
-		err := site.Run(ctx, site.Config{
-			Gateway: addr, ServerName: "127.0.0.1", State: st, Boot: a.boot, Version: "test", LeaseTTL: siteLeaseTTL,
-			MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond,
-			Logger: slog.New(slog.DiscardHandler), OnSessionEnd: a.boot.ended,
-		})
+		err := site.Run(ctx, cfg)
 		if err != nil {
 			t.Errorf("site.Run: %v", err)
 		}

@@ -10,6 +10,8 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/sitetasks"
 )
 
 // pruneBatch bounds one prune statement, so no transaction holds many row
@@ -39,6 +41,10 @@ func (s *Service) pruneLoop(ctx context.Context) {
 // Pruned counts what one prune removed.
 type Pruned struct {
 	Events, Idempotency, Certificates int64
+	// SiteTasks counts finished site tasks deleted after
+	// sitetasks.Retention, and ones expired here (their deadline passed
+	// with no gateway holding the site's lease holder to expire them).
+	SiteTasks, SiteTasksExpired int64
 }
 
 // PruneOnce deletes events older than events.retention that the fan-out
@@ -51,7 +57,7 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 	before := time.Now().Add(-s.cfg.Events.Retention.Std())
 	certBefore := time.Now().Add(-s.cfg.Events.CertificateGrace.Std())
 	for {
-		var ev, idem, certs int64
+		var ev, idem, certs, tasks int64
 		err := s.inLease(ctx, func(tx pgx.Tx) error {
 			var err error
 			if ev, err = events.Prune(ctx, tx, before, pruneBatch); err != nil {
@@ -60,7 +66,10 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 			if idem, err = admission.PruneIdempotency(ctx, tx, pruneBatch); err != nil {
 				return err
 			}
-			certs, err = nodeca.PruneExpired(ctx, tx, certBefore, pruneBatch)
+			if certs, err = nodeca.PruneExpired(ctx, tx, certBefore, pruneBatch); err != nil {
+				return err
+			}
+			tasks, err = sitetasks.Prune(ctx, tx, time.Now().Add(-sitetasks.Retention), pruneBatch)
 			return err
 		})
 		if err != nil {
@@ -69,9 +78,20 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 		p.Events += ev
 		p.Idempotency += idem
 		p.Certificates += certs
-		if ev < pruneBatch && idem < pruneBatch && certs < pruneBatch {
+		p.SiteTasks += tasks
+		if ev < pruneBatch && idem < pruneBatch && certs < pruneBatch && tasks < pruneBatch {
 			break
 		}
+	}
+	// Overdue site tasks of sites no gateway serves (the holder's gateway
+	// expires its own on every resync); their machines' jobs are woken.
+	err := reconcile.InTx(ctx, s.db, nil, func(tx pgx.Tx, q *reconcile.Queue) error {
+		n, err := sitetasks.Expire(ctx, tx, q, "", pruneBatch)
+		p.SiteTasksExpired = int64(n)
+		return err
+	})
+	if err != nil {
+		s.log.Warn("expire site tasks", "err", err)
 	}
 	s.m.pruned.Add(float64(p.Events))
 	// VACUUM cannot run in a transaction; each is one statement, so it also

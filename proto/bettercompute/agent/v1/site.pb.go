@@ -32,6 +32,7 @@ type SiteAgentServiceSessionRequest struct {
 	//	*SiteAgentServiceSessionRequest_Hello
 	//	*SiteAgentServiceSessionRequest_LeaseRequest
 	//	*SiteAgentServiceSessionRequest_Heartbeat
+	//	*SiteAgentServiceSessionRequest_TaskResult
 	Body          isSiteAgentServiceSessionRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -101,6 +102,15 @@ func (x *SiteAgentServiceSessionRequest) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *SiteAgentServiceSessionRequest) GetTaskResult() *TaskResult {
+	if x != nil {
+		if x, ok := x.Body.(*SiteAgentServiceSessionRequest_TaskResult); ok {
+			return x.TaskResult
+		}
+	}
+	return nil
+}
+
 type isSiteAgentServiceSessionRequest_Body interface {
 	isSiteAgentServiceSessionRequest_Body()
 }
@@ -120,11 +130,18 @@ type SiteAgentServiceSessionRequest_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,3,opt,name=heartbeat,proto3,oneof"`
 }
 
+type SiteAgentServiceSessionRequest_TaskResult struct {
+	// task_result is the outcome of a SiteTask.
+	TaskResult *TaskResult `protobuf:"bytes,4,opt,name=task_result,json=taskResult,proto3,oneof"`
+}
+
 func (*SiteAgentServiceSessionRequest_Hello) isSiteAgentServiceSessionRequest_Body() {}
 
 func (*SiteAgentServiceSessionRequest_LeaseRequest) isSiteAgentServiceSessionRequest_Body() {}
 
 func (*SiteAgentServiceSessionRequest_Heartbeat) isSiteAgentServiceSessionRequest_Body() {}
+
+func (*SiteAgentServiceSessionRequest_TaskResult) isSiteAgentServiceSessionRequest_Body() {}
 
 // SiteHello opens a site session.
 type SiteHello struct {
@@ -135,7 +152,12 @@ type SiteHello struct {
 	// version is the agent's version; at most 64 bytes.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// hostname is the agent's host name; at most 253 bytes.
-	Hostname      string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Hostname string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// seal_key is the public JWK (P-256, ECDH-ES+A256KW; proto/credseal) of
+	// a key the agent made for this session: the control plane seals the
+	// secrets of site tasks (BMC credentials, boot tokens) to it; at most
+	// 1024 bytes. Empty: the agent takes no sealed tasks.
+	SealKey       string `protobuf:"bytes,4,opt,name=seal_key,json=sealKey,proto3" json:"seal_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +209,13 @@ func (x *SiteHello) GetVersion() string {
 func (x *SiteHello) GetHostname() string {
 	if x != nil {
 		return x.Hostname
+	}
+	return ""
+}
+
+func (x *SiteHello) GetSealKey() string {
+	if x != nil {
+		return x.SealKey
 	}
 	return ""
 }
@@ -257,6 +286,7 @@ type SiteAgentServiceSessionResponse struct {
 	//
 	//	*SiteAgentServiceSessionResponse_Lease
 	//	*SiteAgentServiceSessionResponse_Spec
+	//	*SiteAgentServiceSessionResponse_Task
 	Body          isSiteAgentServiceSessionResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -317,6 +347,15 @@ func (x *SiteAgentServiceSessionResponse) GetSpec() *SiteSpec {
 	return nil
 }
 
+func (x *SiteAgentServiceSessionResponse) GetTask() *SiteTask {
+	if x != nil {
+		if x, ok := x.Body.(*SiteAgentServiceSessionResponse_Task); ok {
+			return x.Task
+		}
+	}
+	return nil
+}
+
 type isSiteAgentServiceSessionResponse_Body interface {
 	isSiteAgentServiceSessionResponse_Body()
 }
@@ -331,9 +370,16 @@ type SiteAgentServiceSessionResponse_Spec struct {
 	Spec *SiteSpec `protobuf:"bytes,2,opt,name=spec,proto3,oneof"`
 }
 
+type SiteAgentServiceSessionResponse_Task struct {
+	// task asks the lease holder to act on a machine.
+	Task *SiteTask `protobuf:"bytes,3,opt,name=task,proto3,oneof"`
+}
+
 func (*SiteAgentServiceSessionResponse_Lease) isSiteAgentServiceSessionResponse_Body() {}
 
 func (*SiteAgentServiceSessionResponse_Spec) isSiteAgentServiceSessionResponse_Body() {}
+
+func (*SiteAgentServiceSessionResponse_Task) isSiteAgentServiceSessionResponse_Body() {}
 
 // LeaseState is the site's boot lease as it stands after a LeaseRequest.
 type LeaseState struct {
@@ -568,26 +614,1078 @@ func (x *SiteMachine) GetBootTokenSha256() string {
 	return ""
 }
 
+// SiteTask is one thing the site agent holding the boot lease does for the
+// control plane: it is sent only to that agent, under its lease epoch, once
+// per attempt. The agent answers every task it receives with a TaskResult
+// naming the task's id and attempt, and runs a task id at most once while
+// it lives (a task sent again while it runs is answered when it finishes;
+// one that finished is answered from memory).
+type SiteTask struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the task, "stk_…"; at most 64 bytes.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// kind is "bmc.inspect", "bmc.power", "bmc.boot", "pxe.arm" or
+	// "pxe.disarm", and says which body is set.
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// machine_id is the machine acted on; at most 64 bytes.
+	MachineId string `protobuf:"bytes,3,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// lease_epoch is the boot lease epoch the task was dispatched under.
+	LeaseEpoch int64 `protobuf:"varint,4,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	// attempt counts the task's dispatches, from 1.
+	Attempt int32 `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// not_after is when the control plane stops waiting for the result.
+	NotAfter *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	// body is the kind's parameters.
+	//
+	// Types that are valid to be assigned to Body:
+	//
+	//	*SiteTask_BmcInspect
+	//	*SiteTask_BmcPower
+	//	*SiteTask_BmcBoot
+	//	*SiteTask_PxeArm
+	//	*SiteTask_PxeDisarm
+	Body          isSiteTask_Body `protobuf_oneof:"body"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SiteTask) Reset() {
+	*x = SiteTask{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SiteTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SiteTask) ProtoMessage() {}
+
+func (x *SiteTask) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SiteTask.ProtoReflect.Descriptor instead.
+func (*SiteTask) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SiteTask) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SiteTask) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *SiteTask) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *SiteTask) GetLeaseEpoch() int64 {
+	if x != nil {
+		return x.LeaseEpoch
+	}
+	return 0
+}
+
+func (x *SiteTask) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *SiteTask) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *SiteTask) GetBody() isSiteTask_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *SiteTask) GetBmcInspect() *BmcInspect {
+	if x != nil {
+		if x, ok := x.Body.(*SiteTask_BmcInspect); ok {
+			return x.BmcInspect
+		}
+	}
+	return nil
+}
+
+func (x *SiteTask) GetBmcPower() *BmcPower {
+	if x != nil {
+		if x, ok := x.Body.(*SiteTask_BmcPower); ok {
+			return x.BmcPower
+		}
+	}
+	return nil
+}
+
+func (x *SiteTask) GetBmcBoot() *BmcBoot {
+	if x != nil {
+		if x, ok := x.Body.(*SiteTask_BmcBoot); ok {
+			return x.BmcBoot
+		}
+	}
+	return nil
+}
+
+func (x *SiteTask) GetPxeArm() *PxeArm {
+	if x != nil {
+		if x, ok := x.Body.(*SiteTask_PxeArm); ok {
+			return x.PxeArm
+		}
+	}
+	return nil
+}
+
+func (x *SiteTask) GetPxeDisarm() *PxeDisarm {
+	if x != nil {
+		if x, ok := x.Body.(*SiteTask_PxeDisarm); ok {
+			return x.PxeDisarm
+		}
+	}
+	return nil
+}
+
+type isSiteTask_Body interface {
+	isSiteTask_Body()
+}
+
+type SiteTask_BmcInspect struct {
+	BmcInspect *BmcInspect `protobuf:"bytes,10,opt,name=bmc_inspect,json=bmcInspect,proto3,oneof"`
+}
+
+type SiteTask_BmcPower struct {
+	BmcPower *BmcPower `protobuf:"bytes,11,opt,name=bmc_power,json=bmcPower,proto3,oneof"`
+}
+
+type SiteTask_BmcBoot struct {
+	BmcBoot *BmcBoot `protobuf:"bytes,12,opt,name=bmc_boot,json=bmcBoot,proto3,oneof"`
+}
+
+type SiteTask_PxeArm struct {
+	PxeArm *PxeArm `protobuf:"bytes,13,opt,name=pxe_arm,json=pxeArm,proto3,oneof"`
+}
+
+type SiteTask_PxeDisarm struct {
+	PxeDisarm *PxeDisarm `protobuf:"bytes,14,opt,name=pxe_disarm,json=pxeDisarm,proto3,oneof"`
+}
+
+func (*SiteTask_BmcInspect) isSiteTask_Body() {}
+
+func (*SiteTask_BmcPower) isSiteTask_Body() {}
+
+func (*SiteTask_BmcBoot) isSiteTask_Body() {}
+
+func (*SiteTask_PxeArm) isSiteTask_Body() {}
+
+func (*SiteTask_PxeDisarm) isSiteTask_Body() {}
+
+// Bmc is how to reach a machine's BMC.
+type Bmc struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// address is the BMC's Redfish endpoint, https://host[:port]; at most
+	// 2048 bytes.
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// sealed_credentials is a JWE compact serialization (proto/credseal) to
+	// the session's seal_key, with the task id and machine id as additional
+	// data, of the JSON {"username": …, "password": …}; at most 32 KiB.
+	SealedCredentials string `protobuf:"bytes,2,opt,name=sealed_credentials,json=sealedCredentials,proto3" json:"sealed_credentials,omitempty"`
+	// ca_pem pins the BMC's CA (or self-signed certificate); at most 64 KiB.
+	CaPem string `protobuf:"bytes,3,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	// insecure skips verifying the BMC's certificate (excludes ca_pem).
+	Insecure      bool `protobuf:"varint,4,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Bmc) Reset() {
+	*x = Bmc{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Bmc) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Bmc) ProtoMessage() {}
+
+func (x *Bmc) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Bmc.ProtoReflect.Descriptor instead.
+func (*Bmc) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Bmc) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Bmc) GetSealedCredentials() string {
+	if x != nil {
+		return x.SealedCredentials
+	}
+	return ""
+}
+
+func (x *Bmc) GetCaPem() string {
+	if x != nil {
+		return x.CaPem
+	}
+	return ""
+}
+
+func (x *Bmc) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
+// BmcInspect reads the machine's inventory from its BMC; the result is a
+// BmcInventory.
+type BmcInspect struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bmc           *Bmc                   `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BmcInspect) Reset() {
+	*x = BmcInspect{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BmcInspect) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BmcInspect) ProtoMessage() {}
+
+func (x *BmcInspect) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BmcInspect.ProtoReflect.Descriptor instead.
+func (*BmcInspect) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *BmcInspect) GetBmc() *Bmc {
+	if x != nil {
+		return x.Bmc
+	}
+	return nil
+}
+
+// BmcPower changes the machine's power; the result is the PowerState after.
+type BmcPower struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Bmc   *Bmc                   `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	// action is "on", "off", "cycle" or "graceful-off".
+	Action        string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BmcPower) Reset() {
+	*x = BmcPower{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BmcPower) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BmcPower) ProtoMessage() {}
+
+func (x *BmcPower) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BmcPower.ProtoReflect.Descriptor instead.
+func (*BmcPower) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *BmcPower) GetBmc() *Bmc {
+	if x != nil {
+		return x.Bmc
+	}
+	return nil
+}
+
+func (x *BmcPower) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+// BmcBoot sets a one-time boot override; the result is the PowerState.
+type BmcBoot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Bmc   *Bmc                   `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	// target is "pxe" or "disk".
+	Target        string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BmcBoot) Reset() {
+	*x = BmcBoot{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BmcBoot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BmcBoot) ProtoMessage() {}
+
+func (x *BmcBoot) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BmcBoot.ProtoReflect.Descriptor instead.
+func (*BmcBoot) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BmcBoot) GetBmc() *Bmc {
+	if x != nil {
+		return x.Bmc
+	}
+	return nil
+}
+
+func (x *BmcBoot) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+// BootImage is one content-addressed file the boot server serves.
+type BootImage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// url is the upstream http(s) URL; at most 2048 bytes.
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// sha256 is the lowercase hex digest.
+	Sha256        string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootImage) Reset() {
+	*x = BootImage{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootImage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootImage) ProtoMessage() {}
+
+func (x *BootImage) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootImage.ProtoReflect.Descriptor instead.
+func (*BootImage) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *BootImage) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *BootImage) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+// PxeArm makes the boot server answer the machine's MACs.
+type PxeArm struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// macs are the machine's MAC addresses (aa:bb:cc:dd:ee:ff); 1 to 64.
+	Macs []string `protobuf:"bytes,1,rep,name=macs,proto3" json:"macs,omitempty"`
+	// decision is "ramdisk" (boot bcd ramdisk) or "local" (its own disk).
+	Decision string `protobuf:"bytes,2,opt,name=decision,proto3" json:"decision,omitempty"`
+	// kernel and initrd are the ramdisk's images ("ramdisk" only).
+	Kernel *BootImage `protobuf:"bytes,3,opt,name=kernel,proto3" json:"kernel,omitempty"`
+	Initrd *BootImage `protobuf:"bytes,4,opt,name=initrd,proto3" json:"initrd,omitempty"`
+	// args are extra kernel arguments ("ramdisk" only); at most 64.
+	Args []string `protobuf:"bytes,5,rep,name=args,proto3" json:"args,omitempty"`
+	// sealed_boot_token is a JWE (as Bmc.sealed_credentials) of the
+	// machine's one-time boot token ("ramdisk" only).
+	SealedBootToken string `protobuf:"bytes,6,opt,name=sealed_boot_token,json=sealedBootToken,proto3" json:"sealed_boot_token,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PxeArm) Reset() {
+	*x = PxeArm{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PxeArm) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PxeArm) ProtoMessage() {}
+
+func (x *PxeArm) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PxeArm.ProtoReflect.Descriptor instead.
+func (*PxeArm) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PxeArm) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
+func (x *PxeArm) GetDecision() string {
+	if x != nil {
+		return x.Decision
+	}
+	return ""
+}
+
+func (x *PxeArm) GetKernel() *BootImage {
+	if x != nil {
+		return x.Kernel
+	}
+	return nil
+}
+
+func (x *PxeArm) GetInitrd() *BootImage {
+	if x != nil {
+		return x.Initrd
+	}
+	return nil
+}
+
+func (x *PxeArm) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *PxeArm) GetSealedBootToken() string {
+	if x != nil {
+		return x.SealedBootToken
+	}
+	return ""
+}
+
+// PxeDisarm makes the boot server forget the machine's MACs.
+type PxeDisarm struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// macs are the MAC addresses; 1 to 64.
+	Macs          []string `protobuf:"bytes,1,rep,name=macs,proto3" json:"macs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PxeDisarm) Reset() {
+	*x = PxeDisarm{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PxeDisarm) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PxeDisarm) ProtoMessage() {}
+
+func (x *PxeDisarm) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PxeDisarm.ProtoReflect.Descriptor instead.
+func (*PxeDisarm) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PxeDisarm) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
+// TaskResult is a SiteTask's outcome.
+type TaskResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id and attempt are the task's.
+	Id      string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Attempt int32  `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// ok says the task succeeded; error says why not (at most 4096 bytes;
+	// never a credential).
+	Ok    bool   `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// result is the kind's result, when it has one.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*TaskResult_Inventory
+	//	*TaskResult_Power
+	Result        isTaskResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskResult) Reset() {
+	*x = TaskResult{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskResult) ProtoMessage() {}
+
+func (x *TaskResult) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskResult.ProtoReflect.Descriptor instead.
+func (*TaskResult) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *TaskResult) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TaskResult) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *TaskResult) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *TaskResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *TaskResult) GetResult() isTaskResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *TaskResult) GetInventory() *BmcInventory {
+	if x != nil {
+		if x, ok := x.Result.(*TaskResult_Inventory); ok {
+			return x.Inventory
+		}
+	}
+	return nil
+}
+
+func (x *TaskResult) GetPower() *PowerState {
+	if x != nil {
+		if x, ok := x.Result.(*TaskResult_Power); ok {
+			return x.Power
+		}
+	}
+	return nil
+}
+
+type isTaskResult_Result interface {
+	isTaskResult_Result()
+}
+
+type TaskResult_Inventory struct {
+	Inventory *BmcInventory `protobuf:"bytes,10,opt,name=inventory,proto3,oneof"`
+}
+
+type TaskResult_Power struct {
+	Power *PowerState `protobuf:"bytes,11,opt,name=power,proto3,oneof"`
+}
+
+func (*TaskResult_Inventory) isTaskResult_Result() {}
+
+func (*TaskResult_Power) isTaskResult_Result() {}
+
+// PowerState is a machine's power state as its BMC says: "On", "Off",
+// "PoweringOn", "PoweringOff" or "Paused".
+type PowerState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         string                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerState) Reset() {
+	*x = PowerState{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerState) ProtoMessage() {}
+
+func (x *PowerState) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerState.ProtoReflect.Descriptor instead.
+func (*PowerState) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PowerState) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+// BmcInventory is a machine as its BMC describes it (bounded: at most 1024
+// NICs and 1024 disks, strings at most 256 bytes).
+type BmcInventory struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Manufacturer string                 `protobuf:"bytes,1,opt,name=manufacturer,proto3" json:"manufacturer,omitempty"`
+	Model        string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	SerialNumber string                 `protobuf:"bytes,3,opt,name=serial_number,json=serialNumber,proto3" json:"serial_number,omitempty"`
+	Uuid         string                 `protobuf:"bytes,4,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	PowerState   string                 `protobuf:"bytes,5,opt,name=power_state,json=powerState,proto3" json:"power_state,omitempty"`
+	// cpu_count is the processor sockets; cpu_model the first one's model;
+	// cpu_cores the total cores.
+	CpuCount      int32      `protobuf:"varint,6,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	CpuModel      string     `protobuf:"bytes,7,opt,name=cpu_model,json=cpuModel,proto3" json:"cpu_model,omitempty"`
+	CpuCores      int32      `protobuf:"varint,8,opt,name=cpu_cores,json=cpuCores,proto3" json:"cpu_cores,omitempty"`
+	MemoryMib     int64      `protobuf:"varint,9,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	Nics          []*BmcNic  `protobuf:"bytes,10,rep,name=nics,proto3" json:"nics,omitempty"`
+	Disks         []*BmcDisk `protobuf:"bytes,11,rep,name=disks,proto3" json:"disks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BmcInventory) Reset() {
+	*x = BmcInventory{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BmcInventory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BmcInventory) ProtoMessage() {}
+
+func (x *BmcInventory) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BmcInventory.ProtoReflect.Descriptor instead.
+func (*BmcInventory) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *BmcInventory) GetManufacturer() string {
+	if x != nil {
+		return x.Manufacturer
+	}
+	return ""
+}
+
+func (x *BmcInventory) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *BmcInventory) GetSerialNumber() string {
+	if x != nil {
+		return x.SerialNumber
+	}
+	return ""
+}
+
+func (x *BmcInventory) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+func (x *BmcInventory) GetPowerState() string {
+	if x != nil {
+		return x.PowerState
+	}
+	return ""
+}
+
+func (x *BmcInventory) GetCpuCount() int32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *BmcInventory) GetCpuModel() string {
+	if x != nil {
+		return x.CpuModel
+	}
+	return ""
+}
+
+func (x *BmcInventory) GetCpuCores() int32 {
+	if x != nil {
+		return x.CpuCores
+	}
+	return 0
+}
+
+func (x *BmcInventory) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *BmcInventory) GetNics() []*BmcNic {
+	if x != nil {
+		return x.Nics
+	}
+	return nil
+}
+
+func (x *BmcInventory) GetDisks() []*BmcDisk {
+	if x != nil {
+		return x.Disks
+	}
+	return nil
+}
+
+// BmcNic is an Ethernet interface.
+type BmcNic struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// mac is lowercase, colon separated.
+	Mac           string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	SpeedMbps     int32  `protobuf:"varint,3,opt,name=speed_mbps,json=speedMbps,proto3" json:"speed_mbps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BmcNic) Reset() {
+	*x = BmcNic{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BmcNic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BmcNic) ProtoMessage() {}
+
+func (x *BmcNic) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BmcNic.ProtoReflect.Descriptor instead.
+func (*BmcNic) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *BmcNic) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *BmcNic) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *BmcNic) GetSpeedMbps() int32 {
+	if x != nil {
+		return x.SpeedMbps
+	}
+	return 0
+}
+
+// BmcDisk is a drive.
+type BmcDisk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Model         string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	SerialNumber  string                 `protobuf:"bytes,3,opt,name=serial_number,json=serialNumber,proto3" json:"serial_number,omitempty"`
+	CapacityBytes int64                  `protobuf:"varint,4,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	MediaType     string                 `protobuf:"bytes,5,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BmcDisk) Reset() {
+	*x = BmcDisk{}
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BmcDisk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BmcDisk) ProtoMessage() {}
+
+func (x *BmcDisk) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_site_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BmcDisk.ProtoReflect.Descriptor instead.
+func (*BmcDisk) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_site_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *BmcDisk) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *BmcDisk) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *BmcDisk) GetSerialNumber() string {
+	if x != nil {
+		return x.SerialNumber
+	}
+	return ""
+}
+
+func (x *BmcDisk) GetCapacityBytes() int64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *BmcDisk) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
 var File_bettercompute_agent_v1_site_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_site_proto_rawDesc = "" +
 	"\n" +
-	"!bettercompute/agent/v1/site.proto\x12\x16bettercompute.agent.v1\x1a\"bettercompute/agent/v1/agent.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x01\n" +
+	"!bettercompute/agent/v1/site.proto\x12\x16bettercompute.agent.v1\x1a\"bettercompute/agent/v1/agent.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x02\n" +
 	"\x1eSiteAgentServiceSessionRequest\x129\n" +
 	"\x05hello\x18\x01 \x01(\v2!.bettercompute.agent.v1.SiteHelloH\x00R\x05hello\x12K\n" +
 	"\rlease_request\x18\x02 \x01(\v2$.bettercompute.agent.v1.LeaseRequestH\x00R\fleaseRequest\x12A\n" +
-	"\theartbeat\x18\x03 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
-	"\x04body\"\\\n" +
+	"\theartbeat\x18\x03 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12E\n" +
+	"\vtask_result\x18\x04 \x01(\v2\".bettercompute.agent.v1.TaskResultH\x00R\n" +
+	"taskResultB\x06\n" +
+	"\x04body\"w\n" +
 	"\tSiteHello\x12\x19\n" +
 	"\bagent_id\x18\x01 \x01(\tR\aagentId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
-	"\bhostname\x18\x03 \x01(\tR\bhostname\"A\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x19\n" +
+	"\bseal_key\x18\x04 \x01(\tR\asealKey\"A\n" +
 	"\fLeaseRequest\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\x12\x1a\n" +
-	"\bsequence\x18\x02 \x01(\x04R\bsequence\"\x9d\x01\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\"\xd5\x01\n" +
 	"\x1fSiteAgentServiceSessionResponse\x12:\n" +
 	"\x05lease\x18\x01 \x01(\v2\".bettercompute.agent.v1.LeaseStateH\x00R\x05lease\x126\n" +
-	"\x04spec\x18\x02 \x01(\v2 .bettercompute.agent.v1.SiteSpecH\x00R\x04specB\x06\n" +
+	"\x04spec\x18\x02 \x01(\v2 .bettercompute.agent.v1.SiteSpecH\x00R\x04spec\x126\n" +
+	"\x04task\x18\x03 \x01(\v2 .bettercompute.agent.v1.SiteTaskH\x00R\x04taskB\x06\n" +
 	"\x04body\"\xce\x01\n" +
 	"\n" +
 	"LeaseState\x12&\n" +
@@ -609,7 +1707,91 @@ const file_bettercompute_agent_v1_site_proto_rawDesc = "" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x12\n" +
 	"\x04macs\x18\x02 \x03(\tR\x04macs\x12\x12\n" +
 	"\x04boot\x18\x03 \x01(\tR\x04boot\x12*\n" +
-	"\x11boot_token_sha256\x18\x04 \x01(\tR\x0fbootTokenSha2562\x92\x01\n" +
+	"\x11boot_token_sha256\x18\x04 \x01(\tR\x0fbootTokenSha256\"\x8e\x04\n" +
+	"\bSiteTask\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x03 \x01(\tR\tmachineId\x12\x1f\n" +
+	"\vlease_epoch\x18\x04 \x01(\x03R\n" +
+	"leaseEpoch\x12\x18\n" +
+	"\aattempt\x18\x05 \x01(\x05R\aattempt\x127\n" +
+	"\tnot_after\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12E\n" +
+	"\vbmc_inspect\x18\n" +
+	" \x01(\v2\".bettercompute.agent.v1.BmcInspectH\x00R\n" +
+	"bmcInspect\x12?\n" +
+	"\tbmc_power\x18\v \x01(\v2 .bettercompute.agent.v1.BmcPowerH\x00R\bbmcPower\x12<\n" +
+	"\bbmc_boot\x18\f \x01(\v2\x1f.bettercompute.agent.v1.BmcBootH\x00R\abmcBoot\x129\n" +
+	"\apxe_arm\x18\r \x01(\v2\x1e.bettercompute.agent.v1.PxeArmH\x00R\x06pxeArm\x12B\n" +
+	"\n" +
+	"pxe_disarm\x18\x0e \x01(\v2!.bettercompute.agent.v1.PxeDisarmH\x00R\tpxeDisarmB\x06\n" +
+	"\x04body\"\x81\x01\n" +
+	"\x03Bmc\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12-\n" +
+	"\x12sealed_credentials\x18\x02 \x01(\tR\x11sealedCredentials\x12\x15\n" +
+	"\x06ca_pem\x18\x03 \x01(\tR\x05caPem\x12\x1a\n" +
+	"\binsecure\x18\x04 \x01(\bR\binsecure\";\n" +
+	"\n" +
+	"BmcInspect\x12-\n" +
+	"\x03bmc\x18\x01 \x01(\v2\x1b.bettercompute.agent.v1.BmcR\x03bmc\"Q\n" +
+	"\bBmcPower\x12-\n" +
+	"\x03bmc\x18\x01 \x01(\v2\x1b.bettercompute.agent.v1.BmcR\x03bmc\x12\x16\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\"P\n" +
+	"\aBmcBoot\x12-\n" +
+	"\x03bmc\x18\x01 \x01(\v2\x1b.bettercompute.agent.v1.BmcR\x03bmc\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"5\n" +
+	"\tBootImage\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"\xee\x01\n" +
+	"\x06PxeArm\x12\x12\n" +
+	"\x04macs\x18\x01 \x03(\tR\x04macs\x12\x1a\n" +
+	"\bdecision\x18\x02 \x01(\tR\bdecision\x129\n" +
+	"\x06kernel\x18\x03 \x01(\v2!.bettercompute.agent.v1.BootImageR\x06kernel\x129\n" +
+	"\x06initrd\x18\x04 \x01(\v2!.bettercompute.agent.v1.BootImageR\x06initrd\x12\x12\n" +
+	"\x04args\x18\x05 \x03(\tR\x04args\x12*\n" +
+	"\x11sealed_boot_token\x18\x06 \x01(\tR\x0fsealedBootToken\"\x1f\n" +
+	"\tPxeDisarm\x12\x12\n" +
+	"\x04macs\x18\x01 \x03(\tR\x04macs\"\xe8\x01\n" +
+	"\n" +
+	"TaskResult\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x0e\n" +
+	"\x02ok\x18\x03 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12D\n" +
+	"\tinventory\x18\n" +
+	" \x01(\v2$.bettercompute.agent.v1.BmcInventoryH\x00R\tinventory\x12:\n" +
+	"\x05power\x18\v \x01(\v2\".bettercompute.agent.v1.PowerStateH\x00R\x05powerB\b\n" +
+	"\x06result\"\"\n" +
+	"\n" +
+	"PowerState\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\"\x83\x03\n" +
+	"\fBmcInventory\x12\"\n" +
+	"\fmanufacturer\x18\x01 \x01(\tR\fmanufacturer\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12#\n" +
+	"\rserial_number\x18\x03 \x01(\tR\fserialNumber\x12\x12\n" +
+	"\x04uuid\x18\x04 \x01(\tR\x04uuid\x12\x1f\n" +
+	"\vpower_state\x18\x05 \x01(\tR\n" +
+	"powerState\x12\x1b\n" +
+	"\tcpu_count\x18\x06 \x01(\x05R\bcpuCount\x12\x1b\n" +
+	"\tcpu_model\x18\a \x01(\tR\bcpuModel\x12\x1b\n" +
+	"\tcpu_cores\x18\b \x01(\x05R\bcpuCores\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\t \x01(\x03R\tmemoryMib\x122\n" +
+	"\x04nics\x18\n" +
+	" \x03(\v2\x1e.bettercompute.agent.v1.BmcNicR\x04nics\x125\n" +
+	"\x05disks\x18\v \x03(\v2\x1f.bettercompute.agent.v1.BmcDiskR\x05disks\"I\n" +
+	"\x06BmcNic\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x1d\n" +
+	"\n" +
+	"speed_mbps\x18\x03 \x01(\x05R\tspeedMbps\"\x9a\x01\n" +
+	"\aBmcDisk\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12#\n" +
+	"\rserial_number\x18\x03 \x01(\tR\fserialNumber\x12%\n" +
+	"\x0ecapacity_bytes\x18\x04 \x01(\x03R\rcapacityBytes\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x05 \x01(\tR\tmediaType2\x92\x01\n" +
 	"\x10SiteAgentService\x12~\n" +
 	"\aSession\x126.bettercompute.agent.v1.SiteAgentServiceSessionRequest\x1a7.bettercompute.agent.v1.SiteAgentServiceSessionResponse(\x010\x01BMZKgithub.com/bettercompute/bettercompute/proto/bettercompute/agent/v1;agentv1b\x06proto3"
 
@@ -625,7 +1807,7 @@ func file_bettercompute_agent_v1_site_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_site_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_site_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_bettercompute_agent_v1_site_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_bettercompute_agent_v1_site_proto_goTypes = []any{
 	(*SiteAgentServiceSessionRequest)(nil),  // 0: bettercompute.agent.v1.SiteAgentServiceSessionRequest
 	(*SiteHello)(nil),                       // 1: bettercompute.agent.v1.SiteHello
@@ -634,24 +1816,54 @@ var file_bettercompute_agent_v1_site_proto_goTypes = []any{
 	(*LeaseState)(nil),                      // 4: bettercompute.agent.v1.LeaseState
 	(*SiteSpec)(nil),                        // 5: bettercompute.agent.v1.SiteSpec
 	(*SiteMachine)(nil),                     // 6: bettercompute.agent.v1.SiteMachine
-	(*Heartbeat)(nil),                       // 7: bettercompute.agent.v1.Heartbeat
-	(*timestamppb.Timestamp)(nil),           // 8: google.protobuf.Timestamp
+	(*SiteTask)(nil),                        // 7: bettercompute.agent.v1.SiteTask
+	(*Bmc)(nil),                             // 8: bettercompute.agent.v1.Bmc
+	(*BmcInspect)(nil),                      // 9: bettercompute.agent.v1.BmcInspect
+	(*BmcPower)(nil),                        // 10: bettercompute.agent.v1.BmcPower
+	(*BmcBoot)(nil),                         // 11: bettercompute.agent.v1.BmcBoot
+	(*BootImage)(nil),                       // 12: bettercompute.agent.v1.BootImage
+	(*PxeArm)(nil),                          // 13: bettercompute.agent.v1.PxeArm
+	(*PxeDisarm)(nil),                       // 14: bettercompute.agent.v1.PxeDisarm
+	(*TaskResult)(nil),                      // 15: bettercompute.agent.v1.TaskResult
+	(*PowerState)(nil),                      // 16: bettercompute.agent.v1.PowerState
+	(*BmcInventory)(nil),                    // 17: bettercompute.agent.v1.BmcInventory
+	(*BmcNic)(nil),                          // 18: bettercompute.agent.v1.BmcNic
+	(*BmcDisk)(nil),                         // 19: bettercompute.agent.v1.BmcDisk
+	(*Heartbeat)(nil),                       // 20: bettercompute.agent.v1.Heartbeat
+	(*timestamppb.Timestamp)(nil),           // 21: google.protobuf.Timestamp
 }
 var file_bettercompute_agent_v1_site_proto_depIdxs = []int32{
-	1, // 0: bettercompute.agent.v1.SiteAgentServiceSessionRequest.hello:type_name -> bettercompute.agent.v1.SiteHello
-	2, // 1: bettercompute.agent.v1.SiteAgentServiceSessionRequest.lease_request:type_name -> bettercompute.agent.v1.LeaseRequest
-	7, // 2: bettercompute.agent.v1.SiteAgentServiceSessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	4, // 3: bettercompute.agent.v1.SiteAgentServiceSessionResponse.lease:type_name -> bettercompute.agent.v1.LeaseState
-	5, // 4: bettercompute.agent.v1.SiteAgentServiceSessionResponse.spec:type_name -> bettercompute.agent.v1.SiteSpec
-	8, // 5: bettercompute.agent.v1.LeaseState.expire_time:type_name -> google.protobuf.Timestamp
-	6, // 6: bettercompute.agent.v1.SiteSpec.machines:type_name -> bettercompute.agent.v1.SiteMachine
-	0, // 7: bettercompute.agent.v1.SiteAgentService.Session:input_type -> bettercompute.agent.v1.SiteAgentServiceSessionRequest
-	3, // 8: bettercompute.agent.v1.SiteAgentService.Session:output_type -> bettercompute.agent.v1.SiteAgentServiceSessionResponse
-	8, // [8:9] is the sub-list for method output_type
-	7, // [7:8] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	1,  // 0: bettercompute.agent.v1.SiteAgentServiceSessionRequest.hello:type_name -> bettercompute.agent.v1.SiteHello
+	2,  // 1: bettercompute.agent.v1.SiteAgentServiceSessionRequest.lease_request:type_name -> bettercompute.agent.v1.LeaseRequest
+	20, // 2: bettercompute.agent.v1.SiteAgentServiceSessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	15, // 3: bettercompute.agent.v1.SiteAgentServiceSessionRequest.task_result:type_name -> bettercompute.agent.v1.TaskResult
+	4,  // 4: bettercompute.agent.v1.SiteAgentServiceSessionResponse.lease:type_name -> bettercompute.agent.v1.LeaseState
+	5,  // 5: bettercompute.agent.v1.SiteAgentServiceSessionResponse.spec:type_name -> bettercompute.agent.v1.SiteSpec
+	7,  // 6: bettercompute.agent.v1.SiteAgentServiceSessionResponse.task:type_name -> bettercompute.agent.v1.SiteTask
+	21, // 7: bettercompute.agent.v1.LeaseState.expire_time:type_name -> google.protobuf.Timestamp
+	6,  // 8: bettercompute.agent.v1.SiteSpec.machines:type_name -> bettercompute.agent.v1.SiteMachine
+	21, // 9: bettercompute.agent.v1.SiteTask.not_after:type_name -> google.protobuf.Timestamp
+	9,  // 10: bettercompute.agent.v1.SiteTask.bmc_inspect:type_name -> bettercompute.agent.v1.BmcInspect
+	10, // 11: bettercompute.agent.v1.SiteTask.bmc_power:type_name -> bettercompute.agent.v1.BmcPower
+	11, // 12: bettercompute.agent.v1.SiteTask.bmc_boot:type_name -> bettercompute.agent.v1.BmcBoot
+	13, // 13: bettercompute.agent.v1.SiteTask.pxe_arm:type_name -> bettercompute.agent.v1.PxeArm
+	14, // 14: bettercompute.agent.v1.SiteTask.pxe_disarm:type_name -> bettercompute.agent.v1.PxeDisarm
+	8,  // 15: bettercompute.agent.v1.BmcInspect.bmc:type_name -> bettercompute.agent.v1.Bmc
+	8,  // 16: bettercompute.agent.v1.BmcPower.bmc:type_name -> bettercompute.agent.v1.Bmc
+	8,  // 17: bettercompute.agent.v1.BmcBoot.bmc:type_name -> bettercompute.agent.v1.Bmc
+	12, // 18: bettercompute.agent.v1.PxeArm.kernel:type_name -> bettercompute.agent.v1.BootImage
+	12, // 19: bettercompute.agent.v1.PxeArm.initrd:type_name -> bettercompute.agent.v1.BootImage
+	17, // 20: bettercompute.agent.v1.TaskResult.inventory:type_name -> bettercompute.agent.v1.BmcInventory
+	16, // 21: bettercompute.agent.v1.TaskResult.power:type_name -> bettercompute.agent.v1.PowerState
+	18, // 22: bettercompute.agent.v1.BmcInventory.nics:type_name -> bettercompute.agent.v1.BmcNic
+	19, // 23: bettercompute.agent.v1.BmcInventory.disks:type_name -> bettercompute.agent.v1.BmcDisk
+	0,  // 24: bettercompute.agent.v1.SiteAgentService.Session:input_type -> bettercompute.agent.v1.SiteAgentServiceSessionRequest
+	3,  // 25: bettercompute.agent.v1.SiteAgentService.Session:output_type -> bettercompute.agent.v1.SiteAgentServiceSessionResponse
+	25, // [25:26] is the sub-list for method output_type
+	24, // [24:25] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_site_proto_init() }
@@ -664,10 +1876,23 @@ func file_bettercompute_agent_v1_site_proto_init() {
 		(*SiteAgentServiceSessionRequest_Hello)(nil),
 		(*SiteAgentServiceSessionRequest_LeaseRequest)(nil),
 		(*SiteAgentServiceSessionRequest_Heartbeat)(nil),
+		(*SiteAgentServiceSessionRequest_TaskResult)(nil),
 	}
 	file_bettercompute_agent_v1_site_proto_msgTypes[3].OneofWrappers = []any{
 		(*SiteAgentServiceSessionResponse_Lease)(nil),
 		(*SiteAgentServiceSessionResponse_Spec)(nil),
+		(*SiteAgentServiceSessionResponse_Task)(nil),
+	}
+	file_bettercompute_agent_v1_site_proto_msgTypes[7].OneofWrappers = []any{
+		(*SiteTask_BmcInspect)(nil),
+		(*SiteTask_BmcPower)(nil),
+		(*SiteTask_BmcBoot)(nil),
+		(*SiteTask_PxeArm)(nil),
+		(*SiteTask_PxeDisarm)(nil),
+	}
+	file_bettercompute_agent_v1_site_proto_msgTypes[15].OneofWrappers = []any{
+		(*TaskResult_Inventory)(nil),
+		(*TaskResult_Power)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -675,7 +1900,7 @@ func file_bettercompute_agent_v1_site_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_site_proto_rawDesc), len(file_bettercompute_agent_v1_site_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
