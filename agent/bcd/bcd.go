@@ -2,8 +2,8 @@
 // token for the node's identity, `bcd node` holds the node's session with
 // the control plane; `bcd site join` enrolls a site agent with a site token
 // and `bcd site run` holds its session and the site's boot lease (see
-// site.go); `bcd ramdisk` answers that it is not built yet rather than
-// pretending to run.
+// site.go); `bcd ramdisk` runs a machine's commissioning ramdisk as its
+// node, with a restricted certificate and signed results (see ramdisk.go).
 //
 // Every flag can also be set in the environment as BCD_<FLAG> (upper case,
 // dashes as underscores: --joinservice-key is BCD_JOINSERVICE_KEY); a flag
@@ -47,9 +47,7 @@ var Version = ""
 const DefaultRoot = "/var/lib/bcd"
 
 // notBuilt are the subcommands later releases add.
-var notBuilt = map[string]string{
-	"ramdisk": "run the commissioning agent",
-}
+var notBuilt = map[string]string{}
 
 // Main runs bcd with args (without the program name) and returns the exit
 // code. SIGINT and SIGTERM stop `bcd node`.
@@ -76,6 +74,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runNode(ctx, args[1:], stderr)
 	case cmd == "site":
 		err = runSite(ctx, args[1:], stdout, stderr)
+	case cmd == "ramdisk":
+		err = runRamdisk(ctx, args[1:], stderr)
 	case notBuilt[cmd] != "":
 		fmt.Fprintf(stderr, "error: UNSUPPORTED: bcd %s is not built yet in this release\n", cmd)
 		return 1
@@ -108,10 +108,8 @@ commands:
   version   print the version
   join      join this server to a control plane with a join token
   node      run the node daemon (session, inventory, commands, certificate renewal)
-  site      bcd site join: enroll a site agent with a site token; bcd site run: run it (session, boot lease)`)
-	for _, c := range []string{"ramdisk"} {
-		fmt.Fprintf(w, "  %-9s %s (not built yet)\n", c, notBuilt[c])
-	}
+  site      bcd site join: enroll a site agent with a site token; bcd site run: run it (session, boot lease)
+  ramdisk   run a machine's commissioning ramdisk: join with its boot token, run the flow's commands, sign the results`)
 	fmt.Fprintln(w, "\nflags can be set as BCD_<FLAG> environment variables; `bcd <command> -h` lists them")
 }
 

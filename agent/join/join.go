@@ -19,8 +19,10 @@ package join
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdh"
 	"crypto/hpke"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -72,16 +74,23 @@ type Config struct {
 	Claims Claimer
 	// Timeout bounds the Join call; zero means 30 seconds.
 	Timeout time.Duration
-	// Role is what to become: "" or RoleNode (a node, with a join token)
-	// or RoleSite (a site agent, with a site token). joinservice refuses a
-	// token of the other kind, and Join refuses an answer of another role.
+	// Role is what to become: "" or RoleNode (a node, with a join token),
+	// RoleSite (a site agent, with a site token) or RoleRamdisk (a
+	// machine's commissioning ramdisk, with its boot token: a join token
+	// of role ramdisk naming the node). joinservice refuses a token of the
+	// other kind, and Join refuses an answer of another role.
 	Role string
+	// Key, when set, is the key to join with instead of State's node key:
+	// bcd ramdisk's Ed25519 key, kept in memory only (the CSR is for it,
+	// and the certificate must bind it). Nil means State.Key().
+	Key crypto.Signer
 }
 
 // Roles of a join (JoinRequest.role).
 const (
-	RoleNode = "node"
-	RoleSite = "site"
+	RoleNode    = "node"
+	RoleSite    = "site"
+	RoleRamdisk = "ramdisk"
 )
 
 // Join redeems cfg.Token: it seals it, sends a CSR for the node key and the
@@ -96,13 +105,23 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 	if keyID == "" {
 		keyID = KeyID(cfg.JoinserviceKey)
 	}
-	key, err := cfg.State.Key()
-	if err != nil {
-		return state.Identity{}, err
-	}
-	csr, err := cfg.State.CSR()
-	if err != nil {
-		return state.Identity{}, err
+	var (
+		key crypto.Signer
+		csr []byte
+		err error
+	)
+	if cfg.Key != nil {
+		key = cfg.Key
+		if csr, err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key); err != nil {
+			return state.Identity{}, fmt.Errorf("join: csr: %w", err)
+		}
+	} else {
+		if key, err = cfg.State.Key(); err != nil {
+			return state.Identity{}, err
+		}
+		if csr, err = cfg.State.CSR(); err != nil {
+			return state.Identity{}, err
+		}
 	}
 	enc, sealed, err := Seal(cfg.JoinserviceKey, cfg.Token, csr)
 	if err != nil {

@@ -3,6 +3,7 @@ package session
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -62,9 +63,9 @@ func (r *runner) renewLoop(ctx context.Context) {
 // renew asks NodeService.Renew for a certificate for the same key, checks
 // it, stores it and switches new connections to it.
 func (r *runner) renew(ctx context.Context) error {
-	csr, err := r.cfg.State.CSR()
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, r.key)
 	if err != nil {
-		return err
+		return fmt.Errorf("session: csr: %w", err)
 	}
 	conn, err := r.dial()
 	if err != nil {

@@ -38,7 +38,7 @@ package session
 import (
 	"cmp"
 	"context"
-	"crypto/ecdsa"
+	"crypto"
 	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
@@ -126,6 +126,20 @@ type Config struct {
 	// CommandExecutors replace built-in command kinds' executors (tests).
 	CommandExecutors map[string]command.Func
 
+	// Key, when set, is the key the stored identity's certificate binds,
+	// used instead of State's node key: bcd ramdisk's Ed25519 key, held in
+	// memory only.
+	Key crypto.Signer
+	// Ramdisk runs the commissioning kinds (command.Config.Ramdisk); nil
+	// refuses them.
+	Ramdisk command.Ramdisk
+	// ResultKey signs the final update of every command run
+	// (command.Config.ResultKey): bcd ramdisk's key.
+	ResultKey ed25519.PrivateKey
+	// NoRenew turns certificate renewal off: a ramdisk's certificate is
+	// never renewed (it lives at most 2 hours).
+	NoRenew bool
+
 	// HealthCheckInterval, when set, replaces the health section's
 	// check_interval (tests, simulators).
 	HealthCheckInterval time.Duration
@@ -154,9 +168,13 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.DefaultHeartbeat = cmp.Or(cfg.DefaultHeartbeat, 10*time.Second)
 	cfg.ReconvergeInterval = cmp.Or(cfg.ReconvergeInterval, time.Minute)
 
-	key, err := cfg.State.Key()
-	if err != nil {
-		return err
+	key := cfg.Key
+	if key == nil {
+		k, err := cfg.State.Key()
+		if err != nil {
+			return err
+		}
+		key = k
 	}
 	id, err := cfg.State.Identity()
 	if err != nil {
@@ -195,7 +213,7 @@ func Run(ctx context.Context, cfg Config) error {
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
 		},
 		LogFile: cfg.LogFile, CommandKey: cfg.CommandKey, TrustDomain: trustDomain(id), DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
-		Executors: cfg.CommandExecutors, Logger: log,
+		Executors: cfg.CommandExecutors, Logger: log, Ramdisk: cfg.Ramdisk, ResultKey: cfg.ResultKey,
 	})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
@@ -205,7 +223,9 @@ func Run(ctx context.Context, cfg Config) error {
 	r.cmds = cmds
 
 	var wg sync.WaitGroup
-	wg.Go(func() { r.renewLoop(ctx) })
+	if !cfg.NoRenew {
+		wg.Go(func() { r.renewLoop(ctx) })
+	}
 	wg.Go(func() { r.convergeLoop(ctx) })
 	wg.Go(func() { r.healthLoop(ctx) })
 	r.sessionLoop(ctx)
@@ -216,7 +236,7 @@ func Run(ctx context.Context, cfg Config) error {
 // runner is one Run: the current identity (swapped on renewal) and the loops.
 type runner struct {
 	cfg       Config
-	key       *ecdsa.PrivateKey
+	key       crypto.Signer
 	journalID string
 	log       *slog.Logger
 

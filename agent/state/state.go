@@ -13,6 +13,7 @@
 package state
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -342,19 +343,20 @@ func (id Identity) Pool() (*x509.CertPool, error) {
 // SPIFFE id spiffe://<trust-domain>/node/<NodeID>. The validity period is
 // not checked here (the chain is verified as of the leaf's NotBefore);
 // callers look at Leaf().NotAfter.
-func (id Identity) Verify(key *ecdsa.PrivateKey) error {
+func (id Identity) Verify(key crypto.Signer) error {
 	return id.VerifyPath(key, "/node/"+id.NodeID)
 }
 
 // VerifyPath is [Identity.Verify] for a certificate whose SPIFFE id has
 // path want: a site agent's identity (NodeID is then the agent id) carries
 // /site/<site id>/agent/<agent id>.
-func (id Identity) VerifyPath(key *ecdsa.PrivateKey, want string) error {
+func (id Identity) VerifyPath(key crypto.Signer, want string) error {
 	leaf, err := id.Leaf()
 	if err != nil {
 		return err
 	}
-	if !key.PublicKey.Equal(leaf.PublicKey) {
+	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })
+	if !ok || !pub.Equal(leaf.PublicKey) {
 		return errors.New("state: the certificate is not for the key")
 	}
 	roots, err := id.Pool()

@@ -19,7 +19,6 @@ package commands
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -105,12 +104,21 @@ type Command struct {
 	// at enqueue for destructive kinds; nil and "" when unsigned.
 	Signature []byte
 	KeyID     string
+	// NodeSignature is the node's signature over the update that finished
+	// the command (proto/resultsig: bcd ramdisk signs every result), with
+	// the outcome and reason it signed; nil when that update was unsigned.
+	// Check it with [VerifyNodeSignature] before acting on the result.
+	NodeSignature *NodeSignature
 }
+
+// NodeSigned reports whether the update that finished c carried a node
+// signature (not whether it verifies: see [VerifyNodeSignature]).
+func (c Command) NodeSigned() bool { return c.NodeSignature != nil }
 
 // Columns is the column list [Scan] reads, in order.
 const Columns = `id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after, min_generation, state, reason,
 	attempts, busy_count, next_attempt_at, result, cancel_requested_at, owner_kind, owner_key, created_by,
-	dispatched_at, accepted_at, finished_at, created_at, updated_at, timeout_ms, signature, key_id`
+	dispatched_at, accepted_at, finished_at, created_at, updated_at, timeout_ms, signature, key_id, node_signature`
 
 // qualified returns Columns prefixed with alias.
 func qualified(alias string) string {
@@ -127,7 +135,7 @@ func Scan(r pgx.Row) (Command, error) {
 	var timeoutMS int64
 	err := r.Scan(&c.ID, &c.TenantID, &c.NodeID, &c.Seq, &c.Kind, &c.Payload, &c.IdempotencyKey, &c.NotAfter, &c.MinGeneration,
 		&c.State, &c.Reason, &c.Attempts, &c.BusyCount, &c.NextAttemptAt, &c.Result, &c.CancelRequestedAt, &c.OwnerKind, &c.OwnerKey,
-		&c.CreatedBy, &c.DispatchedAt, &c.AcceptedAt, &c.FinishedAt, &c.CreatedAt, &c.UpdatedAt, &timeoutMS, &c.Signature, &c.KeyID)
+		&c.CreatedBy, &c.DispatchedAt, &c.AcceptedAt, &c.FinishedAt, &c.CreatedAt, &c.UpdatedAt, &timeoutMS, &c.Signature, &c.KeyID, &c.NodeSignature)
 	c.Timeout = time.Duration(timeoutMS) * time.Millisecond
 	return c, err
 }
@@ -430,9 +438,16 @@ func (w txWaker) Enqueue(ctx context.Context, kind, key string) error {
 // finish moves c to a final state in tx, writes its event and wakes its
 // owner through q: the one path to a final state.
 func finish(ctx context.Context, tx pgx.Tx, w Waker, c Command, state State, reason string, result []byte) (Command, error) {
+	return finishSigned(ctx, tx, w, c, state, reason, result, nil)
+}
+
+// finishSigned is finish storing the node's signature of the final update
+// too (nil: none).
+func finishSigned(ctx context.Context, tx pgx.Tx, w Waker, c Command, state State, reason string, result []byte, sig *NodeSignature) (Command, error) {
 	out, err := Scan(tx.QueryRow(ctx, `
-		UPDATE commands SET state = $2, reason = $3, result = coalesce($4, result), finished_at = now(), updated_at = now()
-		 WHERE id = $1 RETURNING `+Columns, c.ID, string(state), reason, result))
+		UPDATE commands SET state = $2, reason = $3, result = coalesce($4, result), node_signature = coalesce($5, node_signature),
+		       finished_at = now(), updated_at = now()
+		 WHERE id = $1 RETURNING `+Columns, c.ID, string(state), reason, result, sig))
 	if err != nil {
 		return Command{}, fmt.Errorf("finish command %s: %w", c.ID, err)
 	}
@@ -536,12 +551,13 @@ func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, w Waker, nodeID string,
 		default:
 			c, err = finish(ctx, tx, w, c, Failed, code, nil)
 		}
-	case agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED:
-		c, err = finish(ctx, tx, w, c, Succeeded, "", result)
-	case agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED:
-		c, err = finish(ctx, tx, w, c, Failed, cmp.Or(u.GetReason(), "failed"), result)
-	case agentv1.CommandOutcome_COMMAND_OUTCOME_CANCELLED:
-		c, err = finish(ctx, tx, w, c, Cancelled, cmp.Or(u.GetReason(), ReasonCancelled), nil)
+	case agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED, agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED, agentv1.CommandOutcome_COMMAND_OUTCOME_CANCELLED:
+		state, reason := settled(u.GetOutcome(), u.GetReason())
+		sig := nodeSignatureOf(u)
+		if state == Cancelled && sig == nil {
+			result = nil // a signed one keeps what it signed
+		}
+		c, err = finishSigned(ctx, tx, w, c, state, reason, result, sig)
 	default:
 		return Applied{Ignored: true}, nil
 	}

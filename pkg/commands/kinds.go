@@ -60,6 +60,22 @@ type Kind struct {
 	// Check, when set, refuses a payload that decodes but is out of
 	// bounds, with a fault naming the field (Encode calls it).
 	Check func(*agentv1.CommandBody) error
+	// Ramdisk: sent to a node in its ramdisk (bcd ramdisk, a session with a
+	// ramdisk certificate), whose sessions get no other kind: the
+	// commissioning flow's (see [Registry.ClaimSession]).
+	Ramdisk bool
+	// RamdiskOnly: sent to a node in its ramdisk and never to another
+	// session (implies Ramdisk).
+	RamdiskOnly bool
+}
+
+// SendableTo reports whether a session, in its ramdisk or not, is sent
+// commands of kind k.
+func (k Kind) SendableTo(ramdisk bool) bool {
+	if ramdisk {
+		return k.Ramdisk || k.RamdiskOnly
+	}
+	return !k.RamdiskOnly
 }
 
 // Message returns the kind's payload message type (a new empty message).
@@ -174,7 +190,7 @@ func (r *Registry) timeout(name string) time.Duration {
 // workflow's (bcd ramdisk runs them), never commands.run's.
 func Builtin() *Registry {
 	r := NewRegistry()
-	r.MustRegister(Kind{Name: "diag.nvml", Field: "diag_nvml", API: true, RetrySafe: true, Lane: LaneDiag, Timeout: 10 * time.Minute,
+	r.MustRegister(Kind{Name: "diag.nvml", Field: "diag_nvml", API: true, RetrySafe: true, Lane: LaneDiag, Timeout: 10 * time.Minute, Ramdisk: true,
 		Doc: "Runs NVML health checks and a short check per GPU."})
 	r.MustRegister(Kind{Name: "inventory.refresh", Field: "inventory_refresh", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 2 * time.Minute,
 		Doc: "Re-collects inventory sections and reports them on the session."})
@@ -184,11 +200,11 @@ func Builtin() *Registry {
 		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."})
 	r.MustRegister(Kind{Name: "gpu.reset", Field: "gpu_reset", Destructive: true, Lane: LaneExclusive, Timeout: 5 * time.Minute,
 		Doc: "Resets GPUs by UUID (the remediation ladder's first step); the daemon refuses a GPU running compute processes unless force is set.", Check: checkGpuReset})
-	r.MustRegister(Kind{Name: "disk.wipe", Field: "disk_wipe", Destructive: true, Lane: LaneExclusive, Timeout: 6 * time.Hour,
+	r.MustRegister(Kind{Name: "disk.wipe", Field: "disk_wipe", Destructive: true, Lane: LaneExclusive, Timeout: 6 * time.Hour, RamdiskOnly: true,
 		Doc: "Wipes disks of a machine in commissioning (bcd ramdisk) by discard, zeros or the drive's secure erase, reading back what it can; issued only by the metal workflow. The result is signed by the ramdisk's key (proto/resultsig).", Check: checkDiskWipe})
-	r.MustRegister(Kind{Name: "image.deploy", Field: "image_deploy", Destructive: true, Lane: LaneExclusive, Timeout: 2 * time.Hour,
+	r.MustRegister(Kind{Name: "image.deploy", Field: "image_deploy", Destructive: true, Lane: LaneExclusive, Timeout: 2 * time.Hour, RamdiskOnly: true,
 		Doc: "Streams a raw disk image over HTTP onto a disk (bcd ramdisk), hashing it as it goes; succeeds only when its SHA-256 matches. The result is signed by the ramdisk's key.", Check: checkImageDeploy})
-	r.MustRegister(Kind{Name: "node.kexec", Field: "node_kexec", SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 10 * time.Minute,
+	r.MustRegister(Kind{Name: "node.kexec", Field: "node_kexec", SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 10 * time.Minute, RamdiskOnly: true,
 		Doc: "Fetches a kernel and initrd, checks their SHA-256 and kexecs into them (bcd ramdisk); succeeds when the node reconnects with a new boot id.", Check: checkNodeKexec})
 	return r
 }

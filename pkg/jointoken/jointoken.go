@@ -6,7 +6,9 @@
 // hash adds nothing). A token has a number of uses, an optional expiry, can
 // be revoked, carries what it expects of a node's hardware claims
 // ([attest.Expect]) and whether a node presenting a known hardware key takes
-// back its old node id (reclaim).
+// back its old node id (reclaim). A token may name its node (NodeID): a
+// join with it creates that node or takes it back, as a node or, with role
+// ramdisk, as a machine's ramdisk in commissioning (see [Token]).
 //
 // [Redeem] spends one use with a single conditional UPDATE, so concurrent
 // joins can never spend more uses than the token has.
@@ -17,6 +19,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -104,20 +107,70 @@ type Token struct {
 	CreatedAt      time.Time
 	ExpiresAt      *time.Time
 	RevokedAt      *time.Time
+	// NodeID, when set, is the node a join with the token creates with this
+	// id, or takes back when it exists (whatever hardware it had): the metal
+	// workflow names the machine's reserved node, so the ramdisk and the
+	// installed system join as it. Empty: a fresh node id (or a reclaim).
+	NodeID string
+	// Role is what the token makes: [RoleNode] (bcd join; the default) or
+	// [RoleRamdisk] (bcd ramdisk: a commissioning node with a restricted
+	// certificate; NodeID is required).
+	Role string
 }
 
-const cols = `id, tenant_id, pool_id, name, uses, uses_left, expect, reclaim, reclaim_node_ids, labels, created_by, created_at, expires_at, revoked_at`
+// Roles of a join token (join_tokens.role).
+const (
+	// RoleNode: a node, `bcd join`.
+	RoleNode = "node"
+	// RoleRamdisk: a machine's ramdisk in commissioning, `bcd ramdisk`.
+	RoleRamdisk = "ramdisk"
+)
+
+// MaxNodeIDLen bounds Token.NodeID.
+const MaxNodeIDLen = 64
+
+const cols = `id, tenant_id, pool_id, name, uses, uses_left, expect, reclaim, reclaim_node_ids, labels, created_by, created_at, expires_at, revoked_at,
+	coalesce(node_id, ''), role`
 
 func scan(r pgx.Row) (Token, error) {
 	var t Token
 	err := r.Scan(&t.ID, &t.TenantID, &t.PoolID, &t.Name, &t.Uses, &t.UsesLeft, &t.Expect, &t.Reclaim, &t.ReclaimNodeIDs, &t.Labels,
-		&t.CreatedBy, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt)
+		&t.CreatedBy, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt, &t.NodeID, &t.Role)
 	return t, err
 }
 
+// checkNamed validates t's Role and NodeID: INVALID_INPUT on "role" or
+// "nodeId".
+func checkNamed(t Token) error {
+	switch t.Role {
+	case RoleNode, RoleRamdisk:
+	default:
+		return fault.New(fault.InvalidInput, "role", "expected %q or %q, got %q", RoleNode, RoleRamdisk, t.Role)
+	}
+	switch {
+	case t.Role == RoleRamdisk && t.NodeID == "":
+		return fault.New(fault.InvalidInput, "nodeId", "a ramdisk token names the node it joins as")
+	case len(t.NodeID) > MaxNodeIDLen:
+		return fault.New(fault.InvalidInput, "nodeId", "at most %d bytes, got %d", MaxNodeIDLen, len(t.NodeID))
+	case t.NodeID != "" && !strings.HasPrefix(t.NodeID, "node_"):
+		return fault.New(fault.InvalidInput, "nodeId", "%q is not a node id (node_…)", t.NodeID)
+	case t.NodeID != "" && t.Reclaim:
+		return fault.New(fault.InvalidInput, "reclaim", "a token naming its node (nodeId) takes that node back; it does not reclaim others")
+	}
+	return nil
+}
+
 // Create stores t (with all its uses left) under the secret's hash. t.ID is
-// the minted [Secret]'s id.
+// the minted [Secret]'s id. t.Role empty means [RoleNode]; a ramdisk token
+// must name its node (t.NodeID, "node_…"), and a named token does not
+// reclaim: INVALID_INPUT on "role", "nodeId" or "reclaim" otherwise.
 func Create(ctx context.Context, q Querier, t Token, hash []byte) (Token, error) {
+	if t.Role == "" {
+		t.Role = RoleNode
+	}
+	if err := checkNamed(t); err != nil {
+		return Token{}, err
+	}
 	if t.Labels == nil {
 		t.Labels = map[string]string{}
 	}
@@ -125,9 +178,11 @@ func Create(ctx context.Context, q Querier, t Token, hash []byte) (Token, error)
 		t.ReclaimNodeIDs = []string{}
 	}
 	out, err := scan(q.QueryRow(ctx, `
-		INSERT INTO join_tokens (id, tenant_id, pool_id, name, secret_hash, uses, uses_left, expect, reclaim, reclaim_node_ids, labels, created_by, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10, $11, $12) RETURNING `+cols,
-		t.ID, t.TenantID, t.PoolID, t.Name, hash, t.Uses, t.Expect, t.Reclaim, t.ReclaimNodeIDs, t.Labels, t.CreatedBy, t.ExpiresAt))
+		INSERT INTO join_tokens (id, tenant_id, pool_id, name, secret_hash, uses, uses_left, expect, reclaim, reclaim_node_ids, labels, created_by, expires_at,
+		                         node_id, role)
+		VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9, $10, $11, $12, nullif($13, ''), $14) RETURNING `+cols,
+		t.ID, t.TenantID, t.PoolID, t.Name, hash, t.Uses, t.Expect, t.Reclaim, t.ReclaimNodeIDs, t.Labels, t.CreatedBy, t.ExpiresAt,
+		t.NodeID, t.Role))
 	if err != nil {
 		return Token{}, fmt.Errorf("insert join token: %w", err)
 	}
@@ -227,7 +282,7 @@ func Redeem(ctx context.Context, q Querier, token string, check func(Token) erro
 func state(ctx context.Context, q Querier, id string) (t Token, hash []byte, expired bool, err error) {
 	err = q.QueryRow(ctx, `SELECT `+cols+`, secret_hash, coalesce(expires_at <= now(), false) FROM join_tokens WHERE id = $1`, id).Scan(
 		&t.ID, &t.TenantID, &t.PoolID, &t.Name, &t.Uses, &t.UsesLeft, &t.Expect, &t.Reclaim, &t.ReclaimNodeIDs, &t.Labels,
-		&t.CreatedBy, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt, &hash, &expired)
+		&t.CreatedBy, &t.CreatedAt, &t.ExpiresAt, &t.RevokedAt, &t.NodeID, &t.Role, &hash, &expired)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, nil, false, refused(ErrUnknown)
 	}

@@ -243,25 +243,40 @@ func ParseCSR(der []byte) (*x509.CertificateRequest, error) {
 // unrecorded certificate, which [CA.VerifyNode] refuses). It returns the
 // chain, leaf first.
 func (ca *CA) IssueNode(ctx context.Context, q Querier, nodeID string, pub crypto.PublicKey) ([]*x509.Certificate, error) {
+	return ca.issueNode(ctx, q, nodeID, pub, RoleNode, SVIDValidity)
+}
+
+// issueNode signs a certificate of role for pub, valid for validity, with
+// URI SAN spiffe://<trust domain>/node/<nodeID>, and records its serial,
+// role and public key.
+func (ca *CA) issueNode(ctx context.Context, q Querier, nodeID string, pub crypto.PublicKey, role string, validity time.Duration) ([]*x509.Certificate, error) {
 	id, err := ca.NodeSPIFFEID(nodeID)
 	if err != nil {
 		return nil, fmt.Errorf("node SPIFFE ID: %w", err)
+	}
+	pkix509, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, fmt.Errorf("node certificate key: %w", err)
 	}
 	now := ca.now()
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: nodeID},
 		NotBefore:   now.Add(-Backdate),
-		NotAfter:    now.Add(SVIDValidity),
+		NotAfter:    now.Add(validity),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		URIs:        []*url.URL{id.URL()},
+	}
+	if role != RoleNode {
+		// Informative: the role that counts is the one recorded below.
+		tmpl.Subject.OrganizationalUnit = []string{role}
 	}
 	leaf, err := ca.sign(tmpl, pub)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := q.Exec(ctx, `INSERT INTO node_certificates (serial, node_id, not_before, not_after) VALUES ($1, $2, $3, $4)`,
-		Serial(leaf.SerialNumber), nodeID, leaf.NotBefore, leaf.NotAfter); err != nil {
+	if _, err := q.Exec(ctx, `INSERT INTO node_certificates (serial, node_id, not_before, not_after, role, public_key) VALUES ($1, $2, $3, $4, $5, $6)`,
+		Serial(leaf.SerialNumber), nodeID, leaf.NotBefore, leaf.NotAfter, role, pkix509); err != nil {
 		return nil, fmt.Errorf("record certificate of %s: %w", nodeID, err)
 	}
 	return append([]*x509.Certificate{leaf}, ca.chain...), nil

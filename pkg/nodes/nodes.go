@@ -43,10 +43,14 @@ const (
 	StateDrained  = "drained"
 	StateFailed   = "failed"
 	StateRetired  = "retired"
+	// StateCommissioning: a machine's ramdisk (bcd ramdisk) joined as the
+	// node; it is never adopted, and never placed, until the installed
+	// system joins with a token naming the node (it is adopting then).
+	StateCommissioning = "commissioning"
 )
 
 // States lists every state.
-var States = []string{StateAdopting, StateAdopted, StateDraining, StateDrained, StateFailed, StateRetired}
+var States = []string{StateAdopting, StateAdopted, StateDraining, StateDrained, StateFailed, StateRetired, StateCommissioning}
 
 // Node is one node.
 type Node struct {
@@ -167,24 +171,84 @@ func scan(r pgx.Row) (Node, error) {
 // same tenant with the same hardware key exists.
 var ErrHardwareTaken = errors.New("a node with this hardware key exists")
 
-// Create inserts n as adopting in shard shard.Of(n.ID). A hardware key
-// already in use in n's tenant is CONFLICT on "claims" wrapping
-// [ErrHardwareTaken]; hardware keys are unique per tenant (see
-// [OthersWithHardwareKey]).
+// Create inserts n in shard shard.Of(n.ID), adopting (or n.State when it
+// is [StateCommissioning]: a ramdisk's join). A hardware key already in use
+// in n's tenant is CONFLICT on "claims" wrapping [ErrHardwareTaken];
+// hardware keys are unique per tenant (see [OthersWithHardwareKey]).
 func Create(ctx context.Context, q Querier, n Node) (Node, error) {
 	if n.Labels == nil {
 		n.Labels = map[string]string{}
 	}
+	state, err := joinState(n.State)
+	if err != nil {
+		return Node{}, err
+	}
 	out, err := scan(q.QueryRow(ctx, `
 		INSERT INTO nodes (id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, join_token_id)
-		VALUES ($1, $2, $3, 'adopting', $4, $5, $6, $7, nullif($8, '')) RETURNING `+cols,
-		n.ID, n.TenantID, n.PoolID, shard.Of(n.ID), n.Labels, n.Hostname, n.HardwareKey, n.JoinTokenID))
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "nodes_tenant_hardware_key" {
+		VALUES ($1, $2, $3, $9, $4, $5, $6, $7, nullif($8, '')) RETURNING `+cols,
+		n.ID, n.TenantID, n.PoolID, shard.Of(n.ID), n.Labels, n.Hostname, n.HardwareKey, n.JoinTokenID, state))
+	if isHardwareTaken(err) {
 		return Node{}, fault.Wrap(ErrHardwareTaken, fault.Conflict, "claims", "this hardware has already joined; join with a token that allows reclaim to take its node back")
 	}
 	if err != nil {
 		return Node{}, fmt.Errorf("insert node: %w", err)
+	}
+	return out, nil
+}
+
+// joinState is the state a join leaves a node in: adopting, or
+// commissioning when asked.
+func joinState(s string) (string, error) {
+	switch s {
+	case "", StateAdopting:
+		return StateAdopting, nil
+	case StateCommissioning:
+		return StateCommissioning, nil
+	}
+	return "", fmt.Errorf("a join leaves a node adopting or commissioning, not %q", s)
+}
+
+func isHardwareTaken(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "nodes_tenant_hardware_key"
+}
+
+// Lock reads node id locked for update, and whether it exists.
+func Lock(ctx context.Context, q Querier, id string) (Node, bool, error) {
+	n, err := scan(q.QueryRow(ctx, `SELECT `+cols+` FROM nodes WHERE id = $1 FOR UPDATE`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Node{}, false, nil
+	}
+	if err != nil {
+		return Node{}, false, fmt.Errorf("read node %s: %w", id, err)
+	}
+	return n, true, nil
+}
+
+// TakeBack hands node n.ID to a join with a token naming it, whatever
+// hardware it had: it takes n's pool, labels, hostname, hardware key, join
+// token and state (adopting, or [StateCommissioning] for a ramdisk), and
+// forgets its session, boot and any drain, like [Reclaim]. A hardware key
+// that is another node's of the tenant is CONFLICT on "claims" wrapping
+// [ErrHardwareTaken].
+func TakeBack(ctx context.Context, q Querier, n Node) (Node, error) {
+	if n.Labels == nil {
+		n.Labels = map[string]string{}
+	}
+	state, err := joinState(n.State)
+	if err != nil {
+		return Node{}, err
+	}
+	out, err := scan(q.QueryRow(ctx, `
+		UPDATE nodes SET pool_id = $2, hostname = $3, join_token_id = nullif($4, ''), labels = $5, hardware_key = $6, state = $7,
+			boot_id = '', journal_id = '', gateway_id = '', updated_at = now(),
+			drain_deadline = NULL, drain_reason = '', drain_by = '', drain_started_at = NULL, retiring = false
+		WHERE id = $1 RETURNING `+cols, n.ID, n.PoolID, n.Hostname, n.JoinTokenID, n.Labels, n.HardwareKey, state))
+	if isHardwareTaken(err) {
+		return Node{}, fault.Wrap(ErrHardwareTaken, fault.Conflict, "claims", "this hardware is another node of the tenant; retire that node before node %s takes it", n.ID)
+	}
+	if err != nil {
+		return Node{}, fmt.Errorf("take back node %s: %w", n.ID, err)
 	}
 	return out, nil
 }

@@ -29,7 +29,10 @@ func (g *Gateway) Dispatch(ctx context.Context, nodeID string) error {
 }
 
 // dispatch claims the session's due pending commands (in flight, attempts
-// + 1, only while the session is the node's current one) and sends them
+// + 1, only while the session is the node's current one; those its role
+// may not be sent are failed instead: a ramdisk is sent only the
+// commissioning flow's kinds, another session never a ramdisk-only kind)
+// and sends them
 // with the signature stored at enqueue (it signs nothing); with resend (a new session) it first sends the
 // in-flight ones again, except those with a cancel requested; then it
 // sends Cancel for every in-flight command with a cancel requested. A
@@ -47,13 +50,27 @@ func (g *Gateway) dispatch(ctx context.Context, s *session, resend bool) error {
 		// One with a cancel requested gets only a Cancel: the daemon
 		// answers it from its journal, or journals it cancelled unseen, so
 		// a command cancelled while its send was lost never starts.
-		if c.CancelRequestedAt != nil {
+		switch {
+		case c.CancelRequestedAt != nil:
 			cancels = append(cancels, c)
-		} else {
+		case !g.kinds.SendableTo(c.Kind, s.ramdisk):
+			// Claimed under a session of the other kind (the node went
+			// into, or out of, its ramdisk): never sent here; the
+			// reconnect rules or the sweeper settle it.
+			g.log.WarnContext(ctx, "in-flight command not sent: the session's role does not take its kind",
+				"node", s.nodeID, "command", c.ID, "kind", c.Kind, "ramdisk", s.ramdisk)
+		default:
 			out = append(out, c)
 		}
 	}
-	claimed, err := commands.Claim(ctx, g.cfg.DB, s.nodeID, s.epoch)
+	// Due commands the session may not be sent are failed in the claim
+	// (commands.ReasonInRamdisk, commands.ReasonRamdiskOnly).
+	var claimed []commands.Command
+	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+		var err error
+		claimed, err = g.kinds.ClaimSession(ctx, tx, q, s.nodeID, s.epoch, s.ramdisk)
+		return err
+	})
 	if err != nil {
 		return err
 	}

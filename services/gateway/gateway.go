@@ -9,7 +9,8 @@
 // superseded and its late messages are ignored); it asks for inventory after
 // Hello and hands reports to the inventory controller through the work queue;
 // it writes liveness for all its sessions in one statement per interval; and
-// it delivers commands (see commands.go). It also holds the site agents'
+// it delivers commands (see commands.go) — to a session whose certificate
+// has role ramdisk (bcd ramdisk) only the commissioning flow's kinds. It also holds the site agents'
 // SiteAgentService sessions and their boot leases (see site.go).
 package gateway
 
@@ -38,6 +39,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/startstop"
@@ -140,6 +142,10 @@ type session struct {
 	// every liveness tick.
 	serial   string
 	notAfter time.Time
+	// ramdisk: the certificate has role ramdisk (bcd ramdisk, a machine in
+	// commissioning): the session is sent only the commissioning flow's
+	// commands (see commands.go).
+	ramdisk bool
 
 	sendMu    sync.Mutex // a gRPC stream takes one sender at a time
 	stream    agentv1.NodeService_SessionServer
@@ -348,6 +354,16 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	if hello.GetNodeId() != certNode {
 		return status.Errorf(codes.PermissionDenied, "certificate is for %s, Hello says %s", certNode, hello.GetNodeId())
 	}
+	// The certificate's recorded role decides what the session is sent: a
+	// ramdisk's (same SPIFFE ID as the node's) gets only the flow's kinds.
+	// (An unrecorded one is Revoked's to refuse; it is no ramdisk's.)
+	role, err := nodeca.CertificateRole(ctx, g.cfg.DB, chain[0].SerialNumber.Text(16))
+	if errors.Is(err, nodeca.ErrUnknownCertificate) {
+		role, err = nodeca.RoleNode, nil
+	}
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "certificate role: %v", err)
+	}
 
 	// The epoch bump and the reconnect rules for in-flight commands
 	// (a new boot, a new journal) commit together.
@@ -375,7 +391,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	// ended), and the daemon reports only after a converge, so it is sent
 	// again and the node reports it on this session.
 	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, stream: stream, delivered: min(hello.GetObservedGeneration(), observed),
-		serial: chain[0].SerialNumber.Text(16), notAfter: chain[0].NotAfter}
+		serial: chain[0].SerialNumber.Text(16), notAfter: chain[0].NotAfter, ramdisk: role == nodeca.RoleRamdisk}
 	g.mu.Lock()
 	select {
 	case <-g.stop:
@@ -396,7 +412,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 		g.mu.Unlock()
 	}()
 	log := g.log.With("node", certNode, "epoch", epoch)
-	log.InfoContext(ctx, "session opened", "boot", hello.GetBootId(), "journal", hello.GetJournalId(), "agent", hello.GetAgentVersion())
+	log.InfoContext(ctx, "session opened", "boot", hello.GetBootId(), "journal", hello.GetJournalId(), "agent", hello.GetAgentVersion(), "role", role)
 
 	if err := s.send(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Welcome{Welcome: &agentv1.Welcome{
 		SessionEpoch: epoch, HeartbeatIntervalMs: uint32(g.cfg.HeartbeatInterval.Milliseconds()), GatewayId: g.cfg.ID,

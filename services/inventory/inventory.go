@@ -134,7 +134,9 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 		}
 		// A pool with acceptance checks adopts a node only once it passed
 		// them; a node that fails one stays out of service (failed) with
-		// the reason in its AcceptancePassed condition.
+		// the reason in its AcceptancePassed condition. Only an adopting
+		// node is ever adopted: a commissioning one (its machine's
+		// ramdisk) keeps its state, and its devices are still derived.
 		next := state
 		if state == "adopting" {
 			acc, err := accept(ctx, tx, c.cfg.Kinds, nodeID, bootID, acceptance)

@@ -25,6 +25,7 @@ package joinservice
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"crypto/x509"
 	"errors"
 	"log/slog"
@@ -162,8 +163,8 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 		return nil, fault.New(fault.InvalidInput, "claims", "required: the node's hardware claims")
 	}
 	role := cmp.Or(req.GetRole(), RoleNode)
-	if role != RoleNode && role != RoleSite {
-		return nil, fault.New(fault.InvalidInput, "role", "expected %q or %q, got %q", RoleNode, RoleSite, limit(req.GetRole(), 32))
+	if role != RoleNode && role != RoleSite && role != RoleRamdisk {
+		return nil, fault.New(fault.InvalidInput, "role", "expected %q, %q or %q, got %q", RoleNode, RoleSite, RoleRamdisk, limit(req.GetRole(), 32))
 	}
 	plain, err := s.key.Open(req.GetEncapsulatedKey(), req.GetSealedToken(), req.GetCsr())
 	if err != nil {
@@ -177,6 +178,8 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	// agree before anything is spent: a join token never makes a site
 	// agent, a site token never a node.
 	switch isSite := sites.IsToken(string(plain)); {
+	case isSite && role == RoleRamdisk:
+		return nil, fault.New(fault.InvalidInput, "role", "a site token (bcst_…) enrolls a site agent, not a ramdisk")
 	case isSite && role == RoleNode:
 		return nil, fault.New(fault.InvalidInput, "role", "a site token (bcst_…) enrolls a site agent, not a node: run `bcd site join`")
 	case !isSite && role == RoleSite:
@@ -195,16 +198,42 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	err = db.InTx(ctx, s.db, db.TxOptions{}, func(tx pgx.Tx) error {
 		reclaimed = false
 		tok, err := jointoken.Redeem(ctx, tx, string(plain), func(t jointoken.Token) error {
+			// The token's role and the caller's must agree before a use
+			// is spent: a ramdisk token never makes a node, a node token
+			// never a ramdisk.
+			switch {
+			case t.Role == jointoken.RoleRamdisk && role != RoleRamdisk:
+				return fault.New(fault.InvalidInput, "role", "this join token is a ramdisk's boot token: only `bcd ramdisk` joins with it")
+			case t.Role != jointoken.RoleRamdisk && role == RoleRamdisk:
+				return fault.New(fault.InvalidInput, "role", "a ramdisk joins with a ramdisk token (role ramdisk, naming its node); this is a node's join token")
+			}
+			if role == RoleRamdisk {
+				// The ramdisk's key signs its results: its certificate
+				// must bind an Ed25519 key (proto/resultsig verifies).
+				if _, ok := csr.PublicKey.(ed25519.PublicKey); !ok {
+					return fault.New(fault.InvalidInput, "csr", "a ramdisk joins with a CSR for its Ed25519 result key, not a %s key", keyType(csr.PublicKey))
+				}
+			}
 			return s.chain.Attest(ctx, attest.Evidence{Claims: claims, Expect: t.Expect})
 		})
 		if err != nil {
 			return err
 		}
-		old, found, err := nodes.ByHardwareKey(ctx, tx, tok.TenantID, hwKey)
-		if err != nil {
-			return err
+		if tok.NodeID != "" {
+			node, reclaimed, err = s.joinNamed(ctx, tx, tok, claims.Hostname, hwKey)
+			if err != nil {
+				return err
+			}
+		}
+		old, found := nodes.Node{}, false
+		if tok.NodeID == "" {
+			if old, found, err = nodes.ByHardwareKey(ctx, tx, tok.TenantID, hwKey); err != nil {
+				return err
+			}
 		}
 		switch {
+		case tok.NodeID != "":
+			// Done by joinNamed.
 		case found && old.State == nodes.StateRetired && (!tok.Reclaim || !slices.Contains(tok.ReclaimNodeIDs, old.ID) ||
 			old.RetiredAt == nil || !tok.CreatedAt.After(*old.RetiredAt)):
 			// A retired node's hardware comes back only on purpose: with a
@@ -240,7 +269,12 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 		if err := authz.Put(ctx, tx, res); err != nil {
 			return err
 		}
-		if chain, err = s.ca.IssueNode(ctx, tx, node.ID, csr.PublicKey); err != nil {
+		if role == RoleRamdisk {
+			chain, err = s.ca.IssueRamdisk(ctx, tx, node.ID, csr.PublicKey)
+		} else {
+			chain, err = s.ca.IssueNode(ctx, tx, node.ID, csr.PublicKey)
+		}
+		if err != nil {
 			return err
 		}
 		event := "node.joined"
@@ -250,7 +284,8 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 		if err := audit.Write(ctx, tx, audit.Record{
 			TenantID: node.TenantID, Actor: "joinservice", ActorTenantID: node.TenantID,
 			Action: redeemAction, Resource: res.UID(), Decision: audit.Allow, Method: joinMethod,
-			Detail: map[string]any{"joinTokenId": tok.ID, "poolId": node.PoolID, "reclaimed": reclaimed, "serial": nodeca.Serial(chain[0].SerialNumber)},
+			Detail: map[string]any{"joinTokenId": tok.ID, "poolId": node.PoolID, "reclaimed": reclaimed, "role": role,
+				"serial": nodeca.Serial(chain[0].SerialNumber)},
 		}); err != nil {
 			return err
 		}
@@ -263,8 +298,8 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 		return nil, err
 	}
 	id, _ := s.ca.NodeSPIFFEID(node.ID)
-	s.logger.InfoContext(ctx, "node joined", "node", node.ID, "tenant", node.TenantID, "pool", node.PoolID, "reclaimed", reclaimed)
-	return &agentv1.JoinResponse{NodeId: node.ID, CertificateChain: der(chain), TrustBundle: s.ca.TrustBundle(), SpiffeId: id.String(), Role: RoleNode}, nil
+	s.logger.InfoContext(ctx, "node joined", "node", node.ID, "tenant", node.TenantID, "pool", node.PoolID, "reclaimed", reclaimed, "role", role)
+	return &agentv1.JoinResponse{NodeId: node.ID, CertificateChain: der(chain), TrustBundle: s.ca.TrustBundle(), SpiffeId: id.String(), Role: role}, nil
 }
 
 // reportHardwareConflict writes a node.hardware_conflict event in the root
@@ -305,6 +340,9 @@ func (s *Service) Renew(ctx context.Context, peer []*x509.Certificate, req *agen
 	}
 	nodeID, err := s.ca.VerifyNode(ctx, s.db, peer)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.refuseRamdiskRenew(ctx, peer[0], nodeID); err != nil {
 		return nil, err
 	}
 	csr, err := nodeca.ParseCSR(req.GetCsr())

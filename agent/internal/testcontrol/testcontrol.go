@@ -276,7 +276,11 @@ func (s *Server) Join(_ context.Context, req *agentv1.JoinRequest) (*agentv1.Joi
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	s.Joins.Add(1)
-	return &agentv1.JoinResponse{NodeId: nodeID, CertificateChain: [][]byte{der}, TrustBundle: s.Bundle, SpiffeId: spiffeID(nodeID).String()}, nil
+	resp := &agentv1.JoinResponse{NodeId: nodeID, CertificateChain: [][]byte{der}, TrustBundle: s.Bundle, SpiffeId: spiffeID(nodeID).String()}
+	if req.GetRole() == "ramdisk" {
+		resp.Role = "ramdisk" // bcd ramdisk: the node's SPIFFE ID, its Ed25519 key
+	}
+	return resp, nil
 }
 
 // Renew implements agentv1.NodeServiceServer: a 24-hour certificate for the
