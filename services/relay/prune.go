@@ -11,6 +11,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/sites"
 	"github.com/bettercompute/bettercompute/pkg/sitetasks"
 )
 
@@ -45,11 +46,15 @@ type Pruned struct {
 	// sitetasks.Retention, and ones expired here (their deadline passed
 	// with no gateway holding the site's lease holder to expire them).
 	SiteTasks, SiteTasksExpired int64
+	// SiteTokens counts site tokens deleted sites.TokenRetention after
+	// they expired or were revoked.
+	SiteTokens int64
 }
 
 // PruneOnce deletes events older than events.retention that the fan-out
 // has passed (with their deliveries), expired idempotency records and node
-// certificates expired longer than events.certificateGrace ago, in batches,
+// certificates expired longer than events.certificateGrace ago, finished
+// site tasks and ended site tokens past their retention, in batches,
 // then vacuums the tables it deleted from and those the relay updates, so
 // their scans stay short with autovacuum off.
 func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
@@ -57,7 +62,7 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 	before := time.Now().Add(-s.cfg.Events.Retention.Std())
 	certBefore := time.Now().Add(-s.cfg.Events.CertificateGrace.Std())
 	for {
-		var ev, idem, certs, tasks int64
+		var ev, idem, certs, tasks, toks int64
 		err := s.inLease(ctx, func(tx pgx.Tx) error {
 			var err error
 			if ev, err = events.Prune(ctx, tx, before, pruneBatch); err != nil {
@@ -69,7 +74,10 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 			if certs, err = nodeca.PruneExpired(ctx, tx, certBefore, pruneBatch); err != nil {
 				return err
 			}
-			tasks, err = sitetasks.Prune(ctx, tx, time.Now().Add(-sitetasks.Retention), pruneBatch)
+			if tasks, err = sitetasks.Prune(ctx, tx, time.Now().Add(-sitetasks.Retention), pruneBatch); err != nil {
+				return err
+			}
+			toks, err = sites.PruneTokens(ctx, tx, pruneBatch)
 			return err
 		})
 		if err != nil {
@@ -79,7 +87,8 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 		p.Idempotency += idem
 		p.Certificates += certs
 		p.SiteTasks += tasks
-		if ev < pruneBatch && idem < pruneBatch && certs < pruneBatch && tasks < pruneBatch {
+		p.SiteTokens += toks
+		if ev < pruneBatch && idem < pruneBatch && certs < pruneBatch && tasks < pruneBatch && toks < pruneBatch {
 			break
 		}
 	}

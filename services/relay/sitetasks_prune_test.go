@@ -8,7 +8,8 @@ import (
 )
 
 // The prune job deletes site tasks finished more than sitetasks.Retention
-// ago, keeps younger ones, and expires overdue ones no gateway expired.
+// ago, keeps younger ones, and expires overdue ones no gateway expired;
+// and site tokens 30 days after they ended.
 func TestPruneRemovesOldSiteTasksAndExpiresOverdueOnes(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -19,6 +20,12 @@ func TestPruneRemovesOldSiteTasksAndExpiresOverdueOnes(t *testing.T) {
 		   ('stk_old', 'acme', 'site_a', 'mach_1', 'pxe.disarm', 'succeeded', now(), now() - interval '8 days'),
 		   ('stk_young', 'acme', 'site_a', 'mach_1', 'pxe.disarm', 'failed', now(), now() - interval '6 days'),
 		   ('stk_overdue', 'acme', 'site_a', 'mach_2', 'pxe.disarm', 'pending', now() - interval '1 second', NULL)`,
+		// Site tokens: one revoked 31 days ago (pruned), one expired 29
+		// days ago and one live (kept).
+		`INSERT INTO site_tokens (id, tenant_id, site_id, secret_hash, uses, uses_left, expires_at, revoked_at) VALUES
+		   ('tok_revoked', 'acme', 'site_a', '\x00', 1, 1, now() + interval '1 day', now() - interval '31 days'),
+		   ('tok_expired', 'acme', 'site_a', '\x00', 1, 1, now() - interval '29 days', NULL),
+		   ('tok_live', 'acme', 'site_a', '\x00', 1, 1, now() + interval '1 day', NULL)`,
 	} {
 		if _, err := e.pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -32,8 +39,12 @@ func TestPruneRemovesOldSiteTasksAndExpiresOverdueOnes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.SiteTasks != 1 || p.SiteTasksExpired != 1 {
-		t.Fatalf("pruned %+v, want 1 site task deleted and 1 expired", p)
+	if p.SiteTasks != 1 || p.SiteTasksExpired != 1 || p.SiteTokens != 1 {
+		t.Fatalf("pruned %+v, want 1 site task deleted and 1 expired, 1 site token deleted", p)
+	}
+	var toks string
+	if err := e.pool.QueryRow(ctx, `SELECT string_agg(id, ',' ORDER BY id) FROM site_tokens`).Scan(&toks); err != nil || toks != "tok_expired,tok_live" {
+		t.Fatalf("site tokens left: %s (%v), want tok_expired,tok_live", toks, err)
 	}
 	var states string
 	if err := e.pool.QueryRow(ctx, `SELECT string_agg(id || '=' || state, ',' ORDER BY id) FROM site_tasks`).Scan(&states); err != nil {
