@@ -6,6 +6,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/bettercompute/bettercompute/agent/internal/retry"
 )
 
 // TestReconnectBacksOffInVirtualTime runs the session loop's back-off on
@@ -34,7 +36,7 @@ func TestReconnectBacksOffInVirtualTime(t *testing.T) {
 			}
 		}
 		begin := time.Now()
-		reconnect(ctx, backoff{min: lo, max: hi}, session, ended)
+		reconnect(ctx, retry.Backoff{Min: lo, Max: hi}, session, ended)
 		if len(starts) != sessions {
 			t.Fatalf("%d sessions, want %d", len(starts), sessions)
 		}
@@ -74,13 +76,13 @@ func TestSleepEndsWithItsContext(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		begin := time.Now()
-		if !sleep(t.Context(), time.Minute) || time.Since(begin) != time.Minute {
-			t.Fatalf("sleep(1m) returned after %s", time.Since(begin))
+		if !retry.Sleep(t.Context(), time.Minute) || time.Since(begin) != time.Minute {
+			t.Fatalf("retry.Sleep(1m) returned after %s", time.Since(begin))
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		begin = time.Now()
-		if sleep(ctx, time.Hour) || time.Since(begin) != time.Second {
+		if retry.Sleep(ctx, time.Hour) || time.Since(begin) != time.Second {
 			t.Fatalf("sleep under a 1s context returned after %s", time.Since(begin))
 		}
 	})

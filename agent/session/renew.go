@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
@@ -24,10 +25,10 @@ func RenewAt(leaf *x509.Certificate) time.Time {
 // with back-off, until ctx ends. It runs independently of sessions, so a
 // renewal is neither lost nor repeated across reconnects.
 func (r *runner) renewLoop(ctx context.Context) {
-	b := backoff{min: r.cfg.MinBackoff, max: r.cfg.MaxBackoff}
+	b := retry.Backoff{Min: r.cfg.MinBackoff, Max: r.cfg.MaxBackoff}
 	for {
 		_, cert, _ := r.current()
-		if !sleep(ctx, time.Until(RenewAt(cert.Leaf))) {
+		if !retry.Sleep(ctx, time.Until(RenewAt(cert.Leaf))) {
 			return
 		}
 		err := r.renew(ctx)
@@ -37,24 +38,24 @@ func (r *runner) renewLoop(ctx context.Context) {
 		if err == nil {
 			_, fresh, _ := r.current()
 			if time.Until(RenewAt(fresh.Leaf)) > 0 {
-				b.reset()
+				b.Reset()
 				continue
 			}
 			// A certificate due at once would make us ask again and again.
-			d := b.next()
+			d := b.Next()
 			r.log.WarnContext(ctx, "renewed certificate is already due for renewal", "expires", fresh.Leaf.NotAfter, "retry_in", d)
-			if !sleep(ctx, d) {
+			if !retry.Sleep(ctx, d) {
 				return
 			}
 			continue
 		}
-		d := b.next()
+		d := b.Next()
 		if time.Now().After(cert.Leaf.NotAfter) {
 			r.log.ErrorContext(ctx, "node certificate expired; renewal needs a valid one, run bcd join again", "err", err, "retry_in", d)
 		} else {
 			r.log.WarnContext(ctx, "certificate renewal failed", "err", err, "retry_in", d, "expires", cert.Leaf.NotAfter)
 		}
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d) {
 			return
 		}
 	}

@@ -45,8 +45,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"strings"
 	"sync"
 	"time"
@@ -59,6 +57,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/converge"
+	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
@@ -160,7 +159,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Gateway == "" || cfg.State == nil || cfg.Inventory == nil || cfg.BootID == "" {
 		return errors.New("session: gateway, state, inventory and boot id are required")
 	}
-	cfg.ServerName = cmp.Or(cfg.ServerName, hostOf(cfg.Gateway))
+	cfg.ServerName = cmp.Or(cfg.ServerName, retry.HostOf(cfg.Gateway))
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 500*time.Millisecond)
 	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, 30*time.Second), cfg.MinBackoff)
@@ -419,7 +418,7 @@ func (r *runner) verifyGateway(cs tls.ConnectionState) error {
 
 // sessionLoop runs sessions until ctx ends, backing off between them.
 func (r *runner) sessionLoop(ctx context.Context) {
-	reconnect(ctx, backoff{min: r.cfg.MinBackoff, max: r.cfg.MaxBackoff}, r.session, func(err error, d time.Duration) {
+	reconnect(ctx, retry.Backoff{Min: r.cfg.MinBackoff, Max: r.cfg.MaxBackoff}, r.session, func(err error, d time.Duration) {
 		r.log.WarnContext(ctx, "session ended; reconnecting", "err", err, "in", d)
 	})
 }
@@ -428,21 +427,21 @@ func (r *runner) sessionLoop(ctx context.Context) {
 // (or longer, when the gateway's refusal says so); a welcomed session starts
 // the back-off over. ended hears each session's end and the wait before
 // the next.
-func reconnect(ctx context.Context, b backoff, session func(context.Context) (welcomed bool, err error), ended func(err error, in time.Duration)) {
+func reconnect(ctx context.Context, b retry.Backoff, session func(context.Context) (welcomed bool, err error), ended func(err error, in time.Duration)) {
 	for {
 		welcomed, err := session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if welcomed {
-			b.reset()
+			b.Reset()
 		}
-		d := b.next()
+		d := b.Next()
 		if retry := retryDelay(err); retry > d {
 			d = retry // a gateway admitting a reconnect storm says when
 		}
 		ended(err, d)
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d) {
 			return
 		}
 	}
@@ -595,43 +594,6 @@ func retryDelay(err error) time.Duration {
 		}
 	}
 	return 0
-}
-
-// backoff is exponential back-off with ±50 % jitter.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-// next returns the next delay: the current step jittered uniformly over
-// [step/2, step·3/2), capped at max; the step doubles each call.
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	}
-	step := b.cur
-	b.cur = min(b.cur*2, b.max)
-	return min(step/2+rand.N(step+1), b.max)
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-func hostOf(addr string) string {
-	if h, _, err := net.SplitHostPort(addr); err == nil {
-		return h
-	}
-	return addr
 }
 
 // gpuUUIDs reads the GPU UUIDs from the inventory, for the devices section.

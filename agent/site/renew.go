@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
@@ -21,10 +22,10 @@ func renewAt(leaf *x509.Certificate) time.Time {
 // lifetime left), retrying failures with back-off, until ctx
 // ends.
 func (r *runner) renewLoop(ctx context.Context) {
-	b := backoff{min: r.cfg.MinBackoff, max: r.cfg.MaxBackoff}
+	b := retry.Backoff{Min: r.cfg.MinBackoff, Max: r.cfg.MaxBackoff}
 	for {
 		_, cert, _ := r.current()
-		if !sleep(ctx, time.Until(renewAt(cert.Leaf))) {
+		if !retry.Sleep(ctx, time.Until(renewAt(cert.Leaf))) {
 			return
 		}
 		err := r.renew(ctx)
@@ -33,14 +34,14 @@ func (r *runner) renewLoop(ctx context.Context) {
 		}
 		if err == nil {
 			if _, fresh, _ := r.current(); time.Until(renewAt(fresh.Leaf)) > 0 {
-				b.reset()
+				b.Reset()
 				continue
 			}
 			err = errors.New("the renewed certificate is already due for renewal")
 		}
-		d := b.next()
+		d := b.Next()
 		r.log.WarnContext(ctx, "site certificate renewal failed", "err", err, "retry_in", d, "expires", cert.Leaf.NotAfter)
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d) {
 			return
 		}
 	}

@@ -48,8 +48,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"os"
 	"strings"
 	"sync"
@@ -60,6 +58,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/site/pxe"
 	"github.com/bettercompute/bettercompute/agent/state"
@@ -220,7 +219,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Gateway == "" || cfg.State == nil || cfg.Boot == nil {
 		return errors.New("site: gateway, state and boot server are required")
 	}
-	cfg.ServerName = cmp.Or(cfg.ServerName, hostOf(cfg.Gateway))
+	cfg.ServerName = cmp.Or(cfg.ServerName, retry.HostOf(cfg.Gateway))
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, DefaultLeaseTTL)
 	if cfg.LeaseTTL < 0 || cfg.LeaseTTL > MaxLeaseTTL {
@@ -333,7 +332,7 @@ func (r *runner) dial() (*grpc.ClientConn, error) {
 
 // sessionLoop runs sessions until ctx ends, backing off between them.
 func (r *runner) sessionLoop(ctx context.Context) {
-	b := backoff{min: r.cfg.MinBackoff, max: r.cfg.MaxBackoff}
+	b := retry.Backoff{Min: r.cfg.MinBackoff, Max: r.cfg.MaxBackoff}
 	for {
 		welcomed, err := r.session(ctx)
 		if ctx.Err() != nil {
@@ -347,13 +346,13 @@ func (r *runner) sessionLoop(ctx context.Context) {
 			// deadline; the agent keeps asking, in case it was a mistake
 			// put right, at the longest back-off.
 			r.lease.stop("the session was refused: " + status.Convert(err).Message())
-			b.cur = b.max
+			b.Longest()
 		} else if welcomed {
-			b.reset()
+			b.Reset()
 		}
-		d := b.next()
+		d := b.Next()
 		r.log.WarnContext(ctx, "site session ended; reconnecting", "err", err, "in", d)
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d) {
 			return
 		}
 	}
@@ -569,37 +568,4 @@ func (k *keeper) stopLocked(why string) {
 	k.boot.Stop()
 	k.serving = false
 	k.log.Warn("stopped serving", "epoch", k.epoch, "why", why)
-}
-
-// backoff is exponential back-off with ±50 % jitter.
-type backoff struct{ min, max, cur time.Duration }
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	}
-	step := b.cur
-	b.cur = min(b.cur*2, b.max)
-	return min(step/2+rand.N(step+1), b.max)
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-func hostOf(addr string) string {
-	if h, _, err := net.SplitHostPort(addr); err == nil {
-		return h
-	}
-	return addr
 }
