@@ -58,6 +58,9 @@ func (r *Ramdisk) DeployImage(ctx context.Context, p *agentv1.ImageDeploy) (*age
 	default:
 		return nil, fieldErr("payload.format", "only IMAGE_FORMAT_RAW is supported, got %s", p.GetFormat())
 	}
+	if len(p.GetCloudInitUserData()) > MaxCloudInitUserData {
+		return nil, fieldErr("payload.cloudInitUserData", "at most %d bytes, got %d", MaxCloudInitUserData, len(p.GetCloudInitUserData()))
+	}
 	path, err := r.disk("payload.disk", p.GetDisk())
 	if err != nil {
 		return nil, err
@@ -128,8 +131,22 @@ func (r *Ramdisk) DeployImage(ctx context.Context, p *agentv1.ImageDeploy) (*age
 	if err := f.Sync(); err != nil {
 		return fail(fmt.Errorf("sync %s: %w", p.GetDisk(), err))
 	}
+	if ud := p.GetCloudInitUserData(); len(ud) > 0 {
+		// The NoCloud seed of the installed system, beside the disk.
+		if err := os.WriteFile(path+UserDataSuffix, ud, 0o600); err != nil {
+			return fail(fmt.Errorf("write the cloud-init seed of %s: %w", p.GetDisk(), err))
+		}
+	}
 	return res, nil
 }
+
+// MaxCloudInitUserData bounds image.deploy's cloud-init user data.
+const MaxCloudInitUserData = 64 << 10
+
+// UserDataSuffix names the cloud-init seed image.deploy writes beside the
+// disk: <disk>.user-data (a NoCloud seed; in simulation, where disks are
+// files, the installed system reads it there).
+const UserDataSuffix = ".user-data"
 
 // scrub zeroes the first n bytes of f and syncs.
 func scrub(f *os.File, n int64) error {

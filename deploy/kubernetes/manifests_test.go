@@ -37,7 +37,7 @@ var overlays = []string{"dev", "ha"}
 // TestEveryBuiltRoleIsDeployed fails when a role is built and not here.
 var deployables = []string{
 	"api", "joinservice", "gateway", "nodespec-controller", "controllers",
-	"placer", "command-sweeper", "outbox-relay",
+	"placer", "command-sweeper", "outbox-relay", "metal",
 }
 
 // hostedBy are the worker roles a deployable runs for the spec
@@ -53,8 +53,9 @@ var secretReaders = map[string][]string{
 	"bc-ca-bundle":        {"gateway"},
 	"bc-node-ca":          {"joinservice"},
 	"bc-joinservice-hpke": {"joinservice"},
-	"bc-command-signing":  {"api", "controllers"},
-	"bc-audit-signing":    {"api", "controllers"},
+	"bc-command-signing":  {"api", "controllers", "metal"},
+	"bc-audit-signing":    {"api", "controllers", "metal"},
+	"bc-secrets-key":      {"api", "metal"},
 }
 
 // requiredFiles are the key files each role must be configured with.
@@ -62,6 +63,7 @@ var requiredFiles = map[string][]string{
 	"joinservice": {"joinService.caCertFile", "joinService.caKeyFile", "joinService.hpkeKeyFile"},
 	"api":         {"commands.signingKeyFile", "audit.signingKeyFile"},
 	"controllers": {"commands.signingKeyFile", "audit.signingKeyFile"},
+	"metal":       {"commands.signingKeyFile", "audit.signingKeyFile", "secrets.keyFile"},
 	"gateway":     {"gateway.tls.certFile", "gateway.tls.keyFile", "gateway.tls.caFile"},
 }
 

@@ -78,6 +78,8 @@ type Config struct {
 	// Secrets configures the key that seals secrets (BMC credentials) at
 	// rest.
 	Secrets Secrets `yaml:"secrets"`
+	// Metal configures the metal role's bare-metal workflow.
+	Metal Metal `yaml:"metal"`
 }
 
 // JoinService configures the node CA and joinservice's HPKE key. Keys come
@@ -324,6 +326,7 @@ const DefaultPort = 8080
 
 // Defaults fills every unset field with its default.
 func (c *Config) Defaults() {
+	c.Metal.defaults()
 	c.Server.Host = cmp.Or(c.Server.Host, "0.0.0.0")
 	if c.Server.Port == nil {
 		p := DefaultPort
@@ -545,6 +548,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Webhooks.validate()...)
 	errs = append(errs, c.Audit.validate()...)
 	errs = append(errs, c.Secrets.validate()...)
+	errs = append(errs, c.Metal.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -51,7 +51,7 @@ var roleTable = []struct {
 	{RoleCommandSweeper, true, true},
 	{RoleOutboxRelay, true, false},
 	{RoleControllers, true, true},
-	{RoleMetal, false, false},
+	{RoleMetal, true, true},
 	{RoleVPS, false, false},
 	{RoleScheduler, true, true},
 	{RoleSinks, true, false},

@@ -110,6 +110,10 @@ type Options struct {
 	// a signing view of it (commands.Registry.Signing) when
 	// commands.signingKeyFile is set; the gateway never gets the key.
 	Kinds *commands.Registry
+	// MetalTamper, a test hook, may change each finished command the metal
+	// workflow reads before it verifies its node signature (a gateway
+	// faking a result); nil in production.
+	MetalTamper func(c *commands.Command)
 }
 
 // App is one running process.
@@ -384,6 +388,11 @@ func (a *App) startRuntime(ctx context.Context) error {
 			return err
 		}
 		if err := rt.Register(nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: a.specRouter.Changed})); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(roles, string(config.RoleMetal)) {
+		if err := a.registerMetal(rt); err != nil {
 			return err
 		}
 	}

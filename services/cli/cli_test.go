@@ -32,7 +32,7 @@ func TestServeRejectsBadInputBeforeStarting(t *testing.T) {
 		want string
 	}{
 		{"unknown role", []string{"serve", "--roles", "bogus"}, cli.ExitConfig, `error: INVALID_CONFIG roles: unknown role "bogus"`},
-		{"unbuilt role", []string{"serve", "--roles", "api,metal"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "metal" is not built yet`},
+		{"unbuilt role", []string{"serve", "--roles", "api,vps"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "vps" is not built yet`},
 		{"bad port", []string{"serve", "--port", "70000"}, cli.ExitConfig, "error: INVALID_CONFIG server.port: expected a port from 0 to 65535, got 70000"},
 		{"bad flag", []string{"serve", "--rolez", "api"}, cli.ExitConfig, "unknown flag: --rolez"},
 		{"bad log level", []string{"serve", "--log-level", "loud"}, cli.ExitConfig, "error: INVALID_CONFIG log.level"},

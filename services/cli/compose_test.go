@@ -293,9 +293,12 @@ func checkKeys(t *testing.T, name string, s composeService, cfg *config.Config, 
 		files[cfg.JoinService.CAKeyFile] = cli.PKINodeCAKey
 		files[cfg.JoinService.HPKEKeyFile] = cli.PKIHPKEKey
 	}
-	if has(config.RoleAPI) || has(config.RoleControllers) {
+	if has(config.RoleAPI) || has(config.RoleControllers) || has(config.RoleMetal) {
 		files[cfg.Commands.SigningKeyFile] = cli.PKICommandKey
 		files[cfg.Audit.SigningKeyFile] = cli.PKIAuditKey
+	}
+	if has(config.RoleAPI) || has(config.RoleMetal) {
+		files[cfg.Secrets.KeyFile] = cli.PKISecretsKey
 	}
 	for file, want := range files {
 		if file != path.Join(pkiMount, want) {

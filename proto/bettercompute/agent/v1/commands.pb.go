@@ -967,9 +967,13 @@ type ImageDeploy struct {
 	// length fails the command. At most 2^50 (1 PiB).
 	SizeBytes uint64 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// The image's format; only raw.
-	Format        ImageFormat `protobuf:"varint,5,opt,name=format,proto3,enum=bettercompute.agent.v1.ImageFormat" json:"format,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Format ImageFormat `protobuf:"varint,5,opt,name=format,proto3,enum=bettercompute.agent.v1.ImageFormat" json:"format,omitempty"`
+	// Cloud-init user data for the installed system, written as a NoCloud
+	// seed beside the disk (in simulation, the file <disk>.user-data); at
+	// most 64 KiB. Empty: none.
+	CloudInitUserData []byte `protobuf:"bytes,6,opt,name=cloud_init_user_data,json=cloudInitUserData,proto3" json:"cloud_init_user_data,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ImageDeploy) Reset() {
@@ -1035,6 +1039,13 @@ func (x *ImageDeploy) GetFormat() ImageFormat {
 		return x.Format
 	}
 	return ImageFormat_IMAGE_FORMAT_UNSPECIFIED
+}
+
+func (x *ImageDeploy) GetCloudInitUserData() []byte {
+	if x != nil {
+		return x.CloudInitUserData
+	}
+	return nil
 }
 
 // NodeKexec fetches a kernel and an initrd, checks their SHA-256, loads
@@ -2143,14 +2154,15 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\bDiskWipe\x12\x14\n" +
 	"\x05disks\x18\x01 \x03(\tR\x05disks\x12:\n" +
 	"\x06method\x18\x02 \x01(\x0e2\".bettercompute.agent.v1.WipeMethodR\x06method\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa7\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xd8\x01\n" +
 	"\vImageDeploy\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x12\n" +
 	"\x04disk\x18\x03 \x01(\tR\x04disk\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12;\n" +
-	"\x06format\x18\x05 \x01(\x0e2#.bettercompute.agent.v1.ImageFormatR\x06format\"\xad\x01\n" +
+	"\x06format\x18\x05 \x01(\x0e2#.bettercompute.agent.v1.ImageFormatR\x06format\x12/\n" +
+	"\x14cloud_init_user_data\x18\x06 \x01(\fR\x11cloudInitUserData\"\xad\x01\n" +
 	"\tNodeKexec\x12\x1d\n" +
 	"\n" +
 	"kernel_url\x18\x01 \x01(\tR\tkernelUrl\x12#\n" +
