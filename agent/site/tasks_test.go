@@ -41,7 +41,6 @@ type taskEnv struct {
 	tbl  *pxe.Table
 	bmc  *fakebmc.Server
 	logs *syncBuf
-	jwk  string
 }
 
 func setupTasks(t *testing.T) (*taskEnv, func() *agentv1.TaskResult) {
