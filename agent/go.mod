@@ -7,13 +7,16 @@ replace github.com/bettercompute/bettercompute/proto => ../proto
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/bettercompute/bettercompute/proto v0.0.0
+	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae
+	github.com/kdomanski/iso9660 v0.4.0
 	github.com/pin/tftp/v3 v3.1.0
 	github.com/stmcginnis/gofish v0.20.0
 	golang.org/x/sys v0.49.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
+	libvirt.org/go/libvirtxml v1.12008.0
 )
 
 require (
@@ -24,6 +27,7 @@ require (
 	github.com/mdlayher/socket v0.4.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.14 // indirect
 	github.com/u-root/uio v0.0.0-20230220225925-ffce2a382923 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.43.0 // indirect

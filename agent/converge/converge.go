@@ -35,6 +35,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/bettercompute/bettercompute/agent/state"
+	"github.com/bettercompute/bettercompute/agent/vps"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
@@ -114,6 +115,9 @@ type Plan struct {
 	// Summary, when set, is the section's status reason once converged:
 	// what the node now has (e.g. the GPUs it exposes).
 	Summary string
+	// Steps are changes other than files that Apply makes (e.g. "start
+	// vps_a"); Apply runs when there are Actions or Steps.
+	Steps []string
 }
 
 // Handler converges one NodeSpec section.
@@ -141,6 +145,9 @@ type Config struct {
 	// Write writes a file atomically; nil means state.WriteAtomic (the
 	// store's own WriteAtomic skips fsyncs for a simulated node).
 	Write func(path string, data []byte, mode os.FileMode) error
+	// VPS runs the instances section; nil means this node runs no VPS
+	// runtime (the section is FAILED_TERMINAL unless empty).
+	VPS *vps.Reconciler
 }
 
 // Converger runs every section's handler against a desired state. Converge
@@ -170,7 +177,7 @@ func New(cfg Config) (*Converger, error) {
 		unsupported{section: "runtime", would: planRuntime},
 		devicesHandler{},
 		unsupported{section: "mig", would: planMig},
-		unsupported{section: "instances", would: planInstances},
+		instances(cfg.VPS),
 		c.health,
 		unsupported{section: "agent", would: planAgent},
 	}
@@ -260,6 +267,9 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 			reason = reason + " (" + gpuErr.Error() + ")"
 		}
 		st.State, st.Reason = state, reason
+		if r, ok := h.(instanceReporter); ok {
+			st.Instances = r.instanceStatuses()
+		}
 		if state != agentv1.SectionState_SECTION_STATE_CONVERGED && state != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
 			complete = false
 			c.cfg.Logger.WarnContext(ctx, "section not converged", "section", h.Section(), "generation", gen, "reason", reason)
@@ -298,7 +308,7 @@ func (c *Converger) run(ctx context.Context, h Handler, cur Current, spec *agent
 	if err != nil {
 		return agentv1.SectionState_SECTION_STATE_FAILED, "planning: " + err.Error()
 	}
-	if len(p.Actions) > 0 {
+	if len(p.Actions) > 0 || len(p.Steps) > 0 {
 		if err := h.Apply(ctx, cur, p); err != nil {
 			return agentv1.SectionState_SECTION_STATE_FAILED, "applying: " + err.Error()
 		}

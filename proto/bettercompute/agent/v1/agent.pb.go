@@ -664,7 +664,10 @@ type SectionStatus struct {
 	// reason explains a failure, or what a section not built yet would do.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// generation is the desired-state generation this status is for.
-	Generation    int64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation int64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	// instances is the observed state of each VPS instance on the host (the
+	// instances section only), sorted by id, at most 256.
+	Instances     []*InstanceStatus `protobuf:"bytes,5,rep,name=instances,proto3" json:"instances,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -727,6 +730,125 @@ func (x *SectionStatus) GetGeneration() int64 {
 	return 0
 }
 
+func (x *SectionStatus) GetInstances() []*InstanceStatus {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+// InstanceStatus is how one VPS instance stands on its host.
+type InstanceStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the instance, "vps_…".
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// state is "running", "stopped" or "failed".
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// reason explains a failed instance (at most 1 KiB), or a step still
+	// pending.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// generation is the Instance.generation the host last applied to this
+	// instance; 0 for an instance the spec no longer names.
+	Generation int64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	// vcpus is the number of virtual CPUs it runs with.
+	Vcpus uint32 `protobuf:"varint,5,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	// memory_bytes is its guest memory.
+	MemoryBytes uint64 `protobuf:"varint,6,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// disk_gib is the size of its root disk.
+	DiskGib uint32 `protobuf:"varint,7,opt,name=disk_gib,json=diskGib,proto3" json:"disk_gib,omitempty"`
+	// gpu_pci_addresses are the GPUs passed through to it, by PCI address
+	// ("0000:18:00.0"), sorted, at most 16.
+	GpuPciAddresses []string `protobuf:"bytes,8,rep,name=gpu_pci_addresses,json=gpuPciAddresses,proto3" json:"gpu_pci_addresses,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *InstanceStatus) Reset() {
+	*x = InstanceStatus{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceStatus) ProtoMessage() {}
+
+func (x *InstanceStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceStatus.ProtoReflect.Descriptor instead.
+func (*InstanceStatus) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *InstanceStatus) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *InstanceStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *InstanceStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *InstanceStatus) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *InstanceStatus) GetVcpus() uint32 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+func (x *InstanceStatus) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *InstanceStatus) GetDiskGib() uint32 {
+	if x != nil {
+		return x.DiskGib
+	}
+	return 0
+}
+
+func (x *InstanceStatus) GetGpuPciAddresses() []string {
+	if x != nil {
+		return x.GpuPciAddresses
+	}
+	return nil
+}
+
 // Hello opens a session.
 type Hello struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -747,7 +869,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +881,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +894,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Hello) GetNodeId() string {
@@ -821,7 +943,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +955,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +968,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Heartbeat) GetSequence() uint64 {
@@ -871,7 +993,7 @@ type InventoryReport struct {
 
 func (x *InventoryReport) Reset() {
 	*x = InventoryReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1005,7 @@ func (x *InventoryReport) String() string {
 func (*InventoryReport) ProtoMessage() {}
 
 func (x *InventoryReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1018,7 @@ func (x *InventoryReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryReport.ProtoReflect.Descriptor instead.
 func (*InventoryReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *InventoryReport) GetSections() []string {
@@ -937,7 +1059,7 @@ type Host struct {
 
 func (x *Host) Reset() {
 	*x = Host{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1071,7 @@ func (x *Host) String() string {
 func (*Host) ProtoMessage() {}
 
 func (x *Host) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1084,7 @@ func (x *Host) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Host.ProtoReflect.Descriptor instead.
 func (*Host) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Host) GetHostname() string {
@@ -1025,7 +1147,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1159,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1172,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -1143,7 +1265,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1277,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1290,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SessionResponse) GetBody() isSessionResponse_Body {
@@ -1276,7 +1398,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1410,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1423,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DesiredState) GetGeneration() int64 {
@@ -1334,7 +1456,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1468,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1481,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Welcome) GetSessionEpoch() int64 {
@@ -1394,7 +1516,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1528,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1541,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InventoryRequest) GetSections() []string {
@@ -1471,14 +1593,26 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"generation\x18\x01 \x01(\x03R\n" +
 	"generation\x12/\n" +
 	"\x13observed_generation\x18\x02 \x01(\x03R\x12observedGeneration\x12A\n" +
-	"\bsections\x18\x03 \x03(\v2%.bettercompute.agent.v1.SectionStatusR\bsections\"\x9d\x01\n" +
+	"\bsections\x18\x03 \x03(\v2%.bettercompute.agent.v1.SectionStatusR\bsections\"\xe3\x01\n" +
 	"\rSectionStatus\x12\x18\n" +
 	"\asection\x18\x01 \x01(\tR\asection\x12:\n" +
 	"\x05state\x18\x02 \x01(\x0e2$.bettercompute.agent.v1.SectionStateR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x03R\n" +
-	"generation\"\xae\x01\n" +
+	"generation\x12D\n" +
+	"\tinstances\x18\x05 \x03(\v2&.bettercompute.agent.v1.InstanceStatusR\tinstances\"\xee\x01\n" +
+	"\x0eInstanceStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x03R\n" +
+	"generation\x12\x14\n" +
+	"\x05vcpus\x18\x05 \x01(\rR\x05vcpus\x12!\n" +
+	"\fmemory_bytes\x18\x06 \x01(\x04R\vmemoryBytes\x12\x19\n" +
+	"\bdisk_gib\x18\a \x01(\rR\adiskGib\x12*\n" +
+	"\x11gpu_pci_addresses\x18\b \x03(\tR\x0fgpuPciAddresses\"\xae\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12\x1d\n" +
@@ -1554,7 +1688,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(SectionState)(0),        // 0: bettercompute.agent.v1.SectionState
 	(*JoinRequest)(nil),      // 1: bettercompute.agent.v1.JoinRequest
@@ -1565,49 +1699,51 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*SessionRequest)(nil),   // 6: bettercompute.agent.v1.SessionRequest
 	(*Observed)(nil),         // 7: bettercompute.agent.v1.Observed
 	(*SectionStatus)(nil),    // 8: bettercompute.agent.v1.SectionStatus
-	(*Hello)(nil),            // 9: bettercompute.agent.v1.Hello
-	(*Heartbeat)(nil),        // 10: bettercompute.agent.v1.Heartbeat
-	(*InventoryReport)(nil),  // 11: bettercompute.agent.v1.InventoryReport
-	(*Host)(nil),             // 12: bettercompute.agent.v1.Host
-	(*GPU)(nil),              // 13: bettercompute.agent.v1.GPU
-	(*SessionResponse)(nil),  // 14: bettercompute.agent.v1.SessionResponse
-	(*DesiredState)(nil),     // 15: bettercompute.agent.v1.DesiredState
-	(*Welcome)(nil),          // 16: bettercompute.agent.v1.Welcome
-	(*InventoryRequest)(nil), // 17: bettercompute.agent.v1.InventoryRequest
-	(*CommandUpdate)(nil),    // 18: bettercompute.agent.v1.CommandUpdate
-	(*Command)(nil),          // 19: bettercompute.agent.v1.Command
-	(*CommandCancel)(nil),    // 20: bettercompute.agent.v1.CommandCancel
-	(*NodeSpec)(nil),         // 21: bettercompute.agent.v1.NodeSpec
+	(*InstanceStatus)(nil),   // 9: bettercompute.agent.v1.InstanceStatus
+	(*Hello)(nil),            // 10: bettercompute.agent.v1.Hello
+	(*Heartbeat)(nil),        // 11: bettercompute.agent.v1.Heartbeat
+	(*InventoryReport)(nil),  // 12: bettercompute.agent.v1.InventoryReport
+	(*Host)(nil),             // 13: bettercompute.agent.v1.Host
+	(*GPU)(nil),              // 14: bettercompute.agent.v1.GPU
+	(*SessionResponse)(nil),  // 15: bettercompute.agent.v1.SessionResponse
+	(*DesiredState)(nil),     // 16: bettercompute.agent.v1.DesiredState
+	(*Welcome)(nil),          // 17: bettercompute.agent.v1.Welcome
+	(*InventoryRequest)(nil), // 18: bettercompute.agent.v1.InventoryRequest
+	(*CommandUpdate)(nil),    // 19: bettercompute.agent.v1.CommandUpdate
+	(*Command)(nil),          // 20: bettercompute.agent.v1.Command
+	(*CommandCancel)(nil),    // 21: bettercompute.agent.v1.CommandCancel
+	(*NodeSpec)(nil),         // 22: bettercompute.agent.v1.NodeSpec
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.HardwareClaims
-	13, // 1: bettercompute.agent.v1.HardwareClaims.gpus:type_name -> bettercompute.agent.v1.GPU
-	9,  // 2: bettercompute.agent.v1.SessionRequest.hello:type_name -> bettercompute.agent.v1.Hello
-	10, // 3: bettercompute.agent.v1.SessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	11, // 4: bettercompute.agent.v1.SessionRequest.inventory:type_name -> bettercompute.agent.v1.InventoryReport
+	14, // 1: bettercompute.agent.v1.HardwareClaims.gpus:type_name -> bettercompute.agent.v1.GPU
+	10, // 2: bettercompute.agent.v1.SessionRequest.hello:type_name -> bettercompute.agent.v1.Hello
+	11, // 3: bettercompute.agent.v1.SessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	12, // 4: bettercompute.agent.v1.SessionRequest.inventory:type_name -> bettercompute.agent.v1.InventoryReport
 	7,  // 5: bettercompute.agent.v1.SessionRequest.observed:type_name -> bettercompute.agent.v1.Observed
-	18, // 6: bettercompute.agent.v1.SessionRequest.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	19, // 6: bettercompute.agent.v1.SessionRequest.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
 	8,  // 7: bettercompute.agent.v1.Observed.sections:type_name -> bettercompute.agent.v1.SectionStatus
 	0,  // 8: bettercompute.agent.v1.SectionStatus.state:type_name -> bettercompute.agent.v1.SectionState
-	12, // 9: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
-	13, // 10: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
-	16, // 11: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
-	17, // 12: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	15, // 13: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
-	19, // 14: bettercompute.agent.v1.SessionResponse.command:type_name -> bettercompute.agent.v1.Command
-	20, // 15: bettercompute.agent.v1.SessionResponse.cancel:type_name -> bettercompute.agent.v1.CommandCancel
-	21, // 16: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
-	1,  // 17: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	4,  // 18: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	6,  // 19: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
-	3,  // 20: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	5,  // 21: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	14, // 22: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
-	20, // [20:23] is the sub-list for method output_type
-	17, // [17:20] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	9,  // 9: bettercompute.agent.v1.SectionStatus.instances:type_name -> bettercompute.agent.v1.InstanceStatus
+	13, // 10: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
+	14, // 11: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
+	17, // 12: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
+	18, // 13: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	16, // 14: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
+	20, // 15: bettercompute.agent.v1.SessionResponse.command:type_name -> bettercompute.agent.v1.Command
+	21, // 16: bettercompute.agent.v1.SessionResponse.cancel:type_name -> bettercompute.agent.v1.CommandCancel
+	22, // 17: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
+	1,  // 18: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	4,  // 19: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	6,  // 20: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
+	3,  // 21: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	5,  // 22: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	15, // 23: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
+	21, // [21:24] is the sub-list for method output_type
+	18, // [18:21] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -1624,7 +1760,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*SessionRequest_Observed)(nil),
 		(*SessionRequest_CommandUpdate)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_InventoryRequest)(nil),
 		(*SessionResponse_DesiredState)(nil),
@@ -1637,7 +1773,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

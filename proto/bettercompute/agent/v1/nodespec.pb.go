@@ -647,7 +647,10 @@ func (x *GpuMigLayout) GetProfiles() []string {
 // Instances are the VPS instances a host must run.
 type Instances struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// instances are the instances; any other instance on the host is stopped.
+	// instances are the instances, at most 256, each id once. Any other
+	// instance the host's VPS runtime runs is deleted (powered off, its disk
+	// and seed removed): presence is desired state, so instances.delete is
+	// an instance left out. The runtime only manages instances it created.
 	Instances     []*Instance `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -699,12 +702,33 @@ type Instance struct {
 	Image string `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
 	// vcpus is the number of virtual CPUs.
 	Vcpus uint32 `protobuf:"varint,3,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
-	// memory_bytes is the guest memory.
+	// memory_bytes is the guest memory, a whole number of MiB (1 MiB to
+	// 16 TiB).
 	MemoryBytes uint64 `protobuf:"varint,4,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	// gpu_uuids are the GPUs passed through to it.
+	// gpu_uuids are the GPUs passed through to it (VFIO, by the PCI address
+	// the node's inventory gives each), at most 16: exactly these, no others.
 	GpuUuids []string `protobuf:"bytes,5,rep,name=gpu_uuids,json=gpuUuids,proto3" json:"gpu_uuids,omitempty"`
 	// state is the desired power state: "running" or "stopped".
-	State         string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	State string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	// disk_gib is the size of the instance's root disk (a copy-on-write
+	// overlay of the image), 1 to 65536. Resizing only grows it.
+	DiskGib uint32 `protobuf:"varint,7,opt,name=disk_gib,json=diskGib,proto3" json:"disk_gib,omitempty"`
+	// hostname is the guest's host name (an RFC 1123 label, at most 63
+	// characters); empty means the instance id with "_" as "-".
+	Hostname string `protobuf:"bytes,8,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// ssh_authorized_keys are the tenant's SSH public keys written to the
+	// guest's default user by cloud-init, at most 32 of at most 16 KiB each.
+	SshAuthorizedKeys []string `protobuf:"bytes,9,rep,name=ssh_authorized_keys,json=sshAuthorizedKeys,proto3" json:"ssh_authorized_keys,omitempty"`
+	// user_data is the tenant's cloud-init user data, at most 64 KiB; a
+	// "#cloud-config" document is merged with ours, anything else (a script,
+	// a multipart archive) is its own part of a multipart MIME user-data.
+	UserData string `protobuf:"bytes,10,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
+	// network_config is an optional cloud-init network-config (v1 or v2
+	// YAML), at most 16 KiB; empty means the guest's default (DHCP).
+	NetworkConfig string `protobuf:"bytes,11,opt,name=network_config,json=networkConfig,proto3" json:"network_config,omitempty"`
+	// generation is the instance's own spec generation; the node echoes the
+	// one it applied in InstanceStatus.generation.
+	Generation    int64 `protobuf:"varint,12,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -779,6 +803,48 @@ func (x *Instance) GetState() string {
 		return x.State
 	}
 	return ""
+}
+
+func (x *Instance) GetDiskGib() uint32 {
+	if x != nil {
+		return x.DiskGib
+	}
+	return 0
+}
+
+func (x *Instance) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *Instance) GetSshAuthorizedKeys() []string {
+	if x != nil {
+		return x.SshAuthorizedKeys
+	}
+	return nil
+}
+
+func (x *Instance) GetUserData() string {
+	if x != nil {
+		return x.UserData
+	}
+	return ""
+}
+
+func (x *Instance) GetNetworkConfig() string {
+	if x != nil {
+		return x.NetworkConfig
+	}
+	return ""
+}
+
+func (x *Instance) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 // HealthSettings tune the daemon's health checks.
@@ -1023,14 +1089,23 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"migEnabled\x12\x1a\n" +
 	"\bprofiles\x18\x03 \x03(\tR\bprofiles\"K\n" +
 	"\tInstances\x12>\n" +
-	"\tinstances\x18\x01 \x03(\v2 .bettercompute.agent.v1.InstanceR\tinstances\"\x9c\x01\n" +
+	"\tinstances\x18\x01 \x03(\v2 .bettercompute.agent.v1.InstanceR\tinstances\"\xe7\x02\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x14\n" +
 	"\x05vcpus\x18\x03 \x01(\rR\x05vcpus\x12!\n" +
 	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\x12\x1b\n" +
 	"\tgpu_uuids\x18\x05 \x03(\tR\bgpuUuids\x12\x14\n" +
-	"\x05state\x18\x06 \x01(\tR\x05state\"\x84\x04\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x19\n" +
+	"\bdisk_gib\x18\a \x01(\rR\adiskGib\x12\x1a\n" +
+	"\bhostname\x18\b \x01(\tR\bhostname\x12.\n" +
+	"\x13ssh_authorized_keys\x18\t \x03(\tR\x11sshAuthorizedKeys\x12\x1b\n" +
+	"\tuser_data\x18\n" +
+	" \x01(\tR\buserData\x12%\n" +
+	"\x0enetwork_config\x18\v \x01(\tR\rnetworkConfig\x12\x1e\n" +
+	"\n" +
+	"generation\x18\f \x01(\x03R\n" +
+	"generation\"\x84\x04\n" +
 	"\x0eHealthSettings\x12@\n" +
 	"\x0echeck_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\rcheckInterval\x12L\n" +
 	"\x14diagnostics_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x13diagnosticsInterval\x12+\n" +

@@ -1,0 +1,200 @@
+package converge_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bettercompute/bettercompute/agent/converge"
+	"github.com/bettercompute/bettercompute/agent/vps"
+	"github.com/bettercompute/bettercompute/agent/vps/sim"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// vpsNode is a converger with a simulated VPS runtime; root holds both, so
+// a second vpsNode over the same root is the daemon restarted.
+type vpsNode struct {
+	c  *converge.Converger
+	rt *sim.Runtime
+}
+
+func newVPSNode(t *testing.T, root string) vpsNode {
+	t.Helper()
+	rt, err := sim.New(sim.Config{Dir: filepath.Join(root, "vps"), StopTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		obs, _ := rt.List(context.Background())
+		for _, o := range obs {
+			_ = rt.Delete(context.Background(), o.ID)
+		}
+	})
+	rec, err := vps.NewReconciler(vps.Config{Runtime: rt, GPUs: func(context.Context) (map[string]string, error) {
+		return map[string]string{"GPU-a": "0000:18:00.0", "GPU-b": "0000:2a:00.0"}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := converge.New(converge.Config{Root: root, NodeID: "node_1", VPS: rec, GPUs: func(context.Context) ([]string, error) {
+		return []string{"GPU-a", "GPU-b"}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vpsNode{c: c, rt: rt}
+}
+
+func instanceSpec(gen int64, in ...*agentv1.Instance) *agentv1.DesiredState {
+	return &agentv1.DesiredState{Generation: gen, Spec: &agentv1.NodeSpec{
+		Identity: &agentv1.NodeIdentity{NodeId: "node_1"}, Instances: &agentv1.Instances{Instances: in}}}
+}
+
+func inst(id, state string, vcpus uint32, gen int64) *agentv1.Instance {
+	return &agentv1.Instance{Id: id, Image: "ubuntu-24.04.qcow2", Vcpus: vcpus, MemoryBytes: 1 << 30, DiskGib: 10, State: state,
+		Generation: gen, Hostname: "web", SshAuthorizedKeys: []string{"ssh-ed25519 AAAAkey t@h"}}
+}
+
+func section(t *testing.T, ss []*agentv1.SectionStatus) *agentv1.SectionStatus {
+	t.Helper()
+	s := states(ss)["instances"]
+	if s == nil {
+		t.Fatalf("no instances section in %v", ss)
+	}
+	return s
+}
+
+func instStatus(s *agentv1.SectionStatus) map[string]*agentv1.InstanceStatus {
+	m := map[string]*agentv1.InstanceStatus{}
+	for _, i := range s.GetInstances() {
+		m[i.GetId()] = i
+	}
+	return m
+}
+
+func TestInstances_ConvergeReportAndSurviveRestart(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	n := newVPSNode(t, root)
+	ctx := context.Background()
+	ds := instanceSpec(1, inst("vps_a", "running", 2, 1), func() *agentv1.Instance {
+		i := inst("vps_b", "stopped", 1, 1)
+		i.GpuUuids = []string{"GPU-b"}
+		return i
+	}())
+	ss, obs := n.c.Converge(ctx, ds)
+	s := section(t, ss)
+	if obs != 1 || s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED {
+		t.Fatalf("observed %d, section %v", obs, s)
+	}
+	st := instStatus(s)
+	if a := st["vps_a"]; a.GetState() != "running" || a.GetVcpus() != 2 || a.GetMemoryBytes() != 1<<30 || a.GetDiskGib() != 10 || a.GetGeneration() != 1 {
+		t.Errorf("vps_a %v", a)
+	}
+	if b := st["vps_b"]; b.GetState() != "stopped" || len(b.GetGpuPciAddresses()) != 1 || b.GetGpuPciAddresses()[0] != "0000:2a:00.0" {
+		t.Errorf("vps_b %v", b)
+	}
+	pid, ok := n.rt.PID("vps_a")
+	if !ok {
+		t.Fatal("vps_a has no process")
+	}
+
+	t.Run("a restarted daemon re-applies the spec and re-creates nothing", func(t *testing.T) {
+		n2 := newVPSNode(t, root) // New resumes the persisted desired state
+		if p, ok := n2.rt.PID("vps_a"); !ok || p != pid {
+			t.Fatalf("pid %d (%v) after the restart, was %d", p, ok, pid)
+		}
+		ss, obs := n2.c.Converge(ctx, ds)
+		if s := section(t, ss); obs != 1 || s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || instStatus(s)["vps_a"].GetState() != "running" {
+			t.Fatalf("%v", s)
+		}
+		if p, _ := n2.rt.PID("vps_a"); p != pid {
+			t.Errorf("pid %d, was %d: re-created", p, pid)
+		}
+		n = n2
+	})
+	t.Run("stop, start and delete through desired state", func(t *testing.T) {
+		ss, obs := n.c.Converge(ctx, instanceSpec(2, inst("vps_a", "stopped", 2, 2)))
+		s := section(t, ss)
+		if obs != 2 || instStatus(s)["vps_a"].GetState() != "stopped" || len(s.GetInstances()) != 1 {
+			t.Fatalf("%v", s)
+		}
+		if _, err := os.Stat(n.rt.Dir("vps_b")); !os.IsNotExist(err) {
+			t.Errorf("vps_b left out of the spec was not deleted: %v", err)
+		}
+		ss, _ = n.c.Converge(ctx, instanceSpec(3, inst("vps_a", "running", 4, 3)))
+		if st := instStatus(section(t, ss))["vps_a"]; st.GetState() != "running" || st.GetVcpus() != 4 || st.GetGeneration() != 3 {
+			t.Fatalf("%v", st)
+		}
+		ss, obs = n.c.Converge(ctx, instanceSpec(4))
+		if s := section(t, ss); obs != 4 || len(s.GetInstances()) != 0 || s.GetReason() != "runs no instances" {
+			t.Fatalf("%v", s)
+		}
+		if l, _ := n.rt.List(ctx); len(l) != 0 {
+			t.Errorf("left %v", l)
+		}
+	})
+}
+
+func TestInstances_InvalidSectionChangesNothing(t *testing.T) {
+	t.Parallel()
+	n := newVPSNode(t, t.TempDir())
+	ctx := context.Background()
+	if _, obs := n.c.Converge(ctx, instanceSpec(1, inst("vps_a", "running", 1, 1))); obs != 1 {
+		t.Fatal("not converged")
+	}
+	bad := inst("vps_b", "paused", 0, 1)
+	bad.MemoryBytes = 1000
+	ss, obs := n.c.Converge(ctx, instanceSpec(2, bad))
+	s := section(t, ss)
+	if obs != 2 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
+		t.Fatalf("%v", s)
+	}
+	for _, want := range []string{"instances[vps_b].state", "instances[vps_b].vcpus", "instances[vps_b].memory_bytes"} {
+		if !strings.Contains(s.GetReason(), want) {
+			t.Errorf("reason %q lacks %s", s.GetReason(), want)
+		}
+	}
+	if _, ok := n.rt.PID("vps_a"); !ok {
+		t.Error("an invalid section deleted vps_a")
+	}
+}
+
+func TestInstances_FailureIsRetriedAndReported(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	n := newVPSNode(t, root)
+	ctx := context.Background()
+	if err := os.WriteFile(filepath.Join(root, "vps", sim.FailFile), []byte("image ubuntu-24.04.qcow2 is corrupt"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ss, obs := n.c.Converge(ctx, instanceSpec(1, inst("vps_a", "running", 1, 1)))
+	s := section(t, ss)
+	st := instStatus(s)["vps_a"]
+	if obs != 0 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || st.GetState() != "failed" ||
+		st.GetReason() != "image ubuntu-24.04.qcow2 is corrupt" || !strings.Contains(s.GetReason(), "corrupt") {
+		t.Fatalf("observed %d, %v", obs, s)
+	}
+	_ = os.Remove(filepath.Join(root, "vps", sim.FailFile))
+	ss, obs = n.c.Converge(ctx, instanceSpec(1, inst("vps_a", "running", 1, 1)))
+	if s := section(t, ss); obs != 1 || instStatus(s)["vps_a"].GetState() != "running" {
+		t.Fatalf("observed %d, %v", obs, s)
+	}
+}
+
+func TestInstances_MissingGPUFailsThatInstance(t *testing.T) {
+	t.Parallel()
+	n := newVPSNode(t, t.TempDir())
+	g := inst("vps_g", "running", 1, 1)
+	g.GpuUuids = []string{"GPU-nope"}
+	ss, obs := n.c.Converge(context.Background(), instanceSpec(1, g, inst("vps_ok", "running", 1, 1)))
+	s := section(t, ss)
+	st := instStatus(s)
+	if obs != 0 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || st["vps_g"].GetState() != "failed" ||
+		!strings.Contains(st["vps_g"].GetReason(), "GPU-nope") || st["vps_ok"].GetState() != "running" {
+		t.Fatalf("%v", s)
+	}
+}
