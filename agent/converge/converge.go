@@ -116,7 +116,7 @@ type Plan struct {
 	// what the node now has (e.g. the GPUs it exposes).
 	Summary string
 	// Steps are changes other than files that Apply makes (e.g. "start
-	// vps_a"); Apply runs when there are Actions or Steps.
+	// inst_a"); Apply runs when there are Actions or Steps.
 	Steps []string
 }
 

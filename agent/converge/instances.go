@@ -140,8 +140,8 @@ func (h *instancesHandler) Plan(_ Current, d *agentv1.NodeSpec) (Plan, error) {
 	return p, nil
 }
 
-// summary is the converged section's reason: "runs 2 instances: vps_a
-// running, vps_b stopped".
+// summary is the converged section's reason: "runs 2 instances: inst_a
+// running, inst_b stopped".
 func summary(obs []vps.Observed) string {
 	if len(obs) == 0 {
 		return "runs no instances"

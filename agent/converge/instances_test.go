@@ -80,8 +80,8 @@ func TestInstances_ConvergeReportAndSurviveRestart(t *testing.T) {
 	root := t.TempDir()
 	n := newVPSNode(t, root)
 	ctx := context.Background()
-	ds := instanceSpec(1, inst("vps_a", "running", 2, 1), func() *agentv1.Instance {
-		i := inst("vps_b", "stopped", 1, 1)
+	ds := instanceSpec(1, inst("inst_a", "running", 2, 1), func() *agentv1.Instance {
+		i := inst("inst_b", "stopped", 1, 1)
 		i.GpuUuids = []string{"GPU-b"}
 		return i
 	}())
@@ -91,42 +91,42 @@ func TestInstances_ConvergeReportAndSurviveRestart(t *testing.T) {
 		t.Fatalf("observed %d, section %v", obs, s)
 	}
 	st := instStatus(s)
-	if a := st["vps_a"]; a.GetState() != "running" || a.GetVcpus() != 2 || a.GetMemoryBytes() != 1<<30 || a.GetDiskGib() != 10 || a.GetGeneration() != 1 {
-		t.Errorf("vps_a %v", a)
+	if a := st["inst_a"]; a.GetState() != "running" || a.GetVcpus() != 2 || a.GetMemoryBytes() != 1<<30 || a.GetDiskGib() != 10 || a.GetGeneration() != 1 {
+		t.Errorf("inst_a %v", a)
 	}
-	if b := st["vps_b"]; b.GetState() != "stopped" || len(b.GetGpuPciAddresses()) != 1 || b.GetGpuPciAddresses()[0] != "0000:2a:00.0" {
-		t.Errorf("vps_b %v", b)
+	if b := st["inst_b"]; b.GetState() != "stopped" || len(b.GetGpuPciAddresses()) != 1 || b.GetGpuPciAddresses()[0] != "0000:2a:00.0" {
+		t.Errorf("inst_b %v", b)
 	}
-	pid, ok := n.rt.PID("vps_a")
+	pid, ok := n.rt.PID("inst_a")
 	if !ok {
-		t.Fatal("vps_a has no process")
+		t.Fatal("inst_a has no process")
 	}
 
 	t.Run("a restarted daemon re-applies the spec and re-creates nothing", func(t *testing.T) {
 		n2 := newVPSNode(t, root) // New resumes the persisted desired state
-		if p, ok := n2.rt.PID("vps_a"); !ok || p != pid {
+		if p, ok := n2.rt.PID("inst_a"); !ok || p != pid {
 			t.Fatalf("pid %d (%v) after the restart, was %d", p, ok, pid)
 		}
 		ss, obs := n2.c.Converge(ctx, ds)
-		if s := section(t, ss); obs != 1 || s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || instStatus(s)["vps_a"].GetState() != "running" {
+		if s := section(t, ss); obs != 1 || s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || instStatus(s)["inst_a"].GetState() != "running" {
 			t.Fatalf("%v", s)
 		}
-		if p, _ := n2.rt.PID("vps_a"); p != pid {
+		if p, _ := n2.rt.PID("inst_a"); p != pid {
 			t.Errorf("pid %d, was %d: re-created", p, pid)
 		}
 		n = n2
 	})
 	t.Run("stop, start and delete through desired state", func(t *testing.T) {
-		ss, obs := n.c.Converge(ctx, instanceSpec(2, inst("vps_a", "stopped", 2, 2)))
+		ss, obs := n.c.Converge(ctx, instanceSpec(2, inst("inst_a", "stopped", 2, 2)))
 		s := section(t, ss)
-		if obs != 2 || instStatus(s)["vps_a"].GetState() != "stopped" || len(s.GetInstances()) != 1 {
+		if obs != 2 || instStatus(s)["inst_a"].GetState() != "stopped" || len(s.GetInstances()) != 1 {
 			t.Fatalf("%v", s)
 		}
-		if _, err := os.Stat(n.rt.Dir("vps_b")); !os.IsNotExist(err) {
-			t.Errorf("vps_b left out of the spec was not deleted: %v", err)
+		if _, err := os.Stat(n.rt.Dir("inst_b")); !os.IsNotExist(err) {
+			t.Errorf("inst_b left out of the spec was not deleted: %v", err)
 		}
-		ss, _ = n.c.Converge(ctx, instanceSpec(3, inst("vps_a", "running", 4, 3)))
-		if st := instStatus(section(t, ss))["vps_a"]; st.GetState() != "running" || st.GetVcpus() != 4 || st.GetGeneration() != 3 {
+		ss, _ = n.c.Converge(ctx, instanceSpec(3, inst("inst_a", "running", 4, 3)))
+		if st := instStatus(section(t, ss))["inst_a"]; st.GetState() != "running" || st.GetVcpus() != 4 || st.GetGeneration() != 3 {
 			t.Fatalf("%v", st)
 		}
 		ss, obs = n.c.Converge(ctx, instanceSpec(4))
@@ -143,23 +143,23 @@ func TestInstances_InvalidSectionChangesNothing(t *testing.T) {
 	t.Parallel()
 	n := newVPSNode(t, t.TempDir())
 	ctx := context.Background()
-	if _, obs := n.c.Converge(ctx, instanceSpec(1, inst("vps_a", "running", 1, 1))); obs != 1 {
+	if _, obs := n.c.Converge(ctx, instanceSpec(1, inst("inst_a", "running", 1, 1))); obs != 1 {
 		t.Fatal("not converged")
 	}
-	bad := inst("vps_b", "paused", 0, 1)
+	bad := inst("inst_b", "paused", 0, 1)
 	bad.MemoryBytes = 1000
 	ss, obs := n.c.Converge(ctx, instanceSpec(2, bad))
 	s := section(t, ss)
 	if obs != 2 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
 		t.Fatalf("%v", s)
 	}
-	for _, want := range []string{"instances[vps_b].state", "instances[vps_b].vcpus", "instances[vps_b].memory_bytes"} {
+	for _, want := range []string{"instances[inst_b].state", "instances[inst_b].vcpus", "instances[inst_b].memory_bytes"} {
 		if !strings.Contains(s.GetReason(), want) {
 			t.Errorf("reason %q lacks %s", s.GetReason(), want)
 		}
 	}
-	if _, ok := n.rt.PID("vps_a"); !ok {
-		t.Error("an invalid section deleted vps_a")
+	if _, ok := n.rt.PID("inst_a"); !ok {
+		t.Error("an invalid section deleted inst_a")
 	}
 }
 
@@ -171,16 +171,16 @@ func TestInstances_FailureIsRetriedAndReported(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "vps", sim.FailFile), []byte("image ubuntu-24.04.qcow2 is corrupt"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ss, obs := n.c.Converge(ctx, instanceSpec(1, inst("vps_a", "running", 1, 1)))
+	ss, obs := n.c.Converge(ctx, instanceSpec(1, inst("inst_a", "running", 1, 1)))
 	s := section(t, ss)
-	st := instStatus(s)["vps_a"]
+	st := instStatus(s)["inst_a"]
 	if obs != 0 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || st.GetState() != "failed" ||
 		st.GetReason() != "image ubuntu-24.04.qcow2 is corrupt" || !strings.Contains(s.GetReason(), "corrupt") {
 		t.Fatalf("observed %d, %v", obs, s)
 	}
 	_ = os.Remove(filepath.Join(root, "vps", sim.FailFile))
-	ss, obs = n.c.Converge(ctx, instanceSpec(1, inst("vps_a", "running", 1, 1)))
-	if s := section(t, ss); obs != 1 || instStatus(s)["vps_a"].GetState() != "running" {
+	ss, obs = n.c.Converge(ctx, instanceSpec(1, inst("inst_a", "running", 1, 1)))
+	if s := section(t, ss); obs != 1 || instStatus(s)["inst_a"].GetState() != "running" {
 		t.Fatalf("observed %d, %v", obs, s)
 	}
 }
@@ -188,13 +188,13 @@ func TestInstances_FailureIsRetriedAndReported(t *testing.T) {
 func TestInstances_MissingGPUFailsThatInstance(t *testing.T) {
 	t.Parallel()
 	n := newVPSNode(t, t.TempDir())
-	g := inst("vps_g", "running", 1, 1)
+	g := inst("inst_g", "running", 1, 1)
 	g.GpuUuids = []string{"GPU-nope"}
-	ss, obs := n.c.Converge(context.Background(), instanceSpec(1, g, inst("vps_ok", "running", 1, 1)))
+	ss, obs := n.c.Converge(context.Background(), instanceSpec(1, g, inst("inst_ok", "running", 1, 1)))
 	s := section(t, ss)
 	st := instStatus(s)
-	if obs != 0 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || st["vps_g"].GetState() != "failed" ||
-		!strings.Contains(st["vps_g"].GetReason(), "GPU-nope") || st["vps_ok"].GetState() != "running" {
+	if obs != 0 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || st["inst_g"].GetState() != "failed" ||
+		!strings.Contains(st["inst_g"].GetReason(), "GPU-nope") || st["inst_ok"].GetState() != "running" {
 		t.Fatalf("%v", s)
 	}
 }

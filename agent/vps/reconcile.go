@@ -39,7 +39,7 @@ type Step struct {
 	Op Op
 }
 
-// String is "resize vps_a".
+// String is "resize inst_a".
 func (s Step) String() string { return string(s.Op) + " " + s.ID }
 
 // Steps compares the desired instances with what a runtime has (both by

@@ -56,7 +56,7 @@ func (s Size) String() string {
 
 // Spec is one desired instance.
 type Spec struct {
-	// ID is the instance, "vps_…".
+	// ID is the instance, "inst_…".
 	ID string
 	// Generation is the instance's own spec generation; runtimes keep the
 	// one they applied and report it in Observed.
@@ -165,7 +165,7 @@ const (
 )
 
 var (
-	idRE       = regexp.MustCompile(`^vps_[A-Za-z0-9]{1,60}$`)
+	idRE       = regexp.MustCompile(`^inst_[A-Za-z0-9]{1,60}$`)
 	hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
 	imageRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 	pciRE      = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
@@ -173,7 +173,7 @@ var (
 
 // FieldError is one invalid field of one instance.
 type FieldError struct {
-	// Field names the field, e.g. "instances[vps_a].vcpus".
+	// Field names the field, e.g. "instances[inst_a].vcpus".
 	Field string
 	// Problem says what is wrong.
 	Problem string
@@ -197,7 +197,7 @@ func Validate(specs []Spec) error {
 	for i, s := range specs {
 		id := s.ID
 		if !idRE.MatchString(id) {
-			bad(fmt.Sprint(i), "id", "%q is not an instance id (vps_ and 1 to 60 letters or digits)", truncate(id, 80))
+			bad(fmt.Sprint(i), "id", "%q is not an instance id (inst_ and 1 to 60 letters or digits)", truncate(id, 80))
 			continue
 		}
 		if seen[id] {

@@ -41,6 +41,9 @@ const (
 	// pool its node joins and its labels, plus its site's id under
 	// [SiteLabel] (resource.labels["bc:site"] in a policy).
 	TypeMachine = "Machine"
+	// TypeInstance is a VPS instance (the resource compute-instance), in
+	// its pool.
+	TypeInstance = "Instance"
 )
 
 // SiteLabel is the projection label that holds a machine's site: a key no

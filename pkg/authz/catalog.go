@@ -135,6 +135,17 @@ const (
 	MetalRescue Action = "compute:metal:rescue"
 	MetalDelete Action = "compute:metal:delete"
 
+	InstancesCreate Action = "compute:instances:create"
+	InstancesGet    Action = "compute:instances:get"
+	InstancesList   Action = "compute:instances:list"
+	// InstancesStop and InstancesStart set an instance's desired power state.
+	InstancesStop  Action = "compute:instances:stop"
+	InstancesStart Action = "compute:instances:start"
+	// InstancesResize changes an instance's size (claiming or releasing capacity).
+	InstancesResize Action = "compute:instances:resize"
+	InstancesDelete Action = "compute:instances:delete"
+	InstancesReboot Action = "compute:instances:reboot"
+
 	// CapacityGet reads a pool's capacity and quotas.
 	CapacityGet Action = "compute:capacity:get"
 	// QuotasSet sets or removes a tenant's quota in a pool.
@@ -161,6 +172,7 @@ var catalog = []Action{
 	SitesCreate, SitesGet, SitesList, SitesDelete, SitesRevokeAgent,
 	SiteTokensCreate, SiteTokensList, SiteTokensRevoke,
 	MetalEnroll, MetalGet, MetalList, MetalDeploy, MetalRelease, MetalRetry, MetalRescue, MetalDelete,
+	InstancesCreate, InstancesGet, InstancesList, InstancesStop, InstancesStart, InstancesResize, InstancesDelete, InstancesReboot,
 }
 
 // breakGlass are the actions a descendant tenant's policies cannot forbid to

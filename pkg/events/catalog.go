@@ -20,7 +20,7 @@ type Type struct {
 	Doc string
 	// Subject is the kind of resource whose id the event's subject
 	// (outbox.Event.Resource) is: "node", "reservation", "command", "pool",
-	// "tenant", "identity", "apiKey", "joinToken", "policy", "webhook", "site", "machine"; ""
+	// "tenant", "identity", "apiKey", "joinToken", "policy", "webhook", "site", "machine", "instance"; ""
 	// when the event is about no one resource.
 	Subject string
 	// Payload, when set, is the payload's message: the payload is that
@@ -588,6 +588,51 @@ func catalog() []Type {
 				Field{"reason", "string", "Why, e.g. the lost node and why its GPUs could not be re-placed."}),
 			Doc: "A live reservation failed because a booked node was lost: capacity.lostNode is fail, or it is replace and " +
 				"the GPUs could not be re-placed (the placer). Its bookings ended.",
+		},
+
+		// Instances.
+		{
+			Name:    "instance.created",
+			Subject: "instance",
+			Payload: &computev1.InstancesServiceCreateResponse{},
+			Doc:     "An instance was created (instances.create) and waits to be placed (a provider pool's, once built).",
+		},
+		{
+			Name:    "instance.placed",
+			Subject: "instance",
+			Payload: &computev1.InstancesServiceCreateResponse{},
+			Doc: "An instance was created (instances.create) and its vCPUs, memory, disk and GPUs claimed on a host of a " +
+				"hosted pool; the host's desired state now includes it.",
+		},
+		{
+			Name:    "instance.stopped",
+			Subject: "instance",
+			Payload: &computev1.InstancesServiceStopResponse{},
+			Doc:     "An instance's desired power state was set to stopped (instances.stop); it keeps its capacity.",
+		},
+		{
+			Name:    "instance.started",
+			Subject: "instance",
+			Payload: &computev1.InstancesServiceStartResponse{},
+			Doc:     "An instance's desired power state was set to running (instances.start).",
+		},
+		{
+			Name:    "instance.resized",
+			Subject: "instance",
+			Payload: &computev1.InstancesServiceResizeResponse{},
+			Doc:     "An instance was given a new size (instances.resize); the difference was claimed on or released from its host.",
+		},
+		{
+			Name:    "instance.deleted",
+			Subject: "instance",
+			Payload: &computev1.InstancesServiceDeleteResponse{},
+			Doc:     "An instance was deleted (instances.delete); its capacity was released and its host removes it.",
+		},
+		{
+			Name:    "instanceQuota.set",
+			Subject: "pool",
+			Payload: &computev1.InstancesServiceSetQuotaResponse{},
+			Doc:     "A tenant's instance quota in a hosted pool was set or removed (instances.setQuota); `quota` is unset when it was removed.",
 		},
 
 		// Sites.

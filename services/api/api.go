@@ -255,6 +255,7 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterWebhooksServiceServer(gs, &webhooksAPI{Server: s})
 	computev1.RegisterSitesServiceServer(gs, &sitesAPI{Server: s})
 	computev1.RegisterMetalServiceServer(gs, &metalAPI{Server: s})
+	computev1.RegisterInstancesServiceServer(gs, &instancesAPI{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -331,6 +332,7 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 		"webhooks":     computev1.RegisterWebhooksServiceHandler,
 		"sites":        computev1.RegisterSitesServiceHandler,
 		"metal":        computev1.RegisterMetalServiceHandler,
+		"instances":    computev1.RegisterInstancesServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)

@@ -14,6 +14,7 @@ import (
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/instances"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
@@ -69,6 +70,9 @@ func (s *capacityGroup) Get(ctx context.Context, req *computev1.CapacityServiceG
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	if err := s.hosts(ctx, res.ID, out); err != nil {
+		return nil, err
+	}
 	rows, err = s.db.Query(ctx, `SELECT tenant_id, booked, gpu_hours FROM capacity_tenant_usage WHERE pool_id = $1 ORDER BY tenant_id`, res.ID)
 	if err != nil {
 		return nil, err
@@ -82,6 +86,29 @@ func (s *capacityGroup) Get(ctx context.Context, req *computev1.CapacityServiceG
 		out.Tenants = append(out.Tenants, &u)
 	}
 	return out, rows.Err()
+}
+
+// hosts fills a hosted pool's host capacity (read now) into out.
+func (s *capacityGroup) hosts(ctx context.Context, pool string, out *computev1.CapacityServiceGetResponse) error {
+	var class string
+	if err := s.db.QueryRow(ctx, `SELECT class FROM pools WHERE id = $1`, pool).Scan(&class); err != nil {
+		return err
+	}
+	if class != "vps-host" {
+		return nil
+	}
+	c, err := instances.Capacity(ctx, s.db, pool, s.capacity.LostAfter)
+	if err != nil {
+		return err
+	}
+	out.Hosts = &computev1.HostCapacity{
+		Hosts: int32(c.Hosts), SchedulableHosts: int32(c.SchedulableHosts),
+		VcpusTotal: int64(c.Total.VCPUs), VcpusFree: int64(c.Free.VCPUs),
+		MemoryMibTotal: c.Total.MemoryMiB, MemoryMibFree: c.Free.MemoryMiB,
+		DiskGibTotal: c.Total.DiskGiB, DiskGibFree: c.Free.DiskGiB,
+		GpusTotal: int64(c.Total.GPUs), GpusFree: int64(c.Free.GPUs),
+	}
+	return nil
 }
 
 func (s *capacityGroup) SetQuota(ctx context.Context, req *computev1.CapacityServiceSetQuotaRequest) (*computev1.CapacityServiceSetQuotaResponse, error) {

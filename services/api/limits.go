@@ -6,6 +6,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/instances"
 	"github.com/bettercompute/bettercompute/pkg/machines"
 )
 
@@ -36,11 +37,13 @@ var (
 		"page_token": 4096,
 	}
 	maxStringByField = map[protoreflect.FullName]int{
-		"bettercompute.compute.v1.PoliciesServicePutRequest.body":       authz.MaxPolicyBytes,
-		"bettercompute.compute.v1.WebhooksServiceCreateRequest.url":     2048,
-		"bettercompute.compute.v1.WebhooksServiceUpdateRequest.url":     2048,
-		"bettercompute.compute.v1.MetalServiceDeployRequest.cloud_init": machines.MaxCloudInitBytes,
-		"bettercompute.compute.v1.MachineImage.url":                     machines.MaxImageURLLen,
+		"bettercompute.compute.v1.PoliciesServicePutRequest.body":          authz.MaxPolicyBytes,
+		"bettercompute.compute.v1.WebhooksServiceCreateRequest.url":        2048,
+		"bettercompute.compute.v1.WebhooksServiceUpdateRequest.url":        2048,
+		"bettercompute.compute.v1.MetalServiceDeployRequest.cloud_init":    machines.MaxCloudInitBytes,
+		"bettercompute.compute.v1.MachineImage.url":                        machines.MaxImageURLLen,
+		"bettercompute.compute.v1.InstancesServiceCreateRequest.user_data": instances.MaxUserDataBytes,
+		"bettercompute.compute.v1.InstancesServiceCreateRequest.ssh_keys":  instances.MaxSSHKeyLength,
 	}
 )
 

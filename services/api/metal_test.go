@@ -55,7 +55,10 @@ func setupLogged(t *testing.T, withKey bool) (*harness, *logBuffer) {
 	url := pgtest.NewDB(t)
 	h := &harness{clock: &clock{t: time.Now()}}
 	port := 0
-	cfg := &config.Config{Database: config.Database{URL: url}, Server: config.Server{Host: "127.0.0.1", Port: &port, NoMigrate: true}}
+	// The api role alone: the metal role would move the machines this
+	// test puts in each state (services/metal tests the workflow).
+	cfg := &config.Config{Database: config.Database{URL: url}, Server: config.Server{Host: "127.0.0.1", Port: &port, NoMigrate: true},
+		Roles: []string{"api"}}
 	if withKey {
 		cfg.Secrets.KeyFile = filepath.Join(t.TempDir(), "secrets.key")
 		if err := os.WriteFile(cfg.Secrets.KeyFile, secrets.NewKey(), 0o600); err != nil {

@@ -110,6 +110,17 @@ var methods = map[string]Method{
 	computev1.ReservationsService_List_FullMethodName:    {Action: authz.ReservationsList},
 	computev1.ReservationsService_Release_FullMethodName: {Action: authz.ReservationsRelease},
 
+	computev1.InstancesService_Create_FullMethodName:     {Action: authz.InstancesCreate},
+	computev1.InstancesService_Get_FullMethodName:        {Action: authz.InstancesGet},
+	computev1.InstancesService_List_FullMethodName:       {Action: authz.InstancesList},
+	computev1.InstancesService_Stop_FullMethodName:       {Action: authz.InstancesStop},
+	computev1.InstancesService_Start_FullMethodName:      {Action: authz.InstancesStart},
+	computev1.InstancesService_Resize_FullMethodName:     {Action: authz.InstancesResize},
+	computev1.InstancesService_Delete_FullMethodName:     {Action: authz.InstancesDelete},
+	computev1.InstancesService_Reboot_FullMethodName:     {Action: authz.InstancesReboot},
+	computev1.InstancesService_SetQuota_FullMethodName:   {Action: authz.QuotasSet},
+	computev1.InstancesService_ListQuotas_FullMethodName: {Action: authz.CapacityGet},
+
 	computev1.CapacityService_Get_FullMethodName:        {Action: authz.CapacityGet},
 	computev1.CapacityService_SetQuota_FullMethodName:   {Action: authz.QuotasSet},
 	computev1.CapacityService_ListQuotas_FullMethodName: {Action: authz.CapacityGet},

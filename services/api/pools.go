@@ -17,6 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/instances"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -196,9 +197,10 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, acceptance, sharing, defaultQuota)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, acceptance, sharing, defaultQuota, vps)")
 	}
 	var u poolstore.Update
+	var vps *instances.Settings
 	for _, path := range req.GetUpdateMask().GetPaths() {
 		switch path {
 		case "description":
@@ -236,6 +238,15 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				return nil, err
 			}
 			u.Sharing = &v
+		case "vps":
+			v := req.GetVps()
+			vps = &instances.Settings{
+				Host:    instances.Size{VCPUs: int(v.GetHost().GetVcpus()), MemoryMiB: v.GetHost().GetMemoryMib(), DiskGiB: v.GetHost().GetDiskGib()},
+				Reserve: instances.Size{VCPUs: int(v.GetReserve().GetVcpus()), MemoryMiB: v.GetReserve().GetMemoryMib(), DiskGiB: v.GetReserve().GetDiskGib()},
+			}
+			if err := instances.ValidSettings(*vps, "vps"); err != nil {
+				return nil, err
+			}
 		case "default_quota", "defaultQuota":
 			n, err := validDefaultQuota(req.GetDefaultQuota())
 			if err != nil {
@@ -243,7 +254,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			u.DefaultQuota = &n
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance, sharing, defaultQuota can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance, sharing, defaultQuota, vps can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
@@ -258,6 +269,15 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			p, err := poolstore.Apply(ctx, tx, req.GetTenantId(), req.GetPoolId(), u)
 			if err != nil {
 				return admission.Outcome{}, err
+			}
+			if vps != nil {
+				if p.Class != poolstore.ClassVPSHost {
+					return admission.Outcome{}, fault.New(fault.InvalidInput, "vps", "pool %s is a %s pool; vps settings apply to vps-host pools", p.ID, p.Class)
+				}
+				// The hosts' totals follow in this transaction.
+				if err := instances.SetSettings(ctx, tx, p.ID, *vps); err != nil {
+					return admission.Outcome{}, err
+				}
 			}
 			if u.Site != nil || u.Health != nil {
 				// Every node of the pool gets a new desired state, in this

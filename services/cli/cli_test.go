@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"fmt"
+	"io/fs"
 	"strings"
 	"testing"
 
@@ -69,7 +70,12 @@ func TestMigrateAndVersion(t *testing.T) {
 		t.Fatalf("status before: exit %d\n%s%s", code, out, stderr)
 	}
 	code, out, stderr = run(t, "migrate", "--database-url", url, "--log-format", "text")
-	if code != 0 || !strings.Contains(out, fmt.Sprintf("applied %d migration(s); schema is at version %d", migrate.Latest(), migrate.Latest())) {
+	// Versions may skip numbers (work in flight reserves them): count the files.
+	files, err := fs.Glob(migrate.Files(), "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("applied %d migration(s); schema is at version %d", len(files), migrate.Latest())) {
 		t.Fatalf("up: exit %d\n%s%s", code, out, stderr)
 	}
 	code, out, _ = run(t, "migrate", "up", "--database-url", url)

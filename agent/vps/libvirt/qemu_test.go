@@ -98,7 +98,7 @@ func TestQEMU_TCGBootsWithTheSeedAttached(t *testing.T) {
 	if err := os.WriteFile(initrd, cpio(map[string][]byte{"init": initBin}), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	iso, err := seed.Build(vps.Spec{ID: "vps_boot1", Hostname: "boot1", SSHKeys: []string{"ssh-ed25519 AAAAboot t@h"}})
+	iso, err := seed.Build(vps.Spec{ID: "inst_boot1", Hostname: "boot1", SSHKeys: []string{"ssh-ed25519 AAAAboot t@h"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -355,7 +355,7 @@ func (r *Runtime) Reboot(_ context.Context, id string) error {
 	return r.l.DomainReboot(d, golibvirt.DomainRebootDefault)
 }
 
-// List implements vps.Runtime: the domains named DomainPrefix+"vps_…" that
+// List implements vps.Runtime: the domains named DomainPrefix+"inst_…" that
 // carry our metadata.
 func (r *Runtime) List(context.Context) ([]vps.Observed, error) {
 	r.mu.Lock()
@@ -366,7 +366,7 @@ func (r *Runtime) List(context.Context) ([]vps.Observed, error) {
 	}
 	var out []vps.Observed
 	for _, d := range doms {
-		if !strings.HasPrefix(d.Name, DomainPrefix+"vps_") {
+		if !strings.HasPrefix(d.Name, DomainPrefix+"inst_") {
 			continue
 		}
 		o, m, err := r.observe(d)

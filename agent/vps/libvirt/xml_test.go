@@ -12,7 +12,7 @@ import (
 )
 
 func spec(gpus ...string) vps.Spec {
-	return vps.Spec{ID: "vps_x1", Generation: 7, Image: "ubuntu.qcow2", Power: vps.Running,
+	return vps.Spec{ID: "inst_x1", Generation: 7, Image: "ubuntu.qcow2", Power: vps.Running,
 		Size: vps.Size{VCPUs: 8, MemoryMiB: 32768, DiskGiB: 100}, GPUs: gpus}
 }
 
@@ -51,7 +51,7 @@ type raw struct {
 
 func render(t *testing.T, s vps.Spec, o libvirt.DomainOptions) (string, raw) {
 	t.Helper()
-	x, err := libvirt.DomainXML(s, libvirt.Paths{Disk: "/var/lib/libvirt/images/bc-vps_x1.qcow2", Seed: "/var/lib/bc/seeds/bc-vps_x1-seed.iso"}, o)
+	x, err := libvirt.DomainXML(s, libvirt.Paths{Disk: "/var/lib/libvirt/images/bc-inst_x1.qcow2", Seed: "/var/lib/bc/seeds/bc-inst_x1-seed.iso"}, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,18 +111,18 @@ func fmtHex(v uint, width int) string {
 func TestDomainXML_SizeDisksNICAndMetadata(t *testing.T) {
 	t.Parallel()
 	x, r := render(t, spec(), libvirt.DomainOptions{NIC: libvirt.NIC{Mode: "bridge", Source: "br0"}})
-	if r.Name != "bc-vps_x1" || r.VCPU != 8 || r.Memory.Value != 32768 || r.Memory.Unit != "MiB" {
+	if r.Name != "bc-inst_x1" || r.VCPU != 8 || r.Memory.Value != 32768 || r.Memory.Unit != "MiB" {
 		t.Errorf("name %q vcpu %d memory %d %s", r.Name, r.VCPU, r.Memory.Value, r.Memory.Unit)
 	}
 	if len(r.Devices.Disks) != 2 || r.Devices.Disks[0].Device != "disk" || r.Devices.Disks[1].Device != "cdrom" ||
-		r.Devices.Disks[1].Source.File != "/var/lib/bc/seeds/bc-vps_x1-seed.iso" {
+		r.Devices.Disks[1].Source.File != "/var/lib/bc/seeds/bc-inst_x1-seed.iso" {
 		t.Errorf("disks %+v", r.Devices.Disks)
 	}
 	if len(r.Devices.Interfaces) != 1 || r.Devices.Interfaces[0].Type != "bridge" {
 		t.Errorf("interfaces %+v", r.Devices.Interfaces)
 	}
 	d, err := libvirt.Describe(x)
-	if err != nil || d.Metadata == nil || d.Metadata.ID != "vps_x1" || d.Metadata.Generation != 7 || d.Size != spec().Size {
+	if err != nil || d.Metadata == nil || d.Metadata.ID != "inst_x1" || d.Metadata.Generation != 7 || d.Size != spec().Size {
 		t.Errorf("described %+v %v", d, err)
 	}
 	if _, r := render(t, spec(), libvirt.DomainOptions{}); r.Devices.Interfaces[0].Type != "user" {

@@ -13,7 +13,7 @@ import (
 const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBetterComputeTestKeyOnly tenant@laptop"
 
 func spec() vps.Spec {
-	return vps.Spec{ID: "vps_abc123", Image: "tiny.qcow2", Power: vps.Running, Size: vps.Size{VCPUs: 1, MemoryMiB: 128, DiskGiB: 1},
+	return vps.Spec{ID: "inst_abc123", Image: "tiny.qcow2", Power: vps.Running, Size: vps.Size{VCPUs: 1, MemoryMiB: 128, DiskGiB: 1},
 		Hostname: "web-1", SSHKeys: []string{key}}
 }
 
@@ -39,7 +39,7 @@ func TestBuild_ReadsBackKeysHostnameAndNothingElse(t *testing.T) {
 	if got := slices.Sorted(maps.Keys(files)); !slices.Equal(got, []string{"meta-data", "user-data"}) {
 		t.Fatalf("files %v, want exactly meta-data and user-data", got)
 	}
-	if got, want := string(files["meta-data"]), "instance-id: \"vps_abc123\"\nlocal-hostname: \"web-1\"\n"; got != want {
+	if got, want := string(files["meta-data"]), "instance-id: \"inst_abc123\"\nlocal-hostname: \"web-1\"\n"; got != want {
 		t.Errorf("meta-data %q, want %q", got, want)
 	}
 	want := "#cloud-config\nhostname: \"web-1\"\npreserve_hostname: false\nssh_authorized_keys:\n  - \"" + key + "\"\n"

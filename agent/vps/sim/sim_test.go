@@ -99,55 +99,55 @@ func state(t *testing.T, res vps.Result, id string) vps.Observed {
 func TestLifecycle_StartStopResizeDelete(t *testing.T) {
 	t.Parallel()
 	e := setup(t, "")
-	res := e.apply(t, spec("vps_a", vps.Running, 2))
-	if res.Err != nil || state(t, res, "vps_a").State != vps.Running {
+	res := e.apply(t, spec("inst_a", vps.Running, 2))
+	if res.Err != nil || state(t, res, "inst_a").State != vps.Running {
 		t.Fatalf("create: %+v", res)
 	}
-	pid, ok := e.rt.PID("vps_a")
+	pid, ok := e.rt.PID("inst_a")
 	if !ok {
 		t.Fatal("no process")
 	}
-	if b := booted(t, e, "vps_a", pid); b.Size.VCPUs != 2 || b.Size.MemoryMiB != 512 {
+	if b := booted(t, e, "inst_a", pid); b.Size.VCPUs != 2 || b.Size.MemoryMiB != 512 {
 		t.Errorf("the process runs with %+v", b.Size)
 	}
-	if _, err := os.Stat(filepath.Join(e.rt.Dir("vps_a"), sim.SeedFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(e.rt.Dir("inst_a"), sim.SeedFile)); err != nil {
 		t.Errorf("no seed: %v", err)
 	}
 
 	t.Run("applying the same spec changes nothing", func(t *testing.T) {
-		res := e.apply(t, spec("vps_a", vps.Running, 2))
+		res := e.apply(t, spec("inst_a", vps.Running, 2))
 		if res.Err != nil || len(res.Steps) != 0 {
 			t.Fatalf("%+v", res)
 		}
-		if p, _ := e.rt.PID("vps_a"); p != pid {
+		if p, _ := e.rt.PID("inst_a"); p != pid {
 			t.Errorf("pid %d, was %d", p, pid)
 		}
 	})
 	t.Run("resize restarts with the new size", func(t *testing.T) {
-		s := spec("vps_a", vps.Running, 4)
+		s := spec("inst_a", vps.Running, 4)
 		s.Generation = 2
 		res := e.apply(t, s)
-		o := state(t, res, "vps_a")
+		o := state(t, res, "inst_a")
 		if res.Err != nil || o.State != vps.Running || o.Size.VCPUs != 4 || o.Generation != 2 {
 			t.Fatalf("%+v", res)
 		}
-		p, _ := e.rt.PID("vps_a")
+		p, _ := e.rt.PID("inst_a")
 		if p == pid {
 			t.Error("a resize kept the old process")
 		}
-		if b := booted(t, e, "vps_a", p); b.Size.VCPUs != 4 {
+		if b := booted(t, e, "inst_a", p); b.Size.VCPUs != 4 {
 			t.Errorf("the new process runs with %+v", b.Size)
 		}
 		pid = p
 	})
 	t.Run("stop", func(t *testing.T) {
-		s := spec("vps_a", vps.Stopped, 4)
+		s := spec("inst_a", vps.Stopped, 4)
 		s.Generation = 3
 		res := e.apply(t, s)
-		if res.Err != nil || state(t, res, "vps_a").State != vps.Stopped {
+		if res.Err != nil || state(t, res, "inst_a").State != vps.Stopped {
 			t.Fatalf("%+v", res)
 		}
-		if _, ok := e.rt.PID("vps_a"); ok {
+		if _, ok := e.rt.PID("inst_a"); ok {
 			t.Error("still a process")
 		}
 		if _, err := os.Stat("/proc/" + itoa(pid)); err == nil {
@@ -157,31 +157,31 @@ func TestLifecycle_StartStopResizeDelete(t *testing.T) {
 		}
 	})
 	t.Run("start again", func(t *testing.T) {
-		s := spec("vps_a", vps.Running, 4)
+		s := spec("inst_a", vps.Running, 4)
 		s.Generation = 4
-		if res := e.apply(t, s); res.Err != nil || state(t, res, "vps_a").State != vps.Running {
+		if res := e.apply(t, s); res.Err != nil || state(t, res, "inst_a").State != vps.Running {
 			t.Fatalf("%+v", res)
 		}
 	})
 	t.Run("reboot is a new process with the same size", func(t *testing.T) {
-		before, _ := e.rt.PID("vps_a")
-		if err := e.rec.Reboot(context.Background(), "vps_a"); err != nil {
+		before, _ := e.rt.PID("inst_a")
+		if err := e.rec.Reboot(context.Background(), "inst_a"); err != nil {
 			t.Fatal(err)
 		}
-		after, ok := e.rt.PID("vps_a")
+		after, ok := e.rt.PID("inst_a")
 		if !ok || after == before {
 			t.Fatalf("pid %d → %d (%v)", before, after, ok)
 		}
-		if b := booted(t, e, "vps_a", after); b.Size.VCPUs != 4 {
+		if b := booted(t, e, "inst_a", after); b.Size.VCPUs != 4 {
 			t.Errorf("%+v", b)
 		}
 	})
 	t.Run("left out means deleted", func(t *testing.T) {
 		res := e.apply(t)
-		if res.Err != nil || len(res.Instances) != 0 || !slices.Contains(res.Steps, vps.Step{ID: "vps_a", Op: vps.OpDelete}) {
+		if res.Err != nil || len(res.Instances) != 0 || !slices.Contains(res.Steps, vps.Step{ID: "inst_a", Op: vps.OpDelete}) {
 			t.Fatalf("%+v", res)
 		}
-		if _, err := os.Stat(e.rt.Dir("vps_a")); !os.IsNotExist(err) {
+		if _, err := os.Stat(e.rt.Dir("inst_a")); !os.IsNotExist(err) {
 			t.Errorf("the instance directory is still there: %v", err)
 		}
 	})
@@ -192,11 +192,11 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 func TestRestart_AdoptsAndNeverRecreates(t *testing.T) {
 	t.Parallel()
 	e := setup(t, "")
-	specs := []vps.Spec{spec("vps_a", vps.Running, 1), spec("vps_b", vps.Stopped, 1)}
+	specs := []vps.Spec{spec("inst_a", vps.Running, 1), spec("inst_b", vps.Stopped, 1)}
 	if res := e.apply(t, specs...); res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	pid, _ := e.rt.PID("vps_a")
+	pid, _ := e.rt.PID("inst_a")
 
 	// A new daemon: a new runtime and reconciler over the same directory.
 	e2 := setup(t, e.dir)
@@ -208,7 +208,7 @@ func TestRestart_AdoptsAndNeverRecreates(t *testing.T) {
 	if res.Err != nil || len(res.Steps) != 0 {
 		t.Fatalf("re-applying after a restart took steps: %+v", res)
 	}
-	if p, ok := e2.rt.PID("vps_a"); !ok || p != pid {
+	if p, ok := e2.rt.PID("inst_a"); !ok || p != pid {
 		t.Errorf("pid %d after the restart, was %d: the instance was re-created", p, pid)
 	}
 }
@@ -218,30 +218,30 @@ func TestFailures(t *testing.T) {
 	t.Run("injected failure is reported and then cleared", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, "")
-		if err := os.MkdirAll(e.rt.Dir("vps_f"), 0o755); err != nil {
+		if err := os.MkdirAll(e.rt.Dir("inst_f"), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(e.rt.Dir("vps_f"), sim.FailFile), []byte("no space left on the host\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(e.rt.Dir("inst_f"), sim.FailFile), []byte("no space left on the host\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		res := e.apply(t, spec("vps_f", vps.Running, 1), spec("vps_ok", vps.Running, 1))
-		if o := state(t, res, "vps_f"); res.Err == nil || o.State != vps.Failed || o.Reason != "no space left on the host" {
+		res := e.apply(t, spec("inst_f", vps.Running, 1), spec("inst_ok", vps.Running, 1))
+		if o := state(t, res, "inst_f"); res.Err == nil || o.State != vps.Failed || o.Reason != "no space left on the host" {
 			t.Fatalf("%+v", res)
 		}
-		if o := state(t, res, "vps_ok"); o.State != vps.Running {
+		if o := state(t, res, "inst_ok"); o.State != vps.Running {
 			t.Errorf("one failure stopped another instance: %+v", o)
 		}
-		_ = os.Remove(filepath.Join(e.rt.Dir("vps_f"), sim.FailFile))
-		if res := e.apply(t, spec("vps_f", vps.Running, 1), spec("vps_ok", vps.Running, 1)); res.Err != nil || state(t, res, "vps_f").State != vps.Running {
+		_ = os.Remove(filepath.Join(e.rt.Dir("inst_f"), sim.FailFile))
+		if res := e.apply(t, spec("inst_f", vps.Running, 1), spec("inst_ok", vps.Running, 1)); res.Err != nil || state(t, res, "inst_f").State != vps.Running {
 			t.Fatalf("%+v", res)
 		}
 	})
 	t.Run("a dead process is failed, then started again", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, "")
-		e.apply(t, spec("vps_d", vps.Running, 1))
-		pid, _ := e.rt.PID("vps_d")
-		booted(t, e, "vps_d", pid)
+		e.apply(t, spec("inst_d", vps.Running, 1))
+		pid, _ := e.rt.PID("inst_d")
+		booted(t, e, "inst_d", pid)
 		p, _ := os.FindProcess(pid)
 		_ = p.Kill()
 		deadline := time.Now().Add(30 * time.Second)
@@ -255,23 +255,23 @@ func TestFailures(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		res := e.apply(t, spec("vps_d", vps.Running, 1))
-		if res.Err != nil || state(t, res, "vps_d").State != vps.Running || !slices.Contains(res.Steps, vps.Step{ID: "vps_d", Op: vps.OpStart}) {
+		res := e.apply(t, spec("inst_d", vps.Running, 1))
+		if res.Err != nil || state(t, res, "inst_d").State != vps.Running || !slices.Contains(res.Steps, vps.Step{ID: "inst_d", Op: vps.OpStart}) {
 			t.Fatalf("%+v", res)
 		}
 	})
 	t.Run("a GPU the host lacks fails only that instance", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, "")
-		g := spec("vps_g", vps.Running, 1)
+		g := spec("inst_g", vps.Running, 1)
 		g.GPUUUIDs = []string{"GPU-b", "GPU-zzz"}
 		res := e.apply(t, g)
-		if o := state(t, res, "vps_g"); o.State != vps.Failed || !strings.Contains(o.Reason, "GPU-zzz") {
+		if o := state(t, res, "inst_g"); o.State != vps.Failed || !strings.Contains(o.Reason, "GPU-zzz") {
 			t.Fatalf("%+v", res)
 		}
 		g.GPUUUIDs = []string{"GPU-b", "GPU-a"}
 		res = e.apply(t, g)
-		if o := state(t, res, "vps_g"); res.Err != nil || !slices.Equal(o.GPUs, []string{"0000:18:00.0", "0000:2a:00.0"}) {
+		if o := state(t, res, "inst_g"); res.Err != nil || !slices.Equal(o.GPUs, []string{"0000:18:00.0", "0000:2a:00.0"}) {
 			t.Fatalf("%+v", res)
 		}
 	})
@@ -284,19 +284,19 @@ func TestSleepCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := rt.Ensure(context.Background(), spec("vps_s", vps.Running, 1))
+	o, err := rt.Ensure(context.Background(), spec("inst_s", vps.Running, 1))
 	if err != nil || o.State != vps.Running {
 		t.Fatalf("%+v %v", o, err)
 	}
-	pid, _ := rt.PID("vps_s")
+	pid, _ := rt.PID("inst_s")
 	if b, _ := os.ReadFile("/proc/" + itoa(pid) + "/cmdline"); !strings.HasPrefix(string(b), "sleep\x00") {
 		t.Errorf("the instance runs %q", b)
 	}
-	img, _ := os.ReadFile(filepath.Join(rt.Dir("vps_s"), sim.SeedFile))
+	img, _ := os.ReadFile(filepath.Join(rt.Dir("inst_s"), sim.SeedFile))
 	if _, files, err := seed.Read(img); err != nil || !strings.Contains(string(files["user-data"]), "ssh-ed25519 AAAAtest") {
 		t.Errorf("seed: %v %q", err, files["user-data"])
 	}
-	if err := rt.Delete(context.Background(), "vps_s"); err != nil {
+	if err := rt.Delete(context.Background(), "inst_s"); err != nil {
 		t.Fatal(err)
 	}
 	if obs, _ := rt.List(context.Background()); len(obs) != 0 {

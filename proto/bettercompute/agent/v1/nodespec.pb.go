@@ -696,7 +696,7 @@ func (x *Instances) GetInstances() []*Instance {
 // Instance is one VPS instance a host must run.
 type Instance struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// id is the instance, "vps_…".
+	// id is the instance, "inst_…".
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// image is the boot image reference.
 	Image string `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`

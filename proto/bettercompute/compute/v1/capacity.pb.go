@@ -87,7 +87,10 @@ type CapacityServiceGetResponse struct {
 	// What each tenant has booked.
 	Tenants []*TenantUsage `protobuf:"bytes,3,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	// When the rollup computed it.
-	ComputeTime   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=compute_time,json=computeTime,proto3" json:"compute_time,omitempty"`
+	ComputeTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=compute_time,json=computeTime,proto3" json:"compute_time,omitempty"`
+	// A hosted pool's (class "vps-host") hosts, read now: unset for other
+	// pools.
+	Hosts         *HostCapacity `protobuf:"bytes,5,opt,name=hosts,proto3" json:"hosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,6 +153,142 @@ func (x *CapacityServiceGetResponse) GetComputeTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *CapacityServiceGetResponse) GetHosts() *HostCapacity {
+	if x != nil {
+		return x.Hosts
+	}
+	return nil
+}
+
+// HostCapacity is what a hosted pool's hosts have for instances (their
+// size minus the pool's reserve): totals over every host, free on the
+// schedulable ones.
+type HostCapacity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Hosts in the pool.
+	Hosts int32 `protobuf:"varint,1,opt,name=hosts,proto3" json:"hosts,omitempty"`
+	// Of those, the ones placement may choose.
+	SchedulableHosts int32 `protobuf:"varint,2,opt,name=schedulable_hosts,json=schedulableHosts,proto3" json:"schedulable_hosts,omitempty"`
+	// vCPUs.
+	VcpusTotal int64 `protobuf:"varint,3,opt,name=vcpus_total,json=vcpusTotal,proto3" json:"vcpus_total,omitempty"`
+	// vCPUs free.
+	VcpusFree int64 `protobuf:"varint,4,opt,name=vcpus_free,json=vcpusFree,proto3" json:"vcpus_free,omitempty"`
+	// Memory, MiB.
+	MemoryMibTotal int64 `protobuf:"varint,5,opt,name=memory_mib_total,json=memoryMiBTotal,proto3" json:"memory_mib_total,omitempty"`
+	// Memory free, MiB.
+	MemoryMibFree int64 `protobuf:"varint,6,opt,name=memory_mib_free,json=memoryMiBFree,proto3" json:"memory_mib_free,omitempty"`
+	// Disk, GiB.
+	DiskGibTotal int64 `protobuf:"varint,7,opt,name=disk_gib_total,json=diskGiBTotal,proto3" json:"disk_gib_total,omitempty"`
+	// Disk free, GiB.
+	DiskGibFree int64 `protobuf:"varint,8,opt,name=disk_gib_free,json=diskGiBFree,proto3" json:"disk_gib_free,omitempty"`
+	// GPUs.
+	GpusTotal int64 `protobuf:"varint,9,opt,name=gpus_total,json=gpusTotal,proto3" json:"gpus_total,omitempty"`
+	// GPUs free for instances.
+	GpusFree      int64 `protobuf:"varint,10,opt,name=gpus_free,json=gpusFree,proto3" json:"gpus_free,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostCapacity) Reset() {
+	*x = HostCapacity{}
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostCapacity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostCapacity) ProtoMessage() {}
+
+func (x *HostCapacity) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostCapacity.ProtoReflect.Descriptor instead.
+func (*HostCapacity) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HostCapacity) GetHosts() int32 {
+	if x != nil {
+		return x.Hosts
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetSchedulableHosts() int32 {
+	if x != nil {
+		return x.SchedulableHosts
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetVcpusTotal() int64 {
+	if x != nil {
+		return x.VcpusTotal
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetVcpusFree() int64 {
+	if x != nil {
+		return x.VcpusFree
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetMemoryMibTotal() int64 {
+	if x != nil {
+		return x.MemoryMibTotal
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetMemoryMibFree() int64 {
+	if x != nil {
+		return x.MemoryMibFree
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetDiskGibTotal() int64 {
+	if x != nil {
+		return x.DiskGibTotal
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetDiskGibFree() int64 {
+	if x != nil {
+		return x.DiskGibFree
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetGpusTotal() int64 {
+	if x != nil {
+		return x.GpusTotal
+	}
+	return 0
+}
+
+func (x *HostCapacity) GetGpusFree() int64 {
+	if x != nil {
+		return x.GpusFree
+	}
+	return 0
+}
+
 // CapacityCounts counts bookable atoms (whole GPUs, or MIG slices).
 type CapacityCounts struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -169,7 +308,7 @@ type CapacityCounts struct {
 
 func (x *CapacityCounts) Reset() {
 	*x = CapacityCounts{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -181,7 +320,7 @@ func (x *CapacityCounts) String() string {
 func (*CapacityCounts) ProtoMessage() {}
 
 func (x *CapacityCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -194,7 +333,7 @@ func (x *CapacityCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityCounts.ProtoReflect.Descriptor instead.
 func (*CapacityCounts) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CapacityCounts) GetFree() int32 {
@@ -238,7 +377,7 @@ type ModelCapacity struct {
 
 func (x *ModelCapacity) Reset() {
 	*x = ModelCapacity{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +389,7 @@ func (x *ModelCapacity) String() string {
 func (*ModelCapacity) ProtoMessage() {}
 
 func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +402,7 @@ func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapacity.ProtoReflect.Descriptor instead.
 func (*ModelCapacity) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ModelCapacity) GetModel() string {
@@ -295,7 +434,7 @@ type TenantUsage struct {
 
 func (x *TenantUsage) Reset() {
 	*x = TenantUsage{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -307,7 +446,7 @@ func (x *TenantUsage) String() string {
 func (*TenantUsage) ProtoMessage() {}
 
 func (x *TenantUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -320,7 +459,7 @@ func (x *TenantUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantUsage.ProtoReflect.Descriptor instead.
 func (*TenantUsage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TenantUsage) GetTenantId() string {
@@ -363,7 +502,7 @@ type Quota struct {
 
 func (x *Quota) Reset() {
 	*x = Quota{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -375,7 +514,7 @@ func (x *Quota) String() string {
 func (*Quota) ProtoMessage() {}
 
 func (x *Quota) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -388,7 +527,7 @@ func (x *Quota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quota.ProtoReflect.Descriptor instead.
 func (*Quota) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Quota) GetPoolId() string {
@@ -446,7 +585,7 @@ type CapacityServiceSetQuotaRequest struct {
 
 func (x *CapacityServiceSetQuotaRequest) Reset() {
 	*x = CapacityServiceSetQuotaRequest{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -458,7 +597,7 @@ func (x *CapacityServiceSetQuotaRequest) String() string {
 func (*CapacityServiceSetQuotaRequest) ProtoMessage() {}
 
 func (x *CapacityServiceSetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -471,7 +610,7 @@ func (x *CapacityServiceSetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityServiceSetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*CapacityServiceSetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CapacityServiceSetQuotaRequest) GetTenantId() string {
@@ -520,7 +659,7 @@ type CapacityServiceSetQuotaResponse struct {
 
 func (x *CapacityServiceSetQuotaResponse) Reset() {
 	*x = CapacityServiceSetQuotaResponse{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +671,7 @@ func (x *CapacityServiceSetQuotaResponse) String() string {
 func (*CapacityServiceSetQuotaResponse) ProtoMessage() {}
 
 func (x *CapacityServiceSetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +684,7 @@ func (x *CapacityServiceSetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityServiceSetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*CapacityServiceSetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CapacityServiceSetQuotaResponse) GetQuota() *Quota {
@@ -568,7 +707,7 @@ type CapacityServiceListQuotasRequest struct {
 
 func (x *CapacityServiceListQuotasRequest) Reset() {
 	*x = CapacityServiceListQuotasRequest{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +719,7 @@ func (x *CapacityServiceListQuotasRequest) String() string {
 func (*CapacityServiceListQuotasRequest) ProtoMessage() {}
 
 func (x *CapacityServiceListQuotasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +732,7 @@ func (x *CapacityServiceListQuotasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityServiceListQuotasRequest.ProtoReflect.Descriptor instead.
 func (*CapacityServiceListQuotasRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CapacityServiceListQuotasRequest) GetTenantId() string {
@@ -621,7 +760,7 @@ type CapacityServiceListQuotasResponse struct {
 
 func (x *CapacityServiceListQuotasResponse) Reset() {
 	*x = CapacityServiceListQuotasResponse{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +772,7 @@ func (x *CapacityServiceListQuotasResponse) String() string {
 func (*CapacityServiceListQuotasResponse) ProtoMessage() {}
 
 func (x *CapacityServiceListQuotasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +785,7 @@ func (x *CapacityServiceListQuotasResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use CapacityServiceListQuotasResponse.ProtoReflect.Descriptor instead.
 func (*CapacityServiceListQuotasResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CapacityServiceListQuotasResponse) GetQuotas() []*Quota {
@@ -663,12 +802,28 @@ const file_bettercompute_compute_v1_capacity_proto_rawDesc = "" +
 	"'bettercompute/compute/v1/capacity.proto\x12\x18bettercompute.compute.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"Q\n" +
 	"\x19CapacityServiceGetRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
-	"\apool_id\x18\x02 \x01(\tR\x06poolId\"\x9d\x02\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\"\xdb\x02\n" +
 	"\x1aCapacityServiceGetResponse\x12>\n" +
 	"\x05total\x18\x01 \x01(\v2(.bettercompute.compute.v1.CapacityCountsR\x05total\x12?\n" +
 	"\x06models\x18\x02 \x03(\v2'.bettercompute.compute.v1.ModelCapacityR\x06models\x12?\n" +
 	"\atenants\x18\x03 \x03(\v2%.bettercompute.compute.v1.TenantUsageR\atenants\x12=\n" +
-	"\fcompute_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vcomputeTime\"\x80\x01\n" +
+	"\fcompute_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vcomputeTime\x12<\n" +
+	"\x05hosts\x18\x05 \x01(\v2&.bettercompute.compute.v1.HostCapacityR\x05hosts\"\xe9\x02\n" +
+	"\fHostCapacity\x12\x14\n" +
+	"\x05hosts\x18\x01 \x01(\x05R\x05hosts\x12+\n" +
+	"\x11schedulable_hosts\x18\x02 \x01(\x05R\x10schedulableHosts\x12\x1f\n" +
+	"\vvcpus_total\x18\x03 \x01(\x03R\n" +
+	"vcpusTotal\x12\x1d\n" +
+	"\n" +
+	"vcpus_free\x18\x04 \x01(\x03R\tvcpusFree\x12(\n" +
+	"\x10memory_mib_total\x18\x05 \x01(\x03R\x0ememoryMiBTotal\x12&\n" +
+	"\x0fmemory_mib_free\x18\x06 \x01(\x03R\rmemoryMiBFree\x12$\n" +
+	"\x0edisk_gib_total\x18\a \x01(\x03R\fdiskGiBTotal\x12\"\n" +
+	"\rdisk_gib_free\x18\b \x01(\x03R\vdiskGiBFree\x12\x1d\n" +
+	"\n" +
+	"gpus_total\x18\t \x01(\x03R\tgpusTotal\x12\x1b\n" +
+	"\tgpus_free\x18\n" +
+	" \x01(\x03R\bgpusFree\"\x80\x01\n" +
 	"\x0eCapacityCounts\x12\x12\n" +
 	"\x04free\x18\x01 \x01(\x05R\x04free\x12\x16\n" +
 	"\x06booked\x18\x02 \x01(\x05R\x06booked\x12 \n" +
@@ -719,40 +874,42 @@ func file_bettercompute_compute_v1_capacity_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_capacity_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_bettercompute_compute_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_bettercompute_compute_v1_capacity_proto_goTypes = []any{
 	(*CapacityServiceGetRequest)(nil),         // 0: bettercompute.compute.v1.CapacityServiceGetRequest
 	(*CapacityServiceGetResponse)(nil),        // 1: bettercompute.compute.v1.CapacityServiceGetResponse
-	(*CapacityCounts)(nil),                    // 2: bettercompute.compute.v1.CapacityCounts
-	(*ModelCapacity)(nil),                     // 3: bettercompute.compute.v1.ModelCapacity
-	(*TenantUsage)(nil),                       // 4: bettercompute.compute.v1.TenantUsage
-	(*Quota)(nil),                             // 5: bettercompute.compute.v1.Quota
-	(*CapacityServiceSetQuotaRequest)(nil),    // 6: bettercompute.compute.v1.CapacityServiceSetQuotaRequest
-	(*CapacityServiceSetQuotaResponse)(nil),   // 7: bettercompute.compute.v1.CapacityServiceSetQuotaResponse
-	(*CapacityServiceListQuotasRequest)(nil),  // 8: bettercompute.compute.v1.CapacityServiceListQuotasRequest
-	(*CapacityServiceListQuotasResponse)(nil), // 9: bettercompute.compute.v1.CapacityServiceListQuotasResponse
-	(*timestamppb.Timestamp)(nil),             // 10: google.protobuf.Timestamp
+	(*HostCapacity)(nil),                      // 2: bettercompute.compute.v1.HostCapacity
+	(*CapacityCounts)(nil),                    // 3: bettercompute.compute.v1.CapacityCounts
+	(*ModelCapacity)(nil),                     // 4: bettercompute.compute.v1.ModelCapacity
+	(*TenantUsage)(nil),                       // 5: bettercompute.compute.v1.TenantUsage
+	(*Quota)(nil),                             // 6: bettercompute.compute.v1.Quota
+	(*CapacityServiceSetQuotaRequest)(nil),    // 7: bettercompute.compute.v1.CapacityServiceSetQuotaRequest
+	(*CapacityServiceSetQuotaResponse)(nil),   // 8: bettercompute.compute.v1.CapacityServiceSetQuotaResponse
+	(*CapacityServiceListQuotasRequest)(nil),  // 9: bettercompute.compute.v1.CapacityServiceListQuotasRequest
+	(*CapacityServiceListQuotasResponse)(nil), // 10: bettercompute.compute.v1.CapacityServiceListQuotasResponse
+	(*timestamppb.Timestamp)(nil),             // 11: google.protobuf.Timestamp
 }
 var file_bettercompute_compute_v1_capacity_proto_depIdxs = []int32{
-	2,  // 0: bettercompute.compute.v1.CapacityServiceGetResponse.total:type_name -> bettercompute.compute.v1.CapacityCounts
-	3,  // 1: bettercompute.compute.v1.CapacityServiceGetResponse.models:type_name -> bettercompute.compute.v1.ModelCapacity
-	4,  // 2: bettercompute.compute.v1.CapacityServiceGetResponse.tenants:type_name -> bettercompute.compute.v1.TenantUsage
-	10, // 3: bettercompute.compute.v1.CapacityServiceGetResponse.compute_time:type_name -> google.protobuf.Timestamp
-	2,  // 4: bettercompute.compute.v1.ModelCapacity.counts:type_name -> bettercompute.compute.v1.CapacityCounts
-	10, // 5: bettercompute.compute.v1.Quota.update_time:type_name -> google.protobuf.Timestamp
-	5,  // 6: bettercompute.compute.v1.CapacityServiceSetQuotaResponse.quota:type_name -> bettercompute.compute.v1.Quota
-	5,  // 7: bettercompute.compute.v1.CapacityServiceListQuotasResponse.quotas:type_name -> bettercompute.compute.v1.Quota
-	0,  // 8: bettercompute.compute.v1.CapacityService.Get:input_type -> bettercompute.compute.v1.CapacityServiceGetRequest
-	6,  // 9: bettercompute.compute.v1.CapacityService.SetQuota:input_type -> bettercompute.compute.v1.CapacityServiceSetQuotaRequest
-	8,  // 10: bettercompute.compute.v1.CapacityService.ListQuotas:input_type -> bettercompute.compute.v1.CapacityServiceListQuotasRequest
-	1,  // 11: bettercompute.compute.v1.CapacityService.Get:output_type -> bettercompute.compute.v1.CapacityServiceGetResponse
-	7,  // 12: bettercompute.compute.v1.CapacityService.SetQuota:output_type -> bettercompute.compute.v1.CapacityServiceSetQuotaResponse
-	9,  // 13: bettercompute.compute.v1.CapacityService.ListQuotas:output_type -> bettercompute.compute.v1.CapacityServiceListQuotasResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 0: bettercompute.compute.v1.CapacityServiceGetResponse.total:type_name -> bettercompute.compute.v1.CapacityCounts
+	4,  // 1: bettercompute.compute.v1.CapacityServiceGetResponse.models:type_name -> bettercompute.compute.v1.ModelCapacity
+	5,  // 2: bettercompute.compute.v1.CapacityServiceGetResponse.tenants:type_name -> bettercompute.compute.v1.TenantUsage
+	11, // 3: bettercompute.compute.v1.CapacityServiceGetResponse.compute_time:type_name -> google.protobuf.Timestamp
+	2,  // 4: bettercompute.compute.v1.CapacityServiceGetResponse.hosts:type_name -> bettercompute.compute.v1.HostCapacity
+	3,  // 5: bettercompute.compute.v1.ModelCapacity.counts:type_name -> bettercompute.compute.v1.CapacityCounts
+	11, // 6: bettercompute.compute.v1.Quota.update_time:type_name -> google.protobuf.Timestamp
+	6,  // 7: bettercompute.compute.v1.CapacityServiceSetQuotaResponse.quota:type_name -> bettercompute.compute.v1.Quota
+	6,  // 8: bettercompute.compute.v1.CapacityServiceListQuotasResponse.quotas:type_name -> bettercompute.compute.v1.Quota
+	0,  // 9: bettercompute.compute.v1.CapacityService.Get:input_type -> bettercompute.compute.v1.CapacityServiceGetRequest
+	7,  // 10: bettercompute.compute.v1.CapacityService.SetQuota:input_type -> bettercompute.compute.v1.CapacityServiceSetQuotaRequest
+	9,  // 11: bettercompute.compute.v1.CapacityService.ListQuotas:input_type -> bettercompute.compute.v1.CapacityServiceListQuotasRequest
+	1,  // 12: bettercompute.compute.v1.CapacityService.Get:output_type -> bettercompute.compute.v1.CapacityServiceGetResponse
+	8,  // 13: bettercompute.compute.v1.CapacityService.SetQuota:output_type -> bettercompute.compute.v1.CapacityServiceSetQuotaResponse
+	10, // 14: bettercompute.compute.v1.CapacityService.ListQuotas:output_type -> bettercompute.compute.v1.CapacityServiceListQuotasResponse
+	12, // [12:15] is the sub-list for method output_type
+	9,  // [9:12] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_capacity_proto_init() }
@@ -766,7 +923,7 @@ func file_bettercompute_compute_v1_capacity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_capacity_proto_rawDesc), len(file_bettercompute_compute_v1_capacity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

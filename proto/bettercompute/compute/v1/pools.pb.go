@@ -622,7 +622,11 @@ type PoolsServiceUpdateRequest struct {
 	// Deprecated: accepted for one release; use pool_id.
 	//
 	// Deprecated: Marked as deprecated in bettercompute/compute/v1/pools.proto.
-	Id            string `protobuf:"bytes,11,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,11,opt,name=id,proto3" json:"id,omitempty"`
+	// A hosted pool's VPS settings, when update_mask names "vps": each host's
+	// reserve, and the host size to assume where a host's inventory does not
+	// report its own.
+	Vps           *VpsSettings `protobuf:"bytes,12,opt,name=vps,proto3" json:"vps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -735,6 +739,132 @@ func (x *PoolsServiceUpdateRequest) GetId() string {
 	return ""
 }
 
+func (x *PoolsServiceUpdateRequest) GetVps() *VpsSettings {
+	if x != nil {
+		return x.Vps
+	}
+	return nil
+}
+
+// VpsSettings are a hosted pool's (class "vps-host") settings.
+type VpsSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The size of a host whose inventory does not report one.
+	Host *VpsSize `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// What every host keeps for itself: instances get the rest.
+	Reserve       *VpsSize `protobuf:"bytes,2,opt,name=reserve,proto3" json:"reserve,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VpsSettings) Reset() {
+	*x = VpsSettings{}
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VpsSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VpsSettings) ProtoMessage() {}
+
+func (x *VpsSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VpsSettings.ProtoReflect.Descriptor instead.
+func (*VpsSettings) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *VpsSettings) GetHost() *VpsSize {
+	if x != nil {
+		return x.Host
+	}
+	return nil
+}
+
+func (x *VpsSettings) GetReserve() *VpsSize {
+	if x != nil {
+		return x.Reserve
+	}
+	return nil
+}
+
+// VpsSize is an amount of vCPUs, memory and disk.
+type VpsSize struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// vCPUs.
+	Vcpus int32 `protobuf:"varint,1,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	// Memory, MiB.
+	MemoryMib int64 `protobuf:"varint,2,opt,name=memory_mib,json=memoryMiB,proto3" json:"memory_mib,omitempty"`
+	// Disk, GiB.
+	DiskGib       int64 `protobuf:"varint,3,opt,name=disk_gib,json=diskGiB,proto3" json:"disk_gib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VpsSize) Reset() {
+	*x = VpsSize{}
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VpsSize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VpsSize) ProtoMessage() {}
+
+func (x *VpsSize) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VpsSize.ProtoReflect.Descriptor instead.
+func (*VpsSize) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *VpsSize) GetVcpus() int32 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+func (x *VpsSize) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *VpsSize) GetDiskGib() int64 {
+	if x != nil {
+		return x.DiskGib
+	}
+	return 0
+}
+
 // PoolsServiceUpdateResponse is the changed pool.
 type PoolsServiceUpdateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -746,7 +876,7 @@ type PoolsServiceUpdateResponse struct {
 
 func (x *PoolsServiceUpdateResponse) Reset() {
 	*x = PoolsServiceUpdateResponse{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -758,7 +888,7 @@ func (x *PoolsServiceUpdateResponse) String() string {
 func (*PoolsServiceUpdateResponse) ProtoMessage() {}
 
 func (x *PoolsServiceUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -771,7 +901,7 @@ func (x *PoolsServiceUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolsServiceUpdateResponse.ProtoReflect.Descriptor instead.
 func (*PoolsServiceUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PoolsServiceUpdateResponse) GetPool() *Pool {
@@ -840,7 +970,7 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x95\x04\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xce\x04\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12 \n" +
@@ -856,10 +986,19 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\asharing\x18\t \x01(\tR\asharing\x12#\n" +
 	"\rdefault_quota\x18\n" +
 	" \x01(\x05R\fdefaultQuota\x12\x12\n" +
-	"\x02id\x18\v \x01(\tB\x02\x18\x01R\x02id\x1a9\n" +
+	"\x02id\x18\v \x01(\tB\x02\x18\x01R\x02id\x127\n" +
+	"\x03vps\x18\f \x01(\v2%.bettercompute.compute.v1.VpsSettingsR\x03vps\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
+	"\vVpsSettings\x125\n" +
+	"\x04host\x18\x01 \x01(\v2!.bettercompute.compute.v1.VpsSizeR\x04host\x12;\n" +
+	"\areserve\x18\x02 \x01(\v2!.bettercompute.compute.v1.VpsSizeR\areserve\"Y\n" +
+	"\aVpsSize\x12\x14\n" +
+	"\x05vcpus\x18\x01 \x01(\x05R\x05vcpus\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x02 \x01(\x03R\tmemoryMiB\x12\x19\n" +
+	"\bdisk_gib\x18\x03 \x01(\x03R\adiskGiB\"P\n" +
 	"\x1aPoolsServiceUpdateResponse\x122\n" +
 	"\x04pool\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.PoolR\x04pool2\xd3\x03\n" +
 	"\fPoolsService\x12s\n" +
@@ -880,7 +1019,7 @@ func file_bettercompute_compute_v1_pools_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_pools_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_pools_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_bettercompute_compute_v1_pools_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	(*Pool)(nil),                       // 0: bettercompute.compute.v1.Pool
 	(*PoolsServiceCreateRequest)(nil),  // 1: bettercompute.compute.v1.PoolsServiceCreateRequest
@@ -890,40 +1029,45 @@ var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	(*PoolsServiceListRequest)(nil),    // 5: bettercompute.compute.v1.PoolsServiceListRequest
 	(*PoolsServiceListResponse)(nil),   // 6: bettercompute.compute.v1.PoolsServiceListResponse
 	(*PoolsServiceUpdateRequest)(nil),  // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest
-	(*PoolsServiceUpdateResponse)(nil), // 8: bettercompute.compute.v1.PoolsServiceUpdateResponse
-	nil,                                // 9: bettercompute.compute.v1.Pool.LabelsEntry
-	nil,                                // 10: bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
-	nil,                                // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 12: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),      // 13: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),            // 14: google.protobuf.Struct
+	(*VpsSettings)(nil),                // 8: bettercompute.compute.v1.VpsSettings
+	(*VpsSize)(nil),                    // 9: bettercompute.compute.v1.VpsSize
+	(*PoolsServiceUpdateResponse)(nil), // 10: bettercompute.compute.v1.PoolsServiceUpdateResponse
+	nil,                                // 11: bettercompute.compute.v1.Pool.LabelsEntry
+	nil,                                // 12: bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
+	nil,                                // 13: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 14: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),      // 15: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),            // 16: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_pools_proto_depIdxs = []int32{
-	9,  // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
-	12, // 1: bettercompute.compute.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	12, // 2: bettercompute.compute.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
-	10, // 3: bettercompute.compute.v1.PoolsServiceCreateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
+	11, // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
+	14, // 1: bettercompute.compute.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	14, // 2: bettercompute.compute.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
+	12, // 3: bettercompute.compute.v1.PoolsServiceCreateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
 	0,  // 4: bettercompute.compute.v1.PoolsServiceCreateResponse.pool:type_name -> bettercompute.compute.v1.Pool
 	0,  // 5: bettercompute.compute.v1.PoolsServiceGetResponse.pool:type_name -> bettercompute.compute.v1.Pool
 	0,  // 6: bettercompute.compute.v1.PoolsServiceListResponse.pools:type_name -> bettercompute.compute.v1.Pool
-	11, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
-	13, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	14, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
-	14, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
-	0,  // 11: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
-	1,  // 12: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
-	3,  // 13: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
-	5,  // 14: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
-	7,  // 15: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
-	2,  // 16: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
-	4,  // 17: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
-	6,  // 18: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
-	8,  // 19: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	13, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
+	15, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	16, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
+	16, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
+	8,  // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.vps:type_name -> bettercompute.compute.v1.VpsSettings
+	9,  // 12: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
+	9,  // 13: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
+	0,  // 14: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
+	1,  // 15: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
+	3,  // 16: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
+	5,  // 17: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
+	7,  // 18: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
+	2,  // 19: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
+	4,  // 20: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
+	6,  // 21: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
+	10, // 22: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
+	19, // [19:23] is the sub-list for method output_type
+	15, // [15:19] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_pools_proto_init() }
@@ -937,7 +1081,7 @@ func file_bettercompute_compute_v1_pools_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_pools_proto_rawDesc), len(file_bettercompute_compute_v1_pools_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
