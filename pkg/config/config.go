@@ -297,10 +297,18 @@ type Dev struct {
 	// mock DGX H200) dev joins to a pool "sim" in the root tenant, so the
 	// control plane has a live fleet; default 3, 0 for none.
 	SimNodes *int `yaml:"simNodes"`
+	// SimMachines is how many simulated bare-metal machines (fake Redfish
+	// BMCs) dev enrolls at a simulated site "sim" with an in-process site
+	// agent; all but one reach ready and one is deployed and joins as a node.
+	// Default 3, or 0 when SimNodes is 0 (no simulation at all); 0 for none.
+	SimMachines *int `yaml:"simMachines"`
 	// DataDir keeps dev's private PostgreSQL cluster, NATS store and first
 	// credential; default ./.data.
 	DataDir string `yaml:"dataDir"`
 }
+
+// MaxSimMachines bounds dev.simMachines (one MAC byte each).
+const MaxSimMachines = 64
 
 // Duration is a time.Duration written as "15s", "5m" in YAML and environment.
 type Duration time.Duration
@@ -342,6 +350,13 @@ func (c *Config) Defaults() {
 	if c.Dev.SimNodes == nil {
 		n := 3
 		c.Dev.SimNodes = &n
+	}
+	if c.Dev.SimMachines == nil {
+		n := 3
+		if *c.Dev.SimNodes == 0 {
+			n = 0
+		}
+		c.Dev.SimMachines = &n
 	}
 	c.JoinService.TrustDomain = cmp.Or(c.JoinService.TrustDomain, "bettercompute.local")
 	host, _ := os.Hostname()
@@ -478,6 +493,9 @@ func (c *Config) Validate() error {
 	}
 	if n := c.Dev.SimNodes; n != nil && (*n < 0 || *n > 100000) {
 		bad("dev.simNodes", "expected 0 to 100000, got %d", *n)
+	}
+	if n := c.Dev.SimMachines; n != nil && (*n < 0 || *n > MaxSimMachines) {
+		bad("dev.simMachines", "expected 0 to %d, got %d", MaxSimMachines, *n)
 	}
 	if l := c.Gateway.Listen; l != "" {
 		if _, port, err := net.SplitHostPort(l); err != nil || port == "" {

@@ -167,7 +167,7 @@ func runServe(cmd *cobra.Command, g *globals, f *serveFlags, stderr io.Writer) e
 
 func newDev(g *globals, stdout, stderr io.Writer) *cobra.Command {
 	f := &serveFlags{}
-	var simNodes int
+	var simNodes, simMachines int
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run every role in one process with an embedded NATS server and a local PostgreSQL",
@@ -185,6 +185,9 @@ func newDev(g *globals, stdout, stderr io.Writer) *cobra.Command {
 			if cmd.Flags().Changed("sim-nodes") {
 				cfg.Dev.SimNodes = &simNodes
 			}
+			if cmd.Flags().Changed("sim-machines") {
+				cfg.Dev.SimMachines = &simMachines
+			}
 			if cfg.Server.Host == "" {
 				cfg.Server.Host = "127.0.0.1"
 			}
@@ -200,6 +203,7 @@ func newDev(g *globals, stdout, stderr io.Writer) *cobra.Command {
 	}
 	f.register(cmd, true)
 	cmd.Flags().IntVar(&simNodes, "sim-nodes", 3, "simulated node daemons (mock DGX H200) to join to the pool \"sim\"; 0 for none (dev.simNodes)")
+	cmd.Flags().IntVar(&simMachines, "sim-machines", 3, "simulated bare-metal machines (fake BMCs) at a simulated site \"sim\": all reach ready, one is deployed and joins; 0 for none (dev.simMachines)")
 	return cmd
 }
 

@@ -26,7 +26,7 @@ import (
 // fleet-specs-stored-s is when every node's new spec was stored (the
 // nodespec controller's share of fleet-change-s).
 func BenchmarkConvergence(b *testing.B) {
-	n := 20
+	n, noMachines := 20, 0
 	if v, err := strconv.Atoi(os.Getenv("BC_BENCH_NODES")); err == nil && v > 0 {
 		n = v
 	}
@@ -43,7 +43,7 @@ func BenchmarkConvergence(b *testing.B) {
 				Database: config.Database{URL: dbURL, MaxConns: maxConnsForBench()},
 				NATS:     config.NATS{URL: ns.URL()},
 				Server:   config.Server{Host: "127.0.0.1", Port: &port},
-				Dev:      config.Dev{DataDir: b.TempDir(), SimNodes: &n},
+				Dev:      config.Dev{DataDir: b.TempDir(), SimNodes: &n, SimMachines: &noMachines}, // it counts every node
 				Gateway:  config.Gateway{Listen: "127.0.0.1:0"},
 				Runtime:  config.Runtime{Concurrency: concurrencyForBench()},
 			}

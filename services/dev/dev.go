@@ -53,6 +53,12 @@ type Env struct {
 	JoinKeyFile, CAFile string
 	// Fleet is the simulated fleet (dev.simNodes), or nil.
 	Fleet *sim.Fleet
+	// Metal is the simulated bare-metal site (dev.simMachines), or nil.
+	Metal *SimSite
+	// MetalSiteID and MetalMachines are its site's id and its machines.
+	MetalSiteID   string
+	MetalMachines []*SimMachine
+	metal         *devMetal
 	// CommandKey is the public half of the command-signing key (made once
 	// under dev.dataDir/pki unless commands.signingKeyFile is set): what
 	// daemons pin to verify destructive commands.
@@ -177,6 +183,12 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 			return nil, fmt.Errorf("simulated fleet: %w", err)
 		}
 	}
+	if n := *cfg.Dev.SimMachines; n > 0 && env.App.GatewayAddr() != "" {
+		if env.metal, err = startMetal(ctx, env, filepath.Join(dataDir, "metal-sim"), n, logger.With("component", "metal-sim")); err != nil {
+			return nil, fmt.Errorf("simulated site: %w", err)
+		}
+		env.Metal, env.MetalSiteID, env.MetalMachines = env.metal.Site, env.metal.SiteID, env.metal.Machines
+	}
 	return env, nil
 }
 
@@ -253,6 +265,10 @@ func rootCredential(ctx context.Context, url, path string) (token string, fresh 
 // Stop stops the app, then the NATS server and PostgreSQL cluster dev
 // started, in reverse order.
 func (e *Env) Stop(ctx context.Context) {
+	if e.metal != nil {
+		e.metal.stop()
+		e.metal = nil
+	}
 	if e.Fleet != nil {
 		e.Fleet.Stop()
 	}
@@ -286,6 +302,11 @@ func (e *Env) Banner() string {
 	}
 	if e.Fleet != nil {
 		fmt.Fprintf(&b, "  Fleet    %d simulated nodes (mock DGX H200) in pool \"sim\": better-compute api nodes.list tenantId=root\n", len(e.Fleet.Nodes()))
+	}
+	if e.Metal != nil {
+		fmt.Fprintf(&b, "  Metal    site %q (%s; its agent in process, PXE over HTTP at %s): %d simulated machines (fake Redfish BMCs) in pool %q;\n",
+			SimSiteName, e.MetalSiteID, e.Metal.PXE.Addrs().BaseURL, len(e.MetalMachines), SimMetalPool)
+		fmt.Fprintf(&b, "           all reach ready and %s1 is deployed and joins as a node: better-compute api metal.list tenantId=root\n", SimMachinePrefix)
 	}
 	fmt.Fprintf(&b, "  Postgres %s\n\n", db.Redact(e.Database))
 	// The credential itself is printed once, when it is made: a later start

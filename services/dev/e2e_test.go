@@ -53,11 +53,11 @@ func call(t testing.TB, env *dev.Env, method string, body, out any) {
 // visible in nodes.get.
 func TestNodeJoinsEndToEnd(t *testing.T) {
 	t.Parallel()
-	port := 0
+	port, noMachines := 0, 0
 	cfg := &config.Config{
 		Database: config.Database{URL: pgtest.NewDB(t)},
 		Server:   config.Server{Host: "127.0.0.1", Port: &port},
-		Dev:      config.Dev{DataDir: t.TempDir()},
+		Dev:      config.Dev{DataDir: t.TempDir(), SimMachines: &noMachines},
 		Gateway:  config.Gateway{Listen: "127.0.0.1:0", HeartbeatInterval: config.Duration(200 * time.Millisecond), LivenessInterval: config.Duration(200 * time.Millisecond)},
 		Runtime:  config.Runtime{PollBusDown: config.Duration(50 * time.Millisecond)},
 	}

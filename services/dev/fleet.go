@@ -45,23 +45,12 @@ func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.
 	if err := env.call(ctx, "joinTokens/create", body, &tok); err != nil {
 		return nil, err
 	}
-	keyPEM, err := os.ReadFile(env.JoinKeyFile)
+	pub, keyID, roots, err := joinMaterial(env)
 	if err != nil {
 		return nil, err
 	}
-	pub, keyID, err := join.ParsePublicKey(keyPEM)
-	if err != nil {
-		return nil, err
-	}
-	caPEM, err := os.ReadFile(env.CAFile)
-	if err != nil {
-		return nil, err
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
-	_, port, _ := net.SplitHostPort(env.App.GatewayAddr())
 	return sim.Start(ctx, sim.Config{
-		Gateway: net.JoinHostPort("127.0.0.1", port), RootCAs: roots, Token: tok.Token,
+		Gateway: loopbackGateway(env), RootCAs: roots, Token: tok.Token,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: root,
 		// The daemons pin the control plane's command-signing key, so a
 		// signed node.reboot runs (the simulator's reboot restarts the
@@ -69,6 +58,32 @@ func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.
 		CommandKey: env.CommandKey,
 		Logger:     logger.With("component", "sim"),
 	}, n)
+}
+
+// joinMaterial reads what a daemon joining env needs: joinservice's public
+// key and the node CA's bundle.
+func joinMaterial(env *Env) (pub []byte, keyID string, roots *x509.CertPool, err error) {
+	keyPEM, err := os.ReadFile(env.JoinKeyFile)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if pub, keyID, err = join.ParsePublicKey(keyPEM); err != nil {
+		return nil, "", nil, err
+	}
+	caPEM, err := os.ReadFile(env.CAFile)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	roots = x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	return pub, keyID, roots, nil
+}
+
+// loopbackGateway is the gateway's address on 127.0.0.1 (it may listen on
+// every address).
+func loopbackGateway(env *Env) string {
+	_, port, _ := net.SplitHostPort(env.App.GatewayAddr())
+	return net.JoinHostPort("127.0.0.1", port)
 }
 
 // poolNodes lists the ids of pool's nodes.

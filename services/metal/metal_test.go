@@ -3,7 +3,6 @@ package metal_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -13,32 +12,24 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	agentinv "github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
-	"github.com/bettercompute/bettercompute/agent/ramdisk"
-	"github.com/bettercompute/bettercompute/agent/session"
-	"github.com/bettercompute/bettercompute/agent/site"
-	"github.com/bettercompute/bettercompute/agent/site/fakebmc"
-	"github.com/bettercompute/bettercompute/agent/site/pxe"
-	"github.com/bettercompute/bettercompute/agent/state"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/app"
 	"github.com/bettercompute/bettercompute/services/dev"
-	"github.com/bettercompute/bettercompute/services/metal"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -60,7 +51,7 @@ type env struct {
 	roots *x509.CertPool
 	pub   []byte
 	keyID string
-	pxe   *site.PXEBoot
+	sim   *dev.SimSite
 	site  string
 	pool  string
 }
@@ -163,190 +154,44 @@ func field(m map[string]any, path ...string) string {
 }
 
 // startSite creates a site and a pool, and runs one real site agent with
-// PXE (its HTTP server on loopback) holding the site's boot lease.
+// PXE (its HTTP server on loopback) holding the site's boot lease: the
+// simulated site of services/dev, which `make run` runs too.
 func (e *env) startSite(t *testing.T) {
 	t.Helper()
 	e.site = field(e.call(t, "sites/create", map[string]any{"tenantId": "root", "name": "fra1"}), "site", "id")
 	e.pool = field(e.call(t, "pools/create", map[string]any{"tenantId": "root", "name": "metal", "class": "gpu"}), "pool", "id")
 	tok := field(e.call(t, "sites/createToken", map[string]any{"tenantId": "root", "siteId": e.site}), "token")
-	st, err := state.Open(t.TempDir())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	s, err := dev.StartSimSite(ctx, dev.SimSiteConfig{Gateway: e.App.GatewayAddr(), RootCAs: e.roots, JoinserviceKey: e.pub,
+		JoinserviceKeyID: e.keyID, CommandKey: e.CommandKey, Token: tok, Root: t.TempDir(), Hostname: "site-1",
+		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := site.Join(t.Context(), join.Config{Gateway: e.App.GatewayAddr(), RootCAs: e.roots, Token: tok,
-		JoinserviceKey: e.pub, JoinserviceKeyID: e.keyID, State: st, Claims: site.HostClaims{Hostname: "site-1"}}); err != nil {
-		t.Fatal(err)
-	}
-	table := pxe.NewTable()
-	e.pxe, err = site.NewPXEBoot(pxe.Config{IP: netip.MustParseAddr("127.0.0.1"), DHCPAddr: "127.0.0.1:0", PXEAddr: "127.0.0.1:0",
-		TFTPAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", IPXEDir: t.TempDir(), CacheDir: t.TempDir(), Gateway: e.App.GatewayAddr(),
-		Machines: table, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = site.Run(ctx, site.Config{Gateway: e.App.GatewayAddr(), State: st, Boot: e.pxe, Version: "test", Hostname: "site-1",
-			LeaseTTL: 3 * time.Second, Logger: slog.New(slog.DiscardHandler), PXE: table})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	poll.Until(t, time.Minute, "the site agent serves PXE", func() bool { return e.pxe.Addrs().BaseURL != "" })
+	t.Cleanup(s.Stop)
+	e.sim = s
 }
 
-// machine is a simulated server: a fake BMC and file disks.
-type machine struct {
-	t     *testing.T
-	e     *env
-	mac   string
-	bmc   *fakebmc.Server
-	disks []string
-	imgCl *http.Client
-
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	done    chan struct{}
-	boots   []string
-	lastErr error
-}
+// machine is a simulated server (services/dev's): a fake BMC and file
+// disks.
+type machine struct{ *dev.SimMachine }
 
 func (e *env) newMachine(t *testing.T, i int, imgClient *http.Client) *machine {
 	t.Helper()
-	m := &machine{t: t, e: e, mac: fmt.Sprintf("02:00:00:00:00:%02x", i+1), imgCl: imgClient}
-	dir := t.TempDir()
-	for d := range 2 {
-		p := filepath.Join(dir, fmt.Sprintf("disk%d", d))
-		junk := make([]byte, 1<<20)
-		_, _ = rand.Read(junk)
-		if err := os.WriteFile(p, junk, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		m.disks = append(m.disks, p)
-	}
-	hw := fakebmc.DefaultMachine()
-	hw.SystemID = fmt.Sprintf("sys-%d", i)
-	hw.SerialNumber = fmt.Sprintf("SN-%d", i)
-	hw.NICs = []fakebmc.NIC{{MAC: m.mac, SpeedMbps: 25000}}
-	hw.PoweredOn = false
-	b, err := fakebmc.New(fakebmc.Config{Machine: hw, Username: "admin", Password: bmcPassword,
-		OnPowerOn: func(target string) { go m.boot(target) }, OnPowerOff: func() { go m.off() }})
+	m, err := e.sim.AddMachine(dev.SimMachineConfig{Name: fmt.Sprintf("m%d", i), MAC: fmt.Sprintf("02:00:00:00:00:%02x", i+1),
+		SystemID: fmt.Sprintf("sys-%d", i), SerialNumber: fmt.Sprintf("SN-%d", i), Username: "admin", Password: bmcPassword,
+		ImageClient: imgClient, OnError: func(err error) { t.Logf("machine %d: %v", i, err) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.bmc, err = fakebmc.StartTLS(b, "127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.off(); _ = m.bmc.Close() })
-	return m
-}
-
-func (m *machine) off() {
-	m.mu.Lock()
-	cancel, done := m.cancel, m.done
-	m.cancel, m.done = nil, nil
-	m.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
-}
-
-func (m *machine) fail(err error) {
-	m.mu.Lock()
-	m.lastErr = err
-	m.mu.Unlock()
-	m.t.Logf("machine %s: %v", m.mac, err)
-}
-
-// boot runs what the machine boots: the ramdisk over PXE, its disk's
-// installed system otherwise.
-func (m *machine) boot(target string) {
-	m.off()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	m.mu.Lock()
-	m.cancel, m.done = cancel, done
-	m.boots = append(m.boots, target)
-	m.mu.Unlock()
-	defer close(done)
-	st, err := state.Open(m.t.TempDir())
-	if err != nil {
-		m.fail(err)
-		return
-	}
-	inv, err := agentinv.Open(agentinv.Config{Backend: agentinv.BackendMock, Hostname: "host-" + strings.ReplaceAll(m.mac, ":", "")})
-	if err != nil {
-		m.fail(err)
-		return
-	}
-	defer func() { _ = inv.Close() }()
-	jc := join.Config{Gateway: m.e.App.GatewayAddr(), RootCAs: m.e.roots, JoinserviceKey: m.e.pub, JoinserviceKeyID: m.e.keyID,
-		State: st, Claims: inv}
-	sc := session.Config{Gateway: m.e.App.GatewayAddr(), State: st, Inventory: inv, BootID: fmt.Sprintf("boot-%d", time.Now().UnixNano()),
-		AgentVersion: "test", CommandKey: m.e.CommandKey, MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second}
-	if target == "Pxe" {
-		tok, err := m.bootToken(ctx)
-		if err != nil {
-			m.fail(err)
-			return
-		}
-		key, err := ramdisk.NewKey()
-		if err != nil {
-			m.fail(err)
-			return
-		}
-		rd, err := ramdisk.New(ramdisk.Config{Disks: m.disks, HTTPClient: m.imgCl, WorkDir: m.t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			m.fail(err)
-			return
-		}
-		jc.Token, jc.Role, jc.Key = tok, join.RoleRamdisk, key
-		sc.Key, sc.Ramdisk, sc.ResultKey, sc.NoRenew = key, rd, key, true
-	} else {
-		ud, err := os.ReadFile(m.disks[0] + ramdisk.UserDataSuffix)
-		if err != nil {
-			m.fail(fmt.Errorf("no cloud-init seed: %w", err))
-			return
-		}
-		if jc.Token = metal.JoinTokenOf(ud); jc.Token == "" {
-			m.fail(fmt.Errorf("no join token in the cloud-init seed"))
-			return
-		}
-	}
-	if _, err := join.Join(ctx, jc); err != nil {
-		m.fail(fmt.Errorf("join (%s): %w", target, err))
-		return
-	}
-	_ = session.Run(ctx, sc)
-}
-
-// bootToken fetches the machine's iPXE script from the site agent, as
-// iPXE does, and reads the boot token off its kernel line.
-func (m *machine) bootToken(ctx context.Context) (string, error) {
-	url := m.e.pxe.Addrs().BaseURL + "/boot/" + m.mac + ".ipxe"
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %d %s", url, resp.StatusCode, b)
-	}
-	for _, w := range strings.Fields(string(b)) {
-		if tok, ok := strings.CutPrefix(w, pxe.KernelArgBootToken+"="); ok {
-			return tok, nil
-		}
-	}
-	return "", fmt.Errorf("no boot token in the iPXE script %q", b)
+	return &machine{m}
 }
 
 func (e *env) enroll(t *testing.T, m *machine, name string) (id, node string) {
 	t.Helper()
 	out := e.call(t, "metal/enroll", map[string]any{"tenantId": "root", "siteId": e.site, "poolId": e.pool, "name": name,
-		"bmc": map[string]any{"address": m.bmc.URL, "username": "admin", "password": bmcPassword}})
+		"bmc": map[string]any{"address": m.BMC.URL, "username": "admin", "password": bmcPassword}})
 	return field(out, "machine", "id"), field(out, "machine", "nodeId")
 }
 
@@ -383,7 +228,8 @@ func zeroed(t *testing.T, path string) bool {
 // ramdisk booted over the site's PXE, diagnosed, every disk zeroed and the
 // wipe's signature verified); one is deployed and its installed system
 // joins as the node reserved at enrollment; released, it is wiped back to
-// ready. The BMC password is in no log line, event or API answer.
+// ready. The BMC password is in no API answer, log line or row of any
+// table (outbox events, audit, site tasks, commands).
 func TestFlow(t *testing.T) {
 	t.Parallel()
 	image := bytes.Repeat([]byte("bettercompute-image "), 4096)
@@ -399,9 +245,9 @@ func TestFlow(t *testing.T) {
 	e.waitState(t, id1, "ready", 3*time.Minute)
 	e.waitState(t, id2, "ready", 3*time.Minute)
 	for _, m := range []*machine{m1, m2} {
-		for _, d := range m.disks {
+		for _, d := range m.Disks {
 			if !zeroed(t, d) {
-				t.Errorf("disk %s of %s not zeroed", d, m.mac)
+				t.Errorf("disk %s of %s not zeroed", d, m.MAC)
 			}
 		}
 	}
@@ -418,31 +264,41 @@ func TestFlow(t *testing.T) {
 	if nodeState != "adopting" && nodeState != "adopted" {
 		t.Fatalf("node %s is %s after the deploy", node1, nodeState)
 	}
-	if got, _ := os.ReadFile(m1.disks[0]); !bytes.HasPrefix(got, image) {
-		t.Errorf("disk %s does not hold the image", m1.disks[0])
+	if got, _ := os.ReadFile(m1.Disks[0]); !bytes.HasPrefix(got, image) {
+		t.Errorf("disk %s does not hold the image", m1.Disks[0])
 	}
 
 	// Release: back to ready, wiped again.
 	e.call(t, "metal/release", map[string]any{"tenantId": "root", "machineId": id1})
 	e.waitState(t, id1, "ready", 3*time.Minute)
-	if !zeroed(t, m1.disks[0]) {
-		t.Errorf("disk %s not zeroed after the release", m1.disks[0])
+	if !zeroed(t, m1.Disks[0]) {
+		t.Errorf("disk %s not zeroed after the release", m1.Disks[0])
 	}
 
-	// Every transition is an event; the password is nowhere.
-	var n int
-	if err := e.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE type = 'machine.state_changed' AND resource = $1`, id1).Scan(&n); err != nil {
-		t.Logf("count events: %v", err)
-	} else if n < 10 {
-		t.Errorf("%d machine.state_changed events of %s, want every transition", n, id1)
+	// Every transition is an event, in order: the workflow's
+	// machine.state_changed, the API's requests; the password is nowhere.
+	rows, err := e.db.Query(t.Context(), `SELECT CASE WHEN type = 'machine.state_changed' THEN payload->>'from' || '>' || (payload->>'to')
+		ELSE type END FROM outbox WHERE resource_id = $1 AND type <> 'machine.enrolled' ORDER BY id`, id1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"enrolled>inspecting", "inspecting>booting-ramdisk", "booting-ramdisk>diagnosing", "diagnosing>wiping", "wiping>ready",
+		"machine.deploy_requested", "deploying>rebooting", "rebooting>joined",
+		"machine.release_requested", "booting-ramdisk>wiping", "wiping>ready"}
+	if strings.Join(seq, " ") != strings.Join(want, " ") {
+		t.Errorf("events of %s:\n got %v\nwant %v", id1, seq, want)
 	}
 	get := e.call(t, "metal/get", map[string]any{"tenantId": "root", "machineId": id1})
 	blob, _ := json.Marshal(get)
-	for what, s := range map[string]string{"log": e.logs.String(), "metal.get": string(blob)} {
-		if strings.Contains(s, bmcPassword) {
-			t.Errorf("the BMC password is in the %s", what)
-		}
+	if strings.Contains(string(blob), bmcPassword) {
+		t.Error("the BMC password is in metal.get's answer")
 	}
+	// Nor in any outbox event, audit row, site task, command or log line.
+	e.sweep(t, bmcPassword, id1)
 }
 
 // TestAStepThatTimesOutIsRetriedThenFails: a BMC that answers every
@@ -456,7 +312,7 @@ func TestAStepThatTimesOutIsRetriedThenFails(t *testing.T) {
 	})
 	e.startSite(t)
 	m := e.newMachine(t, 1, nil)
-	m.bmc.BMC.FailNext(1 << 30)
+	m.BMC.BMC.FailNext(1 << 30)
 	id, _ := e.enroll(t, m, "m1")
 	e.waitState(t, id, "failed", 2*time.Minute)
 	var step, reason string
@@ -501,4 +357,215 @@ func TestAForgedWipeResultIsRefused(t *testing.T) {
 	if step != "wiping" || !strings.Contains(reason, "node signature does not verify") {
 		t.Fatalf("failed at %q: %q; want wiping, refused for its signature", step, reason)
 	}
+}
+
+// sweep fails t when secret is in the captured log or in any column of any
+// table (as text, and as hex, which is how bytea reads) — outbox events,
+// audit rows, site tasks, commands and the rest. The same search must find
+// the machine's id in several tables, or it proves nothing.
+func (e *env) sweep(t *testing.T, secret, machineID string) {
+	t.Helper()
+	ctx := t.Context()
+	if strings.Contains(e.logs.String(), secret) {
+		t.Error("the log holds the BMC password")
+	}
+	if !strings.Contains(e.logs.String(), `"msg"`) {
+		t.Error("the captured log is empty: the search proved nothing")
+	}
+	rows, err := e.db.Query(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(names) < 20 {
+		t.Fatalf("tables: %v %v", names, err)
+	}
+	hexSecret := hex.EncodeToString([]byte(secret))
+	found := map[string]int{}
+	for _, name := range names {
+		ident := pgx.Identifier{name}.Sanitize()
+		var n int
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM `+ident+` t WHERE t::text LIKE '%' || $1 || '%'`, machineID).Scan(&n); err != nil {
+			t.Fatalf("search %s: %v", name, err)
+		}
+		if n > 0 {
+			found[name] = n
+		}
+		if err := e.db.QueryRow(ctx, `SELECT count(*) FROM `+ident+` t WHERE t::text LIKE '%' || $1 || '%' OR t::text LIKE '%' || $2 || '%'`,
+			secret, hexSecret).Scan(&n); err != nil {
+			t.Fatalf("search %s: %v", name, err)
+		}
+		if n != 0 {
+			t.Errorf("table %s: %d rows hold the BMC password", name, n)
+		}
+	}
+	for _, want := range []string{"machines", "outbox", "audit", "site_tasks", "commands"} {
+		if found[want] == 0 {
+			t.Errorf("the search found machine %s in no row of %s (found: %v): it does not search", machineID, want, found)
+		}
+	}
+}
+
+// imageServer serves a small raw image over TLS.
+func imageServer(t *testing.T) (*httptest.Server, []byte) {
+	t.Helper()
+	image := bytes.Repeat([]byte("bettercompute-image "), 4096)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(image) }))
+	t.Cleanup(srv.Close)
+	return srv, image
+}
+
+func (e *env) deploy(t *testing.T, id string, srv *httptest.Server, image []byte) {
+	t.Helper()
+	sum := sha256.Sum256(image)
+	e.call(t, "metal/deploy", map[string]any{"tenantId": "root", "machineId": id, "image": map[string]any{"url": srv.URL + "/image.raw",
+		"sha256": hex.EncodeToString(sum[:]), "sizeBytes": len(image)}})
+}
+
+// TestChaosNATSStoppedMidFlow: NATS stops once the first machine is past
+// inspecting. With the bus down every machine still reaches ready and a
+// deploy still joins: the flow relies on resync alone (the metal job's
+// periodic key and the work queue's bus-down polling; the gateways claim
+// site tasks and deliver commands on their liveness tick). Once the bus is
+// back, a release completes too.
+func TestChaosNATSStoppedMidFlow(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	imgSrv, image := imageServer(t)
+	e := start(t, func(c *config.Config) { c.NATS.URL = ns.URL() })
+	e.startSite(t)
+	ids := make([]string, 3)
+	for i := range ids {
+		m := e.newMachine(t, i+1, imgSrv.Client())
+		ids[i], _ = e.enroll(t, m, fmt.Sprintf("m%d", i+1))
+	}
+	poll.Until(t, 2*time.Minute, "the first machine past inspecting", func() bool {
+		st, _ := e.machineState(t, ids[0])
+		return st != "enrolled" && st != "inspecting"
+	})
+	ns.Stop()
+	var stopped time.Time
+	if err := e.db.QueryRow(t.Context(), `SELECT now()`).Scan(&stopped); err != nil {
+		t.Fatal(err)
+	}
+	var left int // transitions still to make with the bus down
+	for _, id := range ids {
+		if st, _ := e.machineState(t, id); st != "ready" {
+			left++
+		}
+	}
+	if left == 0 {
+		t.Fatal("every machine was ready before the bus stopped: the test proves nothing")
+	}
+	for _, id := range ids {
+		e.waitState(t, id, "ready", 3*time.Minute)
+	}
+	e.deploy(t, ids[0], imgSrv, image)
+	e.waitState(t, ids[0], "joined", 3*time.Minute)
+	if ns.Embedded() != nil {
+		t.Fatal("the bus came back during the test")
+	}
+	var moved int
+	if err := e.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE type = 'machine.state_changed' AND created_at > $1`, stopped).Scan(&moved); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("bus down: %d machines not ready yet, %d transitions made", left, moved)
+	if moved < left {
+		t.Fatalf("%d transitions with the bus down, want at least %d", moved, left)
+	}
+
+	ns.Restart()
+	e.call(t, "metal/release", map[string]any{"tenantId": "root", "machineId": ids[0]})
+	e.waitState(t, ids[0], "ready", 3*time.Minute)
+}
+
+// TestRetryResumesAFailedMachine: a machine whose BMC refused every
+// request fails at inspecting; once the BMC answers, metal.retry resumes
+// the step with its attempts reset and the machine completes to ready.
+func TestRetryResumesAFailedMachine(t *testing.T) {
+	t.Parallel()
+	e := start(t, func(c *config.Config) {
+		c.Metal.MaxAttempts = 2
+		c.Metal.StepTimeouts = map[string]config.Duration{"inspecting": config.Duration(3 * time.Second)}
+	})
+	e.startSite(t)
+	m := e.newMachine(t, 1, nil)
+	m.BMC.BMC.FailNext(1 << 30)
+	id, _ := e.enroll(t, m, "m1")
+	e.waitState(t, id, "failed", 2*time.Minute)
+	m.BMC.BMC.FailNext(0)
+
+	out := e.call(t, "metal/retry", map[string]any{"tenantId": "root", "machineId": id})
+	if st := field(out, "machine", "state"); st != "inspecting" {
+		t.Fatalf("retry answered state %q, want inspecting (the failed step)", st)
+	}
+	e.waitState(t, id, "ready", 3*time.Minute)
+	var step, reason string
+	if err := e.db.QueryRow(t.Context(), `SELECT failed_step, failed_reason FROM machines WHERE id = $1`, id).Scan(&step, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if step != "" || reason != "" {
+		t.Fatalf("the failure is still recorded after the retry: %q %q", step, reason)
+	}
+	var resumed int
+	if err := e.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE resource_id = $1 AND type = 'machine.retried'`, id).Scan(&resumed); err != nil {
+		t.Fatal(err)
+	}
+	if resumed != 1 {
+		t.Fatalf("%d machine.retried events, want 1", resumed)
+	}
+	for _, d := range m.Disks {
+		if !zeroed(t, d) {
+			t.Errorf("disk %s not zeroed after the retried flow", d)
+		}
+	}
+}
+
+// TestRescueStopsWithTheRamdiskRunning: metal.rescue of a ready machine
+// boots the ramdisk over PXE again and stops at rescue with it running
+// (the node commissioning, its session live) for a human; the flow does
+// not move it on.
+func TestRescueStopsWithTheRamdiskRunning(t *testing.T) {
+	t.Parallel()
+	e := start(t, nil)
+	e.startSite(t)
+	m := e.newMachine(t, 1, nil)
+	id, node := e.enroll(t, m, "m1")
+	e.waitState(t, id, "ready", 3*time.Minute)
+	poll.Until(t, time.Minute, "the ready machine powered off", func() bool { return !m.Running() })
+	pxeBoots := countOf(m.Boots(), "Pxe")
+
+	e.call(t, "metal/rescue", map[string]any{"tenantId": "root", "machineId": id})
+	e.waitState(t, id, "rescue", 3*time.Minute)
+	if got := countOf(m.Boots(), "Pxe"); got != pxeBoots+1 || !m.Running() {
+		t.Fatalf("PXE boots %d → %d, running %v: rescue boots the ramdisk once more and leaves it running", pxeBoots, got, m.Running())
+	}
+	var reached time.Time
+	if err := e.db.QueryRow(t.Context(), `SELECT now()`).Scan(&reached); err != nil {
+		t.Fatal(err)
+	}
+	// Several resyncs (300 ms) and heartbeats later it is still in rescue,
+	// the ramdisk's session live.
+	poll.Until(t, time.Minute, "the ramdisk heartbeating after rescue", func() bool {
+		var seen *time.Time
+		_ = e.db.QueryRow(t.Context(), `SELECT last_seen_at FROM nodes WHERE id = $1`, node).Scan(&seen)
+		return seen != nil && seen.After(reached.Add(2*time.Second))
+	})
+	var nodeState string
+	if err := e.db.QueryRow(t.Context(), `SELECT state FROM nodes WHERE id = $1`, node).Scan(&nodeState); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.machineState(t, id); st != "rescue" || nodeState != "commissioning" || !m.Running() {
+		t.Fatalf("machine %s, node %s, running %v: want rescue with the ramdisk (commissioning) running", st, nodeState, m.Running())
+	}
+}
+
+func countOf(ss []string, s string) int {
+	n := 0
+	for _, x := range ss {
+		if x == s {
+			n++
+		}
+	}
+	return n
 }
