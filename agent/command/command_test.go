@@ -425,6 +425,11 @@ func TestJournal(t *testing.T) {
 		next := f.open(t, cfg)
 		next.Handle(r)
 		expect(t, f.next(t), 1, succeeded, noReject)
+		// The first boot's executor calls the hook after it sent ACCEPTED,
+		// on its own goroutine: wait for that one call, and no second.
+		for deadline := time.Now().Add(30 * time.Second); f.reboots.Load() == 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond) // between reads, not an assertion
+		}
 		if n := f.reboots.Load(); n != 1 {
 			t.Fatalf("reboot hook called %d times, want 1", n)
 		}
