@@ -107,7 +107,23 @@ func TestLivenessEndToEnd(t *testing.T) {
 			t.Fatalf("%s before: %+v", id, c)
 		}
 		f.Halt(i)
-		poll.Until(t, time.Minute, id+" to go Unknown", func() bool { return readyOf(t, env, id).Value == "Unknown" })
+		// While it waits, every 5 s it logs what liveness decides from (the
+		// node's row by database time, the liveness job's queue entry), so
+		// a timeout says where it stalled.
+		last := time.Now()
+		poll.Until(t, time.Minute, id+" to go Unknown", func() bool {
+			if time.Since(last) > 5*time.Second {
+				last = time.Now()
+				var ready, gw string
+				var seen, now time.Time
+				var epoch int64
+				_ = db.QueryRow(t.Context(), `SELECT ready, coalesce(gateway_id,''), last_seen_at, now(), session_epoch FROM nodes WHERE id = $1`, id).Scan(&ready, &gw, &seen, &now, &epoch)
+				var wq string
+				_ = db.QueryRow(t.Context(), `SELECT coalesce(string_agg(kind||'/'||key||' '||to_char(run_after,'HH24:MI:SS.MS')||' a='||attempts||' e='||coalesce(last_error,''), '; '),'') FROM work_queue WHERE kind = 'liveness'`).Scan(&wq)
+				t.Logf("waiting: %s ready=%s gw=%s seen=%s now=%s epoch=%d wq=[%s]", id, ready, gw, seen.Format("15:04:05.000"), now.Format("15:04:05.000"), epoch, wq)
+			}
+			return readyOf(t, env, id).Value == "Unknown"
+		})
 		if c := readyOf(t, env, id); c.Status || c.Reason == "" || c.Since.IsZero() {
 			t.Fatalf("%s Unknown: %+v", id, c)
 		}
