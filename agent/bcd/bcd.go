@@ -38,6 +38,9 @@ import (
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
 	"github.com/bettercompute/bettercompute/agent/state"
+	"github.com/bettercompute/bettercompute/agent/vps"
+	"github.com/bettercompute/bettercompute/agent/vps/libvirt"
+	vpssim "github.com/bettercompute/bettercompute/agent/vps/sim"
 )
 
 // Version is set at link time (-X .../agent/bcd.Version=v0.1.0).
@@ -225,11 +228,18 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	commandKey := f.str("command-key", "", "the control plane's command-signing public key (PEM PUBLIC KEY, Ed25519); without it destructive commands are refused")
 	denyKinds := f.str("deny-kinds", "", "comma-separated command kinds this node refuses")
 	allowReboot := f.boolean("allow-reboot", false, "let node.reboot reboot the machine (systemctl reboot)")
+	vpsRuntime := f.str("vps-runtime", VPSNone, "VPS runtime of a vps-host: sim (a process per instance), libvirt (QEMU domains through libvirtd) or none")
+	vpsDir := f.str("vps-dir", "", "VPS state directory: the sim runtime's instances, libvirt's images/ and seeds/ (default: <root>/vps)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
 	if *gateway == "" {
 		return usageError{errors.New("--gateway is required")}
+	}
+	switch *vpsRuntime {
+	case VPSNone, VPSSim, VPSLibvirt:
+	default:
+		return usageError{fmt.Errorf("--vps-runtime: want sim, libvirt or none, got %q", *vpsRuntime)}
 	}
 	var pub ed25519.PublicKey
 	if *commandKey != "" {
@@ -265,7 +275,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer func() { _ = logFile.Close() }()
 	logger := slog.New(slog.NewMultiHandler(slog.NewTextHandler(stderr, nil), slog.NewTextHandler(logFile, nil)))
-	invCfg := inventory.Config{Backend: *nvml, Logger: logger}
+	invCfg := inventory.Config{Backend: *nvml, Logger: logger, DiskPath: store.Root()}
 	if *nvml == inventory.BackendMock {
 		// The mock's GPUs can be broken from outside (see inventory.Faults).
 		invCfg.FaultsFile = filepath.Join(store.Root(), inventory.FaultsFile)
@@ -275,11 +285,53 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer func() { _ = inv.Close() }()
+	rec, closeVPS, err := openVPS(*vpsRuntime, cmp.Or(*vpsDir, filepath.Join(store.Root(), "vps")), inv, logger)
+	if err != nil {
+		return err
+	}
+	defer closeVPS()
 	return session.Run(ctx, session.Config{
 		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
 		BootID: boot, AgentVersion: version(), Logger: logger,
-		CommandKey: pub, DenyKinds: deny, RebootHook: reboot,
+		CommandKey: pub, DenyKinds: deny, RebootHook: reboot, VPS: rec,
 	})
+}
+
+// VPS runtimes of --vps-runtime.
+const (
+	VPSNone    = "none"
+	VPSSim     = "sim"
+	VPSLibvirt = "libvirt"
+)
+
+// openVPS opens the VPS runtime kind names under dir (nil for none) and
+// its reconciler, whose instances' GPUs are inv's; the closer disconnects
+// (instances keep running).
+func openVPS(kind, dir string, inv session.Inventory, logger *slog.Logger) (*vps.Reconciler, func(), error) {
+	var rt vps.Runtime
+	closer := func() {}
+	switch kind {
+	case VPSNone:
+		return nil, closer, nil
+	case VPSSim:
+		r, err := vpssim.New(vpssim.Config{Dir: dir, Logger: logger})
+		if err != nil {
+			return nil, nil, err
+		}
+		rt = r
+	case VPSLibvirt:
+		r, err := libvirt.Connect(libvirt.Config{ImageDir: filepath.Join(dir, "images"), SeedDir: filepath.Join(dir, "seeds"), Logger: logger})
+		if err != nil {
+			return nil, nil, err
+		}
+		rt, closer = r, func() { _ = r.Close() }
+	}
+	rec, err := vps.NewReconciler(vps.Config{Runtime: rt, GPUs: session.GPUAddresses(inv), Logger: logger})
+	if err != nil {
+		closer()
+		return nil, nil, err
+	}
+	return rec, closer, nil
 }
 
 // systemctlReboot is node.reboot's hook with --allow-reboot: it asks

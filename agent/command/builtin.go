@@ -314,3 +314,18 @@ func joinPIDs(pids []uint32) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// instanceReboot restarts the instance the payload names through
+// Config.Instances: an instance the host does not run, or one that is not
+// running, fails the command with the runtime's reason.
+func (e *Executor) instanceReboot(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
+	id := body.GetInstanceReboot().GetInstanceId()
+	if id == "" {
+		return nil, errors.New("instance.reboot: no instance id")
+	}
+	if err := e.cfg.Instances.Reboot(ctx, id); err != nil {
+		return nil, err
+	}
+	e.log.InfoContext(ctx, "rebooted instance", "instance", id)
+	return &agentv1.CommandResult{}, nil
+}

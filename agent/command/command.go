@@ -65,6 +65,11 @@ import (
 // is still attached to the FAILED update). It must return once ctx ends.
 type Func func(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error)
 
+// InstanceRebooter restarts one running VPS instance (instance.reboot).
+type InstanceRebooter interface {
+	Reboot(ctx context.Context, id string) error
+}
+
 // Inventory is what the built-in kinds read: Report for inventory.refresh;
 // an implementation with Diagnose (diag.nvml) and Rescan (rescanning
 // inventory.refresh), like *inventory.Collector, enables those.
@@ -117,6 +122,9 @@ type Config struct {
 	// is journaled and ACCEPTED is sent. Nil disallows node.reboot
 	// (UNSUPPORTED). It should return once the reboot is under way.
 	RebootHook func(ctx context.Context, reason string) error
+	// Instances reboots VPS instances for instance.reboot (a
+	// *vps.Reconciler on a vps-host); nil refuses the kind (UNSUPPORTED).
+	Instances InstanceRebooter
 	// Ramdisk runs the commissioning kinds (disk.wipe, image.deploy,
 	// node.kexec) and adds a burn-in check of the disks to diag.nvml: an
 	// *ramdisk.Ramdisk in bcd ramdisk. Nil refuses those kinds
@@ -205,6 +213,7 @@ func New(cfg Config) (*Executor, error) {
 	e.funcs = map[string]Func{
 		KindDiagNvml: e.diagNvml, KindInventoryRefresh: e.inventoryRefresh, KindLogsCollect: e.logsCollect,
 		KindGPUReset: e.gpuReset, KindDiskWipe: e.diskWipe, KindImageDeploy: e.imageDeploy,
+		KindInstanceReboot: e.instanceReboot,
 	}
 	for k, f := range cfg.Executors {
 		if _, ok := kinds[k]; !ok {
@@ -315,6 +324,9 @@ func (e *Executor) decode(c *agentv1.Command) (*agentv1.CommandBody, string) {
 	}
 	if _, ok := e.cfg.Inventory.(GPUInventory); c.GetKind() == KindGPUReset && (e.cfg.Resetter == nil || !ok) {
 		return nil, "gpu.reset is not available on this daemon (no GPU inventory)"
+	}
+	if c.GetKind() == KindInstanceReboot && e.cfg.Instances == nil {
+		return nil, "instance.reboot is not available on this daemon (it runs no VPS runtime: bcd node --vps-runtime)"
 	}
 	if k.ramdisk && e.cfg.Ramdisk == nil {
 		return nil, c.GetKind() + " runs only in bcd ramdisk (commissioning)"

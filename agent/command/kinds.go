@@ -21,6 +21,8 @@ const (
 	KindDiskWipe    = "disk.wipe"
 	KindImageDeploy = "image.deploy"
 	KindNodeKexec   = "node.kexec"
+	// KindInstanceReboot restarts a VPS instance (Config.Instances).
+	KindInstanceReboot = "instance.reboot"
 )
 
 // Lanes and their credits: how many commands of the lane may run at once.
@@ -54,6 +56,7 @@ var kinds = map[string]kind{
 	KindDiskWipe:         {lane: LaneExclusive, ramdisk: true, has: func(b *agentv1.CommandBody) bool { return b.GetDiskWipe() != nil }},
 	KindImageDeploy:      {lane: LaneExclusive, ramdisk: true, has: func(b *agentv1.CommandBody) bool { return b.GetImageDeploy() != nil }},
 	KindNodeKexec:        {lane: LaneExclusive, ramdisk: true, selfTerminating: true, has: func(b *agentv1.CommandBody) bool { return b.GetNodeKexec() != nil }},
+	KindInstanceReboot:   {lane: LaneDefault, has: func(b *agentv1.CommandBody) bool { return b.GetInstanceReboot() != nil }},
 }
 
 // destructive are the kinds that must carry a valid signature from the

@@ -15,14 +15,18 @@
 package inventory
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
@@ -68,7 +72,27 @@ type Config struct {
 	FaultsFile string
 	// Logger hears about checks the hardware cannot run; nil is silent.
 	Logger *slog.Logger
+	// CPUCount, MemoryBytes and DiskBytes override the host's size in the
+	// host section (what a vps-host's capacity starts from). Unset, the
+	// mock backend reports a DGX H200's (MockCPUCount, MockMemoryBytes,
+	// MockDiskBytes) and the real one the machine's: its logical CPUs,
+	// /proc/meminfo's MemTotal and the size of the file system holding
+	// DiskPath.
+	CPUCount    uint32
+	MemoryBytes uint64
+	DiskBytes   uint64
+	// DiskPath is where the VPS instances' disks live (the state
+	// directory); empty means "/".
+	DiskPath string
 }
+
+// A DGX H200's size, as the mock backend reports it: 2 × 56-core Xeon
+// Platinum 8480C with SMT, 2 TiB of memory, 8 × 3.84 TB of NVMe.
+const (
+	MockCPUCount    = 224
+	MockMemoryBytes = 2 << 40
+	MockDiskBytes   = 8 * 3_840_000_000_000
+)
 
 // Collector reads inventory from one NVML backend and runs the GPU health
 // checks. Its methods are safe for concurrent use; Close releases the
@@ -215,12 +239,51 @@ func (c *Collector) Host(_ context.Context) (*agentv1.Host, error) {
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("inventory: CUDA version: %s", nvml.ErrorString(ret))
 	}
-	return &agentv1.Host{
+	h := &agentv1.Host{
 		Hostname:      host,
 		Kernel:        readTrim("/proc/sys/kernel/osrelease"),
 		DriverVersion: driver,
 		CudaVersion:   fmt.Sprintf("%d.%d", cuda/1000, cuda%1000/10),
-	}, nil
+		CpuCount:      c.cfg.CPUCount, MemoryBytes: c.cfg.MemoryBytes, DiskBytes: c.cfg.DiskBytes,
+	}
+	if c.faults != nil { // the mock: a DGX H200
+		h.CpuCount = cmp.Or(h.CpuCount, MockCPUCount)
+		h.MemoryBytes = cmp.Or(h.MemoryBytes, MockMemoryBytes)
+		h.DiskBytes = cmp.Or(h.DiskBytes, MockDiskBytes)
+		return h, nil
+	}
+	h.CpuCount = cmp.Or(h.CpuCount, uint32(runtime.NumCPU()))
+	h.MemoryBytes = cmp.Or(h.MemoryBytes, memTotal())
+	h.DiskBytes = cmp.Or(h.DiskBytes, diskSize(cmp.Or(c.cfg.DiskPath, "/")))
+	return h, nil
+}
+
+// memTotal is /proc/meminfo's MemTotal in bytes; 0 when unreadable.
+func memTotal() uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 2 && f[1] == "kB" {
+				if kb, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+					return kb << 10
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// diskSize is the size of the file system holding path; 0 when unknown.
+func diskSize(path string) uint64 {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(path, &st); err != nil || st.Bsize <= 0 {
+		return 0
+	}
+	return st.Blocks * uint64(st.Bsize)
 }
 
 // GPUs returns every GPU by index, with its health from a pass of the

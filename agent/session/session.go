@@ -60,6 +60,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/state"
+	"github.com/bettercompute/bettercompute/agent/vps"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
@@ -125,6 +126,12 @@ type Config struct {
 	// CommandExecutors replace built-in command kinds' executors (tests).
 	CommandExecutors map[string]command.Func
 
+	// VPS, when set, runs the NodeSpec's instances section on this host
+	// (a vps-host) and restarts instances for instance.reboot; nil means
+	// the node runs no VPS runtime (the section is FAILED_TERMINAL unless
+	// empty, instance.reboot UNSUPPORTED).
+	VPS *vps.Reconciler
+
 	// Key, when set, is the key the stored identity's certificate binds,
 	// used instead of State's node key: bcd ramdisk's Ed25519 key, held in
 	// memory only.
@@ -188,7 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log := cfg.Logger.With("node", id.NodeID)
 	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Logger: log,
-		Write: cfg.State.WriteAtomic})
+		Write: cfg.State.WriteAtomic, VPS: cfg.VPS})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}
@@ -199,6 +206,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if err := r.setIdentity(id); err != nil {
 		return err
+	}
+	var rebooter command.InstanceRebooter
+	if cfg.VPS != nil {
+		rebooter = cfg.VPS
 	}
 	cmds, err := command.New(command.Config{
 		Root: cfg.State.Root(), NodeID: id.NodeID, BootID: cfg.BootID,
@@ -212,7 +223,7 @@ func Run(ctx context.Context, cfg Config) error {
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
 		},
 		LogFile: cfg.LogFile, CommandKey: cfg.CommandKey, TrustDomain: trustDomain(id), DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
-		Executors: cfg.CommandExecutors, Logger: log, Ramdisk: cfg.Ramdisk, ResultKey: cfg.ResultKey,
+		Executors: cfg.CommandExecutors, Logger: log, Ramdisk: cfg.Ramdisk, ResultKey: cfg.ResultKey, Instances: rebooter,
 	})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
@@ -608,6 +619,22 @@ func gpuUUIDs(inv Inventory) func(ctx context.Context) ([]string, error) {
 			uuids = append(uuids, g.GetUuid())
 		}
 		return uuids, nil
+	}
+}
+
+// GPUAddresses returns the PCI address of each of inv's GPUs by UUID, for
+// vps.Config.GPUs: the devices an instance's GPUs are passed through by.
+func GPUAddresses(inv Inventory) func(ctx context.Context) (map[string]string, error) {
+	return func(ctx context.Context) (map[string]string, error) {
+		rep, err := inv.Report(ctx, []string{inventory.SectionGPUs})
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]string, len(rep.GetGpus()))
+		for _, g := range rep.GetGpus() {
+			out[g.GetUuid()] = g.GetPciBusId()
+		}
+		return out, nil
 	}
 }
 

@@ -36,6 +36,8 @@ import (
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
 	"github.com/bettercompute/bettercompute/agent/state"
+	"github.com/bettercompute/bettercompute/agent/vps"
+	vpssim "github.com/bettercompute/bettercompute/agent/vps/sim"
 )
 
 // Config describes the fleet.
@@ -89,6 +91,12 @@ type Config struct {
 	// HealthCheckInterval, when set, replaces every daemon's health
 	// section check_interval (see session.Config).
 	HealthCheckInterval time.Duration
+	// VPS runs every daemon's instances section on the simulated VPS
+	// runtime (agent/vps/sim: a `sleep infinity` process per running
+	// instance, under <state>/vps), so the simulated machines can be the
+	// hosts of a vps-host pool. The processes outlive the daemons (a
+	// restarted daemon adopts them): [Fleet.DeleteInstances] ends them.
+	VPS bool
 }
 
 // Fleet is a running fleet.
@@ -211,6 +219,13 @@ func (f *Fleet) run(i int) {
 		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
 		CommandExecutors: f.cfg.Executors, HealthCheckInterval: f.cfg.HealthCheckInterval,
 	}
+	if f.cfg.VPS {
+		rec, err := f.vps(i, logger)
+		if err != nil {
+			f.cfg.Logger.Warn("simulated node runs no VPS runtime", "node", d.nodeID, "err", err)
+		}
+		cfg.VPS = rec
+	}
 	if f.cfg.OnObserved != nil {
 		cfg.OnObserved = func(gen int64) { f.cfg.OnObserved(i, gen) }
 	}
@@ -332,6 +347,47 @@ func (f *Fleet) prepare(ctx context.Context, i int) (*state.Store, *inventory.Co
 		return nil, nil, fmt.Errorf("join %s: %w", host, err)
 	}
 	return st, inv, nil
+}
+
+// VPSDir is simulated daemon i's VPS runtime directory under root.
+func VPSDir(root string, i int) string { return filepath.Join(NodeDir(root, i), "vps") }
+
+// VPSRuntime returns simulated daemon i's VPS runtime (with Config.VPS),
+// for tests to look at its instances' processes.
+func (f *Fleet) VPSRuntime(i int) (*vpssim.Runtime, error) {
+	return vpssim.New(vpssim.Config{Dir: VPSDir(f.cfg.Root, i), Logger: f.cfg.Logger})
+}
+
+// vps is daemon i's VPS reconciler over the simulated runtime.
+func (f *Fleet) vps(i int, logger *slog.Logger) (*vps.Reconciler, error) {
+	rt, err := vpssim.New(vpssim.Config{Dir: VPSDir(f.cfg.Root, i), Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	return vps.NewReconciler(vps.Config{Runtime: rt, GPUs: session.GPUAddresses(f.ds[i].inv), Logger: logger})
+}
+
+// DeleteInstances ends every simulated VPS instance of every daemon (their
+// processes outlive the daemons); call it after Stop when the fleet ran
+// with Config.VPS.
+func (f *Fleet) DeleteInstances(ctx context.Context) error {
+	var errs []error
+	for i := range f.ds {
+		rt, err := f.VPSRuntime(i)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		obs, err := rt.List(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, o := range obs {
+			errs = append(errs, rt.Delete(ctx, o.ID))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Faults returns simulated daemon i's injected GPU faults (its mock NVML

@@ -37,7 +37,7 @@ var overlays = []string{"dev", "ha"}
 // TestEveryBuiltRoleIsDeployed fails when a role is built and not here.
 var deployables = []string{
 	"api", "joinservice", "gateway", "nodespec-controller", "controllers",
-	"placer", "command-sweeper", "outbox-relay", "metal",
+	"placer", "command-sweeper", "outbox-relay", "metal", "vps",
 }
 
 // hostedBy are the worker roles a deployable runs for the spec
@@ -55,7 +55,7 @@ var secretReaders = map[string][]string{
 	"bc-joinservice-hpke": {"joinservice"},
 	"bc-command-signing":  {"api", "controllers", "metal"},
 	"bc-audit-signing":    {"api", "controllers", "metal"},
-	"bc-secrets-key":      {"api", "metal"},
+	"bc-secrets-key":      {"api", "metal", "vps"},
 }
 
 // requiredFiles are the key files each role must be configured with.

@@ -1,6 +1,7 @@
 package commands_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -610,7 +611,7 @@ func TestRegistry(t *testing.T) {
 	for _, k := range commands.Builtin().Kinds() {
 		names = append(names, k.Name)
 	}
-	if len(names) != 8 || names[0] != "diag.nvml" || names[1] != "disk.wipe" || names[2] != "gpu.reset" || names[3] != "image.deploy" || names[6] != "node.kexec" || names[7] != "node.reboot" {
+	if !slices.Equal(names, []string{"diag.nvml", "disk.wipe", "gpu.reset", "image.deploy", "instance.reboot", "inventory.refresh", "logs.collect", "node.kexec", "node.reboot"}) {
 		t.Fatalf("built-in kinds %v", names)
 	}
 }

@@ -206,7 +206,26 @@ func Builtin() *Registry {
 		Doc: "Streams a raw disk image over HTTP onto a disk (bcd ramdisk), hashing it as it goes; succeeds only when its SHA-256 matches. The result is signed by the ramdisk's key.", Check: checkImageDeploy})
 	r.MustRegister(Kind{Name: "node.kexec", Field: "node_kexec", SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 10 * time.Minute, RamdiskOnly: true,
 		Doc: "Fetches a kernel and initrd, checks their SHA-256 and kexecs into them (bcd ramdisk); succeeds when the node reconnects with a new boot id.", Check: checkNodeKexec})
+	r.MustRegister(Kind{Name: KindInstanceReboot, Field: "instance_reboot", RetrySafe: true, Lane: LaneDefault, Timeout: 5 * time.Minute,
+		Doc: "Restarts one of a vps-host's running instances (instances.reboot, never commands.run); the host refuses an instance it does not run.", Check: checkInstanceReboot})
 	return r
+}
+
+// KindInstanceReboot is the kind instances.reboot queues on the instance's
+// host.
+const KindInstanceReboot = "instance.reboot"
+
+// MaxInstanceID bounds instance.reboot's instance id.
+const MaxInstanceID = 64
+
+// checkInstanceReboot wants an instance id ("inst_…") of at most
+// MaxInstanceID characters: INVALID_INPUT "payload.instanceId".
+func checkInstanceReboot(body *agentv1.CommandBody) error {
+	id := body.GetInstanceReboot().GetInstanceId()
+	if !strings.HasPrefix(id, "inst_") || len(id) > MaxInstanceID || strings.ContainsAny(id, "/\\\x00\n ") {
+		return fault.New(fault.InvalidInput, "payload.instanceId", "want an instance id (inst_…) of at most %d characters, got %q", MaxInstanceID, id)
+	}
+	return nil
 }
 
 // Bounds of the commissioning kinds' payloads (disk.wipe, image.deploy,

@@ -323,11 +323,11 @@ func TestRoleLists(t *testing.T) {
 	if len(config.AllRoles) != 13 || slices.Contains(config.AllRoles, config.RoleAll) {
 		t.Fatalf("all roles: %v", config.AllRoles)
 	}
-	want := []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleScheduler, config.RoleSinks}
+	want := []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleSinks}
 	if !slices.Equal(config.BuiltRoles, want) {
 		t.Errorf("built roles %v, want %v", config.BuiltRoles, want)
 	}
-	want = []config.Role{config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleMetal, config.RoleScheduler}
+	want = []config.Role{config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler}
 	if !slices.Equal(config.RuntimeRoles, want) {
 		t.Errorf("runtime roles %v, want %v", config.RuntimeRoles, want)
 	}

@@ -52,7 +52,7 @@ var roleTable = []struct {
 	{RoleOutboxRelay, true, false},
 	{RoleControllers, true, true},
 	{RoleMetal, true, true},
-	{RoleVPS, false, false},
+	{RoleVPS, true, true},
 	{RoleScheduler, true, true},
 	{RoleSinks, true, false},
 	{RoleIAM, false, false},

@@ -42,6 +42,10 @@ type Kind string
 // KindBMC is a machine's BMC credentials ([BMCCredentials] as JSON).
 const KindBMC Kind = "bmc"
 
+// KindProvider is a provider pool's API credentials
+// (pkg/providers.Credentials as JSON, migration 00027).
+const KindProvider Kind = "provider"
+
 // MaxPlainBytes bounds a secret's payload.
 const MaxPlainBytes = 16 << 10
 
@@ -83,7 +87,7 @@ func Put(ctx context.Context, q Querier, kr *Keyring, s Secret) error {
 		return fault.New(fault.Unsupported, ConfigField, "no secrets key is configured: set %s", ConfigField)
 	case s.ID == "" || s.TenantID == "":
 		return errors.New("put secret: id and tenant are required")
-	case s.Kind != KindBMC:
+	case s.Kind != KindBMC && s.Kind != KindProvider:
 		return fmt.Errorf("put secret %s: unknown kind %q", s.ID, s.Kind)
 	case len(s.Plain) > MaxPlainBytes:
 		return fault.New(fault.InvalidInput, "secret", "at most %d bytes", MaxPlainBytes)

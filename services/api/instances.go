@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/instances"
@@ -67,9 +69,6 @@ func (s *instancesAPI) Create(ctx context.Context, req *computev1.InstancesServi
 	if err != nil {
 		return nil, err
 	}
-	if class != "vps-host" {
-		return nil, fault.New(fault.Unsupported, "poolId", "provider pools are not built yet: pool %s is a %s pool; instances run in vps-host pools today", req.GetPoolId(), class)
-	}
 	out := &computev1.InstancesServiceCreateResponse{}
 	_, err = s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
 		Call:     admission.Call{TenantID: req.GetTenantId()},
@@ -78,6 +77,14 @@ func (s *instancesAPI) Create(ctx context.Context, req *computev1.InstancesServi
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (admission.Outcome, error) {
 			in := in
 			in.ID = id
+			if class == "provider" {
+				// No host: the vps.provider workflow makes its machine.
+				stored, err := createAtProvider(ctx, tx, q, in)
+				if err != nil {
+					return admission.Outcome{}, err
+				}
+				return outcome(&computev1.InstancesServiceCreateResponse{Instance: instancePB(stored)}, "instance.created", instanceResource(stored))
+			}
 			// Quota, placement and the claim of every dimension, in this
 			// transaction; the host's desired state follows.
 			node, err := instances.Create(ctx, tx, &in, s.placeOptions())
@@ -182,6 +189,12 @@ func (s *instancesAPI) change(ctx context.Context, tenant, id, event string,
 					return admission.Outcome{}, err
 				}
 			}
+			if changed && before.NodeID == "" {
+				// A provider instance: its workflow acts (services/vps).
+				if err := q.Enqueue(ctx, instances.ProviderJob, id); err != nil {
+					return admission.Outcome{}, err
+				}
+			}
 			return outcome(wrap(instancePB(in)), event, nil)
 		},
 	}, out)
@@ -243,6 +256,14 @@ func (s *instancesAPI) Delete(ctx context.Context, req *computev1.InstancesServi
 	out := &computev1.InstancesServiceDeleteResponse{}
 	err := s.change(ctx, req.GetTenantId(), req.GetInstanceId(), "instance.deleted",
 		func(ctx context.Context, tx pgx.Tx) (instances.Instance, bool, error) {
+			in, err := instances.Lock(ctx, tx, req.GetInstanceId())
+			if err != nil {
+				return instances.Instance{}, false, err
+			}
+			if in.NodeID == "" {
+				// Deleting until the workflow deleted its machine.
+				return instances.DeleteProvider(ctx, tx, req.GetInstanceId())
+			}
 			return instances.Delete(ctx, tx, req.GetInstanceId())
 		},
 		func(in *computev1.Instance) proto.Message {
@@ -254,15 +275,69 @@ func (s *instancesAPI) Delete(ctx context.Context, req *computev1.InstancesServi
 	return out, nil
 }
 
+// Reboot queues instance.reboot on the instance's host: a command with a
+// deadline (notAfterSeconds, as commands.run's), which the host refuses
+// past it (EXPIRED) and runs at most once. Only a placed, live instance
+// whose desired power state is running can be rebooted (else CONFLICT);
+// the decision is compute:instances:reboot on the instance.
 func (s *instancesAPI) Reboot(ctx context.Context, req *computev1.InstancesServiceRebootRequest) (*computev1.InstancesServiceRebootResponse, error) {
+	secs := req.GetNotAfterSeconds()
+	if secs == 0 {
+		secs = defaultNotAfterSeconds
+	}
+	if secs < minNotAfterSeconds || secs > maxNotAfterSeconds {
+		return nil, fault.New(fault.InvalidInput, "notAfterSeconds", "expected 0 (meaning %d) or %d to %d, got %d",
+			defaultNotAfterSeconds, minNotAfterSeconds, maxNotAfterSeconds, req.GetNotAfterSeconds())
+	}
 	res, err := s.instance(ctx, req.GetTenantId(), req.GetInstanceId())
 	if err != nil {
 		return nil, err
 	}
-	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
+	p, _ := iam.PrincipalFrom(ctx)
+	key := ""
+	if req.GetIdempotencyKey() != "" {
+		key = "api:" + p.IdentityID + ":" + req.GetIdempotencyKey()
+	}
+	out := &computev1.InstancesServiceRebootResponse{}
+	_, err = s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
+		Call:     admission.Call{TenantID: req.GetTenantId()},
+		Resource: res,
+		Existing: true, // decided on the instance; its projection row exists
+		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, _ string) (admission.Outcome, error) {
+			in, err := instances.Lock(ctx, tx, req.GetInstanceId())
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			switch {
+			case !instances.Live(in.State):
+				return admission.Outcome{}, fault.New(fault.Conflict, "instanceId", "instance %s is %s", in.ID, in.State)
+			case in.NodeID == "":
+				return admission.Outcome{}, fault.New(fault.Conflict, "instanceId", "instance %s is not on a host (state %s)", in.ID, in.State)
+			case in.Power != instances.PowerRunning:
+				return admission.Outcome{}, fault.New(fault.Conflict, "instanceId", "instance %s is stopped: start it instead", in.ID)
+			}
+			c, _, err := s.kinds.Enqueue(ctx, tx, commands.Request{
+				NodeID: in.NodeID, Kind: commands.KindInstanceReboot, Payload: map[string]any{"instanceId": in.ID},
+				IdempotencyKey: key, NotAfter: s.now().Add(time.Duration(secs) * time.Second), CreatedBy: p.IdentityID,
+			})
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			pb, err := commandPB(c)
+			if err != nil {
+				return admission.Outcome{}, err
+			}
+			o, err := outcome(&computev1.InstancesServiceRebootResponse{Instance: instancePB(in), Command: pb}, "command.requested", nil)
+			o.Detail = map[string]any{"commandId": c.ID, "kind": c.Kind, "instanceId": in.ID}
+			o.Event.Resource = c.ID
+			q.AfterCommit(func() { s.cmdPoker.Poke(in.NodeID) }) // wake the host's gateway
+			return o, err
+		},
+	}, out)
+	if err != nil {
 		return nil, err
 	}
-	return nil, fault.New(fault.Unsupported, "instanceId", "instances.reboot is not built yet (it becomes a command with a deadline); stop and start the instance meanwhile")
+	return out, nil
 }
 
 func instanceQuotaPB(q instances.Quota) *computev1.InstanceQuota {

@@ -90,7 +90,7 @@ func TestInstancesCreate(t *testing.T) {
 			{"user data over 64 KiB", with(func(r *computev1.InstancesServiceCreateRequest) { r.UserData = strings.Repeat("x", 64<<10+1) }), fault.InvalidInput, "userData"},
 			{"unknown pool", with(func(r *computev1.InstancesServiceCreateRequest) { r.PoolId = "pool_nope" }), fault.NotFound, "poolId"},
 			{"gpu pool", with(func(r *computev1.InstancesServiceCreateRequest) { r.PoolId = gp }), fault.InvalidInput, "poolId"},
-			{"provider pool", with(func(r *computev1.InstancesServiceCreateRequest) { r.PoolId = prov.GetPool().GetId() }), fault.Unsupported, "poolId"},
+			{"provider pool without a provider", with(func(r *computev1.InstancesServiceCreateRequest) { r.PoolId = prov.GetPool().GetId() }), fault.InvalidInput, "poolId"},
 		} {
 			_, err := c.Create(ctx, tc.req)
 			if code, field := envelope(err); code != tc.code || field != tc.field {
@@ -249,10 +249,6 @@ func TestInstancesDesiredState(t *testing.T) {
 		if n := h.count(t, `SELECT vcpus_used FROM host_capacity`); n != 1 {
 			t.Fatalf("after resize down %d vCPUs used", n)
 		}
-	})
-	t.Run("reboot is not built yet", func(t *testing.T) {
-		_, err := c.Reboot(ctx, &computev1.InstancesServiceRebootRequest{TenantId: "root", InstanceId: in.GetId()})
-		wantCode(t, err, fault.Unsupported, "instanceId")
 	})
 	t.Run("another tenant sees nothing", func(t *testing.T) {
 		_, otherKey := h.member(t, "other", "ops")

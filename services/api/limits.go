@@ -8,6 +8,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/instances"
 	"github.com/bettercompute/bettercompute/pkg/machines"
+	"github.com/bettercompute/bettercompute/pkg/providers"
 )
 
 // The one table of how big a request's fields may be, checked in one place
@@ -44,6 +45,8 @@ var (
 		"bettercompute.compute.v1.MachineImage.url":                        machines.MaxImageURLLen,
 		"bettercompute.compute.v1.InstancesServiceCreateRequest.user_data": instances.MaxUserDataBytes,
 		"bettercompute.compute.v1.InstancesServiceCreateRequest.ssh_keys":  instances.MaxSSHKeyLength,
+		"bettercompute.compute.v1.ProviderSettings.endpoint":               providers.MaxEndpointLength,
+		"bettercompute.compute.v1.ProviderSettings.token":                  providers.MaxTokenLength,
 	}
 )
 

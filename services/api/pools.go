@@ -197,10 +197,11 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, acceptance, sharing, defaultQuota, vps)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, acceptance, sharing, defaultQuota, vps, provider)")
 	}
 	var u poolstore.Update
 	var vps *instances.Settings
+	var provider *providerUpdate
 	for _, path := range req.GetUpdateMask().GetPaths() {
 		switch path {
 		case "description":
@@ -247,6 +248,12 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			if err := instances.ValidSettings(*vps, "vps"); err != nil {
 				return nil, err
 			}
+		case "provider":
+			pu, err := s.validProvider(req.GetProvider())
+			if err != nil {
+				return nil, err
+			}
+			provider = pu
 		case "default_quota", "defaultQuota":
 			n, err := validDefaultQuota(req.GetDefaultQuota())
 			if err != nil {
@@ -254,7 +261,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			u.DefaultQuota = &n
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance, sharing, defaultQuota, vps can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance, sharing, defaultQuota, vps, provider can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
@@ -276,6 +283,11 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				}
 				// The hosts' totals follow in this transaction.
 				if err := instances.SetSettings(ctx, tx, p.ID, *vps); err != nil {
+					return admission.Outcome{}, err
+				}
+			}
+			if provider != nil {
+				if err := s.setProvider(ctx, tx, p.ID, p.Class, p.TenantID, provider); err != nil {
 					return admission.Outcome{}, err
 				}
 			}

@@ -396,6 +396,11 @@ func (a *App) startRuntime(ctx context.Context) error {
 			return err
 		}
 	}
+	if slices.Contains(roles, string(config.RoleVPS)) {
+		if err := a.registerVPS(rt); err != nil {
+			return err
+		}
+	}
 	if slices.Contains(roles, reconcile.RoleScheduler) {
 		if err := a.registerCapacity(rt); err != nil {
 			return err

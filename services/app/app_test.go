@@ -49,16 +49,16 @@ func start(t *testing.T, cfg *config.Config) *app.App {
 func TestResolveRoles(t *testing.T) {
 	t.Parallel()
 	run, notBuilt, err := app.ResolveRoles(nil)
-	if err != nil || !slices.Equal(run, []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleScheduler, config.RoleSinks}) || !slices.Contains(notBuilt, config.RoleVPS) {
+	if err != nil || !slices.Equal(run, []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleSinks}) || !slices.Contains(notBuilt, config.RoleIAM) {
 		t.Fatalf("all: run=%v notBuilt=%v err=%v", run, notBuilt, err)
 	}
 	if len(run)+len(notBuilt) != len(config.AllRoles) {
 		t.Fatalf("all must account for every role: %v + %v", run, notBuilt)
 	}
 
-	_, _, err = app.ResolveRoles([]string{"api,vps"})
+	_, _, err = app.ResolveRoles([]string{"api,iam"})
 	fe, ok := fault.As(err)
-	if !ok || fe.Code != fault.Unsupported || fe.Field != "roles" || !strings.Contains(fe.Message, `"vps" is not built yet`) {
+	if !ok || fe.Code != fault.Unsupported || fe.Field != "roles" || !strings.Contains(fe.Message, `"iam" is not built yet`) {
 		t.Fatalf("an explicit unbuilt role must fail naming it: %v", err)
 	}
 

@@ -9,14 +9,18 @@ import (
 	"github.com/bettercompute/bettercompute/services/capacity"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/nodespec"
+	"github.com/bettercompute/bettercompute/services/vps"
 )
 
 // nodeSpecRegistry is the contributors of every node's desired state, in
 // merge order: the built-in system and pool parts, then capacity's devices
-// section.
+// section, then vps's instances section.
 func nodeSpecRegistry() (*nodespec.Registry, error) {
 	reg := nodespec.Builtin()
 	if err := capacity.Register(reg); err != nil {
+		return nil, err
+	}
+	if err := vps.Register(reg); err != nil {
 		return nil, err
 	}
 	return reg, nil

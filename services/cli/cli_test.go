@@ -33,7 +33,7 @@ func TestServeRejectsBadInputBeforeStarting(t *testing.T) {
 		want string
 	}{
 		{"unknown role", []string{"serve", "--roles", "bogus"}, cli.ExitConfig, `error: INVALID_CONFIG roles: unknown role "bogus"`},
-		{"unbuilt role", []string{"serve", "--roles", "api,vps"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "vps" is not built yet`},
+		{"unbuilt role", []string{"serve", "--roles", "api,iam"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "iam" is not built yet`},
 		{"bad port", []string{"serve", "--port", "70000"}, cli.ExitConfig, "error: INVALID_CONFIG server.port: expected a port from 0 to 65535, got 70000"},
 		{"bad flag", []string{"serve", "--rolez", "api"}, cli.ExitConfig, "unknown flag: --rolez"},
 		{"bad log level", []string{"serve", "--log-level", "loud"}, cli.ExitConfig, "error: INVALID_CONFIG log.level"},
@@ -97,11 +97,11 @@ func TestDeployableFixesItsRole(t *testing.T) {
 	t.Setenv("BC_CONFIG", "")
 	t.Setenv("DATABASE_URL", "")
 	var out, errb bytes.Buffer
-	cmd := cli.Deployable("vps", &out, &errb)
+	cmd := cli.Deployable("iam", &out, &errb)
 	cmd.SetArgs([]string{"--port", "0"})
 	code := cli.Report(&errb, cmd.ExecuteContext(t.Context()))
-	// The database check comes after roles: vps is not built yet.
-	if code != cli.ExitConfig || !strings.Contains(errb.String(), `role "vps" is not built yet`) {
+	// The database check comes after roles: iam is not built yet.
+	if code != cli.ExitConfig || !strings.Contains(errb.String(), `role "iam" is not built yet`) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 }

@@ -55,7 +55,7 @@ func TestComposeFile(t *testing.T) {
 		t.Fatalf("compose.yaml: %v", err)
 	}
 	for _, name := range []string{"postgres", "pgbouncer", "nats", "migrate", "pki", "pki-export", "gateway-cert", "api", "joinservice", "gateway",
-		"nodespec-controller", "controllers", "placer", "command-sweeper", "outbox-relay", "enroll", "fleet"} {
+		"nodespec-controller", "controllers", "placer", "command-sweeper", "outbox-relay", "vps", "enroll", "fleet"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Fatalf("compose.yaml lacks service %q", name)
 		}
@@ -297,7 +297,7 @@ func checkKeys(t *testing.T, name string, s composeService, cfg *config.Config, 
 		files[cfg.Commands.SigningKeyFile] = cli.PKICommandKey
 		files[cfg.Audit.SigningKeyFile] = cli.PKIAuditKey
 	}
-	if has(config.RoleAPI) || has(config.RoleMetal) {
+	if has(config.RoleAPI) || has(config.RoleMetal) || has(config.RoleVPS) {
 		files[cfg.Secrets.KeyFile] = cli.PKISecretsKey
 	}
 	for file, want := range files {

@@ -57,6 +57,8 @@ func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.
 		// daemon with a new boot id) and an unsigned one is BAD_SIGNATURE.
 		CommandKey: env.CommandKey,
 		Logger:     logger.With("component", "sim"),
+		// The simulated machines can host VPS instances (a process each).
+		VPS: true,
 	}, n)
 }
 

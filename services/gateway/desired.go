@@ -15,6 +15,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/instances"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -159,6 +160,53 @@ type observedReport struct {
 	sections []map[string]any
 	status   []byte
 	failed   bool
+	// instances is the instances section's per-instance report, when the
+	// node sent one (see hostObservation).
+	instances *instances.HostObservation
+}
+
+// Bounds of an Observed report's instances section (the NodeSpec's own:
+// 256 instances), beyond which the rest is ignored.
+const (
+	maxReportedInstances = 256
+	maxInstanceID        = 64
+	maxInstanceReason    = 1024
+)
+
+// hostObservation reads the instances section of a node's report: each
+// instance's state (running, stopped or failed; anything else is
+// ignored), reason and applied generation, and whether the section
+// converged (then an instance it leaves out is not on the node). Nil when
+// the report has no instances section.
+func hostObservation(nodeID string, obs *agentv1.Observed) *instances.HostObservation {
+	for _, st := range obs.GetSections() {
+		if st.GetSection() != "instances" {
+			continue
+		}
+		h := &instances.HostObservation{NodeID: nodeID, Complete: st.GetState() == agentv1.SectionState_SECTION_STATE_CONVERGED}
+		for i, in := range st.GetInstances() {
+			if i == maxReportedInstances {
+				h.Complete = false
+				break
+			}
+			switch in.GetState() {
+			case instances.StateRunning, instances.StateStopped, instances.StateFailed:
+			default:
+				continue
+			}
+			if id := in.GetId(); id == "" || len(id) > maxInstanceID {
+				continue
+			}
+			reason := in.GetReason()
+			if len(reason) > maxInstanceReason {
+				reason = strings.ToValidUTF8(reason[:maxInstanceReason], "")
+			}
+			h.Reports = append(h.Reports, instances.HostReport{ID: in.GetId(),
+				Observation: instances.Observation{Generation: in.GetGeneration(), State: in.GetState(), Reason: reason}})
+		}
+		return h
+	}
+	return nil
 }
 
 // storeObserved records how far the node converged: the database keeps the
@@ -169,7 +217,7 @@ type observedReport struct {
 //
 // It goes through the batch writer ([Gateway.submit]).
 func (g *Gateway) storeObserved(ctx context.Context, s *session, obs *agentv1.Observed) error {
-	r := &observedReport{s: s, obs: obs}
+	r := &observedReport{s: s, obs: obs, instances: hostObservation(s.nodeID, obs)}
 	for _, st := range obs.GetSections() {
 		state := st.GetState().String()
 		if st.GetState() == agentv1.SectionState_SECTION_STATE_FAILED || st.GetState() == agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
@@ -280,11 +328,15 @@ func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 		}
 		var converged []string
 		var events []outbox.Event
+		var hosts []instances.HostObservation
 		next := 0
 		for _, r := range sorted {
 			if r.observed != nil {
 				if st := stored[next]; st.Stored {
 					converged = append(converged, r.nodeID)
+					if h := r.observed.instances; h != nil {
+						hosts = append(hosts, *h)
+					}
 					if e, ok := observedEvent(r.observed, st); ok {
 						events = append(events, e)
 					}
@@ -295,6 +347,11 @@ func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 			if err := r.store(ctx, tx, q); err != nil {
 				return fmt.Errorf("node %s: %w", r.nodeID, err)
 			}
+		}
+		// What each host runs of its instances, in the same transaction:
+		// only a stored (current-session) report speaks for the node.
+		if _, err := instances.ObserveHosts(ctx, tx, hosts); err != nil {
+			return err
 		}
 		if err := g.wakeObserved(ctx, tx, q, slices.Compact(converged)); err != nil {
 			return err

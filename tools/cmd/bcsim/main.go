@@ -68,6 +68,7 @@ func run() error {
 		every       = flag.Duration("every", time.Second, "how often to print the session count")
 		verbose     = flag.Bool("v", false, "log the agents' warnings to stderr")
 		logFiles    = flag.Bool("log-files", false, "give every node a log file of its own (for logs.collect): one more open file per node")
+		vpsHosts    = flag.Bool("vps", false, "run every node's instances section on the simulated VPS runtime (a process per running instance), so the nodes can host a vps-host pool")
 	)
 	flag.Parse()
 	if *caFile == "" || *nodes < 1 {
@@ -109,7 +110,7 @@ func run() error {
 	fleet, err := sim.Start(ctx, sim.Config{
 		Gateway: *gateway, ServerName: *serverName, RootCAs: roots, Token: *token,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: *root,
-		JoinConcurrency: *concurrency, Logger: logger, NoLogFiles: !*logFiles,
+		JoinConcurrency: *concurrency, Logger: logger, NoLogFiles: !*logFiles, VPS: *vpsHosts,
 		OnSession: func(up bool) {
 			if up {
 				sessions.Add(1)

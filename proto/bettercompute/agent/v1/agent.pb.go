@@ -1052,7 +1052,16 @@ type Host struct {
 	// driver_version is the NVIDIA driver version.
 	DriverVersion string `protobuf:"bytes,3,opt,name=driver_version,json=driverVersion,proto3" json:"driver_version,omitempty"`
 	// cuda_version is the CUDA driver API version, e.g. "12.4".
-	CudaVersion   string `protobuf:"bytes,4,opt,name=cuda_version,json=cudaVersion,proto3" json:"cuda_version,omitempty"`
+	CudaVersion string `protobuf:"bytes,4,opt,name=cuda_version,json=cudaVersion,proto3" json:"cuda_version,omitempty"`
+	// cpu_count is the number of logical CPUs; 0 when unknown. A vps-host's
+	// vCPU capacity starts from it.
+	CpuCount uint32 `protobuf:"varint,5,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	// memory_bytes is the machine's memory; 0 when unknown. A vps-host's
+	// memory capacity starts from it.
+	MemoryBytes uint64 `protobuf:"varint,6,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// disk_bytes is the size of the file system holding the VPS instances'
+	// disks (the agent's state directory); 0 when unknown.
+	DiskBytes     uint64 `protobuf:"varint,7,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1113,6 +1122,27 @@ func (x *Host) GetCudaVersion() string {
 		return x.CudaVersion
 	}
 	return ""
+}
+
+func (x *Host) GetCpuCount() uint32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *Host) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *Host) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
 }
 
 // GPU is one GPU as the driver reports it.
@@ -1625,12 +1655,16 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fInventoryReport\x12\x1a\n" +
 	"\bsections\x18\x01 \x03(\tR\bsections\x120\n" +
 	"\x04host\x18\x02 \x01(\v2\x1c.bettercompute.agent.v1.HostR\x04host\x12/\n" +
-	"\x04gpus\x18\x03 \x03(\v2\x1b.bettercompute.agent.v1.GPUR\x04gpus\"\x84\x01\n" +
+	"\x04gpus\x18\x03 \x03(\v2\x1b.bettercompute.agent.v1.GPUR\x04gpus\"\xe3\x01\n" +
 	"\x04Host\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x16\n" +
 	"\x06kernel\x18\x02 \x01(\tR\x06kernel\x12%\n" +
 	"\x0edriver_version\x18\x03 \x01(\tR\rdriverVersion\x12!\n" +
-	"\fcuda_version\x18\x04 \x01(\tR\vcudaVersion\"\xa3\x02\n" +
+	"\fcuda_version\x18\x04 \x01(\tR\vcudaVersion\x12\x1b\n" +
+	"\tcpu_count\x18\x05 \x01(\rR\bcpuCount\x12!\n" +
+	"\fmemory_bytes\x18\x06 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\a \x01(\x04R\tdiskBytes\"\xa3\x02\n" +
 	"\x03GPU\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x14\n" +

@@ -421,6 +421,7 @@ type CommandBody struct {
 	//	*CommandBody_DiskWipe
 	//	*CommandBody_ImageDeploy
 	//	*CommandBody_NodeKexec
+	//	*CommandBody_InstanceReboot
 	Kind          isCommandBody_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -535,6 +536,15 @@ func (x *CommandBody) GetNodeKexec() *NodeKexec {
 	return nil
 }
 
+func (x *CommandBody) GetInstanceReboot() *InstanceReboot {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandBody_InstanceReboot); ok {
+			return x.InstanceReboot
+		}
+	}
+	return nil
+}
+
 type isCommandBody_Kind interface {
 	isCommandBody_Kind()
 }
@@ -579,6 +589,11 @@ type CommandBody_NodeKexec struct {
 	NodeKexec *NodeKexec `protobuf:"bytes,8,opt,name=node_kexec,json=nodeKexec,proto3,oneof"`
 }
 
+type CommandBody_InstanceReboot struct {
+	// instance.reboot
+	InstanceReboot *InstanceReboot `protobuf:"bytes,9,opt,name=instance_reboot,json=instanceReboot,proto3,oneof"`
+}
+
 func (*CommandBody_DiagNvml) isCommandBody_Kind() {}
 
 func (*CommandBody_InventoryRefresh) isCommandBody_Kind() {}
@@ -594,6 +609,8 @@ func (*CommandBody_DiskWipe) isCommandBody_Kind() {}
 func (*CommandBody_ImageDeploy) isCommandBody_Kind() {}
 
 func (*CommandBody_NodeKexec) isCommandBody_Kind() {}
+
+func (*CommandBody_InstanceReboot) isCommandBody_Kind() {}
 
 // DiagNvml runs NVML health checks and a short check per GPU.
 type DiagNvml struct {
@@ -1135,6 +1152,53 @@ func (x *NodeKexec) GetCmdline() string {
 	return ""
 }
 
+// InstanceReboot restarts one of the host's running VPS instances
+// (instances.reboot). Retry-safe: a second reboot only restarts it again.
+type InstanceReboot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The instance, "inst_…", at most 64 characters; the host must run it.
+	InstanceId    string `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceReboot) Reset() {
+	*x = InstanceReboot{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceReboot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceReboot) ProtoMessage() {}
+
+func (x *InstanceReboot) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceReboot.ProtoReflect.Descriptor instead.
+func (*InstanceReboot) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *InstanceReboot) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
 // CommandCancel asks the daemon to stop an in-flight command. The daemon
 // answers with the command's final CommandUpdate.
 type CommandCancel struct {
@@ -1149,7 +1213,7 @@ type CommandCancel struct {
 
 func (x *CommandCancel) Reset() {
 	*x = CommandCancel{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1161,7 +1225,7 @@ func (x *CommandCancel) String() string {
 func (*CommandCancel) ProtoMessage() {}
 
 func (x *CommandCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1174,7 +1238,7 @@ func (x *CommandCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandCancel.ProtoReflect.Descriptor instead.
 func (*CommandCancel) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CommandCancel) GetId() string {
@@ -1217,7 +1281,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1293,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1306,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CommandUpdate) GetId() string {
@@ -1313,7 +1377,7 @@ type NodeSignature struct {
 
 func (x *NodeSignature) Reset() {
 	*x = NodeSignature{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1389,7 @@ func (x *NodeSignature) String() string {
 func (*NodeSignature) ProtoMessage() {}
 
 func (x *NodeSignature) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1402,7 @@ func (x *NodeSignature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeSignature.ProtoReflect.Descriptor instead.
 func (*NodeSignature) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeSignature) GetKeyId() string {
@@ -1382,7 +1446,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +1458,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +1471,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CommandResult) GetKind() isCommandResult_Kind {
@@ -1532,7 +1596,7 @@ type DiagNvmlResult struct {
 
 func (x *DiagNvmlResult) Reset() {
 	*x = DiagNvmlResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1608,7 @@ func (x *DiagNvmlResult) String() string {
 func (*DiagNvmlResult) ProtoMessage() {}
 
 func (x *DiagNvmlResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1621,7 @@ func (x *DiagNvmlResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiagNvmlResult.ProtoReflect.Descriptor instead.
 func (*DiagNvmlResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DiagNvmlResult) GetGpus() []*GpuCheck {
@@ -1600,7 +1664,7 @@ type DiskCheck struct {
 
 func (x *DiskCheck) Reset() {
 	*x = DiskCheck{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1676,7 @@ func (x *DiskCheck) String() string {
 func (*DiskCheck) ProtoMessage() {}
 
 func (x *DiskCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1689,7 @@ func (x *DiskCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskCheck.ProtoReflect.Descriptor instead.
 func (*DiskCheck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DiskCheck) GetPath() string {
@@ -1684,7 +1748,7 @@ type GpuCheck struct {
 
 func (x *GpuCheck) Reset() {
 	*x = GpuCheck{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1760,7 @@ func (x *GpuCheck) String() string {
 func (*GpuCheck) ProtoMessage() {}
 
 func (x *GpuCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1773,7 @@ func (x *GpuCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuCheck.ProtoReflect.Descriptor instead.
 func (*GpuCheck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GpuCheck) GetUuid() string {
@@ -1768,7 +1832,7 @@ type InventoryRefreshResult struct {
 
 func (x *InventoryRefreshResult) Reset() {
 	*x = InventoryRefreshResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1844,7 @@ func (x *InventoryRefreshResult) String() string {
 func (*InventoryRefreshResult) ProtoMessage() {}
 
 func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1857,7 @@ func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRefreshResult.ProtoReflect.Descriptor instead.
 func (*InventoryRefreshResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InventoryRefreshResult) GetSections() []string {
@@ -1823,7 +1887,7 @@ type LogsCollectResult struct {
 
 func (x *LogsCollectResult) Reset() {
 	*x = LogsCollectResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +1899,7 @@ func (x *LogsCollectResult) String() string {
 func (*LogsCollectResult) ProtoMessage() {}
 
 func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +1912,7 @@ func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsCollectResult.ProtoReflect.Descriptor instead.
 func (*LogsCollectResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LogsCollectResult) GetData() []byte {
@@ -1878,7 +1942,7 @@ type GpuResetResult struct {
 
 func (x *GpuResetResult) Reset() {
 	*x = GpuResetResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +1954,7 @@ func (x *GpuResetResult) String() string {
 func (*GpuResetResult) ProtoMessage() {}
 
 func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +1967,7 @@ func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuResetResult.ProtoReflect.Descriptor instead.
 func (*GpuResetResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GpuResetResult) GetResetUuids() []string {
@@ -1931,7 +1995,7 @@ type DiskWipeResult struct {
 
 func (x *DiskWipeResult) Reset() {
 	*x = DiskWipeResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1943,7 +2007,7 @@ func (x *DiskWipeResult) String() string {
 func (*DiskWipeResult) ProtoMessage() {}
 
 func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1956,7 +2020,7 @@ func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskWipeResult.ProtoReflect.Descriptor instead.
 func (*DiskWipeResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DiskWipeResult) GetDisks() []*DiskWiped {
@@ -1985,7 +2049,7 @@ type DiskWiped struct {
 
 func (x *DiskWiped) Reset() {
 	*x = DiskWiped{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2061,7 @@ func (x *DiskWiped) String() string {
 func (*DiskWiped) ProtoMessage() {}
 
 func (x *DiskWiped) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2074,7 @@ func (x *DiskWiped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskWiped.ProtoReflect.Descriptor instead.
 func (*DiskWiped) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DiskWiped) GetPath() string {
@@ -2056,7 +2120,7 @@ type ImageDeployResult struct {
 
 func (x *ImageDeployResult) Reset() {
 	*x = ImageDeployResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2132,7 @@ func (x *ImageDeployResult) String() string {
 func (*ImageDeployResult) ProtoMessage() {}
 
 func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2145,7 @@ func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageDeployResult.ProtoReflect.Descriptor instead.
 func (*ImageDeployResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ImageDeployResult) GetDisk() string {
@@ -2121,7 +2185,7 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1c\n" +
 	"\tsignature\x18\t \x01(\fR\tsignature\x12\x15\n" +
 	"\x06key_id\x18\n" +
-	" \x01(\tR\x05keyId\"\xd0\x04\n" +
+	" \x01(\tR\x05keyId\"\xa3\x05\n" +
 	"\vCommandBody\x12?\n" +
 	"\tdiag_nvml\x18\x01 \x01(\v2 .bettercompute.agent.v1.DiagNvmlH\x00R\bdiagNvml\x12W\n" +
 	"\x11inventory_refresh\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRefreshH\x00R\x10inventoryRefresh\x12H\n" +
@@ -2132,7 +2196,8 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\tdisk_wipe\x18\x06 \x01(\v2 .bettercompute.agent.v1.DiskWipeH\x00R\bdiskWipe\x12H\n" +
 	"\fimage_deploy\x18\a \x01(\v2#.bettercompute.agent.v1.ImageDeployH\x00R\vimageDeploy\x12B\n" +
 	"\n" +
-	"node_kexec\x18\b \x01(\v2!.bettercompute.agent.v1.NodeKexecH\x00R\tnodeKexecB\x06\n" +
+	"node_kexec\x18\b \x01(\v2!.bettercompute.agent.v1.NodeKexecH\x00R\tnodeKexec\x12Q\n" +
+	"\x0finstance_reboot\x18\t \x01(\v2&.bettercompute.agent.v1.InstanceRebootH\x00R\x0einstanceRebootB\x06\n" +
 	"\x04kind\"=\n" +
 	"\bDiagNvml\x12\x1b\n" +
 	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
@@ -2171,6 +2236,9 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"initrd_url\x18\x03 \x01(\tR\tinitrdUrl\x12#\n" +
 	"\rinitrd_sha256\x18\x04 \x01(\tR\finitrdSha256\x12\x18\n" +
 	"\acmdline\x18\x05 \x01(\tR\acmdline\"1\n" +
+	"\x0eInstanceReboot\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\"1\n" +
 	"\rCommandCancel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\xd4\x02\n" +
@@ -2271,7 +2339,7 @@ func file_bettercompute_agent_v1_commands_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(WipeMethod)(0),                // 0: bettercompute.agent.v1.WipeMethod
 	(ImageFormat)(0),               // 1: bettercompute.agent.v1.ImageFormat
@@ -2287,25 +2355,26 @@ var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(*DiskWipe)(nil),               // 11: bettercompute.agent.v1.DiskWipe
 	(*ImageDeploy)(nil),            // 12: bettercompute.agent.v1.ImageDeploy
 	(*NodeKexec)(nil),              // 13: bettercompute.agent.v1.NodeKexec
-	(*CommandCancel)(nil),          // 14: bettercompute.agent.v1.CommandCancel
-	(*CommandUpdate)(nil),          // 15: bettercompute.agent.v1.CommandUpdate
-	(*NodeSignature)(nil),          // 16: bettercompute.agent.v1.NodeSignature
-	(*CommandResult)(nil),          // 17: bettercompute.agent.v1.CommandResult
-	(*DiagNvmlResult)(nil),         // 18: bettercompute.agent.v1.DiagNvmlResult
-	(*DiskCheck)(nil),              // 19: bettercompute.agent.v1.DiskCheck
-	(*GpuCheck)(nil),               // 20: bettercompute.agent.v1.GpuCheck
-	(*InventoryRefreshResult)(nil), // 21: bettercompute.agent.v1.InventoryRefreshResult
-	(*LogsCollectResult)(nil),      // 22: bettercompute.agent.v1.LogsCollectResult
-	(*GpuResetResult)(nil),         // 23: bettercompute.agent.v1.GpuResetResult
-	(*DiskWipeResult)(nil),         // 24: bettercompute.agent.v1.DiskWipeResult
-	(*DiskWiped)(nil),              // 25: bettercompute.agent.v1.DiskWiped
-	(*ImageDeployResult)(nil),      // 26: bettercompute.agent.v1.ImageDeployResult
-	(*timestamppb.Timestamp)(nil),  // 27: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 28: google.protobuf.Duration
+	(*InstanceReboot)(nil),         // 14: bettercompute.agent.v1.InstanceReboot
+	(*CommandCancel)(nil),          // 15: bettercompute.agent.v1.CommandCancel
+	(*CommandUpdate)(nil),          // 16: bettercompute.agent.v1.CommandUpdate
+	(*NodeSignature)(nil),          // 17: bettercompute.agent.v1.NodeSignature
+	(*CommandResult)(nil),          // 18: bettercompute.agent.v1.CommandResult
+	(*DiagNvmlResult)(nil),         // 19: bettercompute.agent.v1.DiagNvmlResult
+	(*DiskCheck)(nil),              // 20: bettercompute.agent.v1.DiskCheck
+	(*GpuCheck)(nil),               // 21: bettercompute.agent.v1.GpuCheck
+	(*InventoryRefreshResult)(nil), // 22: bettercompute.agent.v1.InventoryRefreshResult
+	(*LogsCollectResult)(nil),      // 23: bettercompute.agent.v1.LogsCollectResult
+	(*GpuResetResult)(nil),         // 24: bettercompute.agent.v1.GpuResetResult
+	(*DiskWipeResult)(nil),         // 25: bettercompute.agent.v1.DiskWipeResult
+	(*DiskWiped)(nil),              // 26: bettercompute.agent.v1.DiskWiped
+	(*ImageDeployResult)(nil),      // 27: bettercompute.agent.v1.ImageDeployResult
+	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 29: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
-	27, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
-	28, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
+	28, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
+	29, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
 	6,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
 	7,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
 	8,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
@@ -2314,29 +2383,30 @@ var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
 	11, // 7: bettercompute.agent.v1.CommandBody.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipe
 	12, // 8: bettercompute.agent.v1.CommandBody.image_deploy:type_name -> bettercompute.agent.v1.ImageDeploy
 	13, // 9: bettercompute.agent.v1.CommandBody.node_kexec:type_name -> bettercompute.agent.v1.NodeKexec
-	28, // 10: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
-	0,  // 11: bettercompute.agent.v1.DiskWipe.method:type_name -> bettercompute.agent.v1.WipeMethod
-	1,  // 12: bettercompute.agent.v1.ImageDeploy.format:type_name -> bettercompute.agent.v1.ImageFormat
-	2,  // 13: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
-	3,  // 14: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
-	17, // 15: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
-	16, // 16: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
-	18, // 17: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
-	21, // 18: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
-	22, // 19: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
-	23, // 20: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
-	24, // 21: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
-	26, // 22: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
-	20, // 23: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	19, // 24: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
-	20, // 25: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	25, // 26: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
-	0,  // 27: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	14, // 10: bettercompute.agent.v1.CommandBody.instance_reboot:type_name -> bettercompute.agent.v1.InstanceReboot
+	29, // 11: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
+	0,  // 12: bettercompute.agent.v1.DiskWipe.method:type_name -> bettercompute.agent.v1.WipeMethod
+	1,  // 13: bettercompute.agent.v1.ImageDeploy.format:type_name -> bettercompute.agent.v1.ImageFormat
+	2,  // 14: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
+	3,  // 15: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
+	18, // 16: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
+	17, // 17: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
+	19, // 18: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
+	22, // 19: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
+	23, // 20: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
+	24, // 21: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
+	25, // 22: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
+	27, // 23: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
+	21, // 24: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	20, // 25: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
+	21, // 26: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	26, // 27: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
+	0,  // 28: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_commands_proto_init() }
@@ -2353,8 +2423,9 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 		(*CommandBody_DiskWipe)(nil),
 		(*CommandBody_ImageDeploy)(nil),
 		(*CommandBody_NodeKexec)(nil),
+		(*CommandBody_InstanceReboot)(nil),
 	}
-	file_bettercompute_agent_v1_commands_proto_msgTypes[13].OneofWrappers = []any{
+	file_bettercompute_agent_v1_commands_proto_msgTypes[14].OneofWrappers = []any{
 		(*CommandResult_DiagNvml)(nil),
 		(*CommandResult_InventoryRefresh)(nil),
 		(*CommandResult_LogsCollect)(nil),
@@ -2368,7 +2439,7 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_commands_proto_rawDesc), len(file_bettercompute_agent_v1_commands_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

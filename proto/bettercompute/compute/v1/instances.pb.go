@@ -1282,9 +1282,14 @@ type InstancesServiceRebootRequest struct {
 	// The tenant. Required.
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The instance. Required.
-	InstanceId    string `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	InstanceId string `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// Seconds from now until the reboot's deadline: 0 means 600; from 10 to
+	// 3600. A host that gets it later refuses it (EXPIRED).
+	NotAfterSeconds int32 `protobuf:"varint,3,opt,name=not_after_seconds,json=notAfterSeconds,proto3" json:"not_after_seconds,omitempty"`
+	// Makes retries safe: scoped to the tenant and the calling identity.
+	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *InstancesServiceRebootRequest) Reset() {
@@ -1331,11 +1336,28 @@ func (x *InstancesServiceRebootRequest) GetInstanceId() string {
 	return ""
 }
 
-// InstancesServiceRebootResponse is the instance.
+func (x *InstancesServiceRebootRequest) GetNotAfterSeconds() int32 {
+	if x != nil {
+		return x.NotAfterSeconds
+	}
+	return 0
+}
+
+func (x *InstancesServiceRebootRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+// InstancesServiceRebootResponse is the instance and the queued
+// instance.reboot command on its host.
 type InstancesServiceRebootResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The instance.
-	Instance      *Instance `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	Instance *Instance `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	// The command (commands.get with the instance's nodeId follows it).
+	Command       *Command `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1373,6 +1395,13 @@ func (*InstancesServiceRebootResponse) Descriptor() ([]byte, []int) {
 func (x *InstancesServiceRebootResponse) GetInstance() *Instance {
 	if x != nil {
 		return x.Instance
+	}
+	return nil
+}
+
+func (x *InstancesServiceRebootResponse) GetCommand() *Command {
+	if x != nil {
+		return x.Command
 	}
 	return nil
 }
@@ -1730,7 +1759,7 @@ var File_bettercompute_compute_v1_instances_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_instances_proto_rawDesc = "" +
 	"\n" +
-	"(bettercompute/compute/v1/instances.proto\x12\x18bettercompute.compute.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd7\x06\n" +
+	"(bettercompute/compute/v1/instances.proto\x12\x18bettercompute.compute.v1\x1a'bettercompute/compute/v1/commands.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd7\x06\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -1836,13 +1865,16 @@ const file_bettercompute_compute_v1_instances_proto_rawDesc = "" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
 	"instanceId\"`\n" +
 	"\x1eInstancesServiceDeleteResponse\x12>\n" +
-	"\binstance\x18\x01 \x01(\v2\".bettercompute.compute.v1.InstanceR\binstance\"]\n" +
+	"\binstance\x18\x01 \x01(\v2\".bettercompute.compute.v1.InstanceR\binstance\"\xb2\x01\n" +
 	"\x1dInstancesServiceRebootRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
-	"instanceId\"`\n" +
+	"instanceId\x12*\n" +
+	"\x11not_after_seconds\x18\x03 \x01(\x05R\x0fnotAfterSeconds\x12'\n" +
+	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\"\x9d\x01\n" +
 	"\x1eInstancesServiceRebootResponse\x12>\n" +
-	"\binstance\x18\x01 \x01(\v2\".bettercompute.compute.v1.InstanceR\binstance\"\xa9\x02\n" +
+	"\binstance\x18\x01 \x01(\v2\".bettercompute.compute.v1.InstanceR\binstance\x12;\n" +
+	"\acommand\x18\x02 \x01(\v2!.bettercompute.compute.v1.CommandR\acommand\"\xa9\x02\n" +
 	"\rInstanceQuota\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x19\n" +
@@ -1929,6 +1961,7 @@ var file_bettercompute_compute_v1_instances_proto_goTypes = []any{
 	(*InstancesServiceListQuotasRequest)(nil),  // 22: bettercompute.compute.v1.InstancesServiceListQuotasRequest
 	(*InstancesServiceListQuotasResponse)(nil), // 23: bettercompute.compute.v1.InstancesServiceListQuotasResponse
 	(*timestamppb.Timestamp)(nil),              // 24: google.protobuf.Timestamp
+	(*Command)(nil),                            // 25: bettercompute.compute.v1.Command
 }
 var file_bettercompute_compute_v1_instances_proto_depIdxs = []int32{
 	1,  // 0: bettercompute.compute.v1.Instance.gpus:type_name -> bettercompute.compute.v1.InstanceGpu
@@ -1945,34 +1978,35 @@ var file_bettercompute_compute_v1_instances_proto_depIdxs = []int32{
 	0,  // 11: bettercompute.compute.v1.InstancesServiceResizeResponse.instance:type_name -> bettercompute.compute.v1.Instance
 	0,  // 12: bettercompute.compute.v1.InstancesServiceDeleteResponse.instance:type_name -> bettercompute.compute.v1.Instance
 	0,  // 13: bettercompute.compute.v1.InstancesServiceRebootResponse.instance:type_name -> bettercompute.compute.v1.Instance
-	24, // 14: bettercompute.compute.v1.InstanceQuota.update_time:type_name -> google.protobuf.Timestamp
-	19, // 15: bettercompute.compute.v1.InstancesServiceSetQuotaResponse.quota:type_name -> bettercompute.compute.v1.InstanceQuota
-	19, // 16: bettercompute.compute.v1.InstancesServiceListQuotasResponse.quotas:type_name -> bettercompute.compute.v1.InstanceQuota
-	3,  // 17: bettercompute.compute.v1.InstancesService.Create:input_type -> bettercompute.compute.v1.InstancesServiceCreateRequest
-	5,  // 18: bettercompute.compute.v1.InstancesService.Get:input_type -> bettercompute.compute.v1.InstancesServiceGetRequest
-	7,  // 19: bettercompute.compute.v1.InstancesService.List:input_type -> bettercompute.compute.v1.InstancesServiceListRequest
-	9,  // 20: bettercompute.compute.v1.InstancesService.Stop:input_type -> bettercompute.compute.v1.InstancesServiceStopRequest
-	11, // 21: bettercompute.compute.v1.InstancesService.Start:input_type -> bettercompute.compute.v1.InstancesServiceStartRequest
-	13, // 22: bettercompute.compute.v1.InstancesService.Resize:input_type -> bettercompute.compute.v1.InstancesServiceResizeRequest
-	15, // 23: bettercompute.compute.v1.InstancesService.Delete:input_type -> bettercompute.compute.v1.InstancesServiceDeleteRequest
-	17, // 24: bettercompute.compute.v1.InstancesService.Reboot:input_type -> bettercompute.compute.v1.InstancesServiceRebootRequest
-	20, // 25: bettercompute.compute.v1.InstancesService.SetQuota:input_type -> bettercompute.compute.v1.InstancesServiceSetQuotaRequest
-	22, // 26: bettercompute.compute.v1.InstancesService.ListQuotas:input_type -> bettercompute.compute.v1.InstancesServiceListQuotasRequest
-	4,  // 27: bettercompute.compute.v1.InstancesService.Create:output_type -> bettercompute.compute.v1.InstancesServiceCreateResponse
-	6,  // 28: bettercompute.compute.v1.InstancesService.Get:output_type -> bettercompute.compute.v1.InstancesServiceGetResponse
-	8,  // 29: bettercompute.compute.v1.InstancesService.List:output_type -> bettercompute.compute.v1.InstancesServiceListResponse
-	10, // 30: bettercompute.compute.v1.InstancesService.Stop:output_type -> bettercompute.compute.v1.InstancesServiceStopResponse
-	12, // 31: bettercompute.compute.v1.InstancesService.Start:output_type -> bettercompute.compute.v1.InstancesServiceStartResponse
-	14, // 32: bettercompute.compute.v1.InstancesService.Resize:output_type -> bettercompute.compute.v1.InstancesServiceResizeResponse
-	16, // 33: bettercompute.compute.v1.InstancesService.Delete:output_type -> bettercompute.compute.v1.InstancesServiceDeleteResponse
-	18, // 34: bettercompute.compute.v1.InstancesService.Reboot:output_type -> bettercompute.compute.v1.InstancesServiceRebootResponse
-	21, // 35: bettercompute.compute.v1.InstancesService.SetQuota:output_type -> bettercompute.compute.v1.InstancesServiceSetQuotaResponse
-	23, // 36: bettercompute.compute.v1.InstancesService.ListQuotas:output_type -> bettercompute.compute.v1.InstancesServiceListQuotasResponse
-	27, // [27:37] is the sub-list for method output_type
-	17, // [17:27] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	25, // 14: bettercompute.compute.v1.InstancesServiceRebootResponse.command:type_name -> bettercompute.compute.v1.Command
+	24, // 15: bettercompute.compute.v1.InstanceQuota.update_time:type_name -> google.protobuf.Timestamp
+	19, // 16: bettercompute.compute.v1.InstancesServiceSetQuotaResponse.quota:type_name -> bettercompute.compute.v1.InstanceQuota
+	19, // 17: bettercompute.compute.v1.InstancesServiceListQuotasResponse.quotas:type_name -> bettercompute.compute.v1.InstanceQuota
+	3,  // 18: bettercompute.compute.v1.InstancesService.Create:input_type -> bettercompute.compute.v1.InstancesServiceCreateRequest
+	5,  // 19: bettercompute.compute.v1.InstancesService.Get:input_type -> bettercompute.compute.v1.InstancesServiceGetRequest
+	7,  // 20: bettercompute.compute.v1.InstancesService.List:input_type -> bettercompute.compute.v1.InstancesServiceListRequest
+	9,  // 21: bettercompute.compute.v1.InstancesService.Stop:input_type -> bettercompute.compute.v1.InstancesServiceStopRequest
+	11, // 22: bettercompute.compute.v1.InstancesService.Start:input_type -> bettercompute.compute.v1.InstancesServiceStartRequest
+	13, // 23: bettercompute.compute.v1.InstancesService.Resize:input_type -> bettercompute.compute.v1.InstancesServiceResizeRequest
+	15, // 24: bettercompute.compute.v1.InstancesService.Delete:input_type -> bettercompute.compute.v1.InstancesServiceDeleteRequest
+	17, // 25: bettercompute.compute.v1.InstancesService.Reboot:input_type -> bettercompute.compute.v1.InstancesServiceRebootRequest
+	20, // 26: bettercompute.compute.v1.InstancesService.SetQuota:input_type -> bettercompute.compute.v1.InstancesServiceSetQuotaRequest
+	22, // 27: bettercompute.compute.v1.InstancesService.ListQuotas:input_type -> bettercompute.compute.v1.InstancesServiceListQuotasRequest
+	4,  // 28: bettercompute.compute.v1.InstancesService.Create:output_type -> bettercompute.compute.v1.InstancesServiceCreateResponse
+	6,  // 29: bettercompute.compute.v1.InstancesService.Get:output_type -> bettercompute.compute.v1.InstancesServiceGetResponse
+	8,  // 30: bettercompute.compute.v1.InstancesService.List:output_type -> bettercompute.compute.v1.InstancesServiceListResponse
+	10, // 31: bettercompute.compute.v1.InstancesService.Stop:output_type -> bettercompute.compute.v1.InstancesServiceStopResponse
+	12, // 32: bettercompute.compute.v1.InstancesService.Start:output_type -> bettercompute.compute.v1.InstancesServiceStartResponse
+	14, // 33: bettercompute.compute.v1.InstancesService.Resize:output_type -> bettercompute.compute.v1.InstancesServiceResizeResponse
+	16, // 34: bettercompute.compute.v1.InstancesService.Delete:output_type -> bettercompute.compute.v1.InstancesServiceDeleteResponse
+	18, // 35: bettercompute.compute.v1.InstancesService.Reboot:output_type -> bettercompute.compute.v1.InstancesServiceRebootResponse
+	21, // 36: bettercompute.compute.v1.InstancesService.SetQuota:output_type -> bettercompute.compute.v1.InstancesServiceSetQuotaResponse
+	23, // 37: bettercompute.compute.v1.InstancesService.ListQuotas:output_type -> bettercompute.compute.v1.InstancesServiceListQuotasResponse
+	28, // [28:38] is the sub-list for method output_type
+	18, // [18:28] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_instances_proto_init() }
@@ -1980,6 +2014,7 @@ func file_bettercompute_compute_v1_instances_proto_init() {
 	if File_bettercompute_compute_v1_instances_proto != nil {
 		return
 	}
+	file_bettercompute_compute_v1_commands_proto_init()
 	file_bettercompute_compute_v1_instances_proto_msgTypes[19].OneofWrappers = []any{}
 	file_bettercompute_compute_v1_instances_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}

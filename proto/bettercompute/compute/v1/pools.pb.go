@@ -598,7 +598,7 @@ type PoolsServiceUpdateRequest struct {
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Which fields to change: "description", "labels", "site", "health",
-	// "acceptance", "sharing", "default_quota". Required.
+	// "acceptance", "sharing", "default_quota", "vps", "provider". Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The site settings every node of the pool gets (the NodeSpec "site"
 	// section as JSON: gateways, ntpServers, dnsServers, httpProxy, noProxy,
@@ -626,7 +626,9 @@ type PoolsServiceUpdateRequest struct {
 	// A hosted pool's VPS settings, when update_mask names "vps": each host's
 	// reserve, and the host size to assume where a host's inventory does not
 	// report its own.
-	Vps           *VpsSettings `protobuf:"bytes,12,opt,name=vps,proto3" json:"vps,omitempty"`
+	Vps *VpsSettings `protobuf:"bytes,12,opt,name=vps,proto3" json:"vps,omitempty"`
+	// A provider pool's provider, when update_mask names "provider".
+	Provider      *ProviderSettings `protobuf:"bytes,13,opt,name=provider,proto3" json:"provider,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -746,6 +748,81 @@ func (x *PoolsServiceUpdateRequest) GetVps() *VpsSettings {
 	return nil
 }
 
+func (x *PoolsServiceUpdateRequest) GetProvider() *ProviderSettings {
+	if x != nil {
+		return x.Provider
+	}
+	return nil
+}
+
+// ProviderSettings are a provider pool's (class "provider") settings: the
+// provider API the vps.provider workflow calls, and its credentials.
+type ProviderSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The API's base URL: https, or http to a loopback address. Required.
+	Endpoint string `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// A secret of kind "provider" of the pool's tenant holding the bearer
+	// token; or give token instead.
+	CredentialsRef string `protobuf:"bytes,2,opt,name=credentials_ref,json=credentialsRef,proto3" json:"credentials_ref,omitempty"`
+	// The bearer token, stored as a new secret (encrypted at rest) whose id
+	// becomes the pool's credentials reference; never shown again. At most
+	// 4096 bytes.
+	Token         string `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderSettings) Reset() {
+	*x = ProviderSettings{}
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderSettings) ProtoMessage() {}
+
+func (x *ProviderSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderSettings.ProtoReflect.Descriptor instead.
+func (*ProviderSettings) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ProviderSettings) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *ProviderSettings) GetCredentialsRef() string {
+	if x != nil {
+		return x.CredentialsRef
+	}
+	return ""
+}
+
+func (x *ProviderSettings) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
 // VpsSettings are a hosted pool's (class "vps-host") settings.
 type VpsSettings struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -759,7 +836,7 @@ type VpsSettings struct {
 
 func (x *VpsSettings) Reset() {
 	*x = VpsSettings{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +848,7 @@ func (x *VpsSettings) String() string {
 func (*VpsSettings) ProtoMessage() {}
 
 func (x *VpsSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +861,7 @@ func (x *VpsSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VpsSettings.ProtoReflect.Descriptor instead.
 func (*VpsSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VpsSettings) GetHost() *VpsSize {
@@ -816,7 +893,7 @@ type VpsSize struct {
 
 func (x *VpsSize) Reset() {
 	*x = VpsSize{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +905,7 @@ func (x *VpsSize) String() string {
 func (*VpsSize) ProtoMessage() {}
 
 func (x *VpsSize) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +918,7 @@ func (x *VpsSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VpsSize.ProtoReflect.Descriptor instead.
 func (*VpsSize) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VpsSize) GetVcpus() int32 {
@@ -876,7 +953,7 @@ type PoolsServiceUpdateResponse struct {
 
 func (x *PoolsServiceUpdateResponse) Reset() {
 	*x = PoolsServiceUpdateResponse{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +965,7 @@ func (x *PoolsServiceUpdateResponse) String() string {
 func (*PoolsServiceUpdateResponse) ProtoMessage() {}
 
 func (x *PoolsServiceUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +978,7 @@ func (x *PoolsServiceUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolsServiceUpdateResponse.ProtoReflect.Descriptor instead.
 func (*PoolsServiceUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PoolsServiceUpdateResponse) GetPool() *Pool {
@@ -970,7 +1047,7 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xce\x04\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x96\x05\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12 \n" +
@@ -987,10 +1064,15 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\rdefault_quota\x18\n" +
 	" \x01(\x05R\fdefaultQuota\x12\x12\n" +
 	"\x02id\x18\v \x01(\tB\x02\x18\x01R\x02id\x127\n" +
-	"\x03vps\x18\f \x01(\v2%.bettercompute.compute.v1.VpsSettingsR\x03vps\x1a9\n" +
+	"\x03vps\x18\f \x01(\v2%.bettercompute.compute.v1.VpsSettingsR\x03vps\x12F\n" +
+	"\bprovider\x18\r \x01(\v2*.bettercompute.compute.v1.ProviderSettingsR\bprovider\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +
+	"\x10ProviderSettings\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12'\n" +
+	"\x0fcredentials_ref\x18\x02 \x01(\tR\x0ecredentialsRef\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\tR\x05token\"\x81\x01\n" +
 	"\vVpsSettings\x125\n" +
 	"\x04host\x18\x01 \x01(\v2!.bettercompute.compute.v1.VpsSizeR\x04host\x12;\n" +
 	"\areserve\x18\x02 \x01(\v2!.bettercompute.compute.v1.VpsSizeR\areserve\"Y\n" +
@@ -1019,7 +1101,7 @@ func file_bettercompute_compute_v1_pools_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_pools_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_pools_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_bettercompute_compute_v1_pools_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	(*Pool)(nil),                       // 0: bettercompute.compute.v1.Pool
 	(*PoolsServiceCreateRequest)(nil),  // 1: bettercompute.compute.v1.PoolsServiceCreateRequest
@@ -1029,45 +1111,47 @@ var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	(*PoolsServiceListRequest)(nil),    // 5: bettercompute.compute.v1.PoolsServiceListRequest
 	(*PoolsServiceListResponse)(nil),   // 6: bettercompute.compute.v1.PoolsServiceListResponse
 	(*PoolsServiceUpdateRequest)(nil),  // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest
-	(*VpsSettings)(nil),                // 8: bettercompute.compute.v1.VpsSettings
-	(*VpsSize)(nil),                    // 9: bettercompute.compute.v1.VpsSize
-	(*PoolsServiceUpdateResponse)(nil), // 10: bettercompute.compute.v1.PoolsServiceUpdateResponse
-	nil,                                // 11: bettercompute.compute.v1.Pool.LabelsEntry
-	nil,                                // 12: bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
-	nil,                                // 13: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 14: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),      // 15: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),            // 16: google.protobuf.Struct
+	(*ProviderSettings)(nil),           // 8: bettercompute.compute.v1.ProviderSettings
+	(*VpsSettings)(nil),                // 9: bettercompute.compute.v1.VpsSettings
+	(*VpsSize)(nil),                    // 10: bettercompute.compute.v1.VpsSize
+	(*PoolsServiceUpdateResponse)(nil), // 11: bettercompute.compute.v1.PoolsServiceUpdateResponse
+	nil,                                // 12: bettercompute.compute.v1.Pool.LabelsEntry
+	nil,                                // 13: bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
+	nil,                                // 14: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 15: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),      // 16: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),            // 17: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_pools_proto_depIdxs = []int32{
-	11, // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
-	14, // 1: bettercompute.compute.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	14, // 2: bettercompute.compute.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
-	12, // 3: bettercompute.compute.v1.PoolsServiceCreateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
+	12, // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
+	15, // 1: bettercompute.compute.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	15, // 2: bettercompute.compute.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
+	13, // 3: bettercompute.compute.v1.PoolsServiceCreateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
 	0,  // 4: bettercompute.compute.v1.PoolsServiceCreateResponse.pool:type_name -> bettercompute.compute.v1.Pool
 	0,  // 5: bettercompute.compute.v1.PoolsServiceGetResponse.pool:type_name -> bettercompute.compute.v1.Pool
 	0,  // 6: bettercompute.compute.v1.PoolsServiceListResponse.pools:type_name -> bettercompute.compute.v1.Pool
-	13, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
-	15, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	16, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
-	16, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
-	8,  // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.vps:type_name -> bettercompute.compute.v1.VpsSettings
-	9,  // 12: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
-	9,  // 13: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
-	0,  // 14: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
-	1,  // 15: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
-	3,  // 16: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
-	5,  // 17: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
-	7,  // 18: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
-	2,  // 19: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
-	4,  // 20: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
-	6,  // 21: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
-	10, // 22: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
-	19, // [19:23] is the sub-list for method output_type
-	15, // [15:19] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	14, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
+	16, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	17, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
+	17, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
+	9,  // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.vps:type_name -> bettercompute.compute.v1.VpsSettings
+	8,  // 12: bettercompute.compute.v1.PoolsServiceUpdateRequest.provider:type_name -> bettercompute.compute.v1.ProviderSettings
+	10, // 13: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
+	10, // 14: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
+	0,  // 15: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
+	1,  // 16: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
+	3,  // 17: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
+	5,  // 18: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
+	7,  // 19: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
+	2,  // 20: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
+	4,  // 21: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
+	6,  // 22: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
+	11, // 23: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_pools_proto_init() }
@@ -1081,7 +1165,7 @@ func file_bettercompute_compute_v1_pools_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_pools_proto_rawDesc), len(file_bettercompute_compute_v1_pools_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
