@@ -302,6 +302,11 @@ type Dev struct {
 	// agent; all but one reach ready and one is deployed and joins as a node.
 	// Default 3, or 0 when SimNodes is 0 (no simulation at all); 0 for none.
 	SimMachines *int `yaml:"simMachines"`
+	// SimInstances makes dev start VPS pools: a hosted pool "vps" of two
+	// more simulated nodes running the simulated VPS runtime, and a
+	// provider pool "cloud" on a fake provider dev serves on loopback.
+	// Default true, or false when SimNodes is 0 (no simulation at all).
+	SimInstances *bool `yaml:"simInstances"`
 	// DataDir keeps dev's private PostgreSQL cluster, NATS store and first
 	// credential; default ./.data.
 	DataDir string `yaml:"dataDir"`
@@ -357,6 +362,10 @@ func (c *Config) Defaults() {
 			n = 0
 		}
 		c.Dev.SimMachines = &n
+	}
+	if c.Dev.SimInstances == nil {
+		on := *c.Dev.SimNodes > 0
+		c.Dev.SimInstances = &on
 	}
 	c.JoinService.TrustDomain = cmp.Or(c.JoinService.TrustDomain, "bettercompute.local")
 	host, _ := os.Hostname()

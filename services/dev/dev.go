@@ -28,6 +28,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/natsembed"
 	"github.com/bettercompute/bettercompute/pkg/pglocal"
+	"github.com/bettercompute/bettercompute/pkg/providers"
 	"github.com/bettercompute/bettercompute/pkg/secrets"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/app"
@@ -59,6 +60,14 @@ type Env struct {
 	MetalSiteID   string
 	MetalMachines []*SimMachine
 	metal         *devMetal
+	// VPSFleet is the simulated VPS hosts of the hosted pool VPSPoolID
+	// (dev.simInstances), or nil; Provider is the fake provider serving
+	// the provider pool ProviderPoolID at ProviderURL.
+	VPSFleet                  *sim.Fleet
+	VPSPoolID, ProviderPoolID string
+	Provider                  *providers.Fake
+	ProviderURL               string
+	vps                       *devVPS
 	// CommandKey is the public half of the command-signing key (made once
 	// under dev.dataDir/pki unless commands.signingKeyFile is set): what
 	// daemons pin to verify destructive commands.
@@ -189,6 +198,13 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 		}
 		env.Metal, env.MetalSiteID, env.MetalMachines = env.metal.Site, env.metal.SiteID, env.metal.Machines
 	}
+	if *cfg.Dev.SimInstances && env.App.GatewayAddr() != "" {
+		if env.vps, err = startVPS(ctx, env, filepath.Join(dataDir, "vps-sim"), logger); err != nil {
+			return nil, fmt.Errorf("simulated VPS pools: %w", err)
+		}
+		env.VPSFleet, env.VPSPoolID = env.vps.fleet, env.vps.hostedPool
+		env.Provider, env.ProviderPoolID, env.ProviderURL = env.vps.provider, env.vps.providerPool, env.vps.providerURL
+	}
 	return env, nil
 }
 
@@ -265,6 +281,10 @@ func rootCredential(ctx context.Context, url, path string) (token string, fresh 
 // Stop stops the app, then the NATS server and PostgreSQL cluster dev
 // started, in reverse order.
 func (e *Env) Stop(ctx context.Context) {
+	if e.vps != nil {
+		e.vps.stop()
+		e.vps = nil
+	}
 	if e.metal != nil {
 		e.metal.stop()
 		e.metal = nil
@@ -307,6 +327,13 @@ func (e *Env) Banner() string {
 		fmt.Fprintf(&b, "  Metal    site %q (%s; its agent in process, PXE over HTTP at %s): %d simulated machines (fake Redfish BMCs) in pool %q;\n",
 			SimSiteName, e.MetalSiteID, e.Metal.PXE.Addrs().BaseURL, len(e.MetalMachines), SimMetalPool)
 		fmt.Fprintf(&b, "           all reach ready and %s1 is deployed and joins as a node: better-compute api metal.list tenantId=root\n", SimMachinePrefix)
+	}
+	if e.VPSFleet != nil {
+		fmt.Fprintf(&b, "  VPS      hosted pool %q (%s): %d simulated hosts (mock DGX H200, an instance is a process each);\n",
+			SimVPSPool, e.VPSPoolID, len(e.VPSFleet.Nodes()))
+		fmt.Fprintf(&b, "           provider pool %q (%s) on a fake provider at %s; e.g.\n", SimProviderPool, e.ProviderPoolID, e.ProviderURL)
+		fmt.Fprintf(&b, "           better-compute api instances.create tenantId=root poolId=%s vcpus:=2 memoryMiB:=4096 diskGiB:=40 image=ubuntu-24.04 idempotencyKey=vm-1\n", e.VPSPoolID)
+		fmt.Fprintf(&b, "           (poolId=%s for a machine at the provider); better-compute api instances.list tenantId=root\n", e.ProviderPoolID)
 	}
 	fmt.Fprintf(&b, "  Postgres %s\n\n", db.Redact(e.Database))
 	// The credential itself is printed once, when it is made: a later start

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,7 +55,8 @@ func TestDevBootsAndAnswers(t *testing.T) {
 		t.Fatalf("NATS store is not under the data dir: %v", err)
 	}
 	banner := env.Banner()
-	for _, want := range []string{env.BaseURL() + "/readyz", env.BaseURL() + "/api/compute/openapi.json", env.NATSURL, "roles: api", "3 simulated nodes", "3 simulated machines", "metal.list tenantId=root"} {
+	for _, want := range []string{env.BaseURL() + "/readyz", env.BaseURL() + "/api/compute/openapi.json", env.NATSURL, "roles: api", "3 simulated nodes", "3 simulated machines", "metal.list tenantId=root",
+		"2 simulated hosts", "fake provider at http://127.0.0.1:", "instances.create tenantId=root poolId=" + env.VPSPoolID} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("banner lacks %q:\n%s", want, banner)
 		}
@@ -100,14 +102,14 @@ func TestDevBootsAndAnswers(t *testing.T) {
 	poll.UntilNil(t, 30*time.Second, "the simulated fleet to be adopted", func() error {
 		var list struct {
 			Nodes []struct {
-				State   string
-				Devices []struct{ ID string }
+				ID, State string
+				Devices   []struct{ ID string }
 			}
 		}
 		call(t, env, "nodes/list", map[string]any{"tenantId": "root"}, &list)
 		adopted := 0
 		for _, n := range list.Nodes {
-			if n.State == "adopted" && len(n.Devices) == 8 {
+			if slices.Contains(env.Fleet.Nodes(), n.ID) && n.State == "adopted" && len(n.Devices) == 8 {
 				adopted++
 			}
 		}
