@@ -423,7 +423,14 @@ func SyncHosts(ctx context.Context, q Querier, pool string) (int, error) {
 // eligible is the condition on host_capacity h and nodes n for a host that
 // placement may choose, with $2 the lost-after interval: adopted (not
 // draining), schedulable (observed generation at least 1), seen within it.
-const eligible = `h.pool_id = $1 AND n.id = h.node_id AND n.pool_id = h.pool_id AND n.state = 'adopted'
+//
+// The node is reached through its primary key only: its pool is compared
+// with IS NOT DISTINCT FROM (both columns are NOT NULL, so it means =),
+// which no index serves. With "n.pool_id = $1" or "= h.pool_id" the
+// planner, without statistics (autovacuum off, a fresh pool), scans
+// nodes_pool for every host — every node of the pool per host: 100 ms
+// per create at 1,000 hosts instead of 1.4 ms.
+const eligible = `h.pool_id = $1 AND n.id = h.node_id AND n.pool_id IS NOT DISTINCT FROM h.pool_id AND n.state = 'adopted'
 	AND n.observed_generation >= 1 AND n.last_seen_at > now() - $2::interval`
 
 // freeGPUsOf counts host h's GPUs free for instances of the model in
