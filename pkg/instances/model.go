@@ -181,7 +181,7 @@ func Validate(in Instance) error {
 		switch {
 		case len(k) > MaxSSHKeyLength:
 			return fault.New(fault.InvalidInput, "sshKeys", "key %d: at most %d characters", i, MaxSSHKeyLength)
-		case len(f) < 2 || !(strings.HasPrefix(f[0], "ssh-") || strings.HasPrefix(f[0], "ecdsa-") || strings.HasPrefix(f[0], "sk-")) ||
+		case len(f) < 2 || (!strings.HasPrefix(f[0], "ssh-") && !strings.HasPrefix(f[0], "ecdsa-") && !strings.HasPrefix(f[0], "sk-")) ||
 			strings.ContainsAny(k, "\r\n"):
 			return fault.New(fault.InvalidInput, "sshKeys", "key %d: expected one OpenSSH public key line (\"ssh-ed25519 AAAA… comment\")", i)
 		}

@@ -606,7 +606,7 @@ func shortage(ctx context.Context, q Querier, in *Instance, lostAfter time.Durat
 	if hosts == 0 {
 		return fault.New(fault.NoCapacity, "poolId", "pool %s has no schedulable host", in.PoolID)
 	}
-	want := in.Size.vec()
+	want := in.vec()
 	for d := range dims {
 		if best[d] < want[d] {
 			what := dims[d].unit

@@ -148,7 +148,7 @@ func (e *Error) Error() string {
 // Unwrap lets errors.Is find the kind (and ErrTransient under
 // ErrRateLimited).
 func (e *Error) Unwrap() []error {
-	if e.Kind == ErrRateLimited {
+	if e.Kind == ErrRateLimited { //nolint:errorlint // Kind is one of this package's sentinels, never wrapped
 		return []error{ErrRateLimited, ErrTransient}
 	}
 	return []error{e.Kind}

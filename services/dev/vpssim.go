@@ -135,7 +135,7 @@ func (d *devVPS) stop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = d.providerSrv.Shutdown(ctx)
-		<-d.providerServeErr // http.ErrServerClosed
+		_ = <-d.providerServeErr // http.ErrServerClosed once Shutdown returned
 		d.providerSrv = nil
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -250,7 +251,7 @@ func TestProviderInstanceConvergesThroughCreateStopStartDelete(t *testing.T) {
 		if !c.Authorized {
 			t.Fatalf("a call without the pool's token: %+v", c)
 		}
-		if c.Method == "POST" && c.Path == "/v1/machines" && c.IdempotencyKey != "inst_a" {
+		if c.Method == http.MethodPost && c.Path == "/v1/machines" && c.IdempotencyKey != "inst_a" {
 			t.Fatalf("a create not keyed by the instance id: %+v", c)
 		}
 	}
@@ -285,7 +286,7 @@ func TestProviderCrashBetweenCreateAndWriteMakesOneMachine(t *testing.T) {
 	}
 	creates := 0
 	for _, c := range f.fake.Calls() {
-		if c.Method == "POST" && c.Path == "/v1/machines" {
+		if c.Method == http.MethodPost && c.Path == "/v1/machines" {
 			creates++
 		}
 	}
