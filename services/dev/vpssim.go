@@ -1,6 +1,7 @@
 package dev
 
 import (
+	"errors"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -135,7 +136,9 @@ func (d *devVPS) stop() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = d.providerSrv.Shutdown(ctx)
-		_ = <-d.providerServeErr // http.ErrServerClosed once Shutdown returned
+		if err := <-d.providerServeErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			slog.Warn("the fake provider stopped", "err", err)
+		}
 		d.providerSrv = nil
 	}
 }
