@@ -1,10 +1,10 @@
 package dev
 
 import (
-	"errors"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
