@@ -208,12 +208,13 @@ type Transition struct {
 	TenantID string
 	// Opened: actions in the scope are paused from now; false: resumed.
 	Opened bool
-	// NotReady of Total nodes (not retired) were not ready.
+	// NotReady of Total nodes (not retired, not commissioning) were not ready.
 	NotReady, Total int
 }
 
 // evaluateSQL recomputes every breaker in one statement: one scan of the
-// nodes (not retired) grouped by pool and by gateway (GROUPING SETS),
+// nodes in service (not retired, not a machine's ramdisk in commissioning,
+// which goes away on purpose) grouped by pool and by gateway (GROUPING SETS),
 // joined with the stored breakers, locked. It inserts a breaker that
 // opens, updates a stored one whose counts or state changed, deletes a
 // closed one whose scope has no node left (a gateway gone, a pool
@@ -223,7 +224,7 @@ const evaluateSQL = `
 WITH c AS (
 	SELECT CASE WHEN grouping(n.pool_id) = 0 THEN 'pool:' || n.pool_id ELSE 'gateway:' || n.gateway_id END AS scope,
 	       (count(*) FILTER (WHERE n.ready IN ('Unknown', 'Lost')))::int AS not_ready, count(*)::int AS total
-	  FROM nodes n WHERE n.state <> 'retired'
+	  FROM nodes n WHERE n.state NOT IN ('retired', 'commissioning')
 	 GROUP BY GROUPING SETS ((n.pool_id), (n.gateway_id))
 	HAVING grouping(n.pool_id) = 0 OR n.gateway_id <> ''),
 b AS (SELECT scope, paused, not_ready, total FROM brakes WHERE scope <> 'rate' FOR UPDATE),

@@ -210,6 +210,19 @@ func TestEvaluate(t *testing.T) {
 	if b := breakers(t, db)["pool:pool_000"]; b.NotReady != 6 || b.Total != 6 {
 		t.Fatalf("counts after retiring: %+v", b)
 	}
+	// Nor do machines' ramdisks in commissioning (they go away on
+	// purpose): two of the lost nodes commissioning make it 4 of 4.
+	exec(t, db, `UPDATE nodes SET state = 'commissioning' WHERE id IN ('node_00000', 'node_00002')`)
+	if ts := evaluate(t, db, 0, now); len(ts) != 0 {
+		t.Fatalf("still paused: %+v", ts)
+	}
+	if b := breakers(t, db)["pool:pool_000"]; b.NotReady != 4 || b.Total != 4 {
+		t.Fatalf("counts with two commissioning: %+v, want 4 of 4", b)
+	}
+	exec(t, db, `UPDATE nodes SET state = 'adopted' WHERE id IN ('node_00000', 'node_00002')`)
+	if ts := evaluate(t, db, 0, now); len(ts) != 0 {
+		t.Fatalf("still paused: %+v", ts)
+	}
 
 	// The nodes return: both close, once; the closed rows stay (they were
 	// paused), so the gauge shows 0.
