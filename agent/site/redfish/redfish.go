@@ -265,6 +265,10 @@ func redactURL(s string) string {
 	return u.Scheme + "://" + u.Host
 }
 
+// insecureWarned holds the endpoints whose unverified certificate was
+// already logged at warn.
+var insecureWarned sync.Map
+
 // Connect validates cfg, reaches the BMC's service root, authenticates and
 // finds the system. The context bounds only the connect itself.
 func Connect(ctx context.Context, cfg Config) (*Client, error) {
@@ -288,7 +292,12 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	switch {
 	case cfg.Insecure:
 		tlsCfg.InsecureSkipVerify = true
-		log.Warn("bmc certificate not verified (insecure)")
+		// Once per BMC per process: a site agent connects for every task.
+		if _, seen := insecureWarned.LoadOrStore(cfg.Endpoint, true); !seen {
+			log.Warn("bmc certificate not verified (insecure); later connections to it log at debug")
+		} else {
+			log.Debug("bmc certificate not verified (insecure)")
+		}
 	case len(cfg.CAPEM) > 0:
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(cfg.CAPEM) {
