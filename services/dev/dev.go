@@ -172,6 +172,17 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 	cfg.Webhooks.AllowInsecure = true
 	cfg.Webhooks.AllowPrivateNetworks = true
 
+	// The simulated site's ramdisk files, served here so the site's image
+	// cache fetches and verifies real ones (the simulated machines boot in
+	// process and never read them).
+	if *cfg.Dev.SimMachines > 0 && cfg.Metal.Ramdisk.KernelURL == "" && cfg.Metal.Ramdisk.InitrdURL == "" {
+		stop, err := serveSimRamdisk(&cfg.Metal.Ramdisk)
+		if err != nil {
+			return nil, fmt.Errorf("simulated ramdisk files: %w", err)
+		}
+		env.stops = append(env.stops, stop)
+	}
+
 	opts.Logger = logger
 	env.App, err = app.New(cfg, opts)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -30,6 +31,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/site/fakebmc"
 	"github.com/bettercompute/bettercompute/agent/site/pxe"
 	"github.com/bettercompute/bettercompute/agent/state"
+	"github.com/bettercompute/bettercompute/pkg/config"
 
 	"github.com/bettercompute/bettercompute/services/metal"
 )
@@ -645,4 +647,29 @@ func enrolled(st *state.Store) bool {
 	}
 	leaf, err := id.Stored.Leaf()
 	return err == nil && time.Until(leaf.NotAfter) > time.Minute
+}
+
+// simKernel and simInitrd stand in for bcd ramdisk's kernel and initrd.
+var (
+	simKernel = []byte("bettercompute simulated ramdisk kernel\n")
+	simInitrd = []byte("bettercompute simulated ramdisk initrd\n")
+)
+
+// serveSimRamdisk serves the simulated ramdisk's files on a loopback port
+// and points r at them by URL and SHA-256; the returned func stops it.
+func serveSimRamdisk(r *config.MetalRamdisk) (func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /vmlinuz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(simKernel) })
+	mux.HandleFunc("GET /initrd.img", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(simInitrd) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	base := "http://" + ln.Addr().String()
+	k, i := sha256.Sum256(simKernel), sha256.Sum256(simInitrd)
+	r.KernelURL, r.KernelSHA256 = base+"/vmlinuz", hex.EncodeToString(k[:])
+	r.InitrdURL, r.InitrdSHA256 = base+"/initrd.img", hex.EncodeToString(i[:])
+	return func() { _ = srv.Close() }, nil
 }
