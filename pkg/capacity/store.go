@@ -155,16 +155,6 @@ func notBookable(tenant, pool string) error {
 	return fault.New(fault.NotFound, "poolId", "no pool %q that tenant %s can book (its own pools, or an ancestor's shared with its descendants)", pool, tenant)
 }
 
-// below lists tenant and its ancestors strictly below owner, tenant first;
-// nil when owner is not a strict ancestor of tenant.
-func below(tenant, owner string) []string {
-	anc := iam.Ancestors(tenant)
-	if i := slices.Index(anc, owner); i > 0 {
-		return anc[:i]
-	}
-	return nil
-}
-
 // PoolOf checks that pool exists, is a GPU pool, and belongs to tenant or
 // to one of its ancestors that shares it with its descendants (sharing
 // "descendants"); otherwise NOT_FOUND (or INVALID_INPUT for another class)
@@ -172,7 +162,7 @@ func below(tenant, owner string) []string {
 func PoolOf(ctx context.Context, q Querier, tenant, pool string) error {
 	var owner, class, sharing string
 	err := q.QueryRow(ctx, `SELECT tenant_id, class, sharing FROM pools WHERE id = $1`, pool).Scan(&owner, &class, &sharing)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && owner != tenant && (sharing != sharingDescendants || below(tenant, owner) == nil)) {
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && owner != tenant && (sharing != sharingDescendants || iam.Below(tenant, owner) == nil)) {
 		return notBookable(tenant, pool)
 	}
 	if err != nil {
@@ -543,7 +533,7 @@ func book(ctx context.Context, tx pgx.Tx, r *Reservation, atoms []Atom) (bool, e
 // shared pool are placed one at a time, so the count it reads stays true
 // until commit, and a concurrent pools.update of the sharing waits.
 func checkShared(ctx context.Context, tx pgx.Tx, r *Reservation, owner string, count int) error {
-	chain := below(r.TenantID, owner)
+	chain := iam.Below(r.TenantID, owner)
 	if chain == nil {
 		return notBookable(r.TenantID, r.PoolID)
 	}

@@ -15,6 +15,7 @@ package iam
 import (
 	"context"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -76,6 +77,17 @@ func Ancestors(tenant string) []string {
 		out = append(out, t)
 	}
 	return out
+}
+
+// Below lists tenant and its ancestors strictly below owner, tenant first
+// (a descendant's chain up to a shared pool's tenant); nil when owner is
+// not a strict ancestor of tenant.
+func Below(tenant, owner string) []string {
+	anc := Ancestors(tenant)
+	if i := slices.Index(anc, owner); i > 0 {
+		return anc[:i]
+	}
+	return nil
 }
 
 var segment = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$`)

@@ -57,3 +57,21 @@ func TestKeys(t *testing.T) {
 		}
 	}
 }
+
+func TestBelow(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		tenant, owner string
+		want          []string
+	}{
+		{"acme.ml.team", "root", []string{"acme.ml.team", "acme.ml", "acme"}},
+		{"acme.ml.team", "acme", []string{"acme.ml.team", "acme.ml"}},
+		{"acme.ml", "acme.ml", nil}, // not a strict ancestor
+		{"acme", "other", nil},
+		{"acme", "acme.ml", nil}, // a descendant, not an ancestor
+	} {
+		if got := iam.Below(c.tenant, c.owner); !slices.Equal(got, c.want) {
+			t.Errorf("Below(%q, %q) = %v, want %v", c.tenant, c.owner, got, c.want)
+		}
+	}
+}

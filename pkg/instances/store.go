@@ -31,16 +31,6 @@ func notPlaceable(tenant, pool string) error {
 	return fault.New(fault.NotFound, "poolId", "no pool %q that tenant %s can place instances in (its own pools, or an ancestor's shared with its descendants)", pool, tenant)
 }
 
-// below lists tenant and its ancestors strictly below owner, tenant first;
-// nil when owner is not a strict ancestor of tenant.
-func below(tenant, owner string) []string {
-	anc := iam.Ancestors(tenant)
-	if i := slices.Index(anc, owner); i > 0 {
-		return anc[:i]
-	}
-	return nil
-}
-
 // PoolOf checks that tenant may place instances in pool (its own, or an
 // ancestor's shared with descendants; else NOT_FOUND on poolId) and returns
 // its class: a gpu pool is INVALID_INPUT on poolId. [Place] checks again
@@ -48,7 +38,7 @@ func below(tenant, owner string) []string {
 func PoolOf(ctx context.Context, q Querier, tenant, pool string) (string, error) {
 	var owner, class, sharing string
 	err := q.QueryRow(ctx, `SELECT tenant_id, class, sharing FROM pools WHERE id = $1`, pool).Scan(&owner, &class, &sharing)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && owner != tenant && (sharing != "descendants" || below(tenant, owner) == nil)) {
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && owner != tenant && (sharing != "descendants" || iam.Below(tenant, owner) == nil)) {
 		return "", notPlaceable(tenant, pool)
 	}
 	if err != nil {
@@ -313,7 +303,7 @@ func lockPool(ctx context.Context, tx pgx.Tx, tenant, pool string) error {
 		return fmt.Errorf("lock instance quotas: %w", err)
 	}
 	if owner != tenant {
-		chain := below(tenant, owner)
+		chain := iam.Below(tenant, owner)
 		if chain == nil || sharing != "descendants" {
 			return notPlaceable(tenant, pool)
 		}
