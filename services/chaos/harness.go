@@ -324,6 +324,21 @@ func Start(t testing.TB, o Options) *Topology {
 		top.WaitReady(s.name)
 	}
 	top.waitDial(top.procs["gateway"], top.GatewayAddr)
+	// A step stuck past the go test -timeout would end in a panic that runs
+	// no cleanup, so nothing would say what the processes were doing: 30 s
+	// before the deadline, write their logs to stderr. Every process has
+	// started by now, so top.order no longer changes.
+	if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if deadline, set := d.Deadline(); set {
+			wd := time.AfterFunc(time.Until(deadline)-30*time.Second, func() {
+				fmt.Fprintf(os.Stderr, "chaos: %s is about to time out; the processes' logs:\n", t.Name())
+				for _, name := range top.order {
+					fmt.Fprintf(os.Stderr, "==== %s (started %d times)\n%s\n", name, top.procs[name].Starts(), top.procs[name].Log())
+				}
+			})
+			t.Cleanup(func() { wd.Stop() })
+		}
+	}
 	return top
 }
 
