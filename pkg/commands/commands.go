@@ -147,6 +147,19 @@ func collect(rows pgx.Rows, err error) ([]Command, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Command, error) { return Scan(r) })
 }
 
+// ByIdempotencyKey reads the node's command queued under key, or
+// pgx.ErrNoRows.
+func ByIdempotencyKey(ctx context.Context, q Querier, nodeID, key string) (Command, error) {
+	return Scan(q.QueryRow(ctx, `SELECT `+Columns+` FROM commands WHERE node_id = $1 AND idempotency_key = $2`, nodeID, key))
+}
+
+// LatestSucceeded returns up to limit of the node's succeeded commands of
+// kind, the most recently finished first.
+func LatestSucceeded(ctx context.Context, q Querier, nodeID, kind string, limit int) ([]Command, error) {
+	return collect(q.Query(ctx, `SELECT `+Columns+` FROM commands
+		WHERE node_id = $1 AND kind = $2 AND state = 'succeeded' ORDER BY finished_at DESC NULLS LAST LIMIT $3`, nodeID, kind, limit))
+}
+
 // Body decodes the payload.
 func (c Command) Body() (*agentv1.CommandBody, error) {
 	var b agentv1.CommandBody

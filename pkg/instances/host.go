@@ -97,3 +97,18 @@ func ObserveHosts(ctx context.Context, q Querier, obs []HostObservation) ([]Chan
 	}
 	return out, nil
 }
+
+// Hosting returns which of nodes host a live instance (not deleting or
+// deleted): the hosts whose NodeSpec has an instances section.
+func Hosting(ctx context.Context, q Querier, nodes []string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT node_id FROM instances
+		WHERE node_id = ANY($1) AND state NOT IN ('deleting', 'deleted')`, nodes)
+	if err != nil {
+		return nil, fmt.Errorf("hosts of instances: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("hosts of instances: %w", err)
+	}
+	return out, nil
+}

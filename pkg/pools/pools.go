@@ -179,3 +179,17 @@ func Apply(ctx context.Context, q Querier, tenant, id string, u Update) (Pool, e
 	}
 	return p, nil
 }
+
+// IDsOfClass returns the id of every pool of class, of every tenant, in id
+// order (the vps role's sweep over hosted pools).
+func IDsOfClass(ctx context.Context, q Querier, class string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT id FROM pools WHERE class = $1 ORDER BY id`, class)
+	if err != nil {
+		return nil, fmt.Errorf("pools of class %s: %w", class, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("pools of class %s: %w", class, err)
+	}
+	return ids, nil
+}

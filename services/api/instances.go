@@ -375,12 +375,10 @@ func (s *instancesAPI) SetQuota(ctx context.Context, req *computev1.InstancesSer
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, _ *reconcile.Queue) (admission.Outcome, error) {
-			var exists bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)`, req.GetForTenantId()).Scan(&exists); err != nil {
-				return admission.Outcome{}, err
-			}
-			if !exists {
+			if _, err := iam.GetTenant(ctx, tx, req.GetForTenantId()); fault.CodeOf(err) == fault.NotFound {
 				return admission.Outcome{}, fault.New(fault.NotFound, "forTenantId", "no tenant %q", req.GetForTenantId())
+			} else if err != nil {
+				return admission.Outcome{}, err
 			}
 			q, set, err := instances.SetQuota(ctx, tx, instances.Quota{PoolID: res.ID, TenantID: req.GetForTenantId(),
 				VCPUs: req.Vcpus, MemoryMiB: req.MemoryMib, DiskGiB: req.DiskGib, GPUs: req.Gpus})

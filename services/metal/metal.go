@@ -633,8 +633,7 @@ func (p *pass) commandKey(what string) string {
 // payload when there is none yet (payload called then).
 func (p *pass) command(ctx context.Context, kind, what string, payload func() (any, error)) (*commands.Command, error) {
 	key := p.commandKey(what)
-	c, err := commands.Scan(p.tx.QueryRow(ctx, `SELECT `+commands.Columns+` FROM commands WHERE node_id = $1 AND idempotency_key = $2`,
-		p.m.NodeID, key))
+	c, err := commands.ByIdempotencyKey(ctx, p.tx, p.m.NodeID, key)
 	if err == nil {
 		if p.w.cfg.TamperResult != nil {
 			p.w.cfg.TamperResult(&c)
@@ -720,8 +719,7 @@ func diagFailure(d *agentv1.DiagNvmlResult) string {
 // disks returns the disks of the node's latest diag.nvml whose signature
 // verifies, or nil.
 func (p *pass) disks(ctx context.Context) ([]*agentv1.DiskCheck, error) {
-	cs, err := collectCommands(p.tx.Query(ctx, `SELECT `+commands.Columns+` FROM commands
-		WHERE node_id = $1 AND kind = 'diag.nvml' AND state = 'succeeded' ORDER BY finished_at DESC NULLS LAST LIMIT 5`, p.m.NodeID))
+	cs, err := commands.LatestSucceeded(ctx, p.tx, p.m.NodeID, "diag.nvml", 5)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,6 @@ package vps
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/instances"
+	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/services/nodespec"
 )
@@ -75,14 +75,9 @@ func Contribute(ctx context.Context, q reconcile.Querier, nodes []nodespec.Node)
 		ids[i] = n.ID
 		out[i] = &agentv1.NodeSpec{}
 	}
-	rows, err := q.Query(ctx, `SELECT DISTINCT node_id FROM instances
-		WHERE node_id = ANY($1) AND state NOT IN ('deleting', 'deleted')`, ids)
+	hosting, err := instances.Hosting(ctx, q, ids)
 	if err != nil {
-		return nil, fmt.Errorf("hosts of instances: %w", err)
-	}
-	hosting, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("hosts of instances: %w", err)
+		return nil, err
 	}
 	if len(hosting) == 0 {
 		return out, nil
@@ -141,12 +136,9 @@ func runHosts(ctx context.Context, rc *reconcile.RunContext, key string) (reconc
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		pools := []string{key}
 		if key == KeyAll {
-			rows, err := tx.Query(ctx, `SELECT id FROM pools WHERE class = 'vps-host' ORDER BY id`)
-			if err != nil {
-				return fmt.Errorf("hosted pools: %w", err)
-			}
-			if pools, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-				return fmt.Errorf("hosted pools: %w", err)
+			var err error
+			if pools, err = poolstore.IDsOfClass(ctx, tx, poolstore.ClassVPSHost); err != nil {
+				return err
 			}
 		}
 		changed := 0
