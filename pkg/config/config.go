@@ -206,6 +206,14 @@ type Database struct {
 	// named prepared statements, and migrations lock with a table row instead
 	// of a session advisory lock.
 	PgBouncer bool `yaml:"pgbouncer"`
+	// IdleInTransactionTimeout is the server's
+	// idle_in_transaction_session_timeout for every connection: a process
+	// paused or stuck inside a transaction (SIGSTOP, a hung client) has
+	// its session ended and its locks released after this long, instead
+	// of blocking every other process's writes to those rows. Default 5m.
+	// Not sent through PgBouncer (it refuses startup parameters): set
+	// PgBouncer's idle_transaction_timeout, or the role's setting, there.
+	IdleInTransactionTimeout Duration `yaml:"idleInTransactionTimeout"`
 }
 
 // NATS is the message bus.
@@ -346,6 +354,7 @@ func (c *Config) Defaults() {
 		c.Server.Port = &p
 	}
 	c.Server.ShutdownTimeout = cmp.Or(c.Server.ShutdownTimeout, Duration(15*time.Second))
+	c.Database.IdleInTransactionTimeout = cmp.Or(c.Database.IdleInTransactionTimeout, Duration(5*time.Minute))
 	c.Server.ReadTimeout = cmp.Or(c.Server.ReadTimeout, Duration(time.Minute))
 	c.Server.IdleTimeout = cmp.Or(c.Server.IdleTimeout, Duration(2*time.Minute))
 	c.Log.Level = cmp.Or(c.Log.Level, "info")
@@ -448,6 +457,9 @@ func (c *Config) Validate() error {
 		if err := checkDatabaseURL(c.Database.URL); err != nil {
 			bad("database.url", "%v", err)
 		}
+	}
+	if t := c.Database.IdleInTransactionTimeout.Std(); t < 0 || t > 24*time.Hour {
+		bad("database.idleInTransactionTimeout", "expected 0 (the default, 5m) to 24h, got %s", t)
 	}
 	if c.Database.MaxConns < 0 || c.Database.MaxConns > 10000 {
 		bad("database.maxConns", "expected 0 (the default) to 10000, got %d", c.Database.MaxConns)

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,11 @@ type Config struct {
 	ApplicationName string
 	// Tracer, when set, sees every query (tests count statements with it).
 	Tracer pgx.QueryTracer
+	// IdleInTransactionTimeout, when set, is sent as the session's
+	// idle_in_transaction_session_timeout (not through PgBouncer, which
+	// refuses startup parameters): a transaction left idle that long — its
+	// process paused or stuck — is ended by the server, and its locks with it.
+	IdleInTransactionTimeout time.Duration
 }
 
 // Open builds a pool and checks that the server answers.
@@ -48,6 +54,11 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	if cfg.Tracer != nil {
 		pc.ConnConfig.Tracer = cfg.Tracer
+	}
+	if t := cfg.IdleInTransactionTimeout; t > 0 && !cfg.PgBouncer {
+		if _, ok := pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
+			pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(t.Milliseconds(), 1), 10)
+		}
 	}
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
 		name := cfg.ApplicationName

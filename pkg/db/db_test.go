@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -144,5 +145,61 @@ func TestOpen(t *testing.T) {
 	_, err := db.Open(t.Context(), db.Config{URL: "postgres://bc:secret@127.0.0.1:1/none?connect_timeout=1"})
 	if err == nil || strings.Contains(err.Error(), "secret") {
 		t.Fatalf("Open on a closed port = %v (and must not leak the password)", err)
+	}
+}
+
+// TestIdleInTransactionTimeout: a transaction left idle past the timeout
+// (its process paused) is ended by the server and its row lock released,
+// so another session's write goes through; through PgBouncer nothing is
+// sent (it refuses startup parameters).
+func TestIdleInTransactionTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pgtest.NewDB(t)
+	pool, err := db.Open(ctx, db.Config{URL: url, MaxConns: 3, IdleInTransactionTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var setting string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&setting); err != nil || setting != "500ms" {
+		t.Fatalf("idle_in_transaction_session_timeout = %q, %v", setting, err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Returns its connection to the pool, or pool.Close waits forever.
+	defer func() { _ = stuck.Rollback(context.Background()) }()
+	if _, err := stuck.Exec(ctx, `UPDATE t SET v = 1 WHERE id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	// The stuck transaction holds the row; another write waits for the
+	// server to end it.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := pool.Exec(wctx, `UPDATE t SET v = 2 WHERE id = 1`); err != nil {
+		t.Fatalf("a write behind a transaction left idle: %v", err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	if _, err := stuck.Exec(sctx, `SELECT 1`); err == nil {
+		t.Fatal("the idle transaction survived its timeout")
+	}
+	var v int
+	if err := pool.QueryRow(ctx, `SELECT v FROM t WHERE id = 1`).Scan(&v); err != nil || v != 2 {
+		t.Fatalf("v = %d (%v), want 2: the idle transaction's write must be rolled back", v, err)
+	}
+
+	bounced, err := db.Open(ctx, db.Config{URL: url, MaxConns: 1, PgBouncer: true, IdleInTransactionTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bounced.Close()
+	if err := bounced.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&setting); err != nil || setting == "1s" {
+		t.Fatalf("through PgBouncer the setting must not be sent: %q, %v", setting, err)
 	}
 }

@@ -226,7 +226,8 @@ func (a *App) start(ctx context.Context) (err error) {
 	if a.tracing, err = telemetry.SetupTracing(ctx, a.cfg.Telemetry.OTLPEndpoint, a.cfg.Telemetry.ServiceName); err != nil {
 		return err
 	}
-	a.pool, err = db.Open(ctx, db.Config{URL: a.cfg.Database.URL, MaxConns: int32(a.cfg.Database.MaxConns), PgBouncer: a.cfg.Database.PgBouncer, Tracer: a.opts.DBTracer})
+	a.pool, err = db.Open(ctx, db.Config{URL: a.cfg.Database.URL, MaxConns: int32(a.cfg.Database.MaxConns), PgBouncer: a.cfg.Database.PgBouncer, Tracer: a.opts.DBTracer,
+		IdleInTransactionTimeout: a.cfg.Database.IdleInTransactionTimeout.Std()})
 	if err != nil {
 		return fault.Wrap(err, fault.Unavailable, "database.url", "cannot reach the database: %v", err)
 	}
