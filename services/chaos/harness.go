@@ -1,7 +1,7 @@
 // Package chaos is the multi-process chaos suite's harness: it runs the
 // control plane as compose.yaml does — every deployable (api, joinservice,
 // gateway, nodespec-controller, controllers, placer, command-sweeper,
-// outbox-relay) as its own OS process of the built better-compute binary,
+// outbox-relay, metal, vps) as its own OS process of the built better-compute binary,
 // configured only through BC_* environment variables, with the PKI made by
 // `better-compute pki init` — against one PostgreSQL database and a real
 // nats-server process, and lets a test SIGKILL, SIGSTOP and SIGCONT each of
@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -230,6 +231,8 @@ var composeRoles = []struct{ name, roles string }{
 	{"placer", "placer"},
 	{"command-sweeper", "command-sweeper"},
 	{"outbox-relay", "outbox-relay"},
+	{"metal", "metal"},
+	{"vps", "vps"},
 }
 
 var tokenRE = regexp.MustCompile(`bck_[A-Za-z0-9_.-]+`)
@@ -287,9 +290,12 @@ func Start(t testing.TB, o Options) *Topology {
 	signing := []string{"BC_JOIN_SERVICE_TRUST_DOMAIN=" + td,
 		"BC_COMMANDS_SIGNING_KEY_FILE=" + filepath.Join(top.PKI, "command-signing.key"),
 		"BC_AUDIT_SIGNING_KEY_FILE=" + filepath.Join(top.PKI, "audit.key")}
+	secretsKey := "BC_SECRETS_KEY_FILE=" + filepath.Join(top.PKI, "secrets.key")
 	envOf := map[string][]string{
-		"api":         signing,
+		"api":         append(slices.Clone(signing), secretsKey),
 		"controllers": signing,
+		"metal":       append(slices.Clone(signing), secretsKey),
+		"vps":         {secretsKey},
 		"joinservice": {"BC_JOIN_SERVICE_TRUST_DOMAIN=" + td,
 			"BC_JOIN_SERVICE_CA_CERT_FILE=" + filepath.Join(top.PKI, "node-ca.crt"),
 			"BC_JOIN_SERVICE_CA_KEY_FILE=" + filepath.Join(top.PKI, "node-ca.key"),
