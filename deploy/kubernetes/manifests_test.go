@@ -1003,6 +1003,11 @@ func TestPgBouncer(t *testing.T) {
 			if env["POOL_MODE"].Value != "transaction" {
 				t.Errorf("PgBouncer POOL_MODE %q, want transaction", env["POOL_MODE"].Value)
 			}
+			// The processes' idle_in_transaction_session_timeout is not
+			// sent through PgBouncer; its own timeout must stand in.
+			if v, err := strconv.Atoi(env["IDLE_TRANSACTION_TIMEOUT"].Value); err != nil || v <= 0 || v > 3600 {
+				t.Errorf("PgBouncer IDLE_TRANSACTION_TIMEOUT %q, want 1–3600 seconds", env["IDLE_TRANSACTION_TIMEOUT"].Value)
+			}
 			if u := env["DATABASE_URL"].ValueFrom; u == nil || u.SecretKeyRef == nil || u.SecretKeyRef.Name != "bc-postgres" {
 				t.Error("PgBouncer's DATABASE_URL must come from the Secret bc-postgres")
 			}

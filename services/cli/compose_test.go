@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -82,6 +83,11 @@ func TestComposeFile(t *testing.T) {
 	if !strings.Contains(pgb.Image, "pgbouncer") || pgb.Environment["POOL_MODE"] != "transaction" || pgb.Environment["DB_HOST"] != "postgres" ||
 		pgb.Environment["LISTEN_PORT"] != "6432" || pgb.DependsOn["postgres"].Condition != "service_healthy" || pgb.Healthcheck == nil {
 		t.Errorf("pgbouncer must pool postgres in transaction mode on 6432, with a health check: %+v", pgb)
+	}
+	// database.idleInTransactionTimeout is not sent through PgBouncer; its
+	// own idle_transaction_timeout must stand in for it.
+	if v, err := strconv.Atoi(pgb.Environment["IDLE_TRANSACTION_TIMEOUT"]); err != nil || v <= 0 || v > 3600 {
+		t.Errorf("pgbouncer IDLE_TRANSACTION_TIMEOUT %q, want 1–3600 seconds", pgb.Environment["IDLE_TRANSACTION_TIMEOUT"])
 	}
 	if !strings.HasPrefix(nats.Image, "nats:") || !slices.Contains(nats.Command, "--jetstream") || nats.Healthcheck == nil {
 		t.Errorf("nats must run JetStream with a health check: %+v", nats)
