@@ -352,6 +352,9 @@ type Verdict struct {
 	// SignaturesChecked says checkpoint signatures were verified (a public
 	// key was given).
 	SignaturesChecked bool
+	// PrunedBefore is the chain position the kept records start at when
+	// older ones were pruned (audit.retention); 0 when none were.
+	PrunedBefore int64
 }
 
 // verifyPage is how many rows (or checkpoints) Verify reads at a time.
@@ -371,17 +374,51 @@ const verifyPage = 1000
 // so every row a checkpoint covers had committed before the rows are read,
 // and a plain pool (no snapshot) gives no false alarm.
 func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, error) {
+	// A prune that moves the anchor while this runs deletes rows it may be
+	// about to read: that shows as missing positions, so verify once more
+	// from the new anchor.
+	v, anchor, err := verify(ctx, q, pub)
+	if err != nil || v.OK {
+		return v, err
+	}
+	if now, _, err := ReadAnchor(ctx, q); err == nil && now.ChainSeq > anchor {
+		v, _, err = verify(ctx, q, pub)
+	}
+	return v, err
+}
+
+// verify is one pass of [Verify]; it returns the anchor's position it
+// started from (0: nothing pruned).
+func verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, int64, error) {
 	v := Verdict{SignaturesChecked: pub != nil}
+	anchor, pruned, err := ReadAnchor(ctx, q)
+	if err != nil {
+		return v, 0, err
+	}
 	var lastCP, headSeq int64
 	if err := queryRow(ctx, q, `SELECT coalesce(max(chain_seq), 0) FROM audit_checkpoints`, &lastCP); err != nil {
-		return v, fmt.Errorf("verify audit chain: %w", err)
+		return v, anchor.ChainSeq, fmt.Errorf("verify audit chain: %w", err)
 	}
-	headSeq, _, err := head(ctx, q)
+	headSeq, _, err = head(ctx, q)
 	if err != nil {
-		return v, err
+		return v, anchor.ChainSeq, err
 	}
 	cps := &checkpointPager{q: q, max: lastCP}
 	expect, prev := int64(1), zeroHash
+	if pruned {
+		// The kept chain starts at the anchor's row, chained from the
+		// pruned row before it, and a checkpoint is at that row.
+		expect, prev, cps.after = anchor.ChainSeq, anchor.PrevHash, anchor.ChainSeq-1
+		v.PrunedBefore = anchor.ChainSeq
+		cp, err := cps.peek(ctx)
+		if err != nil {
+			return v, anchor.ChainSeq, err
+		}
+		if cp == nil || cp.ChainSeq != anchor.ChainSeq {
+			v.Reason = fmt.Sprintf("no checkpoint is at chain position %d, where the records kept after pruning start: the records before it were deleted", anchor.ChainSeq)
+			return finishAt(ctx, q, v, headSeq, anchor.ChainSeq)
+		}
+	}
 	var signed bool
 	var unsigned int
 	// checkpoint checks cp against the row at its position (nil when past
@@ -416,15 +453,15 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 		v.LastCheckpoint = cp
 		return true
 	}
-	for after := int64(0); after < headSeq; {
+	for after := expect - 1; after < headSeq; {
 		rows, err := q.Query(ctx, `SELECT `+chainColumns+` FROM audit
 			 WHERE chain_seq > $1 AND chain_seq <= $2 ORDER BY chain_seq LIMIT $3`, after, headSeq, verifyPage)
 		if err != nil {
-			return v, fmt.Errorf("verify audit chain: %w", err)
+			return v, anchor.ChainSeq, fmt.Errorf("verify audit chain: %w", err)
 		}
 		page, err := pgx.CollectRows(rows, scanChainRow)
 		if err != nil {
-			return v, fmt.Errorf("verify audit chain: %w", err)
+			return v, anchor.ChainSeq, fmt.Errorf("verify audit chain: %w", err)
 		}
 		if len(page) == 0 {
 			break
@@ -439,22 +476,22 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 				if seq == expect+1 {
 					v.Reason = fmt.Sprintf("chain position %d is missing: the record before record %d was deleted", expect, r.id)
 				}
-				return finish(ctx, q, v, headSeq)
+				return finishAt(ctx, q, v, headSeq, anchor.ChainSeq)
 			}
 			v.RecordsChecked++
 			h, err := rowHash(prev, *r, seq)
 			if err != nil {
-				return v, err
+				return v, anchor.ChainSeq, err
 			}
 			if !bytes.Equal(h, r.hash) {
 				v.FirstBadID = strconv.FormatInt(r.id, 10)
 				v.Reason = fmt.Sprintf("record %d (chain position %d) does not match its hash: it was changed after it was chained", r.id, seq)
-				return finish(ctx, q, v, headSeq)
+				return finishAt(ctx, q, v, headSeq, anchor.ChainSeq)
 			}
 			for {
 				cp, err := cps.peek(ctx)
 				if err != nil {
-					return v, err
+					return v, anchor.ChainSeq, err
 				}
 				if cp == nil || cp.ChainSeq > seq {
 					break
@@ -464,10 +501,10 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 					// Its row is gone, yet the positions run on: a
 					// checkpoint with no row of its own (made up).
 					v.Reason = fmt.Sprintf("the checkpoint at chain position %d matches no record", cp.ChainSeq)
-					return finish(ctx, q, v, headSeq)
+					return finishAt(ctx, q, v, headSeq, anchor.ChainSeq)
 				}
 				if !checkpoint(cp, r) {
-					return finish(ctx, q, v, headSeq)
+					return finishAt(ctx, q, v, headSeq, anchor.ChainSeq)
 				}
 			}
 			prev, expect = r.hash, seq+1
@@ -475,24 +512,35 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 	}
 	// Checkpoints past the newest chained row cover rows that are gone.
 	if cp, err := cps.peek(ctx); err != nil {
-		return v, err
+		return v, anchor.ChainSeq, err
 	} else if cp != nil && !checkpoint(cp, nil) {
-		return finish(ctx, q, v, headSeq)
+		return finishAt(ctx, q, v, headSeq, anchor.ChainSeq)
 	}
 	v.OK = true
+	var notes []string
 	switch {
 	case pub == nil:
-		v.Reason = "checkpoint signatures were not checked: no audit key was given"
+		notes = append(notes, "checkpoint signatures were not checked: no audit key was given")
 	case unsigned > 0:
-		v.Reason = fmt.Sprintf("%d early checkpoints are unsigned (written before the audit key was configured)", unsigned)
+		notes = append(notes, fmt.Sprintf("%d early checkpoints are unsigned (written before the audit key was configured)", unsigned))
 	}
-	return finish(ctx, q, v, headSeq)
+	if pruned {
+		notes = append(notes, fmt.Sprintf("the records before chain position %d (older than %s) were pruned by audit.retention on %s",
+			anchor.ChainSeq, anchor.Before.UTC().Format(time.RFC3339), anchor.PrunedAt.UTC().Format(time.RFC3339)))
+	}
+	v.Reason = strings.Join(notes, "; ")
+	return finishAt(ctx, q, v, headSeq, anchor.ChainSeq)
 }
 
 // finish counts into v the rows this verification did not cover: those not
 // chained yet and those chained after it read the head (headSeq) — so that
 // Unchained and RecordsChecked describe the same moment, even while the
 // chainer runs.
+func finishAt(ctx context.Context, q Querier, v Verdict, headSeq, anchor int64) (Verdict, int64, error) {
+	v, err := finish(ctx, q, v, headSeq)
+	return v, anchor, err
+}
+
 func finish(ctx context.Context, q Querier, v Verdict, headSeq int64) (Verdict, error) {
 	// audit_unchained is a partial index of the unchained rows.
 	if err := queryRow(ctx, q, `SELECT (SELECT count(*) FROM audit WHERE chain_seq IS NULL) +

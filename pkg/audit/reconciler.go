@@ -33,6 +33,12 @@ type Config struct {
 	CheckpointEvery time.Duration
 	// Signer signs checkpoints; nil writes them unsigned.
 	Signer *Signer
+	// Retention is how long chained rows are kept: audit.checkpoint prunes
+	// older ones below a checkpoint ([Prune]) after each checkpoint. 0
+	// keeps them forever.
+	Retention time.Duration
+	// Now is the clock of the prune cutoff; nil is time.Now.
+	Now func() time.Time
 }
 
 // Reconcilers returns the audit chain's reconcilers, both singletons
@@ -40,7 +46,8 @@ type Config struct {
 // audit.chain chains committed rows ([Chain]) every ChainEvery (and writes
 // the very first checkpoint, [FirstCheckpoint]), and
 // audit.checkpoint chains, then records the head ([Checkpoint]) every
-// CheckpointEvery. Every write is fenced by the run's lease.
+// CheckpointEvery, then prunes rows older than Retention ([Prune]). Every
+// write is fenced by the run's lease.
 func Reconcilers(cfg Config) []reconcile.Reconciler {
 	chainEvery := cmp.Or(cfg.ChainEvery, time.Second)
 	checkpointEvery := cmp.Or(cfg.CheckpointEvery, time.Hour)
@@ -89,6 +96,35 @@ func Reconcilers(cfg Config) []reconcile.Reconciler {
 				}
 				if wrote {
 					rc.Logger.InfoContext(ctx, "audit checkpoint written", "signed", cfg.Signer != nil)
+				}
+				if cfg.Retention <= 0 {
+					return reconcile.Done, nil
+				}
+				now := time.Now
+				if cfg.Now != nil {
+					now = cfg.Now
+				}
+				cutoff := now().Add(-cfg.Retention)
+				pruned := 0
+				for range chainBatches {
+					var n int
+					err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
+						var err error
+						n, err = Prune(ctx, tx, cutoff)
+						return err
+					})
+					if err != nil {
+						return reconcile.Done, err
+					}
+					if pruned += n; n < pruneBatch {
+						break
+					}
+				}
+				if pruned > 0 {
+					rc.Logger.InfoContext(ctx, "audit records pruned", "records", pruned, "before", cutoff)
+				}
+				if pruned == chainBatches*pruneBatch {
+					return reconcile.SyncAgain, nil
 				}
 				return reconcile.Done, nil
 			},

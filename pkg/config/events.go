@@ -175,11 +175,29 @@ type Audit struct {
 	// signed with. Unset means checkpoints record the head unsigned (and
 	// audit.verify says so); dev generates <dev.dataDir>/pki/audit.key.
 	SigningKeyFile string `yaml:"signingKeyFile"`
+	// Retention is how long audit records are kept: older ones are pruned
+	// below a checkpoint after each checkpoint, and audit.verify checks
+	// the chain from the first kept one. Default 400 days (9600h); a
+	// negative duration (e.g. -1s) keeps every record.
+	Retention Duration `yaml:"retention"`
 }
+
+// DefaultAuditRetention is audit.retention's default: over a year, so a
+// yearly review still finds the whole year.
+const DefaultAuditRetention = 400 * 24 * time.Hour
 
 func (c *Audit) defaults() {
 	c.CheckpointEvery = cmp.Or(c.CheckpointEvery, Duration(time.Hour))
 	c.ChainEvery = cmp.Or(c.ChainEvery, Duration(time.Second))
+	c.Retention = cmp.Or(c.Retention, Duration(DefaultAuditRetention))
+}
+
+// KeepFor is how long records are kept; 0 means forever.
+func (c Audit) KeepFor() time.Duration {
+	if c.Retention < 0 {
+		return 0
+	}
+	return c.Retention.Std()
 }
 
 func (c *Audit) validate() []error {
@@ -189,6 +207,9 @@ func (c *Audit) validate() []error {
 	}
 	if c.ChainEvery <= 0 {
 		errs = append(errs, fault.New(fault.InvalidConfig, "audit.chainEvery", "expected a positive duration, got %s", c.ChainEvery.Std()))
+	}
+	if c.Retention >= 0 && c.Retention.Std() < 24*time.Hour {
+		errs = append(errs, fault.New(fault.InvalidConfig, "audit.retention", "expected at least 24h, or a negative duration to keep every record, got %s", c.Retention.Std()))
 	}
 	return errs
 }

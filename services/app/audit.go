@@ -22,7 +22,7 @@ func (a *App) registerAudit(rt *reconcile.Runtime, roles []string) error {
 	}
 	c := a.cfg.Audit
 	for _, r := range audit.Reconcilers(audit.Config{
-		ChainEvery: c.ChainEvery.Std(), CheckpointEvery: c.CheckpointEvery.Std(), Signer: signer,
+		ChainEvery: c.ChainEvery.Std(), CheckpointEvery: c.CheckpointEvery.Std(), Signer: signer, Retention: c.KeepFor(),
 	}) {
 		if err := rt.Register(r); err != nil {
 			return err
