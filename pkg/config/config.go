@@ -80,6 +80,8 @@ type Config struct {
 	Secrets Secrets `yaml:"secrets"`
 	// Metal configures the metal role's bare-metal workflow.
 	Metal Metal `yaml:"metal"`
+	// MCP configures the api role's MCP server.
+	MCP MCP `yaml:"mcp"`
 }
 
 // JoinService configures the node CA and joinservice's HPKE key. Keys come
