@@ -1,15 +1,22 @@
 // Package client is the Go client of the Better Compute API over gRPC.
 //
-// [New] and [Dial] return a [*Conn], a [grpc.ClientConnInterface], to hand to
-// the generated constructors of package computev1:
+// [Dial] (or [New]) connects; [NewClient] gives one typed client per API
+// group of package computev1 — [Client.Pools], [Client.JoinTokens],
+// [Client.Nodes], [Client.Reservations], [Client.Commands] and every other
+// group — the generated interfaces themselves, so requests and responses
+// are the API's own messages:
 //
-//	conn, err := client.Dial(ctx, "https://compute.example.com", client.WithToken(os.Getenv("BETTER_COMPUTE_TOKEN")))
+//	conn, err := client.Dial(ctx, os.Getenv("BETTER_COMPUTE_URL"), client.WithToken(os.Getenv("BETTER_COMPUTE_TOKEN")))
 //	if err != nil { … }
 //	defer conn.Close()
-//	v, err := computev1.NewSystemServiceClient(conn).Version(ctx, &computev1.VersionRequest{})
+//	c := client.NewClient(conn)
+//	v, err := c.System.Version(ctx, &computev1.VersionRequest{})
 //	if err != nil {
 //		env := client.EnvelopeOf(err) // {Code: "NOT_FOUND", Message: "…", Field: "…"}
 //	}
+//
+// A [*Conn] is a [grpc.ClientConnInterface], so the generated
+// computev1.New<Group>ServiceClient constructors take it as well.
 //
 // The target is the API server's address: "host:port", any gRPC target
 // ("dns:///host:port", "unix:///path"), or an http:// or https:// URL without a
@@ -21,6 +28,15 @@
 // Every failed call carries the API's error envelope — a stable code, a message
 // and the offending field — as a google.rpc.ErrorInfo status detail;
 // [EnvelopeOf] reads it back.
+//
+// Work the API does in the background has Wait helpers that poll its read
+// method until it settles, honouring ctx: [Client.WaitCommand] (a command
+// run on a node until succeeded, failed, expired or cancelled),
+// [Client.WaitReservation] (until bound, or finished) and
+// [Client.WaitSchedulable] (until a pool has n nodes placement can use, as
+// after a join token let them in). Example_workflow shows the main workflow:
+// join token → node joins → reservation → command; services/dev's
+// Example_clientWorkflow runs it against a real control plane.
 //
 // The package depends on grpc and protobuf only.
 package client

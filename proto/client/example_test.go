@@ -30,7 +30,8 @@ func Example() {
 	}
 	defer func() { _ = conn.Close() }()
 
-	v, err := computev1.NewSystemServiceClient(conn).Version(ctx, &computev1.VersionRequest{})
+	c := client.NewClient(conn)
+	v, err := c.System.Version(ctx, &computev1.VersionRequest{})
 	if err != nil {
 		log.Fatal(client.EnvelopeOf(err))
 	}
