@@ -467,6 +467,7 @@ func finishSigned(ctx context.Context, tx pgx.Tx, w Waker, c Command, state Stat
 	if err := event(ctx, tx, out); err != nil {
 		return Command{}, err
 	}
+	observeFinished(out)
 	if out.OwnerKind != "" && w != nil {
 		if err := w.Enqueue(ctx, out.OwnerKind, out.OwnerKey); err != nil {
 			return Command{}, fmt.Errorf("wake owner of %s: %w", c.ID, err)

@@ -119,9 +119,12 @@ type Gateway struct {
 	// sessions, by node id, and started (the report writer runs) are
 	// guarded by mu; stop is closed, under mu, by Stop.
 	sessions map[string]*session
-	stop     chan struct{}
-	done     chan struct{}
-	started  bool
+	// opened and ended count sessions opened (after Hello was accepted)
+	// and ended, for the metrics.
+	opened, ended atomic.Int64
+	stop          chan struct{}
+	done          chan struct{}
+	started       bool
 
 	// reports feeds the batch writer of sessions' reports.
 	reports     chan *report
@@ -404,7 +407,9 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	}
 	g.sessions[certNode] = s
 	g.mu.Unlock()
+	g.opened.Add(1)
 	defer func() {
+		g.ended.Add(1)
 		g.mu.Lock()
 		if g.sessions[certNode] == s {
 			delete(g.sessions, certNode)

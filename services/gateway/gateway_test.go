@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -370,6 +371,11 @@ func TestNewerSessionSupersedesOlder(t *testing.T) {
 			t.Fatalf("the older session got %v, want Aborted", err)
 		}
 		poll.Until(t, 15*time.Second, "one session", func() bool { return f.gw.Sessions() == 1 })
+		// The counters: two sessions opened, the superseded one ended.
+		got := gatewayMetrics(t, f.gw)
+		if got[gateway.SessionsMetric] != 1 || got[gateway.SessionsOpenedMetric] != 2 || got[gateway.SessionsEndedMetric] != 1 {
+			t.Fatalf("metrics %v, want 1 session held, 2 opened, 1 ended", got)
+		}
 	})
 
 	t.Run("on another gateway the older session's late messages are ignored", func(t *testing.T) {
@@ -559,4 +565,22 @@ func TestDesiredStateDeliveryAndObserved(t *testing.T) {
 			return obs == 3
 		})
 	})
+}
+
+// gatewayMetrics gathers gw's collector: each metric's value by name.
+func gatewayMetrics(t *testing.T, gw *gateway.Gateway) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(gw.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			out[mf.GetName()] += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return out
 }
