@@ -65,6 +65,10 @@ fuzz: ## run every fuzz target for FUZZTIME (30s) each; a crasher lands in the p
 fuzz-smoke: ## run every fuzz target for 3s each (CI)
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
+.PHONY: screenshots
+screenshots: ## drive the console in chromium against dev and write a PNG of each page to docs/console
+	cd services && BC_SCREENSHOTS_DIR=$(CURDIR)/docs/console $(GO) test $(TESTFLAGS) -run '^TestScreenshots$$' -v ./console/
+
 .PHONY: bench
 bench: ## run every module's benchmarks; print one table of them beside this machine's limits (pgbench), written to .bench/results.md
 	@mkdir -p .bench; : > .bench/raw.txt

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -351,6 +352,30 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 	})
 	h.Handle(Prefix, http.MaxBytesHandler(mux, MaxRequestBytes))
 	return h, nil
+}
+
+// Conn is the in-process connection to this server that [Server.Gateway]
+// opened: what the console and the MCP server call the API through, as
+// their caller (each call carries the caller's `authorization: Bearer`
+// metadata and an x-forwarded-for of the HTTP client's address, as the REST
+// gateway sends). Nil before Gateway.
+func (s *Server) Conn() grpc.ClientConnInterface {
+	if s.conn == nil {
+		return nil
+	}
+	return s.conn
+}
+
+// AsCaller returns ctx with the outgoing metadata of a call made through
+// [Server.Conn] on behalf of an HTTP client: its bearer token and its address
+// (host, without the port), which the server's per-address limits and audit
+// read as the REST gateway's X-Forwarded-For.
+func AsCaller(ctx context.Context, token, clientHost string) context.Context {
+	kv := []string{"authorization", "Bearer " + token}
+	if clientHost != "" {
+		kv = append(kv, "x-forwarded-for", clientHost)
+	}
+	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
 // Stop stops the gRPC server at once (the HTTP server drains first) and

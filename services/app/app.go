@@ -42,9 +42,11 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/version"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/console"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/inventory"
 	"github.com/bettercompute/bettercompute/services/lifecycle"
+	"github.com/bettercompute/bettercompute/services/mcpserver"
 	"github.com/bettercompute/bettercompute/services/nodespec"
 	"github.com/bettercompute/bettercompute/services/relay"
 	"github.com/bettercompute/bettercompute/services/system"
@@ -120,7 +122,7 @@ type Options struct {
 type App struct {
 	cfg    *config.Config
 	logger *slog.Logger
-	reg    *prometheus.Registry
+	reg    registry // see metrics.go
 	roles  []config.Role
 	opts   Options
 
@@ -246,6 +248,11 @@ func (a *App) start(ctx context.Context) (err error) {
 	if err := a.prepareCommandSigning(); err != nil {
 		return err
 	}
+	// bettercompute_command_duration_seconds: observed by whichever role of
+	// this process settles a command (gateway, api, command-sweeper).
+	if err := a.reg.Register(commands.Collector()); err != nil {
+		return err
+	}
 	if err := a.startRuntime(ctx); err != nil {
 		return err
 	}
@@ -368,6 +375,11 @@ func (a *App) startRuntime(ctx context.Context) error {
 		if err := a.reg.Register(&lifecycle.BrakesCollector{Pool: a.pool}); err != nil {
 			return err
 		}
+		// bettercompute_nodes and bettercompute_node_conditions, read from
+		// the nodes table at scrape.
+		if err := a.reg.Register(&lifecycle.FleetCollector{Pool: a.pool}); err != nil {
+			return err
+		}
 		// The drain job's periodic pass (due drains) runs on the liveness
 		// period: a drain completes within one of its deadline.
 		if err := rt.Register(lifecycle.Drain(lifecycle.DrainConfig{
@@ -480,6 +492,15 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		}
 		mux.HandleFunc("GET "+api.WatchPath, a.api.ServeWatch)
 		mux.Handle(api.Prefix, gw)
+		con, err := console.New(console.Config{Conn: a.api.Conn(), Watch: a.api.ServeWatch, Kinds: a.admitKinds, Logger: a.logger})
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle(console.Prefix, con)
+		mux.Handle("GET /console", http.RedirectHandler(console.Prefix, http.StatusFound))
+		mux.Handle(mcpserver.Path, mcpserver.Handler(mcpserver.Config{
+			Conn: a.api.Conn(), ReadOnly: a.cfg.MCP.ReadOnly, Version: version.Get().Version, Kinds: a.admitKinds, Logger: a.logger,
+		}))
 	}
 	if a.api == nil {
 		return withGRPC(nil, mux), nil

@@ -136,6 +136,7 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		newBootstrap(g, stdout, stderr),
 		newPKI(stdout),
 		newJoinScript(stdout, stderr),
+		newMCP(stdout, stderr),
 	)
 	return root
 }

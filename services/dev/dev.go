@@ -323,6 +323,8 @@ func (e *Env) Banner() string {
 	fmt.Fprintf(&b, "  REST     %s/api/compute/{group}/{method}   e.g. curl -X POST %s/api/compute/system/version -d '{}'\n", base, base)
 	fmt.Fprintf(&b, "  gRPC     %s (h2c; reflection on)\n", e.App.Addr())
 	fmt.Fprintf(&b, "  OpenAPI  %s%s\n", base, api.OpenAPIPath)
+	fmt.Fprintf(&b, "  Console  %s/console/   (sign in with an API key, e.g. the root credential below)\n", base)
+	fmt.Fprintf(&b, "  MCP      %s/mcp (streamable HTTP, bearer key) or `better-compute mcp` on stdio\n", base)
 	fmt.Fprintf(&b, "  health   %s/healthz  %s/readyz\n", base, base)
 	fmt.Fprintf(&b, "  metrics  %s/metrics\n", base)
 	fmt.Fprintf(&b, "  NATS     %s\n", e.NATSURL)

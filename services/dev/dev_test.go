@@ -55,7 +55,7 @@ func TestDevBootsAndAnswers(t *testing.T) {
 		t.Fatalf("NATS store is not under the data dir: %v", err)
 	}
 	banner := env.Banner()
-	for _, want := range []string{env.BaseURL() + "/readyz", env.BaseURL() + "/api/compute/openapi.json", env.NATSURL, "roles: api", "3 simulated nodes", "3 simulated machines", "metal.list tenantId=root",
+	for _, want := range []string{env.BaseURL() + "/readyz", env.BaseURL() + "/api/compute/openapi.json", env.BaseURL() + "/console/", env.BaseURL() + "/mcp", env.NATSURL, "roles: api", "3 simulated nodes", "3 simulated machines", "metal.list tenantId=root",
 		"2 simulated hosts", "fake provider at http://127.0.0.1:", "instances.create tenantId=root poolId=" + env.VPSPoolID} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("banner lacks %q:\n%s", want, banner)
