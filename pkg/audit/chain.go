@@ -381,9 +381,11 @@ func Verify(ctx context.Context, q Querier, pub ed25519.PublicKey) (Verdict, err
 	if err != nil || v.OK {
 		return v, err
 	}
-	if now, _, err := ReadAnchor(ctx, q); err == nil && now.ChainSeq > anchor {
-		v, _, err = verify(ctx, q, pub)
+	now, _, err := ReadAnchor(ctx, q)
+	if err != nil || now.ChainSeq <= anchor {
+		return v, err
 	}
+	v, _, err = verify(ctx, q, pub)
 	return v, err
 }
 
