@@ -360,7 +360,7 @@ func (m *SimMachine) boot(target string) {
 		Logger: m.s.log.With("machine", m.cfg.Name)}
 	needJoin, joined := true, func() {}
 	if target == fakebmc.TargetPxe {
-		tok, err := m.bootToken(ctx)
+		tok, err := m.pxeBoot(ctx)
 		if err != nil {
 			m.fail(err)
 			return
@@ -419,6 +419,38 @@ func (m *SimMachine) boot(target string) {
 	_ = session.Run(ctx, sc)
 }
 
+// pxeBoot is the firmware's network boot: it fetches the iPXE script,
+// each try bounded by 15 s, and tries again a second later while the
+// boot server does not answer (it may be between two leases' servers),
+// as a PXE ROM retries, until the machine is powered off. A script that
+// came back without a token (410: the one-time token was taken) ends it.
+func (m *SimMachine) pxeBoot(ctx context.Context) (string, error) {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		tok, err := m.bootToken(tctx)
+		cancel()
+		var status statusError
+		if err == nil || errors.As(err, &status) || ctx.Err() != nil {
+			return tok, err
+		}
+		m.fail(fmt.Errorf("network boot (trying again): %w", err))
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// statusError is an answer of the boot server other than 200.
+type statusError struct {
+	url  string
+	code int
+	body []byte
+}
+
+func (e statusError) Error() string { return fmt.Sprintf("GET %s: %d %s", e.url, e.code, e.body) }
+
 // bootToken fetches the machine's iPXE script from the site agent, as
 // iPXE does, and reads the boot token off its kernel line.
 func (m *SimMachine) bootToken(ctx context.Context) (string, error) {
@@ -434,7 +466,7 @@ func (m *SimMachine) bootToken(ctx context.Context) (string, error) {
 	defer func() { _ = resp.Body.Close() }()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %d %s", url, resp.StatusCode, b)
+		return "", statusError{url: url, code: resp.StatusCode, body: b}
 	}
 	for _, w := range strings.Fields(string(b)) {
 		if tok, ok := strings.CutPrefix(w, pxe.KernelArgBootToken+"="); ok {

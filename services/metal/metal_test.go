@@ -206,13 +206,41 @@ func (e *env) machineState(t *testing.T, id string) (string, string) {
 
 func (e *env) waitState(t *testing.T, id, want string, d time.Duration) {
 	t.Helper()
+	// While it waits, every 20 s it logs where the machine is (its step,
+	// attempts and deadline, its newest site task and command), so a
+	// timeout says where the flow stalled.
+	last := time.Now()
 	poll.Until(t, d, "machine "+id+" "+want, func() bool {
+		if time.Since(last) > 20*time.Second {
+			last = time.Now()
+			e.logFlow(t, id)
+		}
 		st, reason := e.machineState(t, id)
 		if st == "failed" && want != "failed" {
 			t.Fatalf("machine %s failed: %s", id, reason)
 		}
 		return st == want
 	})
+}
+
+// logFlow logs machine id's step and its newest site task and command.
+func (e *env) logFlow(t *testing.T, id string) {
+	t.Helper()
+	var st, purpose, boot, node, reason string
+	var attempts int
+	var deadline *time.Time
+	var now time.Time
+	_ = e.db.QueryRow(t.Context(), `SELECT state, purpose, boot, node_id, step_attempts, step_deadline, failed_reason, now()
+		FROM machines WHERE id = $1`, id).Scan(&st, &purpose, &boot, &node, &attempts, &deadline, &reason, &now)
+	var task, cmd string
+	_ = e.db.QueryRow(t.Context(), `SELECT coalesce(string_agg(kind||' '||state||' a='||attempts||' '||error, '; ' ORDER BY created_at DESC), '')
+		FROM (SELECT * FROM site_tasks WHERE machine_id = $1 ORDER BY created_at DESC LIMIT 3) x`, id).Scan(&task)
+	_ = e.db.QueryRow(t.Context(), `SELECT coalesce(string_agg(kind||' '||state||' '||reason, '; ' ORDER BY created_at DESC), '')
+		FROM (SELECT * FROM commands WHERE node_id = $1 ORDER BY created_at DESC LIMIT 3) x`, node).Scan(&cmd)
+	var ready, seen string
+	_ = e.db.QueryRow(t.Context(), `SELECT ready, coalesce(to_char(last_seen_at, 'HH24:MI:SS.MS'), '') FROM nodes WHERE id = $1`, node).Scan(&ready, &seen)
+	t.Logf("machine %s: %s (%s, boot %s) attempts=%d deadline=%v now=%s reason=%q; node %s ready=%s seen=%s; tasks [%s]; commands [%s]",
+		id, st, purpose, boot, attempts, deadline, now.Format("15:04:05.000"), reason, node, ready, seen, task, cmd)
 }
 
 func zeroed(t *testing.T, path string) bool {
