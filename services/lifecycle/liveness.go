@@ -114,6 +114,12 @@ func (l *liveness) run(ctx context.Context, rc *reconcile.RunContext, _ string) 
 			if c.LastSeenAt != nil {
 				payload["lastSeenAt"] = c.LastSeenAt.UTC().Format(time.RFC3339Nano)
 			}
+			// A node found Lost straight from True (no pass ran while it was
+			// Unknown: the job was down or slow) is announced not ready
+			// first, so every node.lost follows a node.not_ready.
+			if c.From == nodes.ReadyTrue && c.To == nodes.ReadyLost {
+				es = append(es, outbox.Event{TenantID: c.TenantID, Type: "node.not_ready", Resource: c.NodeID, Payload: payload})
+			}
 			es = append(es, outbox.Event{TenantID: c.TenantID, Type: event, Resource: c.NodeID, Payload: payload})
 		}
 		for _, t := range transitions {

@@ -170,6 +170,13 @@ func TestLivenessTransitions(t *testing.T) {
 	if got := eventsOf(t, pool, "node_3"); !eq(got, []string{"node.not_ready"}) {
 		t.Fatalf("node_3 events: %v", got)
 	}
+	// Found Lost straight from True (no pass while it was Unknown): it is
+	// announced not ready first, in the same pass.
+	seenAgo(t, pool, 3*time.Minute, "node_2")
+	tick()
+	if got := eventsOf(t, pool, "node_2"); !eq(got, []string{"node.not_ready", "node.ready", "node.not_ready", "node.lost"}) {
+		t.Fatalf("node_2 events after jumping to Lost: %v", got)
+	}
 	var payload map[string]any
 	if err := pool.QueryRow(t.Context(), `SELECT payload FROM outbox WHERE resource_id = 'node_1' AND type = 'node.lost'`).Scan(&payload); err != nil {
 		t.Fatal(err)
