@@ -31,6 +31,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 	"syscall"
 
 	"github.com/bettercompute/bettercompute/agent/command"
@@ -166,11 +167,16 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	caFile := f.str("ca", "", "PEM CA certificates that sign the gateway's certificate (default: the system's roots)")
 	serverName := f.str("server-name", "", "name on the gateway's certificate (default: the host of --gateway)")
 	nvml := f.str("nvml", inventory.BackendReal, "NVML backend: real or mock")
+	retryFor := f.str("retry-for", "2m", "how long to keep trying while the gateway is unreachable, unavailable or busy (0: try once)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
 	if *token == "" || *gateway == "" {
 		return usageError{errors.New("--token and --gateway are required")}
+	}
+	retryDur, err := time.ParseDuration(*retryFor)
+	if err != nil || retryDur < 0 || retryDur > 24*time.Hour {
+		return usageError{fmt.Errorf("--retry-for: want a duration from 0 to 24h, got %q", *retryFor)}
 	}
 	store, err := state.Open(*root)
 	if err != nil {
@@ -206,6 +212,10 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	id, err := join.Join(ctx, join.Config{
 		Gateway: *gateway, ServerName: *serverName, RootCAs: roots, Token: *token,
 		JoinserviceKey: pub, JoinserviceKeyID: cmp.Or(*keyID, pemID), State: store, Claims: inv,
+		RetryFor: retryDur,
+		OnRetry: func(attempt int, wait time.Duration, err error) {
+			fmt.Fprintf(stderr, "bcd join: attempt %d: %v; trying again in %s\n", attempt, err, wait.Round(100*time.Millisecond))
+		},
 	})
 	if err != nil {
 		return err

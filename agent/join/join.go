@@ -36,8 +36,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
+	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
@@ -80,6 +83,17 @@ type Config struct {
 	// of role ramdisk naming the node). joinservice refuses a token of the
 	// other kind, and Join refuses an answer of another role.
 	Role string
+	// OnRetry, when set, hears each attempt that will be retried: its
+	// number, the wait before the next, and its error.
+	OnRetry func(attempt int, wait time.Duration, err error)
+	// RetryFor, when positive, is how long Join keeps trying while the
+	// gateway answers UNAVAILABLE or RESOURCE_EXHAUSTED (it, or joinservice
+	// behind it, is down or restarting, or admitting too many at once) or
+	// cannot be reached: jittered back-off from 1 s to 15 s between
+	// attempts, each bounded by Timeout. Any other answer ends it at once.
+	// Zero tries once. A retried join whose first attempt did reach
+	// joinservice may find a single-use token spent: that refusal says so.
+	RetryFor time.Duration
 	// Key, when set, is the key to join with instead of State's node key:
 	// bcd ramdisk's Ed25519 key, kept in memory only (the CSR is for it,
 	// and the certificate must bind it). Nil means State.Key().
@@ -145,18 +159,38 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	resp, err := agentv1.NewNodeServiceClient(conn).Join(cctx, &agentv1.JoinRequest{
+	req := &agentv1.JoinRequest{
 		SealedToken:      sealed,
 		EncapsulatedKey:  enc,
 		JoinserviceKeyId: keyID,
 		Csr:              csr,
 		Claims:           claims,
 		Role:             cfg.Role,
-	})
-	if err != nil {
-		return state.Identity{}, fmt.Errorf("join: %w", err)
+	}
+	client := agentv1.NewNodeServiceClient(conn)
+	giveUp := time.Now().Add(cfg.RetryFor)
+	backoff := retry.Backoff{Min: time.Second, Max: 15 * time.Second}
+	var resp *agentv1.JoinResponse
+	for attempt := 1; ; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		resp, err = client.Join(cctx, req)
+		cancel()
+		if err == nil {
+			break
+		}
+		wait := backoff.Next()
+		if !Retryable(err) || ctx.Err() != nil || time.Now().Add(wait).After(giveUp) {
+			if attempt > 1 {
+				return state.Identity{}, fmt.Errorf("join: %d attempts: %w", attempt, err)
+			}
+			return state.Identity{}, fmt.Errorf("join: %w", err)
+		}
+		if cfg.OnRetry != nil {
+			cfg.OnRetry(attempt, wait, err)
+		}
+		if !retry.Sleep(ctx, wait) {
+			return state.Identity{}, fmt.Errorf("join: %w (gave up: %w)", err, ctx.Err())
+		}
 	}
 	id := state.Identity{NodeID: resp.GetNodeId(), Chain: resp.GetCertificateChain(), Bundle: resp.GetTrustBundle()}
 	if id.NodeID == "" || len(id.Chain) == 0 || len(id.Bundle) == 0 {
@@ -183,6 +217,17 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 		return state.Identity{}, err
 	}
 	return id, nil
+}
+
+// Retryable says a failed Join may succeed if tried again later: the
+// gateway (or joinservice behind it) was unavailable or admitting too many,
+// or the deadline passed before an answer.
+func Retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
+		return true
+	}
+	return false
 }
 
 // Seal seals token to pub, joinservice's raw X25519 public key, with the

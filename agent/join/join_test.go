@@ -8,8 +8,13 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
 	"github.com/bettercompute/bettercompute/agent/inventory"
@@ -169,4 +174,68 @@ func TestParsePublicKey(t *testing.T) {
 	if _, _, err := join.ParsePublicKey([]byte("nonsense")); err == nil {
 		t.Error("parsed nonsense")
 	}
+}
+
+func TestJoinRetries(t *testing.T) {
+	t.Parallel()
+
+	t.Run("UNAVAILABLE is tried again within RetryFor", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		f.cp.FailJoins(2, codes.Unavailable)
+		f.cfg.RetryFor = time.Minute
+		var retries []int
+		f.cfg.OnRetry = func(attempt int, wait time.Duration, err error) {
+			if status.Code(err) != codes.Unavailable || wait <= 0 || wait > 15*time.Second {
+				t.Errorf("retry %d after %v: %v", attempt, wait, err)
+			}
+			retries = append(retries, attempt)
+		}
+		id, err := join.Join(context.Background(), f.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.cp.JoinAttempts.Load(); got != 3 || len(retries) != 2 || !strings.HasPrefix(id.NodeID, "node_") {
+			t.Fatalf("%d attempts, retries %v, node %q", got, retries, id.NodeID)
+		}
+	})
+
+	t.Run("without RetryFor one attempt", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		f.cp.FailJoins(1, codes.Unavailable)
+		if _, err := join.Join(context.Background(), f.cfg); !join.Retryable(errors.Unwrap(err)) || !strings.Contains(err.Error(), "Unavailable") {
+			t.Fatalf("err %v, want UNAVAILABLE", err)
+		}
+		if got := f.cp.JoinAttempts.Load(); got != 1 {
+			t.Fatalf("%d attempts, want 1", got)
+		}
+	})
+
+	t.Run("a refusal is not retried", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		f.cfg.RetryFor = time.Minute
+		f.cfg.Token = "bcjt_test.wrong"
+		if _, err := join.Join(context.Background(), f.cfg); err == nil || !strings.Contains(err.Error(), "invalid join token") {
+			t.Fatalf("err %v", err)
+		}
+		if got := f.cp.JoinAttempts.Load(); got != 1 {
+			t.Fatalf("%d attempts of a refused token, want 1", got)
+		}
+	})
+
+	t.Run("gives up when RetryFor passes, saying how often it tried", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		f.cp.FailJoins(100, codes.ResourceExhausted)
+		f.cfg.RetryFor = 5 * time.Second
+		_, err := join.Join(context.Background(), f.cfg)
+		if err == nil || !strings.Contains(err.Error(), "attempts") || !strings.Contains(err.Error(), "ResourceExhausted") {
+			t.Fatalf("err %v", err)
+		}
+		if got := f.cp.JoinAttempts.Load(); got < 2 {
+			t.Fatalf("%d attempts within 5 s, want at least 2", got)
+		}
+	})
 }

@@ -80,13 +80,16 @@ type Server struct {
 	Updates chan *agentv1.CommandUpdate
 	// Heartbeats counts heartbeats.
 	Heartbeats atomic.Int64
-	// Joins counts successful joins.
-	Joins atomic.Int64
+	// Joins counts successful joins; JoinAttempts every Join call.
+	Joins        atomic.Int64
+	JoinAttempts atomic.Int64
 
 	caKey   *ecdsa.PrivateKey
 	hpkeKey hpke.PrivateKey
 
 	mu          sync.Mutex
+	failJoins   int
+	failCode    codes.Code
 	joinTTL     func() (notBefore, notAfter time.Time)
 	heartbeatMS uint32
 	nextNode    int
@@ -243,8 +246,25 @@ func (s *Server) KickSessions() int {
 	return n
 }
 
+// FailJoins makes the next n Join calls fail with code, before they look
+// at the request (a gateway whose joinservice is down answers UNAVAILABLE).
+func (s *Server) FailJoins(n int, code codes.Code) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failJoins, s.failCode = n, code
+}
+
 // Join implements agentv1.NodeServiceServer.
 func (s *Server) Join(_ context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
+	s.JoinAttempts.Add(1)
+	s.mu.Lock()
+	if s.failJoins > 0 {
+		s.failJoins--
+		code := s.failCode
+		s.mu.Unlock()
+		return nil, status.Errorf(code, "testcontrol: join refused (%s) as asked", code)
+	}
+	s.mu.Unlock()
 	if req.GetJoinserviceKeyId() != s.KeyID {
 		return nil, status.Error(codes.InvalidArgument, "unknown joinservice key")
 	}
