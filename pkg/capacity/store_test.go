@@ -14,13 +14,14 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 )
 
-// setup opens a fresh database with pool "pool_p" (root) holding nodes
+// setup opens a fresh database with pool "pool_p" (root) holding n nodes
 // adopted and schedulable, each with gpus H200s.
-func setup(t *testing.T, nodes, gpus int) *pgxpool.Pool {
+func setup(t *testing.T, n, gpus int) *pgxpool.Pool {
 	t.Helper()
 	ctx := t.Context()
 	pool, err := db.Open(ctx, db.Config{URL: pgtest.NewDB(t), MaxConns: 60})
@@ -28,21 +29,18 @@ func setup(t *testing.T, nodes, gpus int) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	mustExec(t, pool, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_p', 'root', 'p', 'gpu')`)
-	for i := range nodes {
-		addNode(t, pool, fmt.Sprintf("node_%02d", i), "adopted", 1, gpus)
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_p"})
+	for i := range n {
+		addNode(t, pool, fmt.Sprintf("node_%02d", i), nodes.StateAdopted, true, gpus)
 	}
 	return pool
 }
 
-func addNode(t *testing.T, pool *pgxpool.Pool, id, state string, observed int64, gpus int) {
+// addNode adds node id in state to pool_p with gpus H200s, seen now: live
+// (it applied its desired state), or not yet converged.
+func addNode(t *testing.T, pool *pgxpool.Pool, id, state string, live bool, gpus int) {
 	t.Helper()
-	mustExec(t, pool, `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, generation, observed_generation, last_seen_at)
-		VALUES ($1, 'root', 'pool_p', $2, $3, $1, 1, $4, now())`, id, state, shard.Of(id), observed)
-	for g := range gpus {
-		mustExec(t, pool, `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES ($1, $2, $3, 'NVIDIA H200', 150000000000)`,
-			id, fmt.Sprintf("GPU-%s-%d", id, g), g)
-	}
+	fixture.Node(t, pool, fixture.NodeOpts{ID: id, Pool: "pool_p", State: state, Live: live, Gateway: "gw-1", GPUs: gpus})
 }
 
 func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
@@ -109,9 +107,9 @@ func TestPlace(t *testing.T) {
 	t.Run("never books an unschedulable, draining or unhealthy node", func(t *testing.T) {
 		t.Parallel()
 		pool := setup(t, 0, 0)
-		addNode(t, pool, "node_new", "adopted", 0, 8)    // observedGeneration 0
-		addNode(t, pool, "node_drain", "draining", 1, 8) // draining
-		addNode(t, pool, "node_ok", "adopted", 1, 2)
+		addNode(t, pool, "node_new", nodes.StateAdopted, false, 8)    // observedGeneration 0
+		addNode(t, pool, "node_drain", nodes.StateDraining, true, 8) // draining
+		addNode(t, pool, "node_ok", nodes.StateAdopted, true, 2)
 		mustExec(t, pool, `UPDATE devices SET healthy = false WHERE node_id = 'node_ok' AND index = 1`)
 		_, err := create(t.Context(), pool, "rsv_a", "root", 2, capacity.Constraints{})
 		if fault.CodeOf(err) != fault.NoCapacity {
@@ -129,7 +127,8 @@ func TestPlace(t *testing.T) {
 	t.Run("quota is enforced across the tenant's subtree", func(t *testing.T) {
 		t.Parallel()
 		pool := setup(t, 2, 8)
-		mustExec(t, pool, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme'), ('acme.ml', 'acme', 'ml')`)
+		fixture.Tenant(t, pool, fixture.TenantOpts{ID: "acme"})
+		fixture.Tenant(t, pool, fixture.TenantOpts{ID: "acme.ml"})
 		mustExec(t, pool, `UPDATE pools SET sharing = 'descendants' WHERE id = 'pool_p'`)
 		if _, _, err := capacity.SetQuota(t.Context(), pool, capacity.Quota{PoolID: "pool_p", TenantID: "acme", GPULimit: 4}); err != nil {
 			t.Fatal(err)
@@ -154,7 +153,9 @@ func TestPlace(t *testing.T) {
 		t.Parallel()
 		pool := setup(t, 2, 8)
 		ctx := t.Context()
-		mustExec(t, pool, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme'), ('acme.ml', 'acme', 'ml'), ('beta', 'root', 'beta')`)
+		for _, id := range []string{"acme", "acme.ml", "beta"} {
+			fixture.Tenant(t, pool, fixture.TenantOpts{ID: id})
+		}
 		_, err := create(ctx, pool, "rsv_unshared", "acme", 1, capacity.Constraints{})
 		if fault.CodeOf(err) != fault.NotFound || fieldOf(err) != "poolId" {
 			t.Fatalf("unshared: want NOT_FOUND on poolId, got %v", err)

@@ -9,6 +9,8 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
@@ -19,12 +21,7 @@ import (
 // commands/s.
 func BenchmarkEnqueueSettle(b *testing.B) {
 	db := pgtest.New(b)
-	if _, err := db.Exec(b.Context(), `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_test', 'root', 'test', 'gpu')`); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := db.Exec(b.Context(), `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, session_epoch) VALUES ('node_a', 'root', 'pool_test', 'adopted', 1, 'hw', 1)`); err != nil {
-		b.Fatal(err)
-	}
+	fixture.Node(b, db, fixture.NodeOpts{ID: "node_a", State: nodes.StateAdopted, Gateway: "gw-1"})
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {

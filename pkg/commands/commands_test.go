@@ -15,25 +15,20 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// addNode adds adopted node id in a session (epoch 1, boot-1, journal-1)
+// on gateway gw-1.
 func addNode(t *testing.T, db *pgxpool.Pool, id string) {
 	t.Helper()
-	_, err := db.Exec(t.Context(), `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_test', 'root', 'test', 'gpu') ON CONFLICT DO NOTHING`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = db.Exec(t.Context(), `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, session_epoch, boot_id, journal_id)
-		VALUES ($1, 'root', 'pool_test', 'adopted', $2, $1, 1, 'boot-1', 'journal-1')`, id, shard.Of(id))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fixture.Node(t, db, fixture.NodeOpts{ID: id, State: nodes.StateAdopted, Gateway: "gw-1"})
 }
 
 func inTx[T any](t *testing.T, db *pgxpool.Pool, fn func(tx pgx.Tx, q *reconcile.Queue) (T, error)) (T, error) {

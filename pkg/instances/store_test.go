@@ -14,9 +14,10 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/instances"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
-	"github.com/bettercompute/bettercompute/pkg/shard"
+	"github.com/bettercompute/bettercompute/pkg/pools"
 )
 
 // host is a small host's size: 8 vCPUs, 16 GiB, 100 GiB of disk (the
@@ -33,7 +34,7 @@ func setup(t *testing.T, hosts, gpus int) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	mustExec(t, pool, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_v', 'root', 'v', 'vps-host')`)
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_v", Class: pools.ClassVPSHost})
 	err = instances.SetSettings(t.Context(), pool, "pool_v", instances.Settings{
 		Host:    instances.Size{VCPUs: host.VCPUs + 1, MemoryMiB: host.MemoryMiB + 1024, DiskGiB: host.DiskGiB + 10},
 		Reserve: instances.Size{VCPUs: 1, MemoryMiB: 1024, DiskGiB: 10},
@@ -49,11 +50,9 @@ func setup(t *testing.T, hosts, gpus int) *pgxpool.Pool {
 
 func addHost(t *testing.T, pool *pgxpool.Pool, id, state string, gpus int) {
 	t.Helper()
-	mustExec(t, pool, `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, generation, observed_generation, last_seen_at)
-		VALUES ($1, 'root', 'pool_v', $2, $3, $1, 1, 1, now())`, id, state, shard.Of(id))
+	fixture.Node(t, pool, fixture.NodeOpts{ID: id, Pool: "pool_v", State: state, Live: true, Gateway: "gw-1"})
 	for g := range gpus {
-		mustExec(t, pool, `INSERT INTO devices (node_id, id, index, model, memory_bytes, pci_bus_id) VALUES ($1, $2, $3, 'NVIDIA H200', 150000000000, $4)`,
-			id, fmt.Sprintf("GPU-%s-%d", id, g), g, fmt.Sprintf("0000:%02x:00.0", 0x18+g))
+		fixture.Device(t, pool, fixture.DeviceOpts{Node: id, Index: g, PCIBusID: fmt.Sprintf("0000:%02x:00.0", 0x18+g)})
 	}
 }
 
@@ -356,7 +355,8 @@ func TestPlacement(t *testing.T) {
 	t.Run("a gpu pool and a provider pool are refused", func(t *testing.T) {
 		t.Parallel()
 		pool := setup(t, 1, 0)
-		mustExec(t, pool, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_g', 'root', 'g', 'gpu'), ('pool_p', 'root', 'p', 'provider')`)
+		fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_g", Class: pools.ClassGPU})
+		fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_p", Class: pools.ClassProvider})
 		if _, err := instances.PoolOf(t.Context(), pool, "root", "pool_g"); fault.CodeOf(err) != fault.InvalidInput || fieldOf(err) != "poolId" {
 			t.Fatalf("gpu pool: %v", err)
 		}
@@ -380,7 +380,8 @@ func i64(v int64) *int64 { return &v }
 func TestQuotas(t *testing.T) {
 	t.Parallel()
 	pool := setup(t, 4, 4)
-	mustExec(t, pool, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme'), ('acme.ml', 'acme', 'ml')`)
+	fixture.Tenant(t, pool, fixture.TenantOpts{ID: "acme"})
+	fixture.Tenant(t, pool, fixture.TenantOpts{ID: "acme.ml"})
 	mustExec(t, pool, `UPDATE pools SET sharing = 'descendants'`)
 	one := instances.Size{VCPUs: 2, MemoryMiB: 2048, DiskGiB: 20, GPUs: 1}
 	for _, tc := range []struct {
@@ -457,7 +458,7 @@ func TestQuotas(t *testing.T) {
 func TestSharedPoolNeedsAnInstanceQuota(t *testing.T) {
 	t.Parallel()
 	pool := setup(t, 1, 0)
-	mustExec(t, pool, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme')`)
+	fixture.Tenant(t, pool, fixture.TenantOpts{ID: "acme"})
 	s := instances.Size{VCPUs: 1, MemoryMiB: 1, DiskGiB: 1}
 	_, err := create(t.Context(), pool, "inst_a", "acme", s)
 	wantFault(t, err, fault.NotFound, "poolId")

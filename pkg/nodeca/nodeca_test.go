@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
-	"github.com/bettercompute/bettercompute/pkg/pools"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -54,12 +54,7 @@ func TestIssueVerifyRevoke(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	if _, err := pools.Create(ctx, db, pools.Pool{ID: "pool_p", TenantID: "root", Name: "p", Class: pools.ClassGPU}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key) VALUES ('node_a', 'root', 'pool_p', 1, 'hk_a')`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Node(t, db, fixture.NodeOpts{ID: "node_a"})
 	ca, err := nodeca.Open(nodeca.Config{TrustDomain: "fleet.test", Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

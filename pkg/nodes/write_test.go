@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 )
@@ -26,12 +27,9 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func setup(t *testing.T, ids ...string) *pgxpool.Pool {
 	t.Helper()
 	db := pgtest.New(t)
-	if _, err := db.Exec(t.Context(), `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme'), ('other', 'root', 'other')`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(t.Context(), `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'acme', 'a', 'gpu')`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Tenant(t, db, fixture.TenantOpts{ID: "acme"})
+	fixture.Tenant(t, db, fixture.TenantOpts{ID: "other"})
+	fixture.Pool(t, db, fixture.PoolOpts{ID: "pool_a", Tenant: "acme"})
 	for _, id := range ids {
 		if _, err := nodes.Create(t.Context(), db, nodes.Node{ID: id, TenantID: "acme", PoolID: "pool_a", HardwareKey: "hw-" + id}); err != nil {
 			t.Fatal(err)
@@ -368,9 +366,7 @@ func waitClockPast(t *testing.T, db *pgxpool.Pool, at time.Time) {
 func TestInventoryAndLabelWrites(t *testing.T) {
 	t.Parallel()
 	db := setup(t, "node_a")
-	if _, err := db.Exec(t.Context(), `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_o', 'other', 'o', 'gpu')`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Pool(t, db, fixture.PoolOpts{ID: "pool_o", Tenant: "other"})
 	if _, err := nodes.Create(t.Context(), db, nodes.Node{ID: "node_o", TenantID: "other", PoolID: "pool_o", HardwareKey: "hw-o"}); err != nil {
 		t.Fatal(err)
 	}

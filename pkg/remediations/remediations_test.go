@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bettercompute/bettercompute/pkg/nodes"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/remediations"
 )
@@ -18,13 +18,9 @@ func TestLadderCountsAndPrune(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := t.Context()
-	if _, err := db.Exec(ctx, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'root', 'a', 'gpu')`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Pool(t, db, fixture.PoolOpts{ID: "pool_a"})
 	for _, id := range []string{"node_1", "node_2"} {
-		if _, err := nodes.Create(ctx, db, nodes.Node{ID: id, TenantID: "root", PoolID: "pool_a", HardwareKey: "hw-" + id}); err != nil {
-			t.Fatal(err)
-		}
+		fixture.Node(t, db, fixture.NodeOpts{ID: id, Pool: "pool_a"})
 	}
 	now := time.Now()
 	start := func(node, step, state string, at time.Time) remediations.Remediation {
