@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bettercompute/bettercompute/agent/internal/leaktest"
 	"github.com/bettercompute/bettercompute/agent/vps"
 	"github.com/bettercompute/bettercompute/agent/vps/seed"
 	"github.com/bettercompute/bettercompute/agent/vps/sim"
@@ -17,7 +18,7 @@ import (
 
 func TestMain(m *testing.M) {
 	sim.ServeInstance() // a re-exec'd instance runs here and never returns
-	os.Exit(m.Run())
+	leaktest.Main(m)
 }
 
 type env struct {
