@@ -11,6 +11,7 @@ require (
 )
 
 require (
+	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect

@@ -296,33 +296,40 @@ func Run(m *testing.M) int {
 }
 
 // Main is TestMain for a package that needs nothing else: it calls [Run],
-// then fails the binary if the tests left goroutines running (goleak: a
-// pool, a server or a loop that a test did not close or stop), and exits
-// with its code.
+// then fails the binary if the tests left goroutines running ([Leaks]),
+// and exits with its code.
 func Main(m *testing.M) {
 	code := Run(m)
 	if code == 0 {
-		// goleak.Find waits about a second; an embedded nats-server's file
-		// store and timer goroutines can take longer to end after its
-		// shutdown returned on a busy machine, so look again for up to 10 s.
-		// Two of an embedded nats-server's own goroutines can outlive its
-		// WaitForShutdown for good: a stream's file-store flush loop
-		// created while the server shut down, and its access-time ticker.
-		// They belong to the server library, not to code under test.
-		ignore := []goleak.Option{
-			goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
-			goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server/ats.Register.func1"),
-		}
-		err := goleak.Find(ignore...)
-		for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); {
-			err = goleak.Find(ignore...)
-		}
-		if err != nil {
+		if err := Leaks(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked by the tests:", err)
 			code = 1
 		}
 	}
 	os.Exit(code)
+}
+
+// Leaks reports the goroutines still running besides the caller's and the
+// test framework's (goleak: a pool, a server or a loop that a test did not
+// close or stop), for a TestMain that does more than [Main]; nil when none
+// are.
+func Leaks() error {
+	// goleak.Find waits about a second; an embedded nats-server's file
+	// store and timer goroutines can take longer to end after its
+	// shutdown returned on a busy machine, so look again for up to 10 s.
+	// Two of an embedded nats-server's own goroutines can outlive its
+	// WaitForShutdown for good: a stream's file-store flush loop
+	// created while the server shut down, and its access-time ticker.
+	// They belong to the server library, not to code under test.
+	ignore := []goleak.Option{
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server/ats.Register.func1"),
+	}
+	err := goleak.Find(ignore...)
+	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); {
+		err = goleak.Find(ignore...)
+	}
+	return err
 }
 
 // Shutdown closes the package's connections and stops a server it started.

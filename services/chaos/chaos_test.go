@@ -47,7 +47,14 @@ func TestMain(m *testing.M) {
 				return 1
 			}
 		}
-		return pgtest.Run(m)
+		code := pgtest.Run(m)
+		if code == 0 {
+			if err := pgtest.Leaks(); err != nil {
+				fmt.Fprintln(os.Stderr, "chaos: goroutines leaked by the tests:", err)
+				code = 1
+			}
+		}
+		return code
 	}()
 	os.Exit(code)
 }
