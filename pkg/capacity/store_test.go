@@ -107,7 +107,7 @@ func TestPlace(t *testing.T) {
 	t.Run("never books an unschedulable, draining or unhealthy node", func(t *testing.T) {
 		t.Parallel()
 		pool := setup(t, 0, 0)
-		addNode(t, pool, "node_new", nodes.StateAdopted, false, 8)    // observedGeneration 0
+		addNode(t, pool, "node_new", nodes.StateAdopted, false, 8)   // observedGeneration 0
 		addNode(t, pool, "node_drain", nodes.StateDraining, true, 8) // draining
 		addNode(t, pool, "node_ok", nodes.StateAdopted, true, 2)
 		mustExec(t, pool, `UPDATE devices SET healthy = false WHERE node_id = 'node_ok' AND index = 1`)

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/secrets"
 )
@@ -100,9 +101,7 @@ func TestSealedAtRest(t *testing.T) {
 	}
 	// The row copied onto another id (or tenant) does not open there.
 	other := secrets.NewID()
-	if _, err := db.Exec(ctx, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme')`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Tenant(t, db, fixture.TenantOpts{ID: "acme"})
 	if _, err := db.Exec(ctx, `INSERT INTO secrets (id, tenant_id, kind, key_id, nonce, ciphertext)
 		SELECT $2, tenant_id, kind, key_id, nonce, ciphertext FROM secrets WHERE id = $1`, id, other); err != nil {
 		t.Fatal(err)

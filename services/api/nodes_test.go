@@ -10,16 +10,18 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/jointoken"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/services/api"
@@ -241,10 +243,8 @@ func TestNodes(t *testing.T) {
 		session_epoch = 3, gateway_id = 'gw-1', last_seen_at = now() WHERE id = $1`, adopted); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.db.Exec(bg, `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES
-		($1, 'GPU-b', 1, 'NVIDIA H200', 150000000000), ($1, 'GPU-a', 0, 'NVIDIA H200', 150000000000)`, adopted); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Device(t, h.db, fixture.DeviceOpts{Node: adopted, ID: "GPU-b", Index: 1})
+	fixture.Device(t, h.db, fixture.DeviceOpts{Node: adopted, ID: "GPU-a", Index: 0})
 
 	t.Run("update labels, and what bad updates get", func(t *testing.T) {
 		cur, err := nodesC.Get(as(acmeKey), &computev1.NodesServiceGetRequest{TenantId: "acme", NodeId: ids[2]})

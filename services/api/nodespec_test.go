@@ -12,10 +12,11 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/api"
 )
 
@@ -35,10 +36,7 @@ func TestNodesGetSpec(t *testing.T) {
 	if _, err := h.db.Exec(ctx, `UPDATE pools SET site = '{"logLevel": "debug"}' WHERE id = $1`, poolID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.db.Exec(ctx, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key, state, labels)
-		VALUES ('node_x', 'acme', $1, $2, 'hwx', 'adopted', '{"rack":"r1"}')`, poolID, shard.Of("node_x")); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Node(t, h.db, fixture.NodeOpts{ID: "node_x", Tenant: "acme", Pool: poolID, State: nodes.StateAdopted, Labels: map[string]string{"rack": "r1"}})
 	if err := authz.Put(ctx, h.db, authz.Resource{Type: authz.TypeNode, ID: "node_x", TenantID: "acme", PoolID: poolID}); err != nil {
 		t.Fatal(err)
 	}

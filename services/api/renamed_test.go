@@ -16,7 +16,8 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
-	"github.com/bettercompute/bettercompute/pkg/shard"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/services/api"
 )
 
@@ -154,10 +155,7 @@ func TestNodesGetByNodeID(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := p.GetPool().GetId()
-	if _, err := h.db.Exec(ctx, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key, state)
-		VALUES ('node_x', 'root', $1, $2, 'hwx', 'adopted')`, pool, shard.Of("node_x")); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Node(t, h.db, fixture.NodeOpts{ID: "node_x", Pool: pool, State: nodes.StateAdopted})
 	if err := authz.Put(ctx, h.db, authz.Resource{Type: authz.TypeNode, ID: "node_x", TenantID: "root", PoolID: pool}); err != nil {
 		t.Fatal(err)
 	}

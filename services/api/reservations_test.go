@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,8 +12,9 @@ import (
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/poll"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/api"
 )
 
@@ -32,19 +32,11 @@ func (h *harness) gpuPool(t testing.TB, name string, nodes, gpus int) string {
 	return p.GetPool().GetId()
 }
 
+// node adds node id, adopted and seen now, to pool with gpus H200s: live
+// when observed is 1, or never having applied its desired state when 0.
 func (h *harness) node(t testing.TB, pool, id string, observed int64, gpus int) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := h.db.Exec(ctx, `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, generation, observed_generation, last_seen_at)
-		VALUES ($1, 'root', $2, 'adopted', $3, $1, 1, $4, now())`, id, pool, shard.Of(id), observed); err != nil {
-		t.Fatal(err)
-	}
-	for g := range gpus {
-		if _, err := h.db.Exec(ctx, `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES ($1, $2, $3, 'NVIDIA H200', 150000000000)`,
-			id, fmt.Sprintf("GPU-%s-%d", id, g), g); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fixture.Node(t, h.db, fixture.NodeOpts{ID: id, Pool: pool, State: nodes.StateAdopted, Live: observed >= 1, Gateway: "gw-1", GPUs: gpus})
 }
 
 func TestReservationsCreate(t *testing.T) {

@@ -10,9 +10,9 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/app"
 )
 
@@ -36,15 +36,11 @@ func TestCommandSweeperRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	for _, q := range []string{
-		`INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_s', 'root', 's', 'gpu')`,
-		`INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key) VALUES ('node_s', 'root', 'pool_s', ` + itoa(shard.Of("node_s")) + `, 'hw-s')`,
-		`INSERT INTO commands (id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after)
-		 VALUES ('cmd_s', 'root', 'node_s', 1, 'diag.nvml', '\x0a00', 'k', now() - interval '1 second')`,
-	} {
-		if _, err := db.Exec(t.Context(), q); err != nil {
-			t.Fatal(err)
-		}
+	fixture.Node(t, db, fixture.NodeOpts{ID: "node_s"})
+	// Already past its deadline, which no enqueue would accept.
+	if _, err := db.Exec(t.Context(), `INSERT INTO commands (id, tenant_id, node_id, seq, kind, payload, idempotency_key, not_after)
+		VALUES ('cmd_s', 'root', 'node_s', 1, 'diag.nvml', '\x0a00', 'k', now() - interval '1 second')`); err != nil {
+		t.Fatal(err)
 	}
 	poll.UntilNil(t, 20*time.Second, "the command-sweeper role to expire the command", func() error {
 		c, err := commands.Lookup(t.Context(), db, "node_s", "cmd_s")
@@ -102,15 +98,4 @@ func TestGatewayCannotForgeDestructiveCommands(t *testing.T) {
 	if dispatch.Signs() || admit.Signs() {
 		t.Fatal("a gateway process holds the command-signing key")
 	}
-}
-
-func itoa(n int) string {
-	b := []byte{}
-	if n == 0 {
-		return "0"
-	}
-	for ; n > 0; n /= 10 {
-		b = append([]byte{byte('0' + n%10)}, b...)
-	}
-	return string(b)
 }

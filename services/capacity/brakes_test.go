@@ -11,6 +11,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/brakes"
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/services/capacity"
 	"github.com/bettercompute/bettercompute/services/lifecycle"
@@ -30,7 +31,7 @@ func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unloc
 // placer (scheduler role) and the liveness job (controllers role), which
 // marks nodes Lost and opens the breakers.
 type braked struct {
-	*fixture
+	*harness
 	rt    *reconcile.Runtime
 	clock *clock
 }
@@ -55,7 +56,7 @@ func newBraked(t *testing.T, nodes, gpus int, policy string) *braked {
 		}
 	}
 	t.Cleanup(rt.Stop)
-	return &braked{fixture: f, rt: rt, clock: c}
+	return &braked{harness: f, rt: rt, clock: c}
 }
 
 func ids(ns ...int) []string {
@@ -75,7 +76,7 @@ func (b *braked) book(t *testing.T, id string, n int, on ...string) {
 	b.enqueue(t, capacity.KindReservations, "pool_p")
 	tick(t, b.rt, capacity.KindReservations)
 	b.exec(t, `UPDATE nodes SET state = 'adopted' WHERE state = 'adopting'`)
-	r := state(t, b.fixture, id)
+	r := state(t, b.harness, id)
 	if r.State != capstore.StatePlaced {
 		t.Fatalf("%s: %s %s", id, r.State, r.Reason)
 	}
@@ -149,7 +150,7 @@ func TestPlacerBrakesPausePool(t *testing.T) {
 		b.clock.Add(time.Minute) // tokens are not what holds it
 		b.pass(t)
 	}
-	if r := state(t, b.fixture, "rsv_a"); r.State != capstore.StatePlaced || b.on(t, booked...) != 6 {
+	if r := state(t, b.harness, "rsv_a"); r.State != capstore.StatePlaced || b.on(t, booked...) != 6 {
 		t.Fatalf("paused, yet the placer acted: %s %s, %d on the lost nodes", r.State, r.Reason, b.on(t, booked...))
 	}
 	if n := b.events(t, "reservation.replaced") + b.events(t, "reservation.failed"); n != 0 {
@@ -169,7 +170,7 @@ func TestPlacerBrakesPausePool(t *testing.T) {
 		}
 		b.clock.Add(10 * time.Second)
 	}
-	if r := state(t, b.fixture, "rsv_a"); r.State != capstore.StatePlaced || len(r.Bookings) != 6 || b.events(t, "reservation.replaced") != 3 {
+	if r := state(t, b.harness, "rsv_a"); r.State != capstore.StatePlaced || len(r.Bookings) != 6 || b.events(t, "reservation.replaced") != 3 {
 		t.Fatalf("after resuming: %+v", r)
 	}
 }
@@ -180,7 +181,7 @@ func TestPlacerBrakesPausePool(t *testing.T) {
 func TestPlacerBrakesPauseGateway(t *testing.T) {
 	t.Parallel()
 	b := newBraked(t, 10, 2, capacity.LostNodeReplace)
-	b.exec(t, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_q', 'root', 'q', 'gpu')`)
+	fixture.Pool(t, b.db, fixture.PoolOpts{ID: "pool_q"})
 	b.exec(t, `UPDATE nodes SET pool_id = 'pool_q' WHERE id = ANY($1)`, ids(5, 6, 7, 8, 9))
 	// gw-1 last held 0, 1 (pool_p) and 5, 6 (pool_q); gw-2 the rest.
 	b.exec(t, `UPDATE nodes SET gateway_id = CASE WHEN id = ANY($1) THEN 'gw-1' ELSE 'gw-2' END`, ids(0, 1, 5, 6))
@@ -284,7 +285,7 @@ func TestPlacerBrakesSpareIntent(t *testing.T) {
 	b.exec(t, `UPDATE nodes SET state = 'drained' WHERE id = 'node_01'`)
 	b.pass(t)
 	for id, want := range map[string]string{"rsv_failed": "failed", "rsv_drained": "failed", "rsv_unseen": "placed"} {
-		if r := state(t, b.fixture, id); r.State != want {
+		if r := state(t, b.harness, id); r.State != want {
 			t.Fatalf("%s: %s (%s), want %s", id, r.State, r.Reason, want)
 		}
 	}

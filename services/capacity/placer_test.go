@@ -12,50 +12,45 @@ import (
 
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/capacity"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-type fixture struct {
+type harness struct {
 	db *pgxpool.Pool
 }
 
-// setup opens a database with pool "pool_p" of nodes (adopted, schedulable,
+// setup opens a database with pool "pool_p" of n nodes (adopted, schedulable,
 // live) with gpus H200s each.
-func setup(t *testing.T, nodes, gpus int) *fixture {
+func setup(t *testing.T, n, gpus int) *harness {
 	t.Helper()
 	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	f := &fixture{db: pool}
-	f.exec(t, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_p', 'root', 'p', 'gpu')`)
-	for i := range nodes {
-		id := fmt.Sprintf("node_%02d", i)
-		f.exec(t, `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, generation, observed_generation, last_seen_at)
-			VALUES ($1, 'root', 'pool_p', 'adopted', $2, $1, 1, 1, now())`, id, shard.Of(id))
-		for g := range gpus {
-			f.exec(t, `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES ($1, $2, $3, 'NVIDIA H200', 150000000000)`,
-				id, fmt.Sprintf("GPU-%s-%d", id, g), g)
-		}
+	f := &harness{db: pool}
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_p"})
+	for i := range n {
+		fixture.Node(t, pool, fixture.NodeOpts{ID: fmt.Sprintf("node_%02d", i), Pool: "pool_p", State: nodes.StateAdopted, Live: true, GPUs: gpus})
 	}
 	return f
 }
 
-func (f *fixture) exec(t *testing.T, sql string, args ...any) {
+func (f *harness) exec(t *testing.T, sql string, args ...any) {
 	t.Helper()
 	if _, err := f.db.Exec(t.Context(), sql, args...); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func (f *fixture) count(t *testing.T, sql string, args ...any) int {
+func (f *harness) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := f.db.QueryRow(t.Context(), sql, args...).Scan(&n); err != nil {
@@ -66,7 +61,7 @@ func (f *fixture) count(t *testing.T, sql string, args ...any) int {
 
 // runtime is one scheduler process: the capacity reconcilers on their own
 // membership, driven by Tick.
-func (f *fixture) runtime(t *testing.T, cfg capacity.Config) *reconcile.Runtime {
+func (f *harness) runtime(t *testing.T, cfg capacity.Config) *reconcile.Runtime {
 	t.Helper()
 	rt, err := reconcile.New(f.db, nil, reconcile.Config{Roles: []string{reconcile.RoleScheduler}, Heartbeat: time.Hour, LeaseTTL: 3 * time.Hour})
 	if err != nil {
@@ -85,14 +80,14 @@ func (f *fixture) runtime(t *testing.T, cfg capacity.Config) *reconcile.Runtime 
 	return rt
 }
 
-func (f *fixture) pending(t *testing.T, id string, n int, start *time.Time) {
+func (f *harness) pending(t *testing.T, id string, n int, start *time.Time) {
 	t.Helper()
 	if err := capstore.Insert(t.Context(), f.db, capstore.Reservation{ID: id, TenantID: "root", PoolID: "pool_p", GPUCount: n, StartTime: start}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func (f *fixture) enqueue(t *testing.T, kind, key string) {
+func (f *harness) enqueue(t *testing.T, kind, key string) {
 	t.Helper()
 	if err := workqueue.Enqueue(t.Context(), f.db, kind, key); err != nil {
 		t.Fatal(err)
@@ -108,7 +103,7 @@ func tick(t *testing.T, rt *reconcile.Runtime, kinds ...string) {
 	}
 }
 
-func state(t *testing.T, f *fixture, id string) capstore.Reservation {
+func state(t *testing.T, f *harness, id string) capstore.Reservation {
 	t.Helper()
 	r, err := capstore.Get(t.Context(), f.db, "root", id)
 	if err != nil {
@@ -293,7 +288,7 @@ func TestPlacerLifecycle(t *testing.T) {
 func TestPlacerRespectsPoolSharing(t *testing.T) {
 	t.Parallel()
 	f := setup(t, 2, 8)
-	f.exec(t, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme')`)
+	fixture.Tenant(t, f.db, fixture.TenantOpts{ID: "acme"})
 	f.exec(t, `UPDATE pools SET sharing = 'descendants', default_quota = 4 WHERE id = 'pool_p'`)
 	rt := f.runtime(t, capacity.Config{LostNode: capacity.LostNodeReplace})
 	past := time.Now().Add(-time.Minute)

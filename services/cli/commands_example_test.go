@@ -10,8 +10,9 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/app"
 )
 
@@ -42,14 +43,8 @@ func TestCommandsExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	const node = "node_cli1"
-	for _, q := range []string{
-		`INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_cli', 'root', 'cli', 'gpu')`,
-		`INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key) VALUES ('` + node + `', 'root', 'pool_cli', 'adopted', ` + itoa(shard.Of(node)) + `, 'hw-cli')`,
-	} {
-		if _, err := db.Exec(t.Context(), q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fixture.Pool(t, db, fixture.PoolOpts{ID: "pool_cli"})
+	fixture.Node(t, db, fixture.NodeOpts{ID: node, Pool: "pool_cli", State: nodes.StateAdopted})
 	if err := authz.Put(t.Context(), db, authz.Resource{Type: authz.TypeNode, ID: node, TenantID: "root", PoolID: "pool_cli"}); err != nil {
 		t.Fatal(err)
 	}
@@ -89,9 +84,4 @@ func TestCommandsExample(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil || got.Command.ID != run.Command.ID || got.Command.Kind != "inventory.refresh" {
 		t.Fatalf("commands.get printed %s (%v)", out, err)
 	}
-}
-
-func itoa(n int) string {
-	b, _ := json.Marshal(n)
-	return string(b)
 }

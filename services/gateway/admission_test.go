@@ -20,10 +20,10 @@ import (
 
 // admissionFixture is a gateway that admits one session a second, a burst
 // of burst, each waiting up to wait.
-func admissionFixture(t *testing.T, burst int, wait time.Duration) *fixture {
+func admissionFixture(t *testing.T, burst int, wait time.Duration) *harness {
 	t.Helper()
 	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	f := &fixture{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}, signer: commands.NewSigner(key)}
+	f := &harness{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}, signer: commands.NewSigner(key)}
 	f.tune = func(c *gateway.Config) { c.AdmitRate, c.AdmitBurst, c.AdmitWait = 1, burst, wait }
 	f.gw, f.addr = f.serve(t, "gw-1")
 	return f

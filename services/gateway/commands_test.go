@@ -28,7 +28,7 @@ type daemon struct {
 	msgs   chan *agentv1.SessionResponse
 }
 
-func (f *fixture) connect(t testing.TB, id, boot, journal string) *daemon {
+func (f *harness) connect(t testing.TB, id, boot, journal string) *daemon {
 	t.Helper()
 	cert := f.ca.node(t, id)
 	c := f.client(t, f.addr, &cert)
@@ -96,7 +96,7 @@ func (d *daemon) update(c *agentv1.Command, o agentv1.CommandOutcome, rc agentv1
 	}
 }
 
-func (f *fixture) enqueue(t testing.TB, node, kind, key string, payload any) commands.Command {
+func (f *harness) enqueue(t testing.TB, node, kind, key string, payload any) commands.Command {
 	t.Helper()
 	var c commands.Command
 	err := reconcile.InTx(t.Context(), f.db, nil, func(tx pgx.Tx, _ *reconcile.Queue) error {
@@ -110,7 +110,7 @@ func (f *fixture) enqueue(t testing.TB, node, kind, key string, payload any) com
 	return c
 }
 
-func (f *fixture) state(t testing.TB, id string) (commands.State, string) {
+func (f *harness) state(t testing.TB, id string) (commands.State, string) {
 	t.Helper()
 	var s, reason string
 	if err := f.db.QueryRow(t.Context(), `SELECT state, reason FROM commands WHERE id = $1`, id).Scan(&s, &reason); err != nil {
@@ -119,7 +119,7 @@ func (f *fixture) state(t testing.TB, id string) (commands.State, string) {
 	return commands.State(s), reason
 }
 
-func (f *fixture) waitState(t testing.TB, id string, want commands.State) {
+func (f *harness) waitState(t testing.TB, id string, want commands.State) {
 	t.Helper()
 	poll.Until(t, 15*time.Second, "command "+id+" to be "+string(want), func() bool {
 		s, _ := f.state(t, id)

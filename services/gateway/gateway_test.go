@@ -29,9 +29,9 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/gateway"
 )
 
@@ -106,14 +106,14 @@ func (j *joiner) Renew(_ context.Context, chain []*x509.Certificate, _ *agentv1.
 	return &agentv1.RenewResponse{}, nil
 }
 
-type fixture struct {
+type harness struct {
 	ca      *testCA
 	db      *pgxpool.Pool
 	gw      *gateway.Gateway
 	addr    string
 	joiner  *joiner
 	revoked map[string]bool
-	// signer is the command-signing key of the api side: fixture.enqueue
+	// signer is the command-signing key of the api side: harness.enqueue
 	// signs with it, the gateway never sees it.
 	signer *commands.Signer
 	// tune, set before serve, changes the gateway's configuration.
@@ -121,16 +121,16 @@ type fixture struct {
 	mu   sync.Mutex // guards revoked once serving
 }
 
-func setup(t testing.TB) *fixture {
+func setup(t testing.TB) *harness {
 	t.Helper()
 	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	f := &fixture{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}, signer: commands.NewSigner(key)}
+	f := &harness{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}, signer: commands.NewSigner(key)}
 	f.gw, f.addr = f.serve(t, "gw-1")
 	return f
 }
 
 // serve runs a gateway over mTLS on a free port.
-func (f *fixture) serve(t testing.TB, id string) (*gateway.Gateway, string) {
+func (f *harness) serve(t testing.TB, id string) (*gateway.Gateway, string) {
 	t.Helper()
 	cfg := gateway.Config{
 		ID: id, DB: f.db, Joiner: f.joiner, TrustDomain: trustDomain,
@@ -174,27 +174,20 @@ func (f *fixture) serve(t testing.TB, id string) (*gateway.Gateway, string) {
 	return gw, ln.Addr().String()
 }
 
-// revoke makes the fixture's revocation check refuse serial.
-func (f *fixture) revoke(serial string) {
+// revoke makes the harness's revocation check refuse serial.
+func (f *harness) revoke(serial string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.revoked[serial] = true
 }
 
-func (f *fixture) addNode(t testing.TB, id string) {
+// addNode adds node id, adopting (as a join leaves it), in a pool of its own.
+func (f *harness) addNode(t testing.TB, id string) {
 	t.Helper()
-	_, err := f.db.Exec(t.Context(), `
-		INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_test', 'root', 'test', 'gpu') ON CONFLICT DO NOTHING;`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.db.Exec(t.Context(), `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key) VALUES ($1, 'root', 'pool_test', 'adopting', $2, $1)`, id, shard.Of(id))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fixture.Node(t, f.db, fixture.NodeOpts{ID: id})
 }
 
-func (f *fixture) client(t testing.TB, addr string, cert *tls.Certificate) agentv1.NodeServiceClient {
+func (f *harness) client(t testing.TB, addr string, cert *tls.Certificate) agentv1.NodeServiceClient {
 	t.Helper()
 	cfg := &tls.Config{RootCAs: f.ca.pool, ServerName: "gateway.test", MinVersion: tls.VersionTLS13}
 	if cert != nil {

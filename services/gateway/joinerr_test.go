@@ -35,7 +35,7 @@ func (rawJoiner) Renew(context.Context, []*x509.Certificate, *agentv1.RenewReque
 // not a gRPC status INTERNAL with a generic message.
 func TestJoinRawErrorTextNeverReachesTheCaller(t *testing.T) {
 	t.Parallel()
-	f := &fixture{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{},
+	f := &harness{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{},
 		tune: func(c *gateway.Config) { c.Joiner = rawJoiner{} }}
 	_, addr := f.serve(t, "gw-raw")
 	_, err := f.client(t, addr, nil).Join(t.Context(), &agentv1.JoinRequest{})

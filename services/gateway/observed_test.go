@@ -34,7 +34,7 @@ func TestObservedReportsOfManySessionsAreStoredOnceEach(t *testing.T) {
 // no Waiting for every node.
 func TestObservedWakesOnlyTheNodesAKindWaitsOn(t *testing.T) {
 	t.Parallel()
-	f := &fixture{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}}
+	f := &harness{ca: newCA(t), db: pgtest.New(t), joiner: &joiner{}, revoked: map[string]bool{}}
 	var asked sync.Map
 	kinds := []gateway.ObservedKind{
 		{Kind: "test.even", Waiting: func(ctx context.Context, tx pgx.Tx, ids []string) ([]string, error) {
@@ -88,7 +88,7 @@ func TestObservedWakesOnlyTheNodesAKindWaitsOn(t *testing.T) {
 // converge connects n nodes (node_00, …) adopted at generation 1, has each
 // report Observed at 1 at once, and checks every report was stored once,
 // with one node.converged each. It returns the node ids.
-func converge(t *testing.T, f *fixture, n int) []string {
+func converge(t *testing.T, f *harness, n int) []string {
 	t.Helper()
 	var ids []string
 	for i := range n {

@@ -25,11 +25,11 @@ import (
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/jointoken"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
-	"github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/sites"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/joinservice"
@@ -125,7 +125,7 @@ func setupSite(t *testing.T) *siteFixture {
 	return f
 }
 
-// token mints a site token of uses for the fixture's site.
+// token mints a site token of uses for the harness's site.
 func (f *siteFixture) token(t *testing.T, uses int) string {
 	t.Helper()
 	m := sites.MintToken()
@@ -374,12 +374,8 @@ func TestSiteAndNodeIdentitiesDoNotCross(t *testing.T) {
 	siteCert := tls.Certificate{Certificate: id.Stored.Chain, PrivateKey: key}
 
 	// A node, with a recorded certificate of the same CA.
-	if _, err := pools.Create(ctx, f.db, pools.Pool{ID: "pool_p", TenantID: "root", Name: "p", Class: pools.ClassGPU}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.db.Exec(ctx, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key) VALUES ('node_a', 'root', 'pool_p', 1, 'hk_a')`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Pool(t, f.db, fixture.PoolOpts{ID: "pool_p"})
+	fixture.Node(t, f.db, fixture.NodeOpts{ID: "node_a", Pool: "pool_p"})
 	nodeKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	chain, err := f.ca.IssueNode(ctx, f.db, "node_a", nodeKey.Public())
 	if err != nil {

@@ -15,9 +15,9 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/inventory"
 )
@@ -41,13 +41,8 @@ func setup(t *testing.T) (*pgxpool.Pool, *reconcile.Runtime) {
 		}
 	}
 	t.Cleanup(rt.Stop)
-	if _, err := pool.Exec(t.Context(), `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'root', 'a', 'gpu')`); err != nil {
-		t.Fatal(err)
-	}
-	_, err = pool.Exec(t.Context(), `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key) VALUES ('node_1', 'root', 'pool_a', $1, 'hw1')`, shard.Of("node_1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_a"})
+	fixture.Node(t, pool, fixture.NodeOpts{ID: "node_1", Pool: "pool_a"})
 	return pool, rt
 }
 

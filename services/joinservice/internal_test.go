@@ -22,7 +22,7 @@ import (
 
 // serveInternal runs the internal listener of f's joinservice on loopback,
 // with cert (nil: one the CA mints) and returns its address.
-func serveInternal(t *testing.T, f *fixture, cert *tls.Certificate) string {
+func serveInternal(t *testing.T, f *harness, cert *tls.Certificate) string {
 	t.Helper()
 	gs, err := joinservice.NewInternalServer(f.svc, joinservice.InternalConfig{Certificate: cert, Hosts: []string{"127.0.0.1"}})
 	if err != nil {
@@ -58,7 +58,7 @@ func gatewayCert(t *testing.T, ca *nodeca.CA, name string) tls.Certificate {
 	return c
 }
 
-func relayClient(t *testing.T, f *fixture, cert tls.Certificate, addrs ...string) *joinservice.Client {
+func relayClient(t *testing.T, f *harness, cert tls.Certificate, addrs ...string) *joinservice.Client {
 	t.Helper()
 	c, err := joinservice.NewClient(joinservice.ClientConfig{Addrs: addrs, Certificate: cert, RootCAs: f.ca.Pool(), TrustDomain: trustDomain})
 	if err != nil {
@@ -69,7 +69,7 @@ func relayClient(t *testing.T, f *fixture, cert tls.Certificate, addrs ...string
 }
 
 // dialInternal dials the internal listener directly, presenting certs.
-func dialInternal(t *testing.T, f *fixture, addr string, certs ...tls.Certificate) agentv1.NodeServiceClient {
+func dialInternal(t *testing.T, f *harness, addr string, certs ...tls.Certificate) agentv1.NodeServiceClient {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
 		RootCAs: f.ca.Pool(), ServerName: "127.0.0.1", Certificates: certs, MinVersion: tls.VersionTLS13,

@@ -31,6 +31,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/attest"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/jointoken"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
@@ -62,7 +63,7 @@ func (c *clock) Advance(d time.Duration) {
 
 const trustDomain = "fleet.test"
 
-type fixture struct {
+type harness struct {
 	db    *pgxpool.Pool
 	clock *clock
 	ca    *nodeca.CA
@@ -71,9 +72,9 @@ type fixture struct {
 	pool  string
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t *testing.T) *harness {
 	t.Helper()
-	f := &fixture{db: pgtest.New(t), clock: &clock{t: time.Now()}}
+	f := &harness{db: pgtest.New(t), clock: &clock{t: time.Now()}}
 	var err error
 	if f.ca, err = nodeca.Open(nodeca.Config{TrustDomain: trustDomain, Dir: t.TempDir(), Now: f.clock.Now}); err != nil {
 		t.Fatal(err)
@@ -92,8 +93,8 @@ func setup(t *testing.T) *fixture {
 	return f
 }
 
-// token mints a token in the fixture's pool.
-func (f *fixture) token(t *testing.T, tok jointoken.Token) string {
+// token mints a token in the harness's pool.
+func (f *harness) token(t *testing.T, tok jointoken.Token) string {
 	t.Helper()
 	s := jointoken.Mint()
 	tok.ID, tok.TenantID, tok.PoolID = s.ID, "root", f.pool
@@ -156,7 +157,7 @@ func claims(serial string, n int) *agentv1.HardwareClaims {
 
 // request is a well-formed join request for token from the hardware of
 // serial, for key k.
-func (f *fixture) request(t *testing.T, token, serial string, k crypto.Signer) *agentv1.JoinRequest {
+func (f *harness) request(t *testing.T, token, serial string, k crypto.Signer) *agentv1.JoinRequest {
 	t.Helper()
 	csr := csrFor(t, k)
 	enc, sealed := seal(t, f.key.PublicKey(), token, csr)
@@ -460,13 +461,8 @@ func TestAnotherTenantCannotBlockAJoinWithCopiedClaims(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	if _, err := f.db.Exec(ctx, `INSERT INTO tenants (id, parent_id, name) VALUES ('mallory', 'root', 'mallory')`); err != nil {
-		t.Fatal(err)
-	}
-	mp, err := pools.Create(ctx, f.db, pools.Pool{ID: "pool_m", TenantID: "mallory", Name: "m", Class: pools.ClassGPU})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fixture.Tenant(t, f.db, fixture.TenantOpts{ID: "mallory"})
+	mp := fixture.Pool(t, f.db, fixture.PoolOpts{ID: "pool_m", Tenant: "mallory"})
 	s := jointoken.Mint()
 	if _, err := jointoken.Create(ctx, f.db, jointoken.Token{ID: s.ID, TenantID: "mallory", PoolID: mp.ID, Uses: 1}, s.Hash); err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@ func ramdiskKey(t *testing.T) ed25519.PrivateKey {
 	return k
 }
 
-func certRole(t *testing.T, f *fixture, serial string) string {
+func certRole(t *testing.T, f *harness, serial string) string {
 	t.Helper()
 	role, err := nodeca.CertificateRole(context.Background(), f.db, serial)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 )
 
 // siteToken makes a site and a site token of uses for it.
-func (f *fixture) siteToken(t *testing.T, uses int) (siteID, token string) {
+func (f *harness) siteToken(t *testing.T, uses int) (siteID, token string) {
 	t.Helper()
 	ctx := context.Background()
 	s, err := sites.Create(ctx, f.db, sites.Site{ID: sites.NewID(), TenantID: "root", Name: "fra1"})
@@ -31,7 +31,7 @@ func (f *fixture) siteToken(t *testing.T, uses int) (siteID, token string) {
 	return s.ID, m.Token
 }
 
-func (f *fixture) siteRequest(t *testing.T, token, hostname string, role string) (*agentv1.JoinRequest, []byte) {
+func (f *harness) siteRequest(t *testing.T, token, hostname string, role string) (*agentv1.JoinRequest, []byte) {
 	t.Helper()
 	k := newKey(t)
 	csr := csrFor(t, k)
@@ -40,7 +40,7 @@ func (f *fixture) siteRequest(t *testing.T, token, hostname string, role string)
 		Claims: &agentv1.HardwareClaims{Hostname: hostname}, Role: role}, csr
 }
 
-func (f *fixture) usesLeft(t *testing.T, table string) int {
+func (f *harness) usesLeft(t *testing.T, table string) int {
 	t.Helper()
 	var n int
 	if err := f.db.QueryRow(context.Background(), `SELECT uses_left FROM `+table).Scan(&n); err != nil {

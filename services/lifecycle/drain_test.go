@@ -2,7 +2,6 @@ package lifecycle_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -13,12 +12,12 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/bus"
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/capacity"
 	"github.com/bettercompute/bettercompute/services/lifecycle"
@@ -41,14 +40,9 @@ func newDrainFixture(t *testing.T, lostNode string, ids []string, gpus int) *dra
 	}
 	t.Cleanup(pool.Close)
 	f := &drainFixture{db: pool}
-	f.exec(t, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_p', 'root', 'p', 'gpu')`)
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_p"})
 	for _, id := range ids {
-		f.exec(t, `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, generation, observed_generation, last_seen_at)
-			VALUES ($1, 'root', 'pool_p', 'adopted', $2, $1, 1, 1, now())`, id, shard.Of(id))
-		for g := range gpus {
-			f.exec(t, `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES ($1, $2, $3, 'NVIDIA H200', 150000000000)`,
-				id, fmt.Sprintf("GPU-%s-%d", id, g), g)
-		}
+		fixture.Node(t, pool, fixture.NodeOpts{ID: id, Pool: "pool_p", State: nodes.StateAdopted, Live: true, GPUs: gpus})
 		f.exec(t, `INSERT INTO node_certificates (serial, node_id, not_before, not_after) VALUES ($1, $2, now(), now() + interval '1 day')`, "serial-"+id, id)
 	}
 	f.rt, err = reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers, reconcile.RoleScheduler}, Heartbeat: time.Hour, LeaseTTL: 3 * time.Hour})
@@ -357,9 +351,7 @@ func TestDrainChaosBusStopped(t *testing.T) {
 	if _, err := pool.Exec(t.Context(), `UPDATE nodes SET state = 'adopted', generation = 1, observed_generation = 1`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(t.Context(), `INSERT INTO devices (node_id, id, index, model, memory_bytes) VALUES ('node_1', 'GPU-1', 0, 'NVIDIA H200', 1)`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Device(t, pool, fixture.DeviceOpts{Node: "node_1", ID: "GPU-1", MemoryBytes: 1})
 	if err := capstore.Insert(t.Context(), pool, capstore.Reservation{ID: "rsv_1", TenantID: "root", PoolID: "pool_a", GPUCount: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/bus"
 	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
@@ -32,16 +33,9 @@ func newPool(t *testing.T, ids ...string) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(t.Context(), `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'root', 'a', 'gpu')`); err != nil {
-		t.Fatal(err)
-	}
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_a"})
 	for _, id := range ids {
-		if _, err := nodes.Create(t.Context(), pool, nodes.Node{ID: id, TenantID: "root", PoolID: "pool_a", HardwareKey: "hw-" + id}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := nodes.OpenSession(t.Context(), pool, id, "gw-1", "boot", "journal"); err != nil {
-			t.Fatal(err)
-		}
+		fixture.Node(t, pool, fixture.NodeOpts{ID: id, Pool: "pool_a", Gateway: "gw-1"})
 	}
 	return pool
 }
@@ -295,25 +289,15 @@ func TestLivenessEvictionBrakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	for _, sql := range []string{
-		`INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme')`,
-		`INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'acme', 'a', 'gpu'), ('pool_b', 'root', 'b', 'gpu')`,
-	} {
-		if _, err := pool.Exec(t.Context(), sql); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fixture.Tenant(t, pool, fixture.TenantOpts{ID: "acme"})
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_a", Tenant: "acme"})
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_b"})
 	// gw-1 holds a1 a2 a3 b1 b2 b3; gw-2 holds a4 a5 b4 b5.
 	for _, n := range []struct{ id, pool, gw string }{
 		{"a1", "pool_a", "gw-1"}, {"a2", "pool_a", "gw-1"}, {"a3", "pool_a", "gw-1"}, {"a4", "pool_a", "gw-2"}, {"a5", "pool_a", "gw-2"},
 		{"b1", "pool_b", "gw-1"}, {"b2", "pool_b", "gw-1"}, {"b3", "pool_b", "gw-1"}, {"b4", "pool_b", "gw-2"}, {"b5", "pool_b", "gw-2"},
 	} {
-		if _, err := nodes.Create(t.Context(), pool, nodes.Node{ID: "node_" + n.id, TenantID: "root", PoolID: n.pool, HardwareKey: "hw-" + n.id}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := nodes.OpenSession(t.Context(), pool, "node_"+n.id, n.gw, "boot", "journal"); err != nil {
-			t.Fatal(err)
-		}
+		fixture.Node(t, pool, fixture.NodeOpts{ID: "node_" + n.id, Pool: n.pool, Gateway: n.gw})
 	}
 	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers}, Heartbeat: time.Hour})
 	if err != nil {

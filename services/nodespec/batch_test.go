@@ -10,9 +10,10 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
@@ -39,7 +40,7 @@ func TestAPoolChangeIsStoredInBatchesAndKeepsEveryGuarantee(t *testing.T) {
 		ids = append(ids, id)
 	}
 	for _, id := range ids[1:] {
-		e.exec(t, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key, state) VALUES ($1, 'root', 'pool_a', $2, $1, 'adopted')`, id, shard.Of(id))
+		fixture.Node(t, e.pool, fixture.NodeOpts{ID: id, Pool: "pool_a", State: nodes.StateAdopted})
 	}
 	invalidate := func() {
 		err := reconcile.InTx(t.Context(), e.pool, nil, func(tx pgx.Tx, q *reconcile.Queue) error {

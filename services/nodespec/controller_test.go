@@ -18,10 +18,10 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/pkg/shard"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/inventory"
 	"github.com/bettercompute/bettercompute/services/nodespec"
@@ -80,9 +80,8 @@ func setup(t *testing.T, reg *nodespec.Registry, state string) *env {
 		}
 	}
 	t.Cleanup(rt.Stop)
-	e.exec(t, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'root', 'a', 'gpu')`)
-	e.exec(t, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key, labels, state) VALUES ('node_1', 'root', 'pool_a', $1, 'hw1', '{"rack":"r1"}', $2)`,
-		shard.Of("node_1"), state)
+	fixture.Pool(t, e.pool, fixture.PoolOpts{ID: "pool_a"})
+	fixture.Node(t, e.pool, fixture.NodeOpts{ID: "node_1", Pool: "pool_a", Labels: map[string]string{"rack": "r1"}, State: state})
 	return e
 }
 
@@ -298,7 +297,7 @@ func TestConflictIsReportedWithoutBump(t *testing.T) {
 func TestResyncFindsAdoptedNodes(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil, "adopted")
-	e.exec(t, `INSERT INTO nodes (id, tenant_id, pool_id, shard, hardware_key) VALUES ('node_2', 'root', 'pool_a', $1, 'hw2')`, shard.Of("node_2"))
+	fixture.Node(t, e.pool, fixture.NodeOpts{ID: "node_2", Pool: "pool_a"})
 	if err := e.rt.Heartbeat(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 )
 
@@ -16,10 +17,8 @@ func TestPruneRemovesExpiredCertificatesAndIdempotencyRecords(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := t.Context()
+	fixture.Node(t, e.pool, fixture.NodeOpts{ID: "node_a", Tenant: "acme"})
 	for _, q := range []string{
-		`INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_a', 'acme', 'a', 'gpu')`,
-		`INSERT INTO nodes (id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key)
-		 VALUES ('node_a', 'acme', 'pool_a', 'adopting', 0, '{}', 'h', 'hw-a')`,
 		`INSERT INTO node_certificates (serial, node_id, not_before, not_after) VALUES
 		   ('old', 'node_a', now() - interval '40 days', now() - interval '31 days'),
 		   ('grace', 'node_a', now() - interval '3 days', now() - interval '2 days'),

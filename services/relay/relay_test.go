@@ -22,6 +22,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
@@ -61,22 +62,13 @@ func setupTB(t testing.TB) *env {
 	c.Webhooks.AllowInsecure = true
 	c.Webhooks.Timeout = config.Duration(2 * time.Second)
 	for _, tenant := range []string{"acme", "acme.ml", "beta"} {
-		if _, err := pool.Exec(t.Context(), `INSERT INTO tenants (id, parent_id, name) VALUES ($1, $2, $1)`, tenant, parent(tenant)); err != nil {
-			t.Fatal(err)
-		}
+		fixture.Tenant(t, pool, fixture.TenantOpts{ID: tenant})
 	}
 	return &env{t: t, pool: pool, ns: ns, nc: nc, cfg: relay.Config{
 		DB: pool, NATS: nc, Events: c.Events, Webhooks: c.Webhooks,
 		Heartbeat: 100 * time.Millisecond, LeaseTTL: 500 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}}
-}
-
-func parent(tenant string) string {
-	if tenant == "acme.ml" {
-		return "acme"
-	}
-	return "root"
 }
 
 // start runs a relay with cfg until the test ends.

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 )
 
@@ -14,8 +15,8 @@ func TestPruneRemovesOldSiteTasksAndExpiresOverdueOnes(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ctx := t.Context()
+	fixture.Site(t, e.pool, fixture.SiteOpts{ID: "site_a", Tenant: "acme"})
 	for _, q := range []string{
-		`INSERT INTO sites (id, tenant_id, name) VALUES ('site_a', 'acme', 'a')`,
 		`INSERT INTO site_tasks (id, tenant_id, site_id, machine_id, kind, state, not_after, finished_at) VALUES
 		   ('stk_old', 'acme', 'site_a', 'mach_1', 'pxe.disarm', 'succeeded', now(), now() - interval '8 days'),
 		   ('stk_young', 'acme', 'site_a', 'mach_1', 'pxe.disarm', 'failed', now(), now() - interval '6 days'),

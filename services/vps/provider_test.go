@@ -18,9 +18,11 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
+	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/instances"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
+	"github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/providers"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/reconcile/reconciletest"
@@ -52,7 +54,7 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
-type fixture struct {
+type harness struct {
 	db   *pgxpool.Pool
 	fake *providers.Fake
 	kr   *secrets.Keyring
@@ -72,7 +74,7 @@ func role() string {
 // setup opens a fresh database with the provider pool "pool_p" (root) on a
 // fake provider whose machines provision in delay, its credentials a
 // secret holding token.
-func setup(t *testing.T, delay time.Duration, token string, edit func(*vps.Deps)) *fixture {
+func setup(t *testing.T, delay time.Duration, token string, edit func(*vps.Deps)) *harness {
 	t.Helper()
 	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 20})
 	if err != nil {
@@ -86,7 +88,7 @@ func setup(t *testing.T, delay time.Duration, token string, edit func(*vps.Deps)
 	fake := providers.NewFake(providers.FakeConfig{Token: providerToken, ProvisionDelay: delay})
 	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
-	mustExec(t, pool, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_p', 'root', 'p', 'provider')`)
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_p", Class: pools.ClassProvider})
 	creds := providers.Credentials{Token: token}
 	if err := secrets.Put(t.Context(), pool, kr, secrets.Secret{ID: "sec_prov", TenantID: "root", Kind: secrets.KindProvider, Plain: creds.Marshal()}); err != nil {
 		t.Fatal(err)
@@ -95,7 +97,7 @@ func setup(t *testing.T, delay time.Duration, token string, edit func(*vps.Deps)
 		t.Fatal(err)
 	}
 	logs := &logBuffer{}
-	f := &fixture{db: pool, fake: fake, kr: kr, logs: logs, deps: vps.Deps{
+	f := &harness{db: pool, fake: fake, kr: kr, logs: logs, deps: vps.Deps{
 		Keyring: kr, Role: role(), Resync: 200 * time.Millisecond, CallAttempts: 1,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}}
@@ -106,7 +108,7 @@ func setup(t *testing.T, delay time.Duration, token string, edit func(*vps.Deps)
 }
 
 // start runs the workflow on a runtime of its own, stopped when t ends.
-func (f *fixture) start(t *testing.T) *reconcile.Runtime {
+func (f *harness) start(t *testing.T) *reconcile.Runtime {
 	t.Helper()
 	rt, err := reconcile.New(f.db, nil, reconcile.Config{
 		Roles: []string{f.deps.Role}, Heartbeat: 100 * time.Millisecond, LeaseTTL: 500 * time.Millisecond,
@@ -125,16 +127,9 @@ func (f *fixture) start(t *testing.T) *reconcile.Runtime {
 	return rt
 }
 
-func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
-	t.Helper()
-	if _, err := pool.Exec(t.Context(), sql, args...); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // change runs fn and enqueues the instance's workflow in one transaction,
 // as the API does.
-func (f *fixture) change(t *testing.T, id string, fn func(tx pgx.Tx) error) {
+func (f *harness) change(t *testing.T, id string, fn func(tx pgx.Tx) error) {
 	t.Helper()
 	err := reconcile.InTx(t.Context(), f.db, nil, func(tx pgx.Tx, q *reconcile.Queue) error {
 		if err := fn(tx); err != nil {
@@ -147,7 +142,7 @@ func (f *fixture) change(t *testing.T, id string, fn func(tx pgx.Tx) error) {
 	}
 }
 
-func (f *fixture) create(t *testing.T, id string) {
+func (f *harness) create(t *testing.T, id string) {
 	t.Helper()
 	f.change(t, id, func(tx pgx.Tx) error {
 		return instances.Insert(t.Context(), tx, instances.Instance{ID: id, TenantID: "root", PoolID: "pool_p",
@@ -156,7 +151,7 @@ func (f *fixture) create(t *testing.T, id string) {
 	})
 }
 
-func (f *fixture) get(t *testing.T, id string) instances.ProviderInstance {
+func (f *harness) get(t *testing.T, id string) instances.ProviderInstance {
 	t.Helper()
 	p, err := instances.GetProvider(t.Context(), f.db, id, false)
 	if err != nil {
@@ -165,7 +160,7 @@ func (f *fixture) get(t *testing.T, id string) instances.ProviderInstance {
 	return p
 }
 
-func (f *fixture) waitState(t *testing.T, id, state string) instances.ProviderInstance {
+func (f *harness) waitState(t *testing.T, id, state string) instances.ProviderInstance {
 	t.Helper()
 	var p instances.ProviderInstance
 	poll.UntilNil(t, 30*time.Second, id+" "+state, func() error {
@@ -180,7 +175,7 @@ func (f *fixture) waitState(t *testing.T, id, state string) instances.ProviderIn
 
 // machine is the one machine the fake made for key; it fails t when there
 // is any other number.
-func (f *fixture) machine(t *testing.T, key string) providers.FakeMachine {
+func (f *harness) machine(t *testing.T, key string) providers.FakeMachine {
 	t.Helper()
 	ms := f.fake.MachinesFor(key)
 	if len(ms) != 1 {
@@ -191,7 +186,7 @@ func (f *fixture) machine(t *testing.T, key string) providers.FakeMachine {
 
 // noToken fails t if the provider token shows in the logs or in any
 // instance's reason.
-func (f *fixture) noToken(t *testing.T) {
+func (f *harness) noToken(t *testing.T) {
 	t.Helper()
 	if strings.Contains(f.logs.String(), providerToken) {
 		t.Fatal("the provider token is in the logs")
