@@ -32,6 +32,7 @@ func TestCachedProbesAtMostOncePerInterval(t *testing.T) {
 	if n := probes.Load(); n != 1 {
 		t.Fatalf("%d probes for 100 callers within the interval, want 1", n)
 	}
+	// Past the 200 ms interval: the time passing is what is under test.
 	time.Sleep(250 * time.Millisecond)
 	health.Run(t.Context(), []health.Check{c})
 	if n := probes.Load(); n != 2 {

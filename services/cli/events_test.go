@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
 
@@ -44,29 +46,30 @@ func TestEventsWatchPrintsAndResumes(t *testing.T) {
 	go func() {
 		done <- runEventsWatch(ctx, f, []string{"tenantId=root", "types=tenant.created"}, false, &out, &errb)
 	}()
-	// New events only: create a tenant once the watch is up.
-	deadline := time.Now().Add(20 * time.Second)
-	created := false
-	for !strings.Contains(out.String(), "tenant.created") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no tenant.created printed; stdout %q stderr %q", out.String(), errb.String())
+	// New events only: create tenants (watched-1, watched-2, …) until the
+	// watch, once up, prints one.
+	polls, created := 0, 0
+	poll.Until(t, 20*time.Second, "a tenant.created printed", func() bool {
+		if strings.Contains(out.String(), "tenant.created") {
+			return true
 		}
-		if !created {
-			time.Sleep(300 * time.Millisecond)
-			code, o, e := execCLI(t, "", "api", "tenants.create", "tenantId=root", "childTenantId=watched", "--url", base, "--token", token, "--client-config", f.clientConfig)
+		if polls%25 == 0 { // every 250 ms or so
+			created++
+			code, o, e := execCLI(t, "", "api", "tenants.create", "tenantId=root", fmt.Sprintf("childTenantId=watched-%d", created),
+				"--url", base, "--token", token, "--client-config", f.clientConfig)
 			if code != ExitOK {
 				t.Fatalf("tenants.create: %d %s %s", code, o, e)
 			}
-			created = true
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		polls++
+		return false
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("watch ended with %v", err)
 	}
-	fields := strings.Split(strings.TrimSpace(out.String()), "\t")
-	if len(fields) < 5 || fields[2] != "tenant.created" || fields[3] != "watched" {
+	fields := strings.Split(strings.SplitN(strings.TrimSpace(out.String()), "\n", 2)[0], "\t")
+	if len(fields) < 5 || fields[2] != "tenant.created" || !strings.HasPrefix(fields[3], "watched-") {
 		t.Fatalf("printed %q", out.String())
 	}
 

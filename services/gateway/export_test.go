@@ -22,3 +22,6 @@ func (g *Gateway) Ready(nodeID string) bool {
 func (g *Gateway) Submit(ctx context.Context, nodeID string, store func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error) error {
 	return g.submit(ctx, nodeID, store)
 }
+
+// QueuedReports is how many reports wait for the batch writer.
+func (g *Gateway) QueuedReports() int { return len(g.reports) }

@@ -143,14 +143,16 @@ func TestABatchThatFailsIsStoredAgainReportByReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Hold the writer so the reports after it queue into one batch.
-	release := make(chan struct{})
+	release, holding := make(chan struct{}), make(chan struct{})
 	held := make(chan error, 1)
 	go func() {
 		held <- f.gw.Submit(t.Context(), "node_hold", func(ctx context.Context, _ pgx.Tx, _ *reconcile.Queue) error {
+			close(holding)
 			<-release
 			return nil
 		})
 	}()
+	<-holding
 	const n = 20
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -165,7 +167,7 @@ func TestABatchThatFailsIsStoredAgainReportByReport(t *testing.T) {
 			})
 		})
 	}
-	time.Sleep(200 * time.Millisecond) // let them queue behind the held one
+	poll.Until(t, 10*time.Second, "the reports to queue behind the held one", func() bool { return f.gw.QueuedReports() == n })
 	close(release)
 	wg.Wait()
 	if err := <-held; err != nil {

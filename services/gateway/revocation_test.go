@@ -55,6 +55,7 @@ func TestAnExpiredCertificateLosesItsOpenSession(t *testing.T) {
 	f.addNode(t, "node_a")
 	cert := f.ca.issue(t, "spiffe://"+trustDomain+"/node/node_a", "", time.Now().Add(1500*time.Millisecond))
 	stream, _ := open(t, f.client(t, f.addr, &cert), "node_a")
+	// The certificate must really expire: the wait is the behaviour under test.
 	time.Sleep(time.Until(cert.Leaf.NotAfter) + 100*time.Millisecond)
 	if err := f.gw.RecheckCertificates(t.Context()); err != nil {
 		t.Fatal(err)

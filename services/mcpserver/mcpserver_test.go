@@ -193,7 +193,7 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 		if cond() {
 			return true
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // pacing under the rate limit, not an assertion
 		return false
 	})
 }

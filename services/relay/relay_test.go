@@ -103,6 +103,20 @@ func (e *env) write(tenant, typ string, n int) []int64 {
 	return ids
 }
 
+// passed waits until event cursor name (relay.FanoutCursor, "sub:<name>")
+// has passed the events ids (outbox ids, as write returns them): they are
+// sequenced, and the cursor's seq is at or past theirs.
+func (e *env) passed(name string, ids []int64) {
+	e.t.Helper()
+	poll.Until(e.t, 20*time.Second, "cursor "+name+" past the events written", func() bool {
+		var ok bool
+		err := e.pool.QueryRow(e.t.Context(), `
+			SELECT count(o.seq) = cardinality($1::bigint[]) AND coalesce(max(o.seq) <= (SELECT seq FROM event_cursors WHERE name = $2), false)
+			  FROM outbox o WHERE o.id = ANY($1)`, ids, name).Scan(&ok)
+		return err == nil && ok
+	})
+}
+
 // hook registers a webhook for tenant at url and returns it with its key.
 func (e *env) hook(tenant, url string, types []string, descendants bool) (webhooks.Webhook, []byte) {
 	e.t.Helper()
@@ -361,8 +375,12 @@ func TestGoneDisablesTheWebhookWithAnEvent(t *testing.T) {
 		t.Fatalf("webhook.disabled %+v payload %v", evs[0], p)
 	}
 	// No further events reach a disabled webhook.
-	e.write("acme", "node.updated", 2)
-	time.Sleep(200 * time.Millisecond)
+	ids := e.write("acme", "node.updated", 2)
+	e.passed(relay.FanoutCursor, ids)
+	var queued int
+	if err := e.pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries WHERE webhook_id = $1 AND event_id = ANY($2)`, w.ID, ids).Scan(&queued); err != nil || queued != 0 {
+		t.Fatalf("%d deliveries queued for a disabled webhook (%v)", queued, err)
+	}
 	if _, n := rcv.ids(); n != 0 {
 		t.Fatalf("a disabled webhook got %d deliveries", n)
 	}
