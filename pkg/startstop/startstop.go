@@ -18,6 +18,9 @@
 //	func (s *Service) Stop() {
 //		s.life.Stop(func(started bool) { … })
 //	}
+//
+// What such a part runs between Start and Stop is a [Loop]: a pass of its
+// work on a timer, or at once when woken.
 package startstop
 
 import (
