@@ -19,30 +19,15 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
 
-// deliverLoop claims due deliveries and attempts them, in every relay
-// process: woken by the fan-out, by DeliverSubject, and every
-// webhooks.poll.
-func (s *Service) deliverLoop(ctx context.Context) {
-	poll := s.cfg.Webhooks.Poll.Std()
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.wakeDeliver:
-		}
-		n, err := s.DeliverOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn("claim deliveries", "err", err)
-		}
-		if n > 0 && len(s.slots) < cap(s.slots) {
-			t.Reset(0)
-		} else {
-			t.Reset(poll)
-		}
+// deliverPass claims due deliveries and attempts them, in every relay
+// process: woken by the fan-out, by DeliverSubject, by an attempt that
+// ends, and every webhooks.poll.
+func (s *Service) deliverPass(ctx context.Context) (more bool) {
+	n, err := s.DeliverOnce(ctx)
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("claim deliveries", "err", err)
 	}
+	return n > 0 && len(s.slots) < cap(s.slots)
 }
 
 // DeliverOnce claims as many due deliveries as there are free attempt slots
@@ -85,7 +70,7 @@ func (s *Service) DeliverOnce(ctx context.Context) (int, error) {
 				s.busyMu.Unlock()
 				<-s.slots
 				s.inflight.Done()
-				poke(s.wakeDeliver) // room for the next one
+				s.deliverer.Wake() // room for the next one
 			}()
 			s.attempt(context.WithoutCancel(ctx), c)
 		}()

@@ -3,12 +3,12 @@ package relay
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/lease"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
 
@@ -18,37 +18,22 @@ const FanoutCursor = "fanout"
 // TestEventType is delivered only to the webhook it names (webhooks.test).
 const TestEventType = "webhook.test"
 
-// fanoutLoop runs events.fanout while this process leads: woken by the
-// relay after it sequences, and every second regardless (a resync that
-// needs no bus).
-func (s *Service) fanoutLoop(ctx context.Context) {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.wakeFanout:
-		}
-		more := false
-		if s.Leading() {
-			var err error
-			if more, err = s.FanoutOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
-				s.log.Warn("fan out events", "err", err)
-			}
-			subMore, err := s.SubscribersOnce(ctx)
-			if err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
-				s.log.Warn("run event subscribers", "err", err)
-			}
-			more = more || subMore
-		}
-		if more {
-			t.Reset(0)
-		} else {
-			t.Reset(time.Second)
-		}
+// fanoutPass runs events.fanout, then the subscribers, while this process
+// leads: woken by the sequencer, and every second regardless (a resync
+// that needs no bus).
+func (s *Service) fanoutPass(ctx context.Context) (more bool) {
+	if !s.Leading() {
+		return false
 	}
+	more, err := s.FanoutOnce(ctx)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, lease.ErrNotLeading) {
+		s.log.Warn("fan out events", "err", err)
+	}
+	subMore, err := s.SubscribersOnce(ctx)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, lease.ErrNotLeading) {
+		s.log.Warn("run event subscribers", "err", err)
+	}
+	return more || subMore
 }
 
 // Matches reports whether webhook w receives event e: its tenant's events
@@ -74,7 +59,7 @@ func (s *Service) FanoutOnce(ctx context.Context) (bool, error) {
 	batch := s.cfg.Events.Batch
 	var n int
 	var made int64
-	err := s.inLease(ctx, func(tx pgx.Tx) error {
+	err := s.leader.InTx(ctx, func(tx pgx.Tx) error {
 		cursor, err := events.LockCursor(ctx, tx, FanoutCursor)
 		if err != nil {
 			return err
@@ -115,7 +100,7 @@ func (s *Service) FanoutOnce(ctx context.Context) (bool, error) {
 	}
 	if made > 0 {
 		s.m.fannedOut.Add(float64(made))
-		poke(s.wakeDeliver)
+		s.deliverer.Wake()
 		s.pokeDeliverers()
 	}
 	return n == batch, nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/lease"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/sites"
@@ -19,24 +20,16 @@ import (
 // locks for long.
 const pruneBatch = 5000
 
-// pruneLoop runs events.prune every events.pruneEvery while this process
-// leads.
-func (s *Service) pruneLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.Events.PruneEvery.Std())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if !s.Leading() {
-			continue
-		}
-		if _, err := s.PruneOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
-			s.log.Warn("prune events", "err", err)
-		}
+// prunePass runs events.prune while this process leads; the pruner runs
+// it every events.pruneEvery.
+func (s *Service) prunePass(ctx context.Context) (more bool) {
+	if !s.Leading() {
+		return false
 	}
+	if _, err := s.PruneOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, lease.ErrNotLeading) {
+		s.log.Warn("prune events", "err", err)
+	}
+	return false
 }
 
 // Pruned counts what one prune removed.
@@ -63,7 +56,7 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 	certBefore := time.Now().Add(-s.cfg.Events.CertificateGrace.Std())
 	for {
 		var ev, idem, certs, tasks, toks int64
-		err := s.inLease(ctx, func(tx pgx.Tx) error {
+		err := s.leader.InTx(ctx, func(tx pgx.Tx) error {
 			var err error
 			if ev, err = events.Prune(ctx, tx, before, pruneBatch); err != nil {
 				return err

@@ -42,9 +42,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
-	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/lease"
+	"github.com/bettercompute/bettercompute/pkg/startstop"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
 
@@ -91,20 +91,21 @@ type Service struct {
 	js     jetstream.JetStream
 	log    *slog.Logger
 	client *http.Client
-	holder string
 	m      *metrics
 
-	held     atomic.Pointer[lease.Held]
+	// leader holds the relay's lease: sequencing, publishing, the fan-out,
+	// the subscribers and pruning run under it.
+	leader   *lease.Leader
 	streamOK atomic.Bool
 
-	wakeRelay, wakeFanout, wakeDeliver, wakePublish chan struct{}
+	// The loops: sequencer, publisher, fanout (with the subscribers) and
+	// pruner run while this process leads, deliverer in every process.
+	sequencer, publisher, fanout, deliverer, pruner *startstop.Loop
 
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	sub     *nats.Subscription
+	life   startstop.Once
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	sub    *nats.Subscription
 
 	inflight sync.WaitGroup
 	results  chan attemptResult
@@ -124,23 +125,22 @@ func New(cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("relay: %w", err)
 		}
 	}
-	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
-	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, 5*cfg.Heartbeat)
+	cfg.Holder = cmp.Or(cfg.Holder, "outbox-relay/"+uuid.NewString())
 	s := &Service{
-		cfg:         cfg,
-		db:          cfg.DB,
-		nc:          cfg.NATS,
-		log:         cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		client:      cfg.Client,
-		holder:      cmp.Or(cfg.Holder, "outbox-relay/"+uuid.NewString()),
-		wakeRelay:   make(chan struct{}, 1),
-		wakeFanout:  make(chan struct{}, 1),
-		wakeDeliver: make(chan struct{}, 1),
-		wakePublish: make(chan struct{}, 1),
-		busy:        map[string]int{},
-		slots:       make(chan struct{}, cfg.Webhooks.Concurrency),
-		results:     make(chan attemptResult, cfg.Webhooks.Concurrency),
+		cfg:     cfg,
+		db:      cfg.DB,
+		nc:      cfg.NATS,
+		log:     cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		client:  cfg.Client,
+		busy:    map[string]int{},
+		slots:   make(chan struct{}, cfg.Webhooks.Concurrency),
+		results: make(chan attemptResult, cfg.Webhooks.Concurrency),
 	}
+	s.sequencer = startstop.NewLoop(cfg.Events.Poll.Std(), s.sequencePass)
+	s.publisher = startstop.NewLoop(time.Second, s.publishPass)
+	s.fanout = startstop.NewLoop(time.Second, s.fanoutPass)
+	s.deliverer = startstop.NewLoop(cfg.Webhooks.Poll.Std(), s.deliverPass)
+	s.pruner = startstop.NewLoop(cfg.Events.PruneEvery.Std(), s.prunePass)
 	if s.client == nil {
 		s.client = webhooks.NewClient(webhooks.Options{
 			AllowPrivateNetworks: cfg.Webhooks.AllowPrivateNetworks,
@@ -159,212 +159,126 @@ func New(cfg Config) (*Service, error) {
 	if s.m, err = newMetrics(cfg.Registerer, cfg.DB); err != nil {
 		return nil, err
 	}
+	if s.leader, err = lease.NewLeader(cfg.DB, lease.LeaderConfig{
+		Name: LeaseName, Holder: cfg.Holder,
+		Heartbeat: cfg.Heartbeat, TTL: cfg.LeaseTTL, Logger: s.log, OnChange: s.leading,
+	}); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
 	return s, nil
 }
 
 // Holder is this process's name in the lease.
-func (s *Service) Holder() string { return s.holder }
+func (s *Service) Holder() string { return s.cfg.Holder }
 
 // Leading reports whether this process holds the relay's lease.
-func (s *Service) Leading() bool { return s.held.Load() != nil }
+func (s *Service) Leading() bool { return s.leader.Leading() }
 
-// Start takes the lease when it is free and runs the loops until Stop.
+// leading is told when this process takes or stops holding the lease.
+func (s *Service) leading(h lease.Held, leading bool) {
+	if !leading {
+		s.m.leading.Set(0)
+		return
+	}
+	s.m.leading.Set(1)
+	s.streamOK.Store(false) // make sure of the stream before publishing
+	s.log.Info("leading the outbox relay", "fence", h.Fence)
+	s.sequencer.Wake()
+	s.fanout.Wake()
+	s.publisher.Wake()
+}
+
+// Start takes the lease when it is free and runs the loops until Stop. A
+// second Start, or one after Stop, is an error.
 func (s *Service) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.started || s.stopped {
+	err := s.life.Start(func() error {
+		ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
+		if s.nc != nil {
+			sub, err := s.nc.Subscribe(DeliverSubject, func(*nats.Msg) { s.deliverer.Wake() })
+			if err != nil {
+				s.cancel()
+				return fmt.Errorf("relay: subscribe %s: %w", DeliverSubject, err)
+			}
+			s.sub = sub
+		}
+		if err := s.leader.Start(ctx); err != nil {
+			s.halt()
+			return fmt.Errorf("relay: %w", err)
+		}
+		s.recorded.Go(s.recorder)
+		s.wg.Go(func() { s.sequencer.Run(ctx) })
+		s.wg.Go(func() { s.publisher.Run(ctx) })
+		s.wg.Go(func() { s.fanout.Run(ctx) })
+		s.wg.Go(func() { s.deliverer.Run(ctx) })
+		s.wg.Go(func() { s.pruner.RunAfter(ctx, s.cfg.Events.PruneEvery.Std()) })
+		return nil
+	})
+	if errors.Is(err, startstop.ErrStarted) || errors.Is(err, startstop.ErrStopped) {
 		return errors.New("relay: Start called twice or after Stop")
 	}
-	s.started = true
-	ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	if s.nc != nil {
-		sub, err := s.nc.Subscribe(DeliverSubject, func(*nats.Msg) { poke(s.wakeDeliver) })
-		if err != nil {
-			return fmt.Errorf("relay: subscribe %s: %w", DeliverSubject, err)
-		}
-		s.sub = sub
-	}
-	s.takeLease(ctx)
-	s.recorded.Add(1)
-	go func() {
-		defer s.recorded.Done()
-		s.recorder()
-	}()
-	for _, loop := range []func(context.Context){s.leaseLoop, s.relayLoop, s.publishLoop, s.fanoutLoop, s.deliverLoop, s.pruneLoop} {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			loop(ctx)
-		}()
-	}
-	return nil
+	return err
 }
 
 // Stop ends the loops, waits for attempts in flight and releases the lease,
-// so a standby relay takes over at once. It tolerates stop-before-start and
-// double stop.
-func (s *Service) Stop() { s.stop(true) }
+// so a standby relay takes over at once. It tolerates stop-before-start,
+// double stop, and Stop concurrent with Start (it waits for Start).
+func (s *Service) Stop() { s.stop(s.leader.Stop) }
 
-func (s *Service) stop(release bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
-		return
-	}
-	s.stopped = true
-	if !s.started {
-		return
-	}
+// stop ends the loops, records the attempts in flight, then ends the leader
+// with end (Stop, or Abandon as a crash would).
+func (s *Service) stop(end func()) {
+	s.life.Stop(func(started bool) {
+		if started {
+			s.halt()
+			s.inflight.Wait()
+			close(s.results) // the recorder records what the attempts sent, then ends
+			s.recorded.Wait()
+			if s.js != nil {
+				s.js.CleanupPublisher() // its ack subscription and goroutine
+			}
+			if s.cfg.Client == nil {
+				s.client.CloseIdleConnections() // the client is the relay's own
+			}
+		}
+		end()
+		s.m.leading.Set(0)
+	})
+}
+
+// halt ends the subscription and the loops Start started.
+func (s *Service) halt() {
 	if s.sub != nil {
 		_ = s.sub.Unsubscribe()
 	}
 	s.cancel()
 	s.wg.Wait()
-	s.inflight.Wait()
-	close(s.results) // the recorder records what the attempts sent, then ends
-	s.recorded.Wait()
-	if h := s.held.Swap(nil); h != nil && release {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := lease.Release(ctx, s.db, s.holder, []lease.Held{*h}); err != nil {
-			s.log.Warn("release the relay lease", "err", err)
-		}
-	}
-	s.m.leading.Set(0)
 }
 
-func poke(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
+// sequencePass sequences committed events while this process leads, and
+// wakes the fan-out and the publisher. It never waits for the bus.
+func (s *Service) sequencePass(ctx context.Context) (more bool) {
+	if !s.Leading() {
+		return false
 	}
+	more, err := s.SequenceOnce(ctx)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, lease.ErrNotLeading) {
+		s.log.Warn("sequence events", "err", err)
+	}
+	return more
 }
 
-// leaseLoop renews the lease, or takes it when it is free.
-func (s *Service) leaseLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.Heartbeat)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if h := s.held.Load(); h != nil {
-			rctx, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
-			got, err := lease.Renew(rctx, s.db, s.holder, s.cfg.LeaseTTL, []lease.Held{*h})
-			cancel()
-			switch {
-			case err != nil:
-				s.log.Warn("renew the relay lease", "err", err)
-			case len(got) == 0:
-				s.log.Warn("lost the relay lease")
-				s.held.Store(nil)
-				s.m.leading.Set(0)
-			}
-			continue
-		}
-		s.takeLease(ctx)
-	}
-}
-
-func (s *Service) takeLease(ctx context.Context) {
-	actx, cancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
-	defer cancel()
-	got, err := lease.Acquire(actx, s.db, s.holder, s.cfg.LeaseTTL, []string{LeaseName})
-	if err != nil {
-		s.log.Warn("take the relay lease", "err", err)
-		return
-	}
-	if len(got) == 1 {
-		h := got[0]
-		s.held.Store(&h)
-		s.m.leading.Set(1)
-		s.streamOK.Store(false) // make sure of the stream before publishing
-		s.log.Info("leading the outbox relay", "fence", h.Fence)
-		poke(s.wakeRelay)
-		poke(s.wakeFanout)
-		poke(s.wakePublish)
-	}
-}
-
-// errNotLeading says this process does not hold the lease.
-var errNotLeading = errors.New("not the relay lease holder")
-
-// inLease runs fn in a transaction fenced by the relay's lease.
-func (s *Service) inLease(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	h := s.held.Load()
-	if h == nil {
-		return errNotLeading
-	}
-	err := db.InTx(ctx, s.db, db.TxOptions{}, func(tx pgx.Tx) error {
-		if err := lease.Hold(ctx, tx, s.holder, *h); err != nil {
-			return err
-		}
-		return fn(tx)
-	})
-	if errors.Is(err, lease.ErrLost) {
-		s.held.CompareAndSwap(h, nil)
-		s.m.leading.Set(0)
-	}
-	return err
-}
-
-// relayLoop sequences committed events while this process leads, and wakes
-// the fan-out and the publisher. It never waits for the bus.
-func (s *Service) relayLoop(ctx context.Context) {
-	poll := s.cfg.Events.Poll.Std()
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.wakeRelay:
-		}
-		more := false
-		if s.Leading() {
-			var err error
-			if more, err = s.SequenceOnce(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errNotLeading) {
-				s.log.Warn("sequence events", "err", err)
-			}
-		}
-		if more {
-			t.Reset(0)
-		} else {
-			t.Reset(poll)
-		}
-	}
-}
-
-// publishLoop publishes sequenced events while this process leads and the
+// publishPass publishes sequenced events while this process leads and the
 // bus is up: woken by the sequencer, and every second for a backlog left
 // by a bus that was down.
-func (s *Service) publishLoop(ctx context.Context) {
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.wakePublish:
-		}
-		more := false
-		if s.Leading() && s.js != nil && s.nc.IsConnected() {
-			n, err := s.publish(ctx, s.cfg.Events.Batch)
-			if err != nil && ctx.Err() == nil {
-				s.log.Warn("publish events", "err", err)
-			}
-			more = err == nil && n == s.cfg.Events.Batch
-		}
-		if more {
-			t.Reset(0)
-		} else {
-			t.Reset(time.Second)
-		}
+func (s *Service) publishPass(ctx context.Context) (more bool) {
+	if !s.Leading() || s.js == nil || !s.nc.IsConnected() {
+		return false
 	}
+	n, err := s.publish(ctx, s.cfg.Events.Batch)
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("publish events", "err", err)
+	}
+	return err == nil && n == s.cfg.Events.Batch
 }
 
 // SequenceOnce gives one batch of committed events their seqs and reports
@@ -372,7 +286,7 @@ func (s *Service) publishLoop(ctx context.Context) {
 func (s *Service) SequenceOnce(ctx context.Context) (bool, error) {
 	batch := s.cfg.Events.Batch
 	var seqd []events.Event
-	err := s.inLease(ctx, func(tx pgx.Tx) error {
+	err := s.leader.InTx(ctx, func(tx pgx.Tx) error {
 		var err error
 		seqd, err = events.Sequence(ctx, tx, batch)
 		return err
@@ -382,8 +296,8 @@ func (s *Service) SequenceOnce(ctx context.Context) (bool, error) {
 	}
 	if len(seqd) > 0 {
 		s.m.sequenced.Add(float64(len(seqd)))
-		poke(s.wakeFanout)
-		poke(s.wakePublish)
+		s.fanout.Wake()
+		s.publisher.Wake()
 	}
 	return len(seqd) == batch, nil
 }

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -287,15 +288,19 @@ func TestDeliversSignedEventsInOrderToTheStreamAndWebhooks(t *testing.T) {
 	if err != nil || st.Unsequenced != 0 || st.Unpublished != 0 {
 		t.Fatalf("stats %+v, %v: want nothing waiting", st, err)
 	}
-	ds, err := webhooks.ListDeliveries(t.Context(), e.pool, webhooks.DeliveryFilter{TenantID: "acme", WebhookID: w.ID, Limit: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ds {
-		if d.State != webhooks.Succeeded || d.Attempts != 1 || d.LastStatus != 200 {
-			t.Errorf("delivery %+v: want succeeded after 1 attempt with 200", d)
+	// The receiver answers before the relay records the attempt.
+	poll.UntilNil(t, 20*time.Second, "every delivery recorded", func() error {
+		ds, err := webhooks.ListDeliveries(t.Context(), e.pool, webhooks.DeliveryFilter{TenantID: "acme", WebhookID: w.ID, Limit: 100})
+		if err != nil {
+			return err
 		}
-	}
+		for _, d := range ds {
+			if d.State != webhooks.Succeeded || d.Attempts != 1 || d.LastStatus != 200 {
+				return fmt.Errorf("delivery %+v: want succeeded after 1 attempt with 200", d)
+			}
+		}
+		return nil
+	})
 }
 
 func TestRetriesAfterA500WithBackOff(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/lease"
 )
 
 // Subscriber is an in-process subscriber of committed events (the spec's
@@ -56,7 +57,7 @@ func (s *Service) SubscribersOnce(ctx context.Context) (bool, error) {
 	for _, sub := range s.cfg.Subscribers {
 		full, err := s.subscriberOnce(ctx, sub)
 		if err != nil {
-			if errors.Is(err, errNotLeading) {
+			if errors.Is(err, lease.ErrNotLeading) {
 				return false, err
 			}
 			errs = append(errs, fmt.Errorf("subscriber %s: %w", sub.Name, err))
@@ -69,7 +70,7 @@ func (s *Service) SubscribersOnce(ctx context.Context) (bool, error) {
 func (s *Service) subscriberOnce(ctx context.Context, sub Subscriber) (bool, error) {
 	batch := s.cfg.Events.Batch
 	var n int
-	err := s.inLease(ctx, func(tx pgx.Tx) error {
+	err := s.leader.InTx(ctx, func(tx pgx.Tx) error {
 		name := "sub:" + sub.Name
 		cursor, err := events.LockCursorFromHead(ctx, tx, name)
 		if err != nil {
