@@ -6,6 +6,10 @@
 // writer took it with and has not expired ([Clause]), so a holder that paused
 // past its lease changes nothing. Lease time is database time: expiry is
 // compared with now() in SQL, never with a process clock.
+//
+// The reconciler runtime holds its shard and singleton leases itself; a
+// singleton that runs outside it (the outbox relay) holds its lease with a
+// [Leader].
 package lease
 
 import (

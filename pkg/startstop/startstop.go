@@ -1,6 +1,8 @@
 // Package startstop is the one lifecycle of Better Compute's long-running
-// parts (the app, the reconciler runtime, the gateway): started at most once,
-// stopped at most once, in any order and from any goroutine.
+// parts (the app, the reconciler runtime, the gateway, the outbox relay, a
+// lease's leader): started at most once, stopped at most once, in any order
+// and from any goroutine. Each has Start(ctx) error and Stop() (the app's
+// Stop takes a context, which its graceful shutdown ends by).
 //
 //   - Stop before Start stops what there is (perhaps nothing) and makes a
 //     later Start fail with [ErrStopped].

@@ -45,7 +45,7 @@ type gatewayServer struct {
 // holds no node CA, no HPKE key and no signing key; without, joinservice
 // runs in this process (startJoinService) and its CA signs the gateway's
 // serving certificate unless gateway.tls names one.
-func (a *App) startGateway(context.Context) error {
+func (a *App) startGateway(ctx context.Context) error {
 	gc := a.cfg.Gateway
 	var (
 		cert   tls.Certificate
@@ -134,7 +134,11 @@ func (a *App) startGateway(context.Context) error {
 		return fault.Wrap(err, fault.Unavailable, "gateway.listen", "cannot listen on %s: %v", gc.Listen, err)
 	}
 	g := &gatewayServer{gw: gw, relay: relay, grpc: gs, ln: ln, done: make(chan struct{})}
-	gw.Start()
+	if err := gw.Start(ctx); err != nil {
+		_ = ln.Close()
+		closeRelay()
+		return err
+	}
 	a.localGW.Store(gw)
 	a.specRouter.SetLocal(gw)
 	if a.nc != nil {

@@ -20,6 +20,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -211,9 +212,9 @@ func New(cfg Config) (*Gateway, error) {
 }
 
 // Start runs the liveness writer and the report writer until Stop. A second
-// Start, or one after Stop, does nothing.
-func (g *Gateway) Start() {
-	_ = g.life.Start(func() error {
+// Start, or one after Stop, is an error.
+func (g *Gateway) Start(context.Context) error {
+	err := g.life.Start(func() error {
 		g.mu.Lock()
 		g.started = true
 		g.mu.Unlock()
@@ -221,6 +222,10 @@ func (g *Gateway) Start() {
 		go g.reportLoop()
 		return nil
 	})
+	if err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	return nil
 }
 
 // Stop ends every session and the liveness writer, after a last write.

@@ -155,7 +155,9 @@ func (f *harness) serve(t testing.TB, id string) (*gateway.Gateway, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw.Start()
+	if err := gw.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	srvCert := f.ca.issue(t, "", "gateway.test", time.Now().Add(time.Hour))
 	creds := credentials.NewTLS(&tls.Config{
 		Certificates: []tls.Certificate{srvCert},

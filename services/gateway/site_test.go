@@ -102,7 +102,9 @@ func setupSite(t *testing.T) *siteFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.gw.Start()
+	if err := f.gw.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	cert, err := f.ca.ServingCertificate("gw-1", []string{"127.0.0.1"}, 0)
 	if err != nil {
 		t.Fatal(err)

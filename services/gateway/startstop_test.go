@@ -1,11 +1,12 @@
 package gateway_test
 
 import (
-	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/startstop"
 	"github.com/bettercompute/bettercompute/pkg/startstop/startstoptest"
 	"github.com/bettercompute/bettercompute/services/gateway"
 )
@@ -22,9 +23,22 @@ func TestStartStop(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return startstoptest.Service{
-			Start: func(context.Context) error { gw.Start(); return nil },
-			Stop:  gw.Stop,
-		}
-	}, startstoptest.Options{Run: 20 * time.Millisecond})
+		return startstoptest.Service{Start: gw.Start, Stop: gw.Stop}
+	}, startstoptest.Options{Run: 20 * time.Millisecond, StartAfterStopFails: true})
+}
+
+// TestStartTwiceFails: a second Start is refused, and the gateway started
+// once stops cleanly.
+func TestStartTwiceFails(t *testing.T) {
+	gw, err := gateway.New(gateway.Config{ID: "gw-twice", DB: pgtest.New(t), Joiner: &joiner{}, TrustDomain: trustDomain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Start(t.Context()); !errors.Is(err, startstop.ErrStarted) {
+		t.Fatalf("a second Start returned %v", err)
+	}
+	gw.Stop()
 }
