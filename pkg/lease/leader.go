@@ -82,8 +82,8 @@ func (l *Leader) Held() (Held, bool) {
 	return Held{}, false
 }
 
-// Start takes the lease if it is free, before it returns, and renews or
-// takes it every heartbeat until Stop. A second Start, or one after Stop,
+// Start tries once to take the lease before it returns, then renews it, or
+// takes it when it is free, every heartbeat until Stop. A second Start, or one after Stop,
 // is an error.
 func (l *Leader) Start(ctx context.Context) error {
 	return l.life.Start(func() error {
@@ -132,9 +132,12 @@ func (l *Leader) halt() {
 	l.wg.Wait()
 }
 
-// heartbeat renews the lease, or takes it while it is not held.
+// heartbeat renews the lease, or takes it while it is not held. Each may
+// take up to the lease's TTL, past which a renewal is too late anyway: a
+// take given up on sooner might have taken the lease in the database all
+// the same, and the leader would not know it held it until it expired.
 func (l *Leader) heartbeat(ctx context.Context) (more bool) {
-	hctx, cancel := context.WithTimeout(ctx, l.cfg.Heartbeat)
+	hctx, cancel := context.WithTimeout(ctx, l.cfg.TTL)
 	defer cancel()
 	if h := l.held.Load(); h != nil {
 		got, err := Renew(hctx, l.pool, l.cfg.Holder, l.cfg.TTL, []Held{*h})
