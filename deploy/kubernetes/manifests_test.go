@@ -371,7 +371,7 @@ type serveArgs struct {
 }
 
 // parseArgs reads better-compute's arguments: the subcommand words, then the
-// flags the manifests use (services/cli: --roles, --config, --no-migrate).
+// flags the manifests use (services/cli/serve: --roles, --config, --no-migrate).
 func parseArgs(t *testing.T, where string, args []string) serveArgs {
 	t.Helper()
 	var a serveArgs
@@ -390,7 +390,7 @@ func parseArgs(t *testing.T, where string, args []string) serveArgs {
 		case arg == "--no-migrate":
 			a.noMigrate = true
 		case strings.HasPrefix(arg, "-"):
-			t.Errorf("%s: flag %s is not one this test knows (services/cli)", where, arg)
+			t.Errorf("%s: flag %s is not one this test knows (services/cli/serve)", where, arg)
 		default:
 			a.command = append(a.command, arg)
 		}

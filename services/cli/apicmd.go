@@ -25,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/version"
 	"github.com/bettercompute/bettercompute/proto/client"
 	"github.com/bettercompute/bettercompute/proto/openapi"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 // The client's environment variables and defaults (docs/cli.md).
@@ -336,7 +337,7 @@ func buildBody(args []string, stdin io.Reader) ([]byte, error) {
 	for _, arg := range args {
 		i := strings.IndexByte(arg, '=')
 		if i < 0 {
-			return nil, usageError{fmt.Errorf("argument %q: expected field=string or field:=json", arg)}
+			return nil, serve.Usage(fmt.Errorf("argument %q: expected field=string or field:=json", arg))
 		}
 		key, val, raw := arg[:i], arg[i+1:], false
 		if strings.HasSuffix(key, ":") {
@@ -344,13 +345,13 @@ func buildBody(args []string, stdin io.Reader) ([]byte, error) {
 		}
 		path, err := splitFieldPath(key)
 		if err != nil {
-			return nil, usageError{fmt.Errorf("argument %q: %w", arg, err)}
+			return nil, serve.Usage(fmt.Errorf("argument %q: %w", arg, err))
 		}
 		if name, ok := strings.CutPrefix(val, "@"); ok {
 			var b []byte
 			switch {
 			case name == "-" && stdinUsed:
-				return nil, usageError{fmt.Errorf("argument %q: stdin is already read by an earlier argument", arg)}
+				return nil, serve.Usage(fmt.Errorf("argument %q: stdin is already read by an earlier argument", arg))
 			case name == "-":
 				stdinUsed = true
 				b, err = io.ReadAll(stdin)
@@ -360,22 +361,22 @@ func buildBody(args []string, stdin io.Reader) ([]byte, error) {
 				b, err = os.ReadFile(name)
 			}
 			if err != nil {
-				return nil, usageError{fmt.Errorf("argument %q: %w", arg, err)}
+				return nil, serve.Usage(fmt.Errorf("argument %q: %w", arg, err))
 			}
 			val = string(b)
 			if !raw && !utf8.ValidString(val) {
-				return nil, usageError{fmt.Errorf("argument %q: the file is not UTF-8 text", arg)}
+				return nil, serve.Usage(fmt.Errorf("argument %q: the file is not UTF-8 text", arg))
 			}
 		}
 		var v any = val
 		if raw {
 			if err := checkJSON(val); err != nil {
-				return nil, usageError{fmt.Errorf("argument %q: invalid JSON after \":=\": %w", arg, err)}
+				return nil, serve.Usage(fmt.Errorf("argument %q: invalid JSON after \":=\": %w", arg, err))
 			}
 			v = json.RawMessage(val)
 		}
 		if err := setField(root, path, v); err != nil {
-			return nil, usageError{fmt.Errorf("argument %q: %w", arg, err)}
+			return nil, serve.Usage(fmt.Errorf("argument %q: %w", arg, err))
 		}
 	}
 	return json.Marshal(root)
@@ -556,7 +557,7 @@ func (c *apiCatalog) lookup(name string) (*apiMethod, error) {
 	if s := c.suggest(name); len(s) > 0 {
 		msg += "; did you mean " + strings.Join(s, ", ") + "?"
 	}
-	return nil, usageError{errors.New(msg + " (`better-compute api --help` lists them)")}
+	return nil, serve.Usage(errors.New(msg + " (`better-compute api --help` lists them)"))
 }
 
 // suggest returns up to five methods close to name: the same name in another

@@ -26,6 +26,7 @@ import (
 	"github.com/bettercompute/bettercompute/proto/client"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/app"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 // startAPIServer starts the real control plane (the api role) on a free port
@@ -64,7 +65,7 @@ func execCLI(t *testing.T, stdin string, args ...string) (code int, stdout, stde
 	root := NewRoot(&out, &errb)
 	root.SetIn(strings.NewReader(stdin))
 	root.SetArgs(args)
-	code = Report(&errb, root.ExecuteContext(t.Context()))
+	code = serve.Report(&errb, root.ExecuteContext(t.Context()))
 	return code, out.String(), errb.String()
 }
 
@@ -94,7 +95,7 @@ func TestAPICommandAgainstTheServer(t *testing.T) {
 	t.Run("system.version prints the answer", func(t *testing.T) {
 		t.Parallel()
 		code, out, stderr := execCLI(t, "", "api", "system.version", "--url", base, "--client-config", cfgFile)
-		if code != ExitOK {
+		if code != serve.ExitOK {
 			t.Fatalf("exit %d\n%s%s", code, out, stderr)
 		}
 		var v struct{ Version, SchemaVersion, RequiredSchemaVersion string }
@@ -113,7 +114,7 @@ func TestAPICommandAgainstTheServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		code, out, stderr := execCLI(t, "", "api", "system.health", "--client-config", p)
-		if code != ExitOK || !strings.Contains(out, `"status": "HEALTH_STATUS_OK"`) {
+		if code != serve.ExitOK || !strings.Contains(out, `"status": "HEALTH_STATUS_OK"`) {
 			t.Fatalf("exit %d\n%s%s", code, out, stderr)
 		}
 	})
@@ -121,7 +122,7 @@ func TestAPICommandAgainstTheServer(t *testing.T) {
 	t.Run("a refused call prints the envelope and exits 1", func(t *testing.T) {
 		t.Parallel()
 		code, out, stderr := execCLI(t, "", "api", "system.version", "bogus=1", "--url", base, "--client-config", cfgFile)
-		if code != ExitError || out != "" {
+		if code != serve.ExitError || out != "" {
 			t.Fatalf("exit %d\n%s%s", code, out, stderr)
 		}
 		env, summary := splitEnvelope(t, stderr)
@@ -139,7 +140,7 @@ func TestAPICommandAgainstTheServer(t *testing.T) {
 		// so the CLI makes one from the HTTP status.
 		code, _, stderr := execCLI(t, "", "api", "system.version", "--url", base+"/nowhere", "--client-config", cfgFile)
 		env, _ := splitEnvelope(t, stderr)
-		if code != ExitError || env.Code != client.CodeNotFound {
+		if code != serve.ExitError || env.Code != client.CodeNotFound {
 			t.Fatalf("exit %d: %+v\n%s", code, env, stderr)
 		}
 	})
@@ -212,7 +213,7 @@ func TestAPIRequest(t *testing.T) {
 
 	code, out, stderr := execCLI(t, "policy text", "api", "system.version", "--url", rec.URL+"/prefix/", "--token", "bck_id.secret",
 		"--client-config", emptyClientConfig(t), "tenantId=acme", "labels.zone=a", "count:=2", "body=@-")
-	if code != ExitOK || out != "{\n  \"b\": 1,\n  \"a\": []\n}\n" {
+	if code != serve.ExitOK || out != "{\n  \"b\": 1,\n  \"a\": []\n}\n" {
 		t.Fatalf("exit %d\n%q%s", code, out, stderr)
 	}
 	req, body := last()
@@ -228,7 +229,7 @@ func TestAPIRequest(t *testing.T) {
 	// Without a token, no Authorization header.
 	code, _, stderr = execCLI(t, "", "api", "system.version", "--url", rec.URL, "--client-config", emptyClientConfig(t))
 	req, _ = last()
-	if code != ExitOK || req.Header.Get("Authorization") != "" {
+	if code != serve.ExitOK || req.Header.Get("Authorization") != "" {
 		t.Fatalf("exit %d %s, Authorization %q", code, stderr, req.Header.Get("Authorization"))
 	}
 }
@@ -243,7 +244,7 @@ func TestAPIUnreachable(t *testing.T) {
 	_ = lis.Close()
 	code, out, stderr := execCLI(t, "", "api", "system.version", "--url", base, "--client-config", emptyClientConfig(t))
 	want := "error: cannot reach the API at " + base + "/api/compute/system/version: "
-	if code != ExitError || out != "" || !strings.HasPrefix(stderr, want) || !strings.Contains(stderr, "refused") {
+	if code != serve.ExitError || out != "" || !strings.HasPrefix(stderr, want) || !strings.Contains(stderr, "refused") {
 		t.Fatalf("exit %d\n%s%s", code, out, stderr)
 	}
 }
@@ -285,8 +286,8 @@ func TestAPIUsageErrors(t *testing.T) {
 				args = append(args, "--client-config", cfgFile)
 			}
 			code, out, stderr := execCLI(t, "", args...)
-			if code != ExitConfig || out != "" || !strings.Contains(stderr, tc.want) {
-				t.Fatalf("exit %d\nstdout: %s\nstderr: %s\nwant exit %d and %q", code, out, stderr, ExitConfig, tc.want)
+			if code != serve.ExitConfig || out != "" || !strings.Contains(stderr, tc.want) {
+				t.Fatalf("exit %d\nstdout: %s\nstderr: %s\nwant exit %d and %q", code, out, stderr, serve.ExitConfig, tc.want)
 			}
 		})
 	}
@@ -296,7 +297,7 @@ func TestAPIHelpListsTheMethods(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"api", "--help"}, {"api"}, {"help", "api"}} {
 		code, out, stderr := execCLI(t, "", args...)
-		if code != ExitOK || stderr != "" {
+		if code != serve.ExitOK || stderr != "" {
 			t.Fatalf("%v: exit %d\n%s", args, code, stderr)
 		}
 		collapsed := strings.Join(strings.Fields(out), " ")
@@ -324,7 +325,7 @@ func TestAPIHelpListsTheMethods(t *testing.T) {
 	}
 
 	code, out, _ := execCLI(t, "", "api", "system.version", "--help")
-	if code != ExitOK || !strings.HasPrefix(out, "system.version: POST /api/compute/system/version\n\nVersion returns") ||
+	if code != serve.ExitOK || !strings.HasPrefix(out, "system.version: POST /api/compute/system/version\n\nVersion returns") ||
 		!strings.Contains(out, "The request (VersionRequest) has no fields") {
 		t.Fatalf("method help: exit %d\n%s", code, out)
 	}
@@ -451,7 +452,7 @@ func TestBuildBody(t *testing.T) {
 		{[]string{"x=@-", "y=@-"}, `argument "y=@-": stdin is already read`},
 	} {
 		_, err := buildBody(tc.args, strings.NewReader(""))
-		var ue usageError
+		var ue serve.UsageError
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.As(err, &ue) {
 			t.Errorf("buildBody(%q) = %v; want a usage error with %q", tc.args, err, tc.want)
 		}

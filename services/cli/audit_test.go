@@ -18,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/app"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 // startAuditServer starts the control plane with an audit key and a chain
@@ -78,7 +79,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 
 	for i := range 3 {
 		code, out, stderr := execCLI(t, "", "api", "pools.create", "tenantId=root", "class=gpu", "name=p"+strconv.Itoa(i), "--client-config", cfgFile)
-		if code != ExitOK {
+		if code != serve.ExitOK {
 			t.Fatalf("pools.create: exit %d\n%s%s", code, out, stderr)
 		}
 	}
@@ -86,7 +87,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 	poll.UntilNil(t, 30*time.Second, "the chain to settle", func() error {
 		code, out, stderr := execCLI(t, "", "audit", "verify", "--json", "--client-config", cfgFile)
 		var v auditVerdict
-		if err := json.Unmarshal([]byte(out), &v); err != nil || code != ExitOK {
+		if err := json.Unmarshal([]byte(out), &v); err != nil || code != serve.ExitOK {
 			t.Fatalf("audit verify --json: exit %d (%v)\n%s%s", code, err, out, stderr)
 		}
 		if v.OK && v.RecordsUnchained == "0" && v.LastCheckpoint != nil && v.LastCheckpoint.ChainSeq == v.RecordsChecked {
@@ -97,7 +98,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 
 	t.Run("an intact chain exits 0", func(t *testing.T) {
 		code, out, stderr := execCLI(t, "", "audit", "verify", "--client-config", cfgFile)
-		if code != ExitOK || stderr != "" {
+		if code != serve.ExitOK || stderr != "" {
 			t.Fatalf("exit %d\n%s%s", code, out, stderr)
 		}
 		var n int
@@ -118,7 +119,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 		}
 		code, out, stderr := execCLI(t, "", "audit", "verify", "--client-config", cfgFile)
 		want := strconv.FormatInt(id, 10)
-		if code != ExitError || line(out, "audit chain") != "DOES NOT VERIFY" || line(out, "first bad record") != want ||
+		if code != serve.ExitError || line(out, "audit chain") != "DOES NOT VERIFY" || line(out, "first bad record") != want ||
 			!strings.Contains(line(out, "reason"), "record "+want) {
 			t.Fatalf("exit %d\n%s%s", code, out, stderr)
 		}
@@ -129,7 +130,7 @@ func TestAuditVerifyCommand(t *testing.T) {
 
 	t.Run("a refused call prints the envelope", func(t *testing.T) {
 		code, out, stderr := execCLI(t, "", "audit", "verify", "--token", "bck_aaaaaaaaaaaaaaaa."+strings.Repeat("a", 52), "--client-config", cfgFile)
-		if code != ExitError || out != "" {
+		if code != serve.ExitError || out != "" {
 			t.Fatalf("exit %d\n%s%s", code, out, stderr)
 		}
 		env, summary := splitEnvelope(t, stderr)

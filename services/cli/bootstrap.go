@@ -9,9 +9,10 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/bootstrap"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/migrate"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
-func newBootstrap(g *globals, stdout, _ io.Writer) *cobra.Command {
+func newBootstrap(g *serve.Globals, stdout, _ io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "bootstrap",
 		Short: "Create the first root credential and print it once",
@@ -21,11 +22,11 @@ func newBootstrap(g *globals, stdout, _ io.Writer) *cobra.Command {
 			"configuration as migrate and needs the schema to be migrated.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := g.load()
+			cfg, err := g.Load()
 			if err != nil {
 				return err
 			}
-			if err := finish(cfg); err != nil {
+			if err := serve.Finish(cfg); err != nil {
 				return err
 			}
 			if err := cfg.RequireDatabase(); err != nil {

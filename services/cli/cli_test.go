@@ -10,6 +10,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/migrate"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/services/cli"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -19,7 +20,7 @@ func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer
 	root := cli.NewRoot(&out, &errb)
 	root.SetArgs(args)
-	code = cli.Report(&errb, root.ExecuteContext(t.Context()))
+	code = serve.Report(&errb, root.ExecuteContext(t.Context()))
 	return code, out.String(), errb.String()
 }
 
@@ -32,14 +33,14 @@ func TestServeRejectsBadInputBeforeStarting(t *testing.T) {
 		code int
 		want string
 	}{
-		{"unknown role", []string{"serve", "--roles", "bogus"}, cli.ExitConfig, `error: INVALID_CONFIG roles: unknown role "bogus"`},
-		{"unbuilt role", []string{"serve", "--roles", "api,iam"}, cli.ExitConfig, `error: UNSUPPORTED roles: role "iam" is not built yet`},
-		{"bad port", []string{"serve", "--port", "70000"}, cli.ExitConfig, "error: INVALID_CONFIG server.port: expected a port from 0 to 65535, got 70000"},
-		{"bad flag", []string{"serve", "--rolez", "api"}, cli.ExitConfig, "unknown flag: --rolez"},
-		{"bad log level", []string{"serve", "--log-level", "loud"}, cli.ExitConfig, "error: INVALID_CONFIG log.level"},
-		{"missing config file", []string{"--config", "/nonexistent/bc.yaml", "serve"}, cli.ExitConfig, "error: INVALID_CONFIG config: cannot read the configuration file"},
-		{"bad migrate action", []string{"migrate", "sideways"}, cli.ExitConfig, `unknown migrate action "sideways"`},
-		{"unreachable database", []string{"serve", "--roles", "api", "--port", "0"}, cli.ExitError, "error: UNAVAILABLE database.url: cannot reach the database"},
+		{"unknown role", []string{"serve", "--roles", "bogus"}, serve.ExitConfig, `error: INVALID_CONFIG roles: unknown role "bogus"`},
+		{"unbuilt role", []string{"serve", "--roles", "api,iam"}, serve.ExitConfig, `error: UNSUPPORTED roles: role "iam" is not built yet`},
+		{"bad port", []string{"serve", "--port", "70000"}, serve.ExitConfig, "error: INVALID_CONFIG server.port: expected a port from 0 to 65535, got 70000"},
+		{"bad flag", []string{"serve", "--rolez", "api"}, serve.ExitConfig, "unknown flag: --rolez"},
+		{"bad log level", []string{"serve", "--log-level", "loud"}, serve.ExitConfig, "error: INVALID_CONFIG log.level"},
+		{"missing config file", []string{"--config", "/nonexistent/bc.yaml", "serve"}, serve.ExitConfig, "error: INVALID_CONFIG config: cannot read the configuration file"},
+		{"bad migrate action", []string{"migrate", "sideways"}, serve.ExitConfig, `unknown migrate action "sideways"`},
+		{"unreachable database", []string{"serve", "--roles", "api", "--port", "0"}, serve.ExitError, "error: UNAVAILABLE database.url: cannot reach the database"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -56,7 +57,7 @@ func TestServeWithoutDatabase(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("BC_DATABASE_URL", "")
 	code, _, stderr := run(t, "serve", "--roles", "api")
-	if code != cli.ExitConfig || !strings.Contains(stderr, "INVALID_CONFIG database.url: required") {
+	if code != serve.ExitConfig || !strings.Contains(stderr, "INVALID_CONFIG database.url: required") {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 }
@@ -90,18 +91,5 @@ func TestMigrateAndVersion(t *testing.T) {
 	code, out, _ = run(t, "version")
 	if code != 0 || !strings.HasPrefix(out, "better-compute ") || !strings.Contains(out, fmt.Sprintf("schema %d", migrate.Latest())) {
 		t.Fatalf("version: exit %d %q", code, out)
-	}
-}
-
-func TestDeployableFixesItsRole(t *testing.T) {
-	t.Setenv("BC_CONFIG", "")
-	t.Setenv("DATABASE_URL", "")
-	var out, errb bytes.Buffer
-	cmd := cli.Deployable("iam", &out, &errb)
-	cmd.SetArgs([]string{"--port", "0"})
-	code := cli.Report(&errb, cmd.ExecuteContext(t.Context()))
-	// The database check comes after roles: iam is not built yet.
-	if code != cli.ExitConfig || !strings.Contains(errb.String(), `role "iam" is not built yet`) {
-		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 }

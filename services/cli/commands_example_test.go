@@ -14,6 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/services/app"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 // TestCommandsExample runs the spec's commands.run and commands.get example
@@ -53,7 +54,7 @@ func TestCommandsExample(t *testing.T) {
 	// better-compute api commands.run tenantId=$BETTER_COMPUTE_TENANT nodeId=node_… kind=inventory.refresh payload:='{"sections": ["gpus"], "rescan": true}' idempotencyKey=refresh-1
 	code, out, stderr := execCLI(t, "", append([]string{"api", "commands.run", "tenantId=root", "nodeId=" + node,
 		"kind=inventory.refresh", `payload:={"sections": ["gpus"], "rescan": true}`, "idempotencyKey=refresh-1"}, flags...)...)
-	if code != ExitOK {
+	if code != serve.ExitOK {
 		t.Fatalf("commands.run: exit %d\n%s%s", code, out, stderr)
 	}
 	var run struct {
@@ -72,7 +73,7 @@ func TestCommandsExample(t *testing.T) {
 
 	// better-compute api commands.get tenantId=$BETTER_COMPUTE_TENANT nodeId=node_… commandId=cmd_…
 	code, out, stderr = execCLI(t, "", append([]string{"api", "commands.get", "tenantId=root", "nodeId=" + node, "commandId=" + run.Command.ID}, flags...)...)
-	if code != ExitOK {
+	if code != serve.ExitOK {
 		t.Fatalf("commands.get: exit %d\n%s%s", code, out, stderr)
 	}
 	var got struct {

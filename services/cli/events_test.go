@@ -16,6 +16,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 // syncBuffer is a buffer two goroutines can use.
@@ -57,7 +58,7 @@ func TestEventsWatchPrintsAndResumes(t *testing.T) {
 			created++
 			code, o, e := execCLI(t, "", "api", "tenants.create", "tenantId=root", fmt.Sprintf("childTenantId=watched-%d", created),
 				"--url", base, "--token", token, "--client-config", f.clientConfig)
-			if code != ExitOK {
+			if code != serve.ExitOK {
 				t.Fatalf("tenants.create: %d %s %s", code, o, e)
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/pkg/jointoken"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 func newJoinScript(stdout, stderr io.Writer) *cobra.Command {
@@ -35,7 +36,7 @@ func newJoinScript(stdout, stderr io.Writer) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(_ *cobra.Command, _ []string) error {
 			if s.Token == "" || s.Gateway == "" || exportDir == "" {
-				return usageError{errors.New("--token, --gateway and --export-dir are required")}
+				return serve.Usage(errors.New("--token, --gateway and --export-dir are required"))
 			}
 			if err := s.load(exportDir); err != nil {
 				return err
@@ -114,23 +115,23 @@ var (
 // beyond the single quotes the template puts around it.
 func (s *joinScript) validate() error {
 	if _, _, err := jointoken.Parse(s.Token); err != nil || strings.ContainsAny(s.Token, "'\\\n") {
-		return usageError{errors.New("--token: expected a join token bcjt_<id>.<secret>")}
+		return serve.Usage(errors.New("--token: expected a join token bcjt_<id>.<secret>"))
 	}
 	host, port, err := net.SplitHostPort(s.Gateway)
 	if err != nil || host == "" || port == "" || !hostRE.MatchString(s.Gateway) {
-		return usageError{fmt.Errorf("--gateway: expected host:port, got %q", s.Gateway)}
+		return serve.Usage(fmt.Errorf("--gateway: expected host:port, got %q", s.Gateway))
 	}
 	if s.ServerName != "" && !hostRE.MatchString(s.ServerName) {
-		return usageError{fmt.Errorf("--server-name: expected a host name, got %q", s.ServerName)}
+		return serve.Usage(fmt.Errorf("--server-name: expected a host name, got %q", s.ServerName))
 	}
 	if s.BCDURL != "" {
 		u, err := url.Parse(s.BCDURL)
 		if err != nil || u.Scheme != "https" || u.Host == "" || strings.ContainsAny(s.BCDURL, "'\\\n ") {
-			return usageError{fmt.Errorf("--bcd-url: expected an https:// URL, got %q", s.BCDURL)}
+			return serve.Usage(fmt.Errorf("--bcd-url: expected an https:// URL, got %q", s.BCDURL))
 		}
 	}
 	if s.BCDSHA256 != "" && (!sha256RE.MatchString(s.BCDSHA256) || s.BCDURL == "") {
-		return usageError{errors.New("--bcd-sha256: expected 64 lower-case hex digits, with --bcd-url")}
+		return serve.Usage(errors.New("--bcd-sha256: expected 64 lower-case hex digits, with --bcd-url"))
 	}
 	if !keyIDRE.MatchString(s.KeyID) {
 		return fmt.Errorf("joinservice key id %q: expected hex", s.KeyID)

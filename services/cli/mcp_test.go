@@ -17,6 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/cli"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 	"github.com/bettercompute/bettercompute/services/dev"
 	"github.com/bettercompute/bettercompute/services/mcpserver"
 )
@@ -54,7 +55,7 @@ func stdioMCP(t *testing.T, args ...string) (*mcp.ClientSession, func() int, *sy
 	root.SetArgs(append([]string{"mcp"}, args...))
 	code := make(chan int, 1)
 	go func() {
-		c := cli.Report(stderr, root.ExecuteContext(context.Background()))
+		c := serve.Report(stderr, root.ExecuteContext(context.Background()))
 		_ = outW.Close()
 		_ = inR.Close()
 		code <- c
@@ -131,7 +132,7 @@ func TestMCPStdio(t *testing.T) {
 	if err != nil || !r.IsError {
 		t.Fatalf("nodes_drain without confirm: %v %+v", err, r)
 	}
-	if code := wait(); code != cli.ExitOK {
+	if code := wait(); code != serve.ExitOK {
 		t.Fatalf("better-compute mcp exited %d: %s", code, stderr)
 	}
 	if !strings.Contains(stderr.String(), "serving on stdio as") {
@@ -154,13 +155,13 @@ func TestMCPStdio(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Fatalf("read-only tools %v, want %v", names, want)
 	}
-	if code := wait(); code != cli.ExitOK {
+	if code := wait(); code != serve.ExitOK {
 		t.Fatalf("better-compute mcp --read-only exited %d: %s", code, stderr)
 	}
 
 	// A key the API does not accept fails at start, naming the problem.
 	code, _, errOut := run(t, "mcp", "--token", "bck_nope.nope")
-	if code != cli.ExitError || !strings.Contains(errOut, "UNAUTHENTICATED") {
+	if code != serve.ExitError || !strings.Contains(errOut, "UNAUTHENTICATED") {
 		t.Fatalf("bad key: exit %d, %q", code, errOut)
 	}
 }
@@ -171,7 +172,7 @@ func TestMCPCommandNeedsAToken(t *testing.T) {
 	t.Setenv("BETTER_COMPUTE_CONFIG", "")
 	t.Setenv("BETTER_COMPUTE_TOKEN", "")
 	code, _, errOut := run(t, "mcp", "--url", "http://127.0.0.1:1")
-	if code != cli.ExitConfig || !strings.Contains(errOut, "client.token") || !strings.Contains(errOut, "--token") {
+	if code != serve.ExitConfig || !strings.Contains(errOut, "client.token") || !strings.Contains(errOut, "--token") {
 		t.Fatalf("exit %d, %q", code, errOut)
 	}
 }

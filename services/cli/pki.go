@@ -23,6 +23,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/keyfile"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/secrets"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 	"github.com/bettercompute/bettercompute/services/dev"
 	"github.com/bettercompute/bettercompute/services/joinservice"
 )
@@ -83,10 +84,10 @@ func newPKIInit(stdout io.Writer) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(_ *cobra.Command, _ []string) error {
 			if dir == "" {
-				return usageError{errors.New("--dir is required")}
+				return serve.Usage(errors.New("--dir is required"))
 			}
 			if (interCert == "") != (interKey == "") {
-				return usageError{errors.New("set --intermediate-cert and --intermediate-key together")}
+				return serve.Usage(errors.New("set --intermediate-cert and --intermediate-key together"))
 			}
 			abs, err := filepath.Abs(dir)
 			if err != nil {
@@ -388,7 +389,7 @@ func newPKIExport(stdout io.Writer) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" || out == "" {
-				return usageError{errors.New("--dir and --out are required")}
+				return serve.Usage(errors.New("--dir and --out are required"))
 			}
 			td = pkiTrustDomain(cmd, dir, td)
 			m, err := loadPKI(dir, td)
@@ -441,11 +442,11 @@ func newPKIRotate(stdout io.Writer) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" || !slices.Contains(pkiRotatable, what) {
-				return usageError{fmt.Errorf("--dir and --what (one of %s) are required", strings.Join(pkiRotatable, ", "))}
+				return serve.Usage(fmt.Errorf("--dir and --what (one of %s) are required", strings.Join(pkiRotatable, ", ")))
 			}
 			td = pkiTrustDomain(cmd, dir, td)
 			if (interCert == "") != (interKey == "") || (interCert != "" && what != "ca") {
-				return usageError{errors.New("--intermediate-cert and --intermediate-key go together, with --what ca")}
+				return serve.Usage(errors.New("--intermediate-cert and --intermediate-key go together, with --what ca"))
 			}
 			var files []pkiFile
 			switch what {
@@ -583,10 +584,10 @@ func newPKIGatewayCert(stdout io.Writer) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" || out == "" || id == "" || len(hosts) == 0 {
-				return usageError{errors.New("--dir, --id, --host and --out are required")}
+				return serve.Usage(errors.New("--dir, --id, --host and --out are required"))
 			}
 			if validity <= 0 || validity > 366*24*time.Hour {
-				return usageError{errors.New("--validity: expected a duration up to 8784h")}
+				return serve.Usage(errors.New("--validity: expected a duration up to 8784h"))
 			}
 			td = pkiTrustDomain(cmd, dir, td)
 			ca, err := nodeca.Open(nodeca.Config{TrustDomain: td, CertFile: filepath.Join(dir, PKINodeCACert), KeyFile: filepath.Join(dir, PKINodeCAKey)})

@@ -26,6 +26,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/commandsig"
 	"github.com/bettercompute/bettercompute/services/cli"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 	"github.com/bettercompute/bettercompute/services/joinservice"
 )
 
@@ -388,8 +389,8 @@ func TestPKIRotate(t *testing.T) {
 		t.Errorf("the old key: %q, %v", got, err)
 	}
 
-	if rc, _, _ := bc(t, "pki", "rotate", "--dir", dir, "--what", "everything"); rc != cli.ExitConfig {
-		t.Errorf("rotate --what everything: exit %d, want %d", rc, cli.ExitConfig)
+	if rc, _, _ := bc(t, "pki", "rotate", "--dir", dir, "--what", "everything"); rc != serve.ExitConfig {
+		t.Errorf("rotate --what everything: exit %d, want %d", rc, serve.ExitConfig)
 	}
 }
 
@@ -522,7 +523,7 @@ func TestPKIGatewayCert(t *testing.T) {
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Errorf("not a client certificate for joinservice: %v", err)
 	}
-	if rc, _, _ := bc(t, "pki", "gateway-cert", "--dir", dir, "--id", "gw-1", "--out", out); rc != cli.ExitConfig {
+	if rc, _, _ := bc(t, "pki", "gateway-cert", "--dir", dir, "--id", "gw-1", "--out", out); rc != serve.ExitConfig {
 		t.Errorf("without --host: exit %d", rc)
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 	"strings"
 	"testing"
 )
@@ -23,14 +24,14 @@ func TestAPIRenamedFields(t *testing.T) {
 		t.Parallel()
 		code, out, stderr := call(t, "tenants.create", "tenantId=root", "childTenantId=acme")
 		var got struct{ Tenant struct{ ID, ParentID string } }
-		if code != ExitOK || json.Unmarshal([]byte(out), &got) != nil || got.Tenant.ID != "acme" || got.Tenant.ParentID != "root" || stderr != "" {
+		if code != serve.ExitOK || json.Unmarshal([]byte(out), &got) != nil || got.Tenant.ID != "acme" || got.Tenant.ParentID != "root" || stderr != "" {
 			t.Fatalf("exit %d\n%s%s", code, out, stderr)
 		}
 	})
 	t.Run("the old name works and warns", func(t *testing.T) {
 		t.Parallel()
 		code, out, stderr := call(t, "tenants.create", "tenantId=root", "id=beta")
-		if code != ExitOK || !strings.Contains(out, `"id": "beta"`) {
+		if code != serve.ExitOK || !strings.Contains(out, `"id": "beta"`) {
 			t.Fatalf("exit %d\n%s%s", code, out, stderr)
 		}
 		if !strings.Contains(stderr, "warning: tenants.create: field id is deprecated") || !strings.Contains(stderr, "child_tenant_id") {
@@ -41,7 +42,7 @@ func TestAPIRenamedFields(t *testing.T) {
 		t.Parallel()
 		code, _, stderr := call(t, "nodes.get", "tenantId=root", "nodeId=node_nope")
 		env, _ := splitEnvelope(t, stderr)
-		if code != ExitError || env.Code != "NOT_FOUND" || env.Field != "nodeId" || strings.Contains(stderr, "warning") {
+		if code != serve.ExitError || env.Code != "NOT_FOUND" || env.Field != "nodeId" || strings.Contains(stderr, "warning") {
 			t.Fatalf("exit %d: %+v\n%s", code, env, stderr)
 		}
 	})
@@ -49,7 +50,7 @@ func TestAPIRenamedFields(t *testing.T) {
 		t.Parallel()
 		code, _, stderr := call(t, "nodes.get", "tenantId=root", "id=node_nope")
 		env, _ := splitEnvelope(t, stderr)
-		if code != ExitError || env.Code != "NOT_FOUND" || env.Field != "nodeId" || !strings.Contains(stderr, "warning: nodes.get: field id is deprecated") {
+		if code != serve.ExitError || env.Code != "NOT_FOUND" || env.Field != "nodeId" || !strings.Contains(stderr, "warning: nodes.get: field id is deprecated") {
 			t.Fatalf("exit %d: %+v\n%s", code, env, stderr)
 		}
 	})

@@ -6,9 +6,9 @@ import (
 	"os"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
-	"github.com/bettercompute/bettercompute/services/cli"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 func main() {
-	os.Exit(cli.MainDeployable(config.RolePlacer, os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(serve.MainDeployable(config.RolePlacer, os.Args[1:], os.Stdout, os.Stderr))
 }
