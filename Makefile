@@ -98,6 +98,10 @@ migrate: ## apply database migrations to database.url (DATABASE_URL)
 tidy: ## go mod tidy in every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
 
+.PHONY: depaware
+depaware: ## rewrite agent/cmd/bcd/depaware.txt, the packages bcd links (make test fails when it is stale)
+	cd agent && $(GO) test -count=1 -run '^TestDepaware$$' ./cmd/bcd -update
+
 .PHONY: modules-check
 modules-check: ## fail unless every module builds alone (GOWORK=off) and its go.mod and go.sum are tidy
 	tools/scripts/modules-check.sh
