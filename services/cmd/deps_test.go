@@ -12,7 +12,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const module = "github.com/bettercompute/bettercompute/"
 

@@ -8,7 +8,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/bettercompute/bettercompute/agent/internal/leaktest"
 )
+
+func TestMain(m *testing.M) { leaktest.Main(m) }
 
 var update = flag.Bool("update", false, "rewrite depaware.txt from what bcd links now (make depaware)")
 
