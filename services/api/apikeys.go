@@ -78,18 +78,14 @@ func (s *apiKeys) Create(ctx context.Context, req *computev1.ApiKeysServiceCreat
 }
 
 func (s *apiKeys) List(ctx context.Context, req *computev1.ApiKeysServiceListRequest) (*computev1.ApiKeysServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	ks, err := iam.ListKeys(ctx, s.db, req.GetTenantId(), req.GetIdentityId(), after, size)
+	ks, err := iam.ListKeys(ctx, s.db, req.GetTenantId(), req.GetIdentityId(), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -97,9 +93,7 @@ func (s *apiKeys) List(ctx context.Context, req *computev1.ApiKeysServiceListReq
 	for _, k := range ks {
 		out.ApiKeys = append(out.ApiKeys, apiKeyPB(k))
 	}
-	if len(ks) > 0 {
-		out.NextPageToken = nextCursor(len(ks), size, ks[len(ks)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, ks, func(k iam.APIKey) string { return k.ID })
 	return out, nil
 }
 

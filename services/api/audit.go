@@ -22,20 +22,16 @@ type auditLog struct {
 }
 
 func (s *auditLog) List(ctx context.Context, req *computev1.AuditServiceListRequest) (*computev1.AuditServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	f := audit.Filter{
 		TenantID: req.GetTenantId(), Actor: req.GetActor(), Action: req.GetAction(),
-		Resource: req.GetResource(), Decision: req.GetDecision(), Limit: size,
+		Resource: req.GetResource(), Decision: req.GetDecision(), Limit: pg.size,
 	}
-	if after != "" {
-		if f.BeforeID, err = strconv.ParseInt(after, 10, 64); err != nil {
+	if pg.after != "" {
+		if f.BeforeID, err = strconv.ParseInt(pg.after, 10, 64); err != nil {
 			return nil, fault.New(fault.InvalidInput, "pageToken", "not a page token from this API")
 		}
 	}
@@ -64,9 +60,7 @@ func (s *auditLog) List(ctx context.Context, req *computev1.AuditServiceListRequ
 			RequestId: r.RequestID, Method: r.Method, Detail: detail,
 		})
 	}
-	if len(rs) > 0 {
-		out.NextPageToken = nextCursor(len(rs), size, strconv.FormatInt(rs[len(rs)-1].ID, 10))
-	}
+	out.NextPageToken = nextPage(pg, rs, func(r audit.Record) string { return strconv.FormatInt(r.ID, 10) })
 	return out, nil
 }
 

@@ -173,11 +173,7 @@ func (s *commandsAPI) Get(ctx context.Context, req *computev1.CommandsServiceGet
 
 // List returns a node's commands, newest first, optionally in one state.
 func (s *commandsAPI) List(ctx context.Context, req *computev1.CommandsServiceListRequest) (*computev1.CommandsServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +191,7 @@ func (s *commandsAPI) List(ctx context.Context, req *computev1.CommandsServiceLi
 	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
 		return nil, err
 	}
-	cs, err := commands.List(ctx, s.db, req.GetNodeId(), states, after, size)
+	cs, err := commands.List(ctx, s.db, req.GetNodeId(), states, pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -207,9 +203,7 @@ func (s *commandsAPI) List(ctx context.Context, req *computev1.CommandsServiceLi
 		}
 		out.Commands = append(out.Commands, pb)
 	}
-	if len(cs) > 0 {
-		out.NextPageToken = nextCursor(len(cs), size, cs[len(cs)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, cs, func(c commands.Command) string { return c.ID })
 	return out, nil
 }
 

@@ -123,6 +123,33 @@ func pageSize(n int32) (int, error) {
 	return int(n), nil
 }
 
+// pageRequest is a list request paged by pageSize and pageToken.
+type pageRequest interface {
+	GetPageSize() int32
+	GetPageToken() string
+}
+
+// page is the part of a listing one list call returns: at most size items,
+// ordered by key, after the one whose key is after ("" from the first).
+type page struct {
+	size  int
+	after string
+}
+
+// readPage checks a list request's pageSize and pageToken. (EventsService.List
+// reads only pageSize: it pages by event cursor, the one Watch resumes from.)
+func readPage(req pageRequest) (page, error) {
+	size, err := pageSize(req.GetPageSize())
+	if err != nil {
+		return page{}, err
+	}
+	after, err := decodeCursor(req.GetPageToken())
+	if err != nil {
+		return page{}, err
+	}
+	return page{size: size, after: after}, nil
+}
+
 type cursor struct {
 	After string `json:"a"`
 }
@@ -143,13 +170,13 @@ func decodeCursor(tok string) (string, error) {
 	return c.After, nil
 }
 
-// nextCursor returns the token of the page after one of n items whose last
-// key is last, or "" when the page was not full.
-func nextCursor(n, size int, last string) string {
-	if n < size {
+// nextPage returns the token of the page after pg, which held items, each
+// keyed by key: "" when they did not fill it.
+func nextPage[T any](pg page, items []T, key func(T) string) string {
+	if len(items) == 0 || len(items) < pg.size {
 		return ""
 	}
-	b, _ := json.Marshal(cursor{After: last})
+	b, _ := json.Marshal(cursor{After: key(items[len(items)-1])})
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 

@@ -58,18 +58,14 @@ func (s *identities) Create(ctx context.Context, req *computev1.IdentitiesServic
 }
 
 func (s *identities) List(ctx context.Context, req *computev1.IdentitiesServiceListRequest) (*computev1.IdentitiesServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	is, err := iam.ListIdentities(ctx, s.db, req.GetTenantId(), after, size)
+	is, err := iam.ListIdentities(ctx, s.db, req.GetTenantId(), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -77,9 +73,7 @@ func (s *identities) List(ctx context.Context, req *computev1.IdentitiesServiceL
 	for _, i := range is {
 		out.Identities = append(out.Identities, identityPB(i))
 	}
-	if len(is) > 0 {
-		out.NextPageToken = nextCursor(len(is), size, is[len(is)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, is, func(i iam.Identity) string { return i.ID })
 	return out, nil
 }
 

@@ -132,11 +132,7 @@ func (s *instancesAPI) Get(ctx context.Context, req *computev1.InstancesServiceG
 }
 
 func (s *instancesAPI) List(ctx context.Context, req *computev1.InstancesServiceListRequest) (*computev1.InstancesServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +142,7 @@ func (s *instancesAPI) List(ctx context.Context, req *computev1.InstancesService
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	ins, err := instances.List(ctx, s.db, instances.ListFilter{TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), State: req.GetState(), After: after, Limit: size})
+	ins, err := instances.List(ctx, s.db, instances.ListFilter{TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), State: req.GetState(), After: pg.after, Limit: pg.size})
 	if err != nil {
 		return nil, err
 	}
@@ -154,9 +150,7 @@ func (s *instancesAPI) List(ctx context.Context, req *computev1.InstancesService
 	for _, in := range ins {
 		out.Instances = append(out.Instances, instancePB(in))
 	}
-	if len(ins) > 0 {
-		out.NextPageToken = nextCursor(len(ins), size, ins[len(ins)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, ins, func(in instances.Instance) string { return in.ID })
 	return out, nil
 }
 

@@ -149,18 +149,14 @@ func (s *joinTokens) Create(ctx context.Context, req *computev1.JoinTokensServic
 }
 
 func (s *joinTokens) List(ctx context.Context, req *computev1.JoinTokensServiceListRequest) (*computev1.JoinTokensServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	toks, err := jointoken.List(ctx, s.db, req.GetTenantId(), strings.TrimSpace(req.GetPoolId()), after, size)
+	toks, err := jointoken.List(ctx, s.db, req.GetTenantId(), strings.TrimSpace(req.GetPoolId()), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -168,9 +164,7 @@ func (s *joinTokens) List(ctx context.Context, req *computev1.JoinTokensServiceL
 	for _, t := range toks {
 		out.JoinTokens = append(out.JoinTokens, joinTokenPB(t))
 	}
-	if len(toks) > 0 {
-		out.NextPageToken = nextCursor(len(toks), size, toks[len(toks)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, toks, func(t jointoken.Token) string { return t.ID })
 	return out, nil
 }
 

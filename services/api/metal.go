@@ -261,15 +261,11 @@ func (s *metalAPI) Get(ctx context.Context, req *computev1.MetalServiceGetReques
 }
 
 func (s *metalAPI) List(ctx context.Context, req *computev1.MetalServiceListRequest) (*computev1.MetalServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
-	after, err := decodeCursor(req.GetPageToken())
-	if err != nil {
-		return nil, err
-	}
-	f := machines.Filter{TenantID: req.GetTenantId(), SiteID: req.GetSiteId(), After: after, Limit: size}
+	f := machines.Filter{TenantID: req.GetTenantId(), SiteID: req.GetSiteId(), After: pg.after, Limit: pg.size}
 	if st := machines.State(req.GetState()); st != "" {
 		if !st.Valid() {
 			return nil, fault.New(fault.InvalidInput, "state", "%q: expected one of %v", st, machines.States())
@@ -287,9 +283,7 @@ func (s *metalAPI) List(ctx context.Context, req *computev1.MetalServiceListRequ
 	for _, m := range list {
 		out.Machines = append(out.Machines, machinePB(m))
 	}
-	if len(list) > 0 {
-		out.NextPageToken = nextCursor(len(list), size, list[len(list)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, list, func(m machines.Machine) string { return m.ID })
 	return out, nil
 }
 

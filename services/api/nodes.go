@@ -120,11 +120,7 @@ func (s *nodes) Get(ctx context.Context, req *computev1.NodesServiceGetRequest) 
 }
 
 func (s *nodes) List(ctx context.Context, req *computev1.NodesServiceListRequest) (*computev1.NodesServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +144,7 @@ func (s *nodes) List(ctx context.Context, req *computev1.NodesServiceListRequest
 	ns, err := nodestore.List(ctx, s.db, nodestore.Filter{
 		TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), State: req.GetState(), Labels: req.GetLabels(),
 		Condition: req.GetCondition(),
-	}, after, size)
+	}, pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -156,9 +152,7 @@ func (s *nodes) List(ctx context.Context, req *computev1.NodesServiceListRequest
 	for _, n := range ns {
 		out.Nodes = append(out.Nodes, nodePB(n))
 	}
-	if len(ns) > 0 {
-		out.NextPageToken = nextCursor(len(ns), size, ns[len(ns)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, ns, func(n nodestore.Node) string { return n.ID })
 	return out, nil
 }
 

@@ -90,18 +90,14 @@ func (s *policies) Get(ctx context.Context, req *computev1.PoliciesServiceGetReq
 }
 
 func (s *policies) List(ctx context.Context, req *computev1.PoliciesServiceListRequest) (*computev1.PoliciesServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	ps, err := authz.ListPolicies(ctx, s.db, req.GetTenantId(), after, size)
+	ps, err := authz.ListPolicies(ctx, s.db, req.GetTenantId(), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -109,9 +105,7 @@ func (s *policies) List(ctx context.Context, req *computev1.PoliciesServiceListR
 	for _, p := range ps {
 		out.Policies = append(out.Policies, policyPB(p))
 	}
-	if len(ps) > 0 {
-		out.NextPageToken = nextCursor(len(ps), size, ps[len(ps)-1].Name)
-	}
+	out.NextPageToken = nextPage(pg, ps, func(p authz.Policy) string { return p.Name })
 	return out, nil
 }
 

@@ -114,11 +114,7 @@ func (s *pools) Get(ctx context.Context, req *computev1.PoolsServiceGetRequest) 
 }
 
 func (s *pools) List(ctx context.Context, req *computev1.PoolsServiceListRequest) (*computev1.PoolsServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +124,7 @@ func (s *pools) List(ctx context.Context, req *computev1.PoolsServiceListRequest
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	ps, err := poolstore.List(ctx, s.db, req.GetTenantId(), req.GetClass(), after, size)
+	ps, err := poolstore.List(ctx, s.db, req.GetTenantId(), req.GetClass(), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -136,9 +132,7 @@ func (s *pools) List(ctx context.Context, req *computev1.PoolsServiceListRequest
 	for _, p := range ps {
 		out.Pools = append(out.Pools, poolPB(p))
 	}
-	if len(ps) > 0 {
-		out.NextPageToken = nextCursor(len(ps), size, ps[len(ps)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, ps, func(p poolstore.Pool) string { return p.ID })
 	return out, nil
 }
 

@@ -181,11 +181,7 @@ func (s *reservations) Get(ctx context.Context, req *computev1.ReservationsServi
 }
 
 func (s *reservations) List(ctx context.Context, req *computev1.ReservationsServiceListRequest) (*computev1.ReservationsServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +191,7 @@ func (s *reservations) List(ctx context.Context, req *computev1.ReservationsServ
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	rs, err := capstore.List(ctx, s.db, capstore.ListFilter{TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), State: req.GetState(), After: after, Limit: size})
+	rs, err := capstore.List(ctx, s.db, capstore.ListFilter{TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), State: req.GetState(), After: pg.after, Limit: pg.size})
 	if err != nil {
 		return nil, err
 	}
@@ -204,9 +200,7 @@ func (s *reservations) List(ctx context.Context, req *computev1.ReservationsServ
 	for _, r := range rs {
 		out.Reservations = append(out.Reservations, reservationPB(r, now))
 	}
-	if len(rs) > 0 {
-		out.NextPageToken = nextCursor(len(rs), size, rs[len(rs)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, rs, func(r capstore.Reservation) string { return r.ID })
 	return out, nil
 }
 

@@ -113,18 +113,14 @@ func (s *sitesAPI) Get(ctx context.Context, req *computev1.SitesServiceGetReques
 }
 
 func (s *sitesAPI) List(ctx context.Context, req *computev1.SitesServiceListRequest) (*computev1.SitesServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	list, err := sites.List(ctx, s.db, req.GetTenantId(), after, size)
+	list, err := sites.List(ctx, s.db, req.GetTenantId(), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -132,9 +128,7 @@ func (s *sitesAPI) List(ctx context.Context, req *computev1.SitesServiceListRequ
 	for _, site := range list {
 		out.Sites = append(out.Sites, sitePB(site, nil))
 	}
-	if len(list) > 0 {
-		out.NextPageToken = nextCursor(len(list), size, list[len(list)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, list, func(site sites.Site) string { return site.ID })
 	return out, nil
 }
 
@@ -227,11 +221,7 @@ func (s *sitesAPI) CreateToken(ctx context.Context, req *computev1.SitesServiceC
 }
 
 func (s *sitesAPI) ListTokens(ctx context.Context, req *computev1.SitesServiceListTokensRequest) (*computev1.SitesServiceListTokensResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +232,7 @@ func (s *sitesAPI) ListTokens(ctx context.Context, req *computev1.SitesServiceLi
 	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
 		return nil, err
 	}
-	toks, err := sites.ListTokens(ctx, s.db, req.GetTenantId(), req.GetSiteId(), after, size)
+	toks, err := sites.ListTokens(ctx, s.db, req.GetTenantId(), req.GetSiteId(), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -250,9 +240,7 @@ func (s *sitesAPI) ListTokens(ctx context.Context, req *computev1.SitesServiceLi
 	for _, t := range toks {
 		out.SiteTokens = append(out.SiteTokens, siteTokenPB(t))
 	}
-	if len(toks) > 0 {
-		out.NextPageToken = nextCursor(len(toks), size, toks[len(toks)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, toks, func(t sites.Token) string { return t.ID })
 	return out, nil
 }
 

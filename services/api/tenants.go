@@ -76,18 +76,14 @@ func (s *tenants) Get(ctx context.Context, req *computev1.TenantsServiceGetReque
 }
 
 func (s *tenants) List(ctx context.Context, req *computev1.TenantsServiceListRequest) (*computev1.TenantsServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	ts, err := iam.ListTenants(ctx, s.db, req.GetTenantId(), after, size)
+	ts, err := iam.ListTenants(ctx, s.db, req.GetTenantId(), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -95,8 +91,6 @@ func (s *tenants) List(ctx context.Context, req *computev1.TenantsServiceListReq
 	for _, t := range ts {
 		out.Tenants = append(out.Tenants, tenantPB(t))
 	}
-	if len(ts) > 0 {
-		out.NextPageToken = nextCursor(len(ts), size, ts[len(ts)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, ts, func(t iam.Tenant) string { return t.ID })
 	return out, nil
 }

@@ -151,18 +151,14 @@ func (s *webhooksAPI) Get(ctx context.Context, req *computev1.WebhooksServiceGet
 }
 
 func (s *webhooksAPI) List(ctx context.Context, req *computev1.WebhooksServiceListRequest) (*computev1.WebhooksServiceListResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return nil, err
 	}
-	ws, err := webhooks.List(ctx, s.db, req.GetTenantId(), after, size)
+	ws, err := webhooks.List(ctx, s.db, req.GetTenantId(), pg.after, pg.size)
 	if err != nil {
 		return nil, err
 	}
@@ -170,9 +166,7 @@ func (s *webhooksAPI) List(ctx context.Context, req *computev1.WebhooksServiceLi
 	for _, w := range ws {
 		out.Webhooks = append(out.Webhooks, webhookPB(w))
 	}
-	if len(ws) > 0 {
-		out.NextPageToken = nextCursor(len(ws), size, ws[len(ws)-1].ID)
-	}
+	out.NextPageToken = nextPage(pg, ws, func(w webhooks.Webhook) string { return w.ID })
 	return out, nil
 }
 
@@ -328,17 +322,13 @@ func (s *webhooksAPI) Test(ctx context.Context, req *computev1.WebhooksServiceTe
 }
 
 func (s *webhooksAPI) ListDeliveries(ctx context.Context, req *computev1.WebhooksServiceListDeliveriesRequest) (*computev1.WebhooksServiceListDeliveriesResponse, error) {
-	size, err := pageSize(req.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := decodeCursor(req.GetPageToken())
+	pg, err := readPage(req)
 	if err != nil {
 		return nil, err
 	}
 	var before int64
-	if after != "" {
-		if before, err = strconv.ParseInt(after, 10, 64); err != nil {
+	if pg.after != "" {
+		if before, err = strconv.ParseInt(pg.after, 10, 64); err != nil {
 			return nil, fault.New(fault.InvalidInput, "pageToken", "not a page token from this API")
 		}
 	}
@@ -356,7 +346,7 @@ func (s *webhooksAPI) ListDeliveries(ctx context.Context, req *computev1.Webhook
 		return nil, err
 	}
 	ds, err := webhooks.ListDeliveries(ctx, s.db, webhooks.DeliveryFilter{
-		TenantID: req.GetTenantId(), WebhookID: req.GetWebhookId(), State: req.GetState(), BeforeID: before, Limit: size,
+		TenantID: req.GetTenantId(), WebhookID: req.GetWebhookId(), State: req.GetState(), BeforeID: before, Limit: pg.size,
 	})
 	if err != nil {
 		return nil, err
@@ -365,9 +355,7 @@ func (s *webhooksAPI) ListDeliveries(ctx context.Context, req *computev1.Webhook
 	for _, d := range ds {
 		out.Deliveries = append(out.Deliveries, deliveryPB(d))
 	}
-	if len(ds) > 0 {
-		out.NextPageToken = nextCursor(len(ds), size, strconv.FormatInt(ds[len(ds)-1].ID, 10))
-	}
+	out.NextPageToken = nextPage(pg, ds, func(d webhooks.Delivery) string { return strconv.FormatInt(d.ID, 10) })
 	return out, nil
 }
 
