@@ -45,15 +45,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/converge"
@@ -153,10 +149,6 @@ type Config struct {
 	// health checks with whether it queued a report (tests count passes).
 	OnHealthCheck func(reported bool)
 }
-
-// maxOutbox bounds the updates and reports queued while disconnected; the
-// oldest are dropped beyond it (the journal answers re-deliveries anyway).
-const maxOutbox = 10000
 
 // Run holds the node's session until ctx ends, reconnecting forever, and
 // renews the certificate in the background. It returns an error only when
@@ -276,155 +268,6 @@ type runner struct {
 	// sentCh is closed and replaced whenever sent moves.
 	queued, sent uint64
 	sentCh       chan struct{}
-}
-
-// waitSent returns once every message queued so far was sent, or ctx ends.
-func (r *runner) waitSent(ctx context.Context) {
-	r.outMu.Lock()
-	target := r.queued
-	r.outMu.Unlock()
-	for {
-		r.outMu.Lock()
-		done, ch := r.sent >= target, r.sentCh
-		r.outMu.Unlock()
-		if done {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// advanceSent records n more messages sent or dropped. r.outMu is held.
-func (r *runner) advanceSent(n uint64) {
-	r.sent += n
-	close(r.sentCh)
-	r.sentCh = make(chan struct{})
-}
-
-// queue adds m to the outbox without blocking.
-func (r *runner) queue(m *agentv1.SessionRequest) {
-	r.outMu.Lock()
-	if len(r.outbox) >= maxOutbox {
-		r.log.Warn("session outbox full; dropping the oldest message")
-		r.outbox = r.outbox[1:]
-		r.advanceSent(1)
-	}
-	r.outbox = append(r.outbox, m)
-	r.queued++
-	r.outMu.Unlock()
-	select {
-	case r.outReady <- struct{}{}:
-	default:
-	}
-}
-
-// flushOutbox sends the queued messages in order; on a send error the
-// unsent ones stay queued for the next session.
-func (r *runner) flushOutbox(stream agentv1.NodeService_SessionClient) error {
-	r.outMu.Lock()
-	msgs := r.outbox
-	r.outbox = nil
-	r.outMu.Unlock()
-	for i, m := range msgs {
-		if err := stream.Send(m); err != nil {
-			r.outMu.Lock()
-			r.outbox = append(msgs[i:len(msgs):len(msgs)], r.outbox...)
-			r.outMu.Unlock()
-			select {
-			case r.outReady <- struct{}{}:
-			default:
-			}
-			return err
-		}
-		r.outMu.Lock()
-		r.advanceSent(1)
-		r.outMu.Unlock()
-	}
-	return nil
-}
-
-func (r *runner) setIdentity(id state.Identity) error {
-	leaf, err := id.Leaf()
-	if err != nil {
-		return err
-	}
-	pool, err := id.Pool()
-	if err != nil {
-		return err
-	}
-	cert := &tls.Certificate{Certificate: id.Chain, PrivateKey: r.key, Leaf: leaf}
-	r.mu.Lock()
-	r.id, r.cert, r.pool = id, cert, pool
-	r.mu.Unlock()
-	return nil
-}
-
-func (r *runner) current() (state.Identity, *tls.Certificate, *x509.CertPool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.id, r.cert, r.pool
-}
-
-// dial opens a client connection authenticated with the current
-// certificate and verifying the gateway against the current trust bundle.
-func (r *runner) dial() (*grpc.ClientConn, error) {
-	_, _, pool := r.current()
-	creds := credentials.NewTLS(&tls.Config{
-		MinVersion: tls.VersionTLS12,
-		RootCAs:    pool,
-		ServerName: r.cfg.ServerName,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			_, c, _ := r.current()
-			return c, nil
-		},
-		VerifyConnection: r.verifyGateway,
-	})
-	conn, err := grpc.NewClient(r.cfg.Gateway, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		return nil, fmt.Errorf("session: dial %s: %w", r.cfg.Gateway, err)
-	}
-	return conn, nil
-}
-
-// trustDomain is the trust domain of the node's SPIFFE id: the
-// installation destructive commands must be signed for. It does not change
-// on renewal.
-func trustDomain(id state.Identity) string {
-	leaf, err := id.Leaf()
-	if err != nil {
-		return ""
-	}
-	for _, u := range leaf.URIs {
-		if u.Scheme == "spiffe" && u.Path == "/node/"+id.NodeID {
-			return u.Host
-		}
-	}
-	return ""
-}
-
-// verifyGateway runs after the standard chain and name verification: the
-// gateway's certificate must name a gateway of the node's trust domain.
-func (r *runner) verifyGateway(cs tls.ConnectionState) error {
-	if len(cs.PeerCertificates) == 0 {
-		return errors.New("session: the gateway sent no certificate")
-	}
-	_, own, _ := r.current()
-	td := ""
-	for _, u := range own.Leaf.URIs {
-		if u.Scheme == "spiffe" {
-			td = u.Host
-		}
-	}
-	for _, u := range cs.PeerCertificates[0].URIs {
-		if u.Scheme == "spiffe" && u.Host == td && strings.HasPrefix(u.Path, "/gateway/") && len(u.Path) > len("/gateway/") {
-			return nil
-		}
-	}
-	return fmt.Errorf("session: the gateway's certificate has no SPIFFE id spiffe://%s/gateway/<name>", td)
 }
 
 // sessionLoop runs sessions until ctx ends, backing off between them.
@@ -635,101 +478,5 @@ func GPUAddresses(inv Inventory) func(ctx context.Context) (map[string]string, e
 			out[g.GetUuid()] = g.GetPciBusId()
 		}
 		return out, nil
-	}
-}
-
-// offerDesired hands ds to the converge loop, replacing any state it has
-// not started on. A state older than one already received or observed is
-// ignored (generations only grow).
-func (r *runner) offerDesired(ctx context.Context, ds *agentv1.DesiredState) {
-	r.slotMu.Lock()
-	floor := max(r.highestGen, r.conv.ObservedGeneration())
-	if ds.GetGeneration() < floor {
-		r.slotMu.Unlock()
-		r.log.WarnContext(ctx, "ignoring an older desired state", "generation", ds.GetGeneration(), "have", floor)
-		return
-	}
-	r.highestGen = ds.GetGeneration()
-	r.desired = ds
-	r.slotMu.Unlock()
-	select {
-	case r.desiredReady <- struct{}{}:
-	default:
-	}
-}
-
-func (r *runner) takeDesired() *agentv1.DesiredState {
-	r.slotMu.Lock()
-	defer r.slotMu.Unlock()
-	ds := r.desired
-	r.desired = nil
-	return ds
-}
-
-// publish makes o the next Observed to send, replacing an unsent one.
-func (r *runner) publish(o *agentv1.Observed) {
-	r.slotMu.Lock()
-	r.result = o
-	r.slotMu.Unlock()
-	select {
-	case r.resultReady <- struct{}{}:
-	default:
-	}
-}
-
-func (r *runner) takeResult() *agentv1.Observed {
-	r.slotMu.Lock()
-	defer r.slotMu.Unlock()
-	o := r.result
-	r.result = nil
-	return o
-}
-
-// putBackResult re-queues o unless a newer result was published meanwhile.
-func (r *runner) putBackResult(o *agentv1.Observed) {
-	r.slotMu.Lock()
-	if r.result == nil {
-		r.result = o
-	}
-	r.slotMu.Unlock()
-	select {
-	case r.resultReady <- struct{}{}:
-	default:
-	}
-}
-
-// convergeLoop converges the newest desired state whenever one arrives and
-// every ReconvergeInterval, and publishes each result; a periodic result
-// identical to the last one is not published again.
-func (r *runner) convergeLoop(ctx context.Context) {
-	tick := time.NewTicker(r.cfg.ReconvergeInterval)
-	defer tick.Stop()
-	var latest *agentv1.DesiredState
-	var last *agentv1.Observed
-	for {
-		periodic := false
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.desiredReady:
-			ds := r.takeDesired()
-			if ds == nil {
-				continue
-			}
-			latest = ds
-		case <-tick.C:
-			if latest == nil {
-				continue
-			}
-			periodic = true
-		}
-		sections, observed := r.conv.Converge(ctx, latest)
-		r.cmds.SetApplied(observed)
-		o := &agentv1.Observed{Generation: latest.GetGeneration(), ObservedGeneration: observed, Sections: sections}
-		if periodic && proto.Equal(o, last) {
-			continue
-		}
-		last = o
-		r.publish(o)
 	}
 }

@@ -1,0 +1,106 @@
+package session
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// offerDesired hands ds to the converge loop, replacing any state it has
+// not started on. A state older than one already received or observed is
+// ignored (generations only grow).
+func (r *runner) offerDesired(ctx context.Context, ds *agentv1.DesiredState) {
+	r.slotMu.Lock()
+	floor := max(r.highestGen, r.conv.ObservedGeneration())
+	if ds.GetGeneration() < floor {
+		r.slotMu.Unlock()
+		r.log.WarnContext(ctx, "ignoring an older desired state", "generation", ds.GetGeneration(), "have", floor)
+		return
+	}
+	r.highestGen = ds.GetGeneration()
+	r.desired = ds
+	r.slotMu.Unlock()
+	select {
+	case r.desiredReady <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) takeDesired() *agentv1.DesiredState {
+	r.slotMu.Lock()
+	defer r.slotMu.Unlock()
+	ds := r.desired
+	r.desired = nil
+	return ds
+}
+
+// publish makes o the next Observed to send, replacing an unsent one.
+func (r *runner) publish(o *agentv1.Observed) {
+	r.slotMu.Lock()
+	r.result = o
+	r.slotMu.Unlock()
+	select {
+	case r.resultReady <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) takeResult() *agentv1.Observed {
+	r.slotMu.Lock()
+	defer r.slotMu.Unlock()
+	o := r.result
+	r.result = nil
+	return o
+}
+
+// putBackResult re-queues o unless a newer result was published meanwhile.
+func (r *runner) putBackResult(o *agentv1.Observed) {
+	r.slotMu.Lock()
+	if r.result == nil {
+		r.result = o
+	}
+	r.slotMu.Unlock()
+	select {
+	case r.resultReady <- struct{}{}:
+	default:
+	}
+}
+
+// convergeLoop converges the newest desired state whenever one arrives and
+// every ReconvergeInterval, and publishes each result; a periodic result
+// identical to the last one is not published again.
+func (r *runner) convergeLoop(ctx context.Context) {
+	tick := time.NewTicker(r.cfg.ReconvergeInterval)
+	defer tick.Stop()
+	var latest *agentv1.DesiredState
+	var last *agentv1.Observed
+	for {
+		periodic := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.desiredReady:
+			ds := r.takeDesired()
+			if ds == nil {
+				continue
+			}
+			latest = ds
+		case <-tick.C:
+			if latest == nil {
+				continue
+			}
+			periodic = true
+		}
+		sections, observed := r.conv.Converge(ctx, latest)
+		r.cmds.SetApplied(observed)
+		o := &agentv1.Observed{Generation: latest.GetGeneration(), ObservedGeneration: observed, Sections: sections}
+		if periodic && proto.Equal(o, last) {
+			continue
+		}
+		last = o
+		r.publish(o)
+	}
+}
