@@ -9,8 +9,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/bettercompute/bettercompute/services/cli/serve"
 	"github.com/bettercompute/bettercompute/proto/openapi"
+	"github.com/bettercompute/bettercompute/services/cli/serve"
 )
 
 type apiMethod struct {
