@@ -112,24 +112,24 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		if !strings.HasPrefix(info.FullMethod, "/"+APIPackage+".") {
 			return handler(srv, ss) // reflection
 		}
-		return ToStatus(fault.New(fault.Unsupported, "", "method %s is not served here", info.FullMethod)).Err()
+		return fault.New(fault.Unsupported, "", "method %s is not served here", info.FullMethod).Status().Err()
 	}
 	ctx := ss.Context()
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = withRequestID(ctx, first(md, RequestIDHeader))
 	if m.Anonymous && !s.anon.Allow(clientAddr(ctx, md)) {
-		return ToStatus(fault.New(fault.RateLimited, "", "too many requests without a credential from this address; retry later")).Err()
+		return fault.New(fault.RateLimited, "", "too many requests without a credential from this address; retry later").Status().Err()
 	}
 	if !m.Anonymous {
 		p, err := s.authenticate(ctx, clientAddr(ctx, md), first(md, "authorization"))
 		if err != nil {
-			return ToStatus(err).Err()
+			return fault.ToStatus(err).Err()
 		}
 		ctx = iam.WithPrincipal(ctx, p)
 	}
 	err := handler(srv, &contextStream{ServerStream: ss, ctx: ctx})
 	if err != nil {
-		return ToStatus(err).Err()
+		return fault.ToStatus(err).Err()
 	}
 	return nil
 }
@@ -149,10 +149,10 @@ func (c *contextStream) RecvMsg(m any) error {
 		return err
 	}
 	if _, err := normalizeRenamed(m); err != nil {
-		return ToStatus(err).Err()
+		return fault.ToStatus(err).Err()
 	}
 	if err := checkLimits(m); err != nil {
-		return ToStatus(err).Err()
+		return fault.ToStatus(err).Err()
 	}
 	return nil
 }

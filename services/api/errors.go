@@ -18,9 +18,6 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
 
-// ErrorDomain is the ErrorInfo domain of every Better Compute API error.
-const ErrorDomain = "api.bettercompute"
-
 // Envelope is the REST error body, and what the gRPC status details carry:
 // the stable code, a message and the offending field where there is one.
 type Envelope struct {
@@ -29,40 +26,11 @@ type Envelope struct {
 	Field   string     `json:"field,omitempty"`
 }
 
-// ToStatus turns an error returned by a handler into the gRPC status the API
-// answers with. A *fault.Error keeps its code, message and field (as an
-// ErrorInfo detail); a status error passes through; anything else is INTERNAL
-// with a generic message, the cause staying in the log.
-func ToStatus(err error) *status.Status {
-	if st, ok := status.FromError(err); ok && !hasFault(err) {
-		return st
-	}
-	fe, ok := fault.As(err)
-	if !ok {
-		fe = fault.New(fault.Internal, "", "internal error")
-	}
-	info, _ := fault.Lookup(fe.Code)
-	st := status.New(info.GRPC, fe.Message)
-	md := map[string]string{}
-	if fe.Field != "" {
-		md["field"] = fe.Field
-	}
-	if withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: string(fe.Code), Domain: ErrorDomain, Metadata: md}); err == nil {
-		return withInfo
-	}
-	return st
-}
-
-func hasFault(err error) bool {
-	_, ok := fault.As(err)
-	return ok
-}
-
 // FromStatus reads the envelope back from a gRPC status: the ErrorInfo when
 // present, else a code derived from the gRPC code.
 func FromStatus(st *status.Status) Envelope {
 	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == ErrorDomain {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == fault.ErrorDomain {
 			return Envelope{Code: fault.Code(ei.GetReason()), Message: st.Message(), Field: ei.GetMetadata()["field"]}
 		}
 	}
@@ -104,7 +72,7 @@ func unaryErrors(logger *slog.Logger) grpc.UnaryServerInterceptor {
 		if err == nil {
 			return resp, nil
 		}
-		st := ToStatus(err)
+		st := fault.ToStatus(err)
 		if FromStatus(st).Code == fault.Internal {
 			logger.ErrorContext(ctx, "request failed", "method", info.FullMethod, "err", err)
 		}
@@ -131,7 +99,7 @@ func gatewayErrorHandler(ctx context.Context, _ *runtime.ServeMux, _ runtime.Mar
 	}
 	st, ok := status.FromError(err)
 	if !ok {
-		st = ToStatus(err)
+		st = fault.ToStatus(err)
 	}
 	var herr *runtime.HTTPStatusError
 	if errors.As(err, &herr) {
@@ -155,25 +123,25 @@ func decodeStatus(st *status.Status) *status.Status {
 	msg := st.Message()
 	switch {
 	case strings.Contains(msg, "request body too large"):
-		return ToStatus(fault.New(fault.InvalidInput, "", "request body exceeds %d bytes", MaxRequestBytes))
+		return fault.New(fault.InvalidInput, "", "request body exceeds %d bytes", MaxRequestBytes).Status()
 	case unknownFieldRE.MatchString(msg):
 		f := unknownFieldRE.FindStringSubmatch(msg)[1]
-		return ToStatus(fault.New(fault.InvalidInput, f, "unknown field %q", f))
+		return fault.New(fault.InvalidInput, f, "unknown field %q", f).Status()
 	case badValueRE.MatchString(msg):
 		f := badValueRE.FindStringSubmatch(msg)[1]
 		if f == "key" || f == "value" {
 			f = "" // a map entry's: protojson does not name the map
 		}
-		return ToStatus(fault.New(fault.InvalidInput, f, "wrong type or value: %s", strings.TrimPrefix(msg, "proto: ")))
+		return fault.New(fault.InvalidInput, f, "wrong type or value: %s", strings.TrimPrefix(msg, "proto: ")).Status()
 	case badKeyRE.MatchString(msg):
-		return ToStatus(fault.New(fault.InvalidInput, "", "wrong map key: %s", strings.TrimPrefix(msg, "proto: ")))
+		return fault.New(fault.InvalidInput, "", "wrong map key: %s", strings.TrimPrefix(msg, "proto: ")).Status()
 	}
-	return ToStatus(fault.New(fault.InvalidInput, "", "malformed request body: %s", strings.TrimPrefix(msg, "proto: ")))
+	return fault.New(fault.InvalidInput, "", "malformed request body: %s", strings.TrimPrefix(msg, "proto: ")).Status()
 }
 
 func hasEnvelope(st *status.Status) bool {
 	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == ErrorDomain {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == fault.ErrorDomain {
 			return true
 		}
 	}
@@ -184,9 +152,9 @@ func hasEnvelope(st *status.Status) bool {
 func routingStatus(httpStatus int) *status.Status {
 	switch httpStatus {
 	case http.StatusMethodNotAllowed:
-		return ToStatus(fault.New(fault.Unsupported, "", "every API method is POST /api/compute/{group}/{method}"))
+		return fault.New(fault.Unsupported, "", "every API method is POST /api/compute/{group}/{method}").Status()
 	default:
-		return ToStatus(fault.New(fault.NotFound, "", "no API method at this path; see /api/compute/openapi.json"))
+		return fault.New(fault.NotFound, "", "no API method at this path; see /api/compute/openapi.json").Status()
 	}
 }
 

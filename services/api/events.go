@@ -247,7 +247,7 @@ func (h *watchHub) stop() {
 // event is one SSE message: id is the event's cursor, data its JSON.
 func (s *Server) ServeWatch(w http.ResponseWriter, r *http.Request) {
 	ctx := withRequestID(r.Context(), r.Header.Get(RequestIDHeader))
-	fail := func(err error) { writeEnvelope(w, ToStatus(err)) }
+	fail := func(err error) { writeEnvelope(w, fault.ToStatus(err)) }
 	p, err := s.authenticate(ctx, hostOf(r.RemoteAddr), r.Header.Get("Authorization"))
 	if err != nil {
 		fail(err)

@@ -310,7 +310,7 @@ func TestOpenAPIServed(t *testing.T) {
 	}
 	raw, _ := json.Marshal(b)
 	if err := json.Unmarshal(raw, &se); err != nil || st != http.StatusUnauthorized || se.Error.Message == "" ||
-		len(se.Error.Details) != 1 || se.Error.Details[0].Reason != string(fault.Unauthenticated) || se.Error.Details[0].Domain != api.ErrorDomain {
+		len(se.Error.Details) != 1 || se.Error.Details[0].Reason != string(fault.Unauthenticated) || se.Error.Details[0].Domain != fault.ErrorDomain {
 		t.Errorf("events.watch without a token: %d %s, want 401 and StreamError with reason UNAUTHENTICATED", st, raw)
 	}
 }

@@ -173,7 +173,7 @@ func TestClientEnvelopeMatchesTheServer(t *testing.T) {
 	for _, info := range fault.Codes {
 		codes = append(codes, client.Code(info.Code))
 		for _, field := range []string{"", "spec.gpus"} {
-			st := api.ToStatus(fault.New(info.Code, field, "something about %s", info.Code))
+			st := fault.ToStatus(fault.New(info.Code, field, "something about %s", info.Code))
 			want := api.FromStatus(st)
 			got := client.EnvelopeOf(st.Err())
 			if string(got.Code) != string(want.Code) || got.Message != want.Message || got.Field != want.Field {

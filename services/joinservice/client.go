@@ -25,7 +25,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
-	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/pkg/fault"
 )
 
 // ClientConfig configures a [Client].
@@ -203,10 +203,10 @@ func call[T any](ctx context.Context, c *Client, method string, fn func(context.
 
 // answered reports whether st is joinservice's own answer (its handlers
 // and its interceptor answer in the API's envelope, an ErrorInfo of
-// api.ErrorDomain) rather than the transport's.
+// fault.ErrorDomain) rather than the transport's.
 func answered(st *status.Status) bool {
 	for _, d := range st.Details() {
-		if ei, ok := d.(interface{ GetDomain() string }); ok && ei.GetDomain() == api.ErrorDomain {
+		if ei, ok := d.(interface{ GetDomain() string }); ok && ei.GetDomain() == fault.ErrorDomain {
 			return true
 		}
 	}

@@ -19,7 +19,6 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
-	"github.com/bettercompute/bettercompute/services/api"
 )
 
 // The internal listener.
@@ -116,19 +115,19 @@ func (s *InternalServer) authorize(ctx context.Context, req any, _ *grpc.UnarySe
 func (s *InternalServer) gatewayOf(ctx context.Context) (string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", api.ToStatus(fault.New(fault.Unauthenticated, "certificate", "a gateway certificate is required")).Err()
+		return "", fault.New(fault.Unauthenticated, "certificate", "a gateway certificate is required").Status().Err()
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
-		return "", api.ToStatus(fault.New(fault.Unauthenticated, "certificate", "a gateway certificate is required")).Err()
+		return "", fault.New(fault.Unauthenticated, "certificate", "a gateway certificate is required").Status().Err()
 	}
 	id, err := x509svid.IDFromCert(ti.State.VerifiedChains[0][0])
 	if err != nil {
-		return "", api.ToStatus(fault.New(fault.Unauthenticated, "certificate", "the certificate has no SPIFFE ID")).Err()
+		return "", fault.New(fault.Unauthenticated, "certificate", "the certificate has no SPIFFE ID").Status().Err()
 	}
 	name, ok := strings.CutPrefix(id.Path(), "/gateway/")
 	if id.TrustDomain() != s.td || !ok || name == "" || strings.Contains(name, "/") {
-		return "", api.ToStatus(fault.New(fault.AccessDenied, "certificate", "%s is not a gateway of %s", id, s.td)).Err()
+		return "", fault.New(fault.AccessDenied, "certificate", "%s is not a gateway of %s", id, s.td).Status().Err()
 	}
 	return name, nil
 }

@@ -14,7 +14,6 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
-	"github.com/bettercompute/bettercompute/services/api"
 )
 
 // Server adapts a [Service] to agentv1.NodeServiceServer for Join and Renew,
@@ -102,7 +101,7 @@ func (s *Server) status(ctx context.Context, method string, err error) error {
 		s.logger.ErrorContext(ctx, "node call failed", "method", method, "err", err)
 		err = fault.New(fault.Internal, "", "internal error")
 	}
-	return api.ToStatus(err).Err()
+	return fault.ToStatus(err).Err()
 }
 
 // unreachable reports whether err is the database (or the call's context)
