@@ -84,3 +84,17 @@ func StoreSpecs(ctx context.Context, q Querier, writes []SpecWrite) ([]StoredSpe
 	}
 	return out, nil
 }
+
+// IDsPastAdoptionInShards returns the id of every node of shards that is
+// past adopting (has desired state): the nodespec controller's resync keys.
+func IDsPastAdoptionInShards(ctx context.Context, q Querier, shards []int) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT id FROM nodes WHERE shard = ANY($1) AND state <> 'adopting'`, shards)
+	if err != nil {
+		return nil, fmt.Errorf("nodes past adoption in shards: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("nodes past adoption in shards: %w", err)
+	}
+	return ids, nil
+}

@@ -1,9 +1,17 @@
-// Package nodespec is the entry point to a node's desired state for code
-// that changes it: [Invalidate] enqueues the nodespec controller for a node
-// in the caller's transaction, so the change and the work it implies commit
-// together. The controller itself, the contributor contract and the merge
-// live in services/nodespec (they need the generated NodeSpec, which pkg does
-// not import).
+// Package nodespec is a node's desired state (bettercompute.agent.v1.NodeSpec)
+// for the code that shapes it:
+//
+//   - [Invalidate] enqueues the nodespec controller for a node in the
+//     caller's transaction, so the change and the work it implies commit
+//     together;
+//   - modules contribute their parts with [Registry.Register], and
+//     [Registry.Compute] merges them in registration order. Every section
+//     but site is replaced whole by a later part that sets it; site is
+//     merged field by field, and two modules setting the same site field to
+//     different values is a [ConflictError].
+//
+// The controller that computes and stores every adopted node's spec lives in
+// services/nodespec.
 package nodespec
 
 import (

@@ -193,3 +193,24 @@ func IDsOfClass(ctx context.Context, q Querier, class string) ([]string, error) 
 	}
 	return ids, nil
 }
+
+// NodeSettings is the settings a pool gives its nodes' desired state: the
+// proto3 JSON of its site and health sections ("{}" when unset).
+type NodeSettings struct {
+	ID           string
+	Site, Health []byte
+}
+
+// NodeSettingsOf returns the node settings of each pool of ids that exists,
+// in no particular order.
+func NodeSettingsOf(ctx context.Context, q Querier, ids []string) ([]NodeSettings, error) {
+	rows, err := q.Query(ctx, `SELECT id, site::text, health::text FROM pools WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read pools: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[NodeSettings])
+	if err != nil {
+		return nil, fmt.Errorf("read pools: %w", err)
+	}
+	return out, nil
+}

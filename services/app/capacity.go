@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
+	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/capacity"
@@ -15,7 +16,7 @@ import (
 // nodeSpecRegistry is the contributors of every node's desired state, in
 // merge order: the built-in system and pool parts, then capacity's devices
 // section, then vps's instances section.
-func nodeSpecRegistry() (*nodespec.Registry, error) {
+func nodeSpecRegistry() (*desired.Registry, error) {
 	reg := nodespec.Builtin()
 	if err := capacity.Register(reg); err != nil {
 		return nil, err

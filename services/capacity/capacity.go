@@ -29,10 +29,10 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/brakes"
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/shard"
-	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
 // Module is the capacity contributor's name in the nodespec registry.

@@ -25,7 +25,7 @@ import (
 func TestAPoolChangeIsStoredInBatchesAndKeepsEveryGuarantee(t *testing.T) {
 	t.Parallel()
 	reg := nodespec.Builtin()
-	if err := reg.Register("metal", func(_ context.Context, _ reconcile.Querier, n nodespec.Node) (*agentv1.NodeSpec, error) {
+	if err := reg.Register("metal", func(_ context.Context, _ reconcile.Querier, n desired.Node) (*agentv1.NodeSpec, error) {
 		if n.ID == "node_bad" {
 			return &agentv1.NodeSpec{Site: &agentv1.SiteSettings{LogLevel: proto.String("error")}}, nil
 		}
@@ -56,7 +56,7 @@ func TestAPoolChangeIsStoredInBatchesAndKeepsEveryGuarantee(t *testing.T) {
 		}
 	}
 	invalidate()
-	if tr := e.tick(t, nodespec.Kind); tr.Done != len(ids) || tr.Failed != 0 {
+	if tr := e.tick(t, desired.Kind); tr.Done != len(ids) || tr.Failed != 0 {
 		t.Fatalf("first pass %+v", tr)
 	}
 	events := func() int {
@@ -73,7 +73,7 @@ func TestAPoolChangeIsStoredInBatchesAndKeepsEveryGuarantee(t *testing.T) {
 	e.exec(t, `UPDATE pools SET site = '{"logLevel": "debug"}' WHERE id = 'pool_a'`)
 	invalidate()
 	stmts, batches := e.statements.Load(), e.batches.Load()
-	if tr := e.tick(t, nodespec.Kind); tr.Done != len(ids) || tr.Failed != 0 {
+	if tr := e.tick(t, desired.Kind); tr.Done != len(ids) || tr.Failed != 0 {
 		t.Fatalf("change pass %+v", tr)
 	}
 	// A batch costs a handful of statements whatever its size (the claim's
@@ -118,7 +118,7 @@ func TestAPoolChangeIsStoredInBatchesAndKeepsEveryGuarantee(t *testing.T) {
 	}
 	// Nothing changed since: a second pass bumps nothing.
 	invalidate()
-	e.tick(t, nodespec.Kind)
+	e.tick(t, desired.Kind)
 	if got := events() - before; got != len(ids)-1 {
 		t.Fatalf("a pass without change wrote %d more events", got-(len(ids)-1))
 	}

@@ -65,7 +65,7 @@ func BenchmarkPoolChange(b *testing.B) {
 		}
 		for {
 			var left int
-			if err := pool.QueryRow(b.Context(), `SELECT count(*) FROM work_queue WHERE kind = $1`, nodespec.Kind).Scan(&left); err != nil {
+			if err := pool.QueryRow(b.Context(), `SELECT count(*) FROM work_queue WHERE kind = $1`, desired.Kind).Scan(&left); err != nil {
 				b.Fatal(err)
 			}
 			if left == 0 {

@@ -1,3 +1,12 @@
+// Package nodespec is the nodespec controller: it computes every adopted
+// node's desired state (bettercompute.agent.v1.NodeSpec) from the parts the
+// modules contribute (pkg/nodespec's Registry), stores its proto3 JSON in
+// nodes.spec, and bumps nodes.generation only when the canonical JSON
+// changed. A merge conflict is stored on the node (nodes.spec_error) without
+// bumping the generation.
+//
+// Code that changes a node's desired state calls pkg/nodespec.Invalidate in
+// its transaction.
 package nodespec
 
 import (
@@ -15,13 +24,11 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
-	"github.com/bettercompute/bettercompute/pkg/nodespec"
+	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
-
-// Kind is the controller's kind in the work queue (pkg/nodespec.Kind).
-const Kind = nodespec.Kind
 
 // Built-in contributor modules, registered first by [Builtin].
 const (
@@ -32,22 +39,19 @@ const (
 // Config configures the controller.
 type Config struct {
 	// Registry holds the contributors; nil means [Builtin]'s.
-	Registry *Registry
+	Registry *desired.Registry
 	// Changed, when set, is called after each commit that moved nodes'
 	// generations, with every node it moved: the hook that pokes the
 	// gateways holding their sessions. A lost call only delays delivery,
 	// which finds nodes behind their generation from the database.
-	Changed func(ctx context.Context, changes []Change)
+	Changed func(ctx context.Context, changes []desired.Change)
 }
-
-// Change is one node's committed generation change (pkg/nodespec.Change).
-type Change = nodespec.Change
 
 // Builtin returns a registry with the system's contributors: "system"
 // (identity, from the nodes row) and "pool" (site and health, from the
 // pool's settings). Modules register theirs after.
-func Builtin() *Registry {
-	r := &Registry{}
+func Builtin() *desired.Registry {
+	r := &desired.Registry{}
 	_ = r.Register(ModuleSystem, identity)
 	_ = r.RegisterBatch(ModulePool, poolSettings)
 	return r
@@ -59,27 +63,23 @@ func Reconciler(cfg Config) reconcile.Reconciler {
 	if c.reg == nil {
 		c.reg = Builtin()
 	}
-	return reconcile.Reconciler{Name: Kind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleNodeSpec,
+	return reconcile.Reconciler{Name: desired.Kind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleNodeSpec,
 		Run: c.run, RunBatch: c.runBatch, Keys: keys}
 }
 
 // keys lists the nodes past adoption in shards, for resync.
 func keys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT id FROM nodes WHERE shard = ANY($1) AND state <> 'adopting'`, shards)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	return nodestore.IDsPastAdoptionInShards(ctx, q, shards)
 }
 
 type controller struct {
-	reg     *Registry
-	changed func(ctx context.Context, changes []Change)
+	reg     *desired.Registry
+	changed func(ctx context.Context, changes []desired.Change)
 }
 
 // run recomputes one node's spec in its own transaction.
 func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
-	var changes []Change
+	var changes []desired.Change
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		var err error
 		changes, err = c.recompute(ctx, tx, rc.Logger, []string{nodeID})
@@ -97,7 +97,7 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 // batch, not per node. Any error rolls the whole batch back, and the
 // runtime then runs each node on its own.
 func (c *controller) runBatch(ctx context.Context, bc *reconcile.BatchContext, nodeIDs []string) error {
-	var changes []Change
+	var changes []desired.Change
 	err := bc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		var err error
 		changes, err = c.recompute(ctx, tx, bc.Logger, nodeIDs)
@@ -111,7 +111,7 @@ func (c *controller) runBatch(ctx context.Context, bc *reconcile.BatchContext, n
 }
 
 // notify tells the gateway hook about committed generation changes.
-func (c *controller) notify(ctx context.Context, log *slog.Logger, changes []Change) {
+func (c *controller) notify(ctx context.Context, log *slog.Logger, changes []desired.Change) {
 	if len(changes) == 0 {
 		return
 	}
@@ -132,7 +132,7 @@ func (c *controller) notify(ctx context.Context, log *slog.Logger, changes []Cha
 // generation alone. Each contributor is asked once for all the nodes, the
 // changed specs are stored in one statement and their events written in
 // another.
-func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger, nodeIDs []string) ([]Change, error) {
+func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger, nodeIDs []string) ([]desired.Change, error) {
 	locked, err := nodestore.LockForSpec(ctx, tx, nodeIDs)
 	if err != nil {
 		return nil, err
@@ -141,9 +141,9 @@ func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger,
 	if len(locked) == 0 {
 		return nil, nil
 	}
-	nodes := make([]Node, len(locked))
+	nodes := make([]desired.Node, len(locked))
 	for i, n := range locked {
-		nodes[i] = Node{ID: n.ID, TenantID: n.TenantID, PoolID: n.PoolID, State: n.State, Labels: n.Labels}
+		nodes[i] = desired.Node{ID: n.ID, TenantID: n.TenantID, PoolID: n.PoolID, State: n.State, Labels: n.Labels}
 	}
 	computed, err := c.reg.ComputeBatch(ctx, tx, nodes)
 	if err != nil {
@@ -151,7 +151,7 @@ func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger,
 	}
 	var store []nodestore.SpecWrite
 	for i, n := range locked {
-		var conflict *ConflictError
+		var conflict *desired.ConflictError
 		if errors.As(computed[i].Err, &conflict) {
 			log.WarnContext(ctx, "desired state conflict", "key", n.ID, "error", conflict)
 			if err := nodestore.SetSpecError(ctx, tx, n.ID, conflict.Error()); err != nil {
@@ -162,11 +162,11 @@ func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger,
 		if computed[i].Err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.ID, computed[i].Err)
 		}
-		want, err := Canonical(computed[i].Spec)
+		want, err := desired.Canonical(computed[i].Spec)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.ID, err)
 		}
-		have, err := CanonicalJSON(n.Spec)
+		have, err := desired.CanonicalJSON(n.Spec)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: stored spec: %w", n.ID, err)
 		}
@@ -184,10 +184,10 @@ func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger,
 	if err != nil {
 		return nil, err
 	}
-	changes := make([]Change, len(stored))
+	changes := make([]desired.Change, len(stored))
 	events := make([]outbox.Event, len(stored))
 	for i, st := range stored {
-		changes[i] = Change{NodeID: st.ID, Generation: st.Generation, GatewayID: st.GatewayID}
+		changes[i] = desired.Change{NodeID: st.ID, Generation: st.Generation, GatewayID: st.GatewayID}
 		events[i] = outbox.Event{TenantID: st.TenantID, Type: "node.spec.changed", Resource: st.ID,
 			Payload: map[string]any{"nodeId": st.ID, "generation": st.Generation}}
 	}
@@ -195,7 +195,7 @@ func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger,
 }
 
 // identity is the system's part: the node's identity section.
-func identity(_ context.Context, _ reconcile.Querier, n Node) (*agentv1.NodeSpec, error) {
+func identity(_ context.Context, _ reconcile.Querier, n desired.Node) (*agentv1.NodeSpec, error) {
 	return &agentv1.NodeSpec{Identity: &agentv1.NodeIdentity{
 		NodeId: n.ID, TenantId: n.TenantID, PoolId: n.PoolID, Labels: n.Labels,
 	}}, nil
@@ -204,34 +204,26 @@ func identity(_ context.Context, _ reconcile.Querier, n Node) (*agentv1.NodeSpec
 // poolSettings is the pool's part: the site and health settings of each
 // node's pool (pools.site, pools.health), each only when set; every pool
 // of the batch is read once.
-func poolSettings(ctx context.Context, q reconcile.Querier, nodes []Node) ([]*agentv1.NodeSpec, error) {
+func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node) ([]*agentv1.NodeSpec, error) {
 	var ids []string
 	for _, n := range nodes {
 		if !slices.Contains(ids, n.PoolID) {
 			ids = append(ids, n.PoolID)
 		}
 	}
-	rows, err := q.Query(ctx, `SELECT id, site::text, health::text FROM pools WHERE id = ANY($1)`, ids)
+	settings, err := pools.NodeSettingsOf(ctx, q, ids)
 	if err != nil {
-		return nil, fmt.Errorf("read pools: %w", err)
+		return nil, err
 	}
 	parts := map[string]*agentv1.NodeSpec{}
-	for rows.Next() {
-		var id string
-		var site, health []byte
-		if err := rows.Scan(&id, &site, &health); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read pools: %w", err)
-		}
+	for _, ps := range settings {
 		out := &agentv1.NodeSpec{Site: &agentv1.SiteSettings{}, Health: &agentv1.HealthSettings{}}
 		opts := protojson.UnmarshalOptions{DiscardUnknown: true}
-		if err := opts.Unmarshal(site, out.Site); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("pool %s site settings: %w", id, err)
+		if err := opts.Unmarshal(ps.Site, out.Site); err != nil {
+			return nil, fmt.Errorf("pool %s site settings: %w", ps.ID, err)
 		}
-		if err := opts.Unmarshal(health, out.Health); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("pool %s health settings: %w", id, err)
+		if err := opts.Unmarshal(ps.Health, out.Health); err != nil {
+			return nil, fmt.Errorf("pool %s health settings: %w", ps.ID, err)
 		}
 		if proto.Size(out.Site) == 0 {
 			out.Site = nil
@@ -239,10 +231,7 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []Node) ([]*ag
 		if proto.Size(out.Health) == 0 {
 			out.Health = nil
 		}
-		parts[id] = out
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read pools: %w", err)
+		parts[ps.ID] = out
 	}
 	out := make([]*agentv1.NodeSpec, len(nodes))
 	for i, n := range nodes {

@@ -53,7 +53,7 @@ func (counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) 
 
 // setup registers reg (Builtin when nil) and, with state "adopted", adopts
 // node_1 directly.
-func setup(t *testing.T, reg *nodespec.Registry, state string) *env {
+func setup(t *testing.T, reg *desired.Registry, state string) *env {
 	t.Helper()
 	e := &env{changed: map[string][]int64{}}
 	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 8, Tracer: counter{&e.statements}})
@@ -66,7 +66,7 @@ func setup(t *testing.T, reg *nodespec.Registry, state string) *env {
 		t.Fatal(err)
 	}
 	e.pool, e.rt = pool, rt
-	rs := append(inventory.Reconcilers(), nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: func(_ context.Context, changes []nodespec.Change) {
+	rs := append(inventory.Reconcilers(), nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: func(_ context.Context, changes []desired.Change) {
 		e.batches.Add(1)
 		e.mu.Lock()
 		defer e.mu.Unlock()
@@ -152,7 +152,7 @@ func TestAdoptionWritesGenerationOne(t *testing.T) {
 
 	// An adopting node has no desired state yet.
 	e.change(t, "")
-	e.tick(t, nodespec.Kind)
+	e.tick(t, desired.Kind)
 	if _, gen, _ := e.spec(t); gen != 0 {
 		t.Fatalf("adopting node has generation %d", gen)
 	}
@@ -167,7 +167,7 @@ func TestAdoptionWritesGenerationOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.tick(t, inventory.Kind)
-	if tr := e.tick(t, nodespec.Kind); tr.Done != 1 {
+	if tr := e.tick(t, desired.Kind); tr.Done != 1 {
 		t.Fatalf("adoption enqueued no nodespec work: %+v", tr)
 	}
 	spec, gen, _ := e.spec(t)
@@ -184,7 +184,7 @@ func TestGenerationMovesOnlyOnChange(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil, "adopted")
 	e.change(t, "")
-	e.tick(t, nodespec.Kind)
+	e.tick(t, desired.Kind)
 	_, gen, _ := e.spec(t)
 	if gen != 1 {
 		t.Fatalf("first spec: generation %d", gen)
@@ -215,9 +215,9 @@ func TestGenerationMovesOnlyOnChange(t *testing.T) {
 			// most, and the generation still moves at most once.
 			e.change(t, st.sql)
 			e.change(t, "")
-			e.tick(t, nodespec.Kind)
+			e.tick(t, desired.Kind)
 			e.change(t, "")
-			e.tick(t, nodespec.Kind)
+			e.tick(t, desired.Kind)
 			spec, gen, specErr := e.spec(t)
 			if gen != st.gen || specErr != "" {
 				t.Fatalf("generation %d (%q), want %d", gen, specErr, st.gen)
@@ -250,10 +250,10 @@ func TestConflictIsReportedWithoutBump(t *testing.T) {
 	var mu sync.Mutex
 	metalNTP := "ntp-metal"
 	reg := nodespec.Builtin()
-	err := reg.Register("metal", func(context.Context, reconcile.Querier, nodespec.Node) (*agentv1.NodeSpec, error) {
+	err := reg.Register("metal", func(context.Context, reconcile.Querier, desired.Node) (*agentv1.NodeSpec, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		return &agentv1.NodeSpec{Site: &agentv1.SiteSettings{NtpServers: list(metalNTP), Gateways: list("gw-metal:8443")}}, nil
+		return &agentv1.NodeSpec{Site: &agentv1.SiteSettings{NtpServers: &agentv1.StringList{Values: []string{metalNTP}}, Gateways: &agentv1.StringList{Values: []string{"gw-metal:8443"}}}}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -264,14 +264,14 @@ func TestConflictIsReportedWithoutBump(t *testing.T) {
 	e := setup(t, reg, "adopted")
 	e.exec(t, `UPDATE pools SET site = '{"logLevel": "warn"}' WHERE id = 'pool_a'`)
 	e.change(t, "")
-	e.tick(t, nodespec.Kind)
+	e.tick(t, desired.Kind)
 	spec, gen, specErr := e.spec(t)
 	if gen != 1 || specErr != "" || spec.GetSite().GetLogLevel() != "warn" || spec.GetSite().GetNtpServers().GetValues()[0] != "ntp-metal" {
 		t.Fatalf("fields of two modules merge: generation %d (%q), %v", gen, specErr, spec)
 	}
 
 	e.change(t, `UPDATE pools SET site = '{"logLevel": "warn", "ntpServers": {"values": ["ntp-pool"]}}' WHERE id = 'pool_a'`)
-	e.tick(t, nodespec.Kind)
+	e.tick(t, desired.Kind)
 	spec, gen, specErr = e.spec(t)
 	if gen != 1 || !strings.Contains(specErr, "site.ntp_servers") || !strings.Contains(specErr, `"pool"`) || !strings.Contains(specErr, `"metal"`) {
 		t.Fatalf("conflict: generation %d, spec error %q", gen, specErr)
@@ -285,7 +285,7 @@ func TestConflictIsReportedWithoutBump(t *testing.T) {
 	metalNTP = "ntp-pool"
 	mu.Unlock()
 	e.change(t, "")
-	e.tick(t, nodespec.Kind)
+	e.tick(t, desired.Kind)
 	if _, gen, specErr = e.spec(t); gen != 2 || specErr != "" {
 		t.Fatalf("resolved: generation %d, spec error %q", gen, specErr)
 	}
@@ -304,7 +304,7 @@ func TestResyncFindsAdoptedNodes(t *testing.T) {
 	if err := e.rt.Resync(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := e.pool.Query(t.Context(), `SELECT key FROM work_queue WHERE kind = $1 ORDER BY key`, nodespec.Kind)
+	rows, err := e.pool.Query(t.Context(), `SELECT key FROM work_queue WHERE kind = $1 ORDER BY key`, desired.Kind)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +312,7 @@ func TestResyncFindsAdoptedNodes(t *testing.T) {
 	if err != nil || len(keys) != 1 || keys[0] != "node_1" {
 		t.Fatalf("resynced %v %v, want only the adopted node_1", keys, err)
 	}
-	e.tick(t, nodespec.Kind)
+	e.tick(t, desired.Kind)
 	if _, gen, _ := e.spec(t); gen != 1 {
 		t.Fatalf("generation %d after resync", gen)
 	}

@@ -11,6 +11,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/reconcile/reconciletest"
@@ -25,7 +26,7 @@ func TestControllerKilledMidRunBumpsOnce(t *testing.T) {
 	var block atomic.Bool
 	entered := make(chan struct{}, 1)
 	reg := nodespec.Builtin()
-	err := reg.Register("slow", func(ctx context.Context, _ reconcile.Querier, _ nodespec.Node) (*agentv1.NodeSpec, error) {
+	err := reg.Register("slow", func(ctx context.Context, _ reconcile.Querier, _ desired.Node) (*agentv1.NodeSpec, error) {
 		if block.Load() {
 			entered <- struct{}{}
 			<-ctx.Done() // the worker dies here
@@ -38,7 +39,7 @@ func TestControllerKilledMidRunBumpsOnce(t *testing.T) {
 	}
 	e := setup(t, reg, "adopted")
 	e.change(t, "")
-	e.tick(t, nodespec.Kind)
+	e.tick(t, desired.Kind)
 	if _, gen, _ := e.spec(t); gen != 1 {
 		t.Fatalf("generation %d before the change", gen)
 	}
@@ -82,7 +83,7 @@ func TestControllerKilledMidRunBumpsOnce(t *testing.T) {
 
 // startWorker runs a controllers runtime with the nodespec controller on its
 // timers.
-func startWorker(t *testing.T, pool *pgxpool.Pool, reg *nodespec.Registry) *reconcile.Runtime {
+func startWorker(t *testing.T, pool *pgxpool.Pool, reg *desired.Registry) *reconcile.Runtime {
 	t.Helper()
 	rt, err := reconcile.New(pool, nil, reconcile.Config{
 		Roles: []string{reconcile.RoleNodeSpec}, Heartbeat: 100 * time.Millisecond, PollBusDown: 20 * time.Millisecond,

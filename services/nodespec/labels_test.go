@@ -13,7 +13,6 @@ import (
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
 // relabel does what nodes.update does: it replaces node_1's labels and
@@ -48,14 +47,14 @@ func TestLabelUpdatesBumpOnlyWhenASectionChanges(t *testing.T) {
 		t.Parallel()
 		e := setup(t, nil, "adopted")
 		e.change(t, "")
-		e.tick(t, nodespec.Kind)
+		e.tick(t, desired.Kind)
 		if _, gen, _ := e.spec(t); gen != 1 {
 			t.Fatalf("first spec: generation %d", gen)
 		}
 		before := e.storedSpec(t)
 
 		e.relabel(t, map[string]string{"rack": "r1"})
-		if tr := e.tick(t, nodespec.Kind); tr.Done != 1 {
+		if tr := e.tick(t, desired.Kind); tr.Done != 1 {
 			t.Fatalf("the update enqueued no nodespec work: %+v", tr)
 		}
 		spec, gen, specErr := e.spec(t)
@@ -74,7 +73,7 @@ func TestLabelUpdatesBumpOnlyWhenASectionChanges(t *testing.T) {
 		// A real change still bumps once: the identity section carries
 		// the labels.
 		e.relabel(t, map[string]string{"rack": "r2"})
-		e.tick(t, nodespec.Kind)
+		e.tick(t, desired.Kind)
 		if spec, gen, _ := e.spec(t); gen != 2 || spec.GetIdentity().GetLabels()["rack"] != "r2" {
 			t.Fatalf("after a label change: generation %d, spec %v", gen, spec)
 		}
@@ -83,8 +82,8 @@ func TestLabelUpdatesBumpOnlyWhenASectionChanges(t *testing.T) {
 	t.Run("a label no section uses does not bump", func(t *testing.T) {
 		t.Parallel()
 		// A registry whose only section (site) ignores the labels.
-		reg := &nodespec.Registry{}
-		err := reg.Register("site", func(context.Context, reconcile.Querier, nodespec.Node) (*agentv1.NodeSpec, error) {
+		reg := &desired.Registry{}
+		err := reg.Register("site", func(context.Context, reconcile.Querier, desired.Node) (*agentv1.NodeSpec, error) {
 			return &agentv1.NodeSpec{Site: &agentv1.SiteSettings{LogLevel: proto.String("info")}}, nil
 		})
 		if err != nil {
@@ -92,14 +91,14 @@ func TestLabelUpdatesBumpOnlyWhenASectionChanges(t *testing.T) {
 		}
 		e := setup(t, reg, "adopted")
 		e.change(t, "")
-		e.tick(t, nodespec.Kind)
+		e.tick(t, desired.Kind)
 		before := e.storedSpec(t)
 		if _, gen, _ := e.spec(t); gen != 1 {
 			t.Fatalf("first spec: generation %d", gen)
 		}
 
 		e.relabel(t, map[string]string{"rack": "r9", "team": "ml"})
-		e.tick(t, nodespec.Kind)
+		e.tick(t, desired.Kind)
 		if _, gen, specErr := e.spec(t); gen != 1 || specErr != "" {
 			t.Fatalf("after a label change no section uses: generation %d (%q)", gen, specErr)
 		}

@@ -29,9 +29,9 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/instances"
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
 // Module is the vps contributor's name in the nodespec registry.

@@ -1,17 +1,3 @@
-// Package nodespec is the nodespec controller: it computes every adopted
-// node's desired state (bettercompute.agent.v1.NodeSpec) from the parts the
-// modules contribute, stores its proto3 JSON in nodes.spec, and bumps
-// nodes.generation only when the canonical JSON changed.
-//
-// Modules contribute parts with [Registry.Register]; [Registry.Compute]
-// merges them in registration order. Every section but site is replaced
-// whole by a later part that sets it; site is merged field by field, and two
-// modules setting the same site field to different values is a
-// [ConflictError], stored on the node (nodes.spec_error) without bumping the
-// generation.
-//
-// Code that changes a node's desired state calls
-// pkg/nodespec.Invalidate in its transaction.
 package nodespec
 
 import (

@@ -9,7 +9,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
-	"github.com/bettercompute/bettercompute/services/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
 )
 
 func list(v ...string) *agentv1.StringList { return &agentv1.StringList{Values: v} }
