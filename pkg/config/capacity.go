@@ -2,9 +2,9 @@ package config
 
 import (
 	"cmp"
-	"slices"
 	"time"
 
+	"github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
 
@@ -12,17 +12,6 @@ import (
 const (
 	PlacerPoolLease = "pool-lease"
 )
-
-// Lost-node policies: what the placer does with bookings on a node that is
-// lost (failed, retired, or unseen for nodes.lostAfter).
-const (
-	LostNodeWait    = "wait"
-	LostNodeReplace = "replace"
-	LostNodeFail    = "fail"
-)
-
-// LostNodePolicies lists the lost-node policies.
-var LostNodePolicies = []string{LostNodeWait, LostNodeReplace, LostNodeFail}
 
 // Capacity configures GPU reservations: the placer and the capacity
 // reconcilers of the scheduler role.
@@ -49,7 +38,7 @@ type Capacity struct {
 
 func (c *Capacity) defaults() {
 	c.Placer = cmp.Or(c.Placer, PlacerPoolLease)
-	c.LostNode = cmp.Or(c.LostNode, LostNodeWait)
+	c.LostNode = cmp.Or(c.LostNode, capacity.LostNodeWait)
 	c.TickEvery = cmp.Or(c.TickEvery, Duration(5*time.Second))
 	c.RollupEvery = cmp.Or(c.RollupEvery, Duration(30*time.Second))
 }
@@ -64,7 +53,7 @@ func (c *Capacity) validate() []error {
 	if c.Placer != "" && c.Placer != PlacerPoolLease {
 		errs = append(errs, fault.New(fault.Unsupported, "capacity.placer", "placer %q is not built yet in this release (built: %s)", c.Placer, PlacerPoolLease))
 	}
-	if c.LostNode != "" && !slices.Contains(LostNodePolicies, c.LostNode) {
+	if c.LostNode != "" && !capacity.ValidLostNode(c.LostNode) {
 		bad("capacity.lostNode", "expected wait, replace or fail, got %q", c.LostNode)
 	}
 	for field, d := range map[string]Duration{"capacity.lostAfter": c.LostAfter, "capacity.tickEvery": c.TickEvery, "capacity.rollupEvery": c.RollupEvery} {

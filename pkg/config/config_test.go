@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
@@ -308,7 +309,7 @@ func TestCapacityDefaultsAndNotBuiltPlacer(t *testing.T) {
 	t.Parallel()
 	c := &config.Config{}
 	c.Defaults()
-	if c.Capacity.Placer != config.PlacerPoolLease || c.Capacity.LostNode != config.LostNodeWait || c.Capacity.TickEvery.Std() != 5*time.Second {
+	if c.Capacity.Placer != config.PlacerPoolLease || c.Capacity.LostNode != capacity.LostNodeWait || c.Capacity.TickEvery.Std() != 5*time.Second {
 		t.Fatalf("capacity defaults %+v", c.Capacity)
 	}
 	c.Capacity.Placer = "global"

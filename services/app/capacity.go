@@ -3,6 +3,7 @@ package app
 import (
 	"slices"
 
+	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -61,4 +62,4 @@ func (a *App) apiCapacity() api.CapacityOptions {
 // observedKinds are the work kinds the gateway enqueues, with the node id,
 // when it stores a node's observed generation: capacity's bind check, for
 // the nodes with a booking waiting to bind.
-var observedKinds = []gateway.ObservedKind{{Kind: capacity.KindBind, Waiting: capacity.AwaitingBind}}
+var observedKinds = []gateway.ObservedKind{{Kind: capstore.KindBind, Waiting: capacity.AwaitingBind}}

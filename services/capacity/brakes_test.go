@@ -73,8 +73,8 @@ func (b *braked) book(t *testing.T, id string, n int, on ...string) {
 	t.Helper()
 	b.exec(t, `UPDATE nodes SET state = 'adopting' WHERE NOT (id = ANY($1)) AND state = 'adopted'`, on)
 	b.pending(t, id, n, nil)
-	b.enqueue(t, capacity.KindReservations, "pool_p")
-	tick(t, b.rt, capacity.KindReservations)
+	b.enqueue(t, capstore.KindReservations, "pool_p")
+	tick(t, b.rt, capstore.KindReservations)
 	b.exec(t, `UPDATE nodes SET state = 'adopted' WHERE state = 'adopting'`)
 	r := state(t, b.harness, id)
 	if r.State != capstore.StatePlaced {
@@ -111,8 +111,8 @@ func (b *braked) liveness(t *testing.T) {
 // pass is one placer tick and pass over every pool with due work.
 func (b *braked) pass(t *testing.T) {
 	t.Helper()
-	b.enqueue(t, capacity.KindTick, "all")
-	tick(t, b.rt, capacity.KindTick, capacity.KindReservations)
+	b.enqueue(t, capstore.KindTick, "all")
+	tick(t, b.rt, capstore.KindTick, capstore.KindReservations)
 }
 
 // on counts the active bookings on nodes.
@@ -138,7 +138,7 @@ func (b *braked) paused(t *testing.T, scope string) bool {
 // replaced, one node per token.
 func TestPlacerBrakesPausePool(t *testing.T) {
 	t.Parallel()
-	b := newBraked(t, 10, 2, capacity.LostNodeReplace)
+	b := newBraked(t, 10, 2, capstore.LostNodeReplace)
 	booked := ids(0, 1, 2)
 	b.book(t, "rsv_a", 6, booked...)
 
@@ -180,7 +180,7 @@ func TestPlacerBrakesPausePool(t *testing.T) {
 // gateway's breaker holds the placer; when they return it resumes.
 func TestPlacerBrakesPauseGateway(t *testing.T) {
 	t.Parallel()
-	b := newBraked(t, 10, 2, capacity.LostNodeReplace)
+	b := newBraked(t, 10, 2, capstore.LostNodeReplace)
 	fixture.Pool(t, b.db, fixture.PoolOpts{ID: "pool_q"})
 	b.exec(t, `UPDATE nodes SET pool_id = 'pool_q' WHERE id = ANY($1)`, ids(5, 6, 7, 8, 9))
 	// gw-1 last held 0, 1 (pool_p) and 5, 6 (pool_q); gw-2 the rest.
@@ -221,7 +221,7 @@ func TestPlacerBrakesPauseGateway(t *testing.T) {
 // acts on one node, passes at t+1s … t+9s on none, t+10s on one more.
 func TestPlacerBrakesRate(t *testing.T) {
 	t.Parallel()
-	b := newBraked(t, 20, 2, capacity.LostNodeFail)
+	b := newBraked(t, 20, 2, capstore.LostNodeFail)
 	for i := range 5 {
 		b.book(t, fmt.Sprintf("rsv_%d", i), 2, ids(i)...)
 	}
@@ -262,7 +262,7 @@ func TestPlacerBrakesRate(t *testing.T) {
 // acted on at once, even with the pool's breaker open and no token left.
 func TestPlacerBrakesSpareIntent(t *testing.T) {
 	t.Parallel()
-	b := newBraked(t, 10, 2, capacity.LostNodeFail)
+	b := newBraked(t, 10, 2, capstore.LostNodeFail)
 	b.book(t, "rsv_failed", 2, ids(0)...)
 	b.book(t, "rsv_drained", 2, ids(1)...)
 	b.book(t, "rsv_unseen", 2, ids(2)...)

@@ -38,22 +38,6 @@ import (
 // Module is the capacity contributor's name in the nodespec registry.
 const Module = "capacity"
 
-// Work kinds.
-const (
-	KindBind         = "capacity.bind"
-	KindReservations = "capacity.reservations"
-	KindTick         = "capacity.tick"
-	KindRollup       = "capacity.rollup"
-	KindUsage        = "capacity.usage"
-)
-
-// Lost-node policies (config capacity.lostNode).
-const (
-	LostNodeWait    = "wait"
-	LostNodeReplace = "replace"
-	LostNodeFail    = "fail"
-)
-
 // Config configures the capacity reconcilers. Zero values take the
 // defaults given.
 type Config struct {
@@ -84,10 +68,8 @@ func (c *Config) defaults() error {
 	if c.Placer != "pool-lease" {
 		return fault.New(fault.Unsupported, "capacity.placer", "placer %q is not built yet (built: pool-lease)", c.Placer)
 	}
-	c.LostNode = cmp.Or(c.LostNode, LostNodeWait)
-	switch c.LostNode {
-	case LostNodeWait, LostNodeReplace, LostNodeFail:
-	default:
+	c.LostNode = cmp.Or(c.LostNode, capstore.LostNodeWait)
+	if !capstore.ValidLostNode(c.LostNode) {
 		return fault.New(fault.InvalidConfig, "capacity.lostNode", "expected wait, replace or fail, got %q", c.LostNode)
 	}
 	c.LostAfter = cmp.Or(c.LostAfter, capstore.DefaultLostAfter)
@@ -148,13 +130,13 @@ func Reconcilers(cfg Config) ([]reconcile.Reconciler, error) {
 	}
 	p := &placer{cfg: cfg}
 	return []reconcile.Reconciler{
-		{Name: KindBind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleScheduler, Run: runBind, Keys: bindKeys},
-		{Name: KindReservations, ShardBy: reconcile.ShardByPool, Role: reconcile.RoleScheduler, Run: p.run, Keys: poolKeys},
-		{Name: KindTick, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.tick,
+		{Name: capstore.KindBind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleScheduler, Run: runBind, Keys: bindKeys},
+		{Name: capstore.KindReservations, ShardBy: reconcile.ShardByPool, Role: reconcile.RoleScheduler, Run: p.run, Keys: poolKeys},
+		{Name: capstore.KindTick, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.tick,
 			Periodic: []reconcile.Periodic{{Key: "all", Every: cfg.TickEvery}}},
-		{Name: KindRollup, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.rollup,
+		{Name: capstore.KindRollup, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.rollup,
 			Periodic: []reconcile.Periodic{{Key: "all", Every: cfg.RollupEvery}}},
-		{Name: KindUsage, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.usage,
+		{Name: capstore.KindUsage, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleScheduler, Run: p.usage,
 			Periodic: []reconcile.Periodic{{Key: "all", Every: cfg.RollupEvery}}},
 	}, nil
 }
@@ -184,7 +166,7 @@ func poolKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]string,
 }
 
 // AwaitingBind returns which of nodeIDs have a booking waiting to bind, in
-// tx: the nodes whose convergence needs the bind check (KindBind), which
+// tx: the nodes whose convergence needs the bind check (capstore.KindBind), which
 // the gateway enqueues with their Observed reports.
 func AwaitingBind(ctx context.Context, tx pgx.Tx, nodeIDs []string) ([]string, error) {
 	return capstore.AwaitingBind(ctx, tx, nodeIDs)

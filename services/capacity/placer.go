@@ -51,7 +51,7 @@ func (p *placer) tick(ctx context.Context, rc *reconcile.RunContext, _ string) (
 			return err
 		}
 		for _, pool := range pools {
-			if err := q.Enqueue(ctx, KindReservations, pool); err != nil {
+			if err := q.Enqueue(ctx, capstore.KindReservations, pool); err != nil {
 				return err
 			}
 		}
@@ -127,7 +127,7 @@ type idTenant struct {
 // no token left, no more unseen node is acted on this pass (the next tick
 // goes on).
 func (p *placer) lost(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, pool string) error {
-	if p.cfg.LostNode == LostNodeWait {
+	if p.cfg.LostNode == capstore.LostNodeWait {
 		return nil
 	}
 	rows, err := tx.Query(ctx, `SELECT DISTINCT b.reservation_id, b.node_id, n.pool_id, n.gateway_id, `+intentSQL+`
@@ -171,7 +171,7 @@ func (p *placer) lost(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, pool s
 				continue
 			}
 		}
-		if p.cfg.LostNode == LostNodeReplace {
+		if p.cfg.LostNode == capstore.LostNodeReplace {
 			n, err := capstore.Unbook(ctx, tx, r.ID, l.Node)
 			if err != nil {
 				return err

@@ -124,15 +124,15 @@ func TestPlacerTwoSchedulersNeverDoublePlace(t *testing.T) {
 	}
 	a, b := f.runtime(t, capacity.Config{}), f.runtime(t, capacity.Config{})
 	for range 4 {
-		f.enqueue(t, capacity.KindTick, "all")
-		f.enqueue(t, capacity.KindReservations, "pool_p")
+		f.enqueue(t, capstore.KindTick, "all")
+		f.enqueue(t, capstore.KindReservations, "pool_p")
 		var wg sync.WaitGroup
 		for _, rt := range []*reconcile.Runtime{a, b} {
 			wg.Go(func() {
 				if err := rt.Heartbeat(context.Background()); err != nil {
 					t.Error(err)
 				}
-				for _, k := range []string{capacity.KindTick, capacity.KindReservations} {
+				for _, k := range []string{capstore.KindTick, capstore.KindReservations} {
 					if _, err := rt.Jobs()[k].Tick(context.Background()); err != nil {
 						t.Error(err)
 					}
@@ -167,21 +167,21 @@ func TestPlacerLifecycle(t *testing.T) {
 		rt := f.runtime(t, capacity.Config{})
 		later := time.Now().Add(time.Hour)
 		f.pending(t, "rsv_later", 2, &later)
-		f.enqueue(t, capacity.KindTick, "all")
-		tick(t, rt, capacity.KindTick, capacity.KindReservations)
+		f.enqueue(t, capstore.KindTick, "all")
+		tick(t, rt, capstore.KindTick, capstore.KindReservations)
 		if r := state(t, f, "rsv_later"); r.State != "pending" || r.Reason != "" || capstore.Why(r, time.Now()) == "" {
 			t.Fatalf("before its start: %+v", r)
 		}
 		f.exec(t, `UPDATE reservations SET start_time = now() - interval '1 second', end_time = now() + interval '1 hour'`)
-		f.enqueue(t, capacity.KindTick, "all")
-		tick(t, rt, capacity.KindTick, capacity.KindReservations)
+		f.enqueue(t, capstore.KindTick, "all")
+		tick(t, rt, capstore.KindTick, capstore.KindReservations)
 		if r := state(t, f, "rsv_later"); r.State != "placed" || len(r.Bookings) != 2 {
 			t.Fatalf("once due: %+v", r)
 		}
 		f.exec(t, `DELETE FROM work_queue WHERE kind = 'nodespec'`)
 		f.exec(t, `UPDATE reservations SET end_time = now() - interval '1 second'`)
-		f.enqueue(t, capacity.KindTick, "all")
-		tick(t, rt, capacity.KindTick, capacity.KindReservations)
+		f.enqueue(t, capstore.KindTick, "all")
+		tick(t, rt, capstore.KindTick, capstore.KindReservations)
 		if r := state(t, f, "rsv_later"); r.State != "expired" || r.FinishedAt == nil {
 			t.Fatalf("after its end: %+v", r)
 		}
@@ -197,13 +197,13 @@ func TestPlacerLifecycle(t *testing.T) {
 			f := setup(t, 2, 8)
 			rt := f.runtime(t, capacity.Config{LostNode: tc.policy})
 			f.pending(t, "rsv_a", 3, nil)
-			f.enqueue(t, capacity.KindReservations, "pool_p")
-			tick(t, rt, capacity.KindReservations)
+			f.enqueue(t, capstore.KindReservations, "pool_p")
+			tick(t, rt, capstore.KindReservations)
 			lost := state(t, f, "rsv_a").Bookings[0].NodeID
 			f.exec(t, `UPDATE nodes SET state = 'failed' WHERE id = $1`, lost)
-			f.enqueue(t, capacity.KindTick, "all")
-			f.enqueue(t, capacity.KindReservations, "pool_p")
-			tick(t, rt, capacity.KindTick, capacity.KindReservations)
+			f.enqueue(t, capstore.KindTick, "all")
+			f.enqueue(t, capstore.KindReservations, "pool_p")
+			tick(t, rt, capstore.KindTick, capstore.KindReservations)
 			r := state(t, f, "rsv_a")
 			if r.State != tc.state {
 				t.Fatalf("state %s (%s), want %s", r.State, r.Reason, tc.state)
@@ -229,20 +229,20 @@ func TestPlacerLifecycle(t *testing.T) {
 		f := setup(t, 1, 8)
 		rt := f.runtime(t, capacity.Config{})
 		f.pending(t, "rsv_a", 2, nil)
-		f.enqueue(t, capacity.KindReservations, "pool_p")
-		tick(t, rt, capacity.KindReservations)
+		f.enqueue(t, capstore.KindReservations, "pool_p")
+		tick(t, rt, capstore.KindReservations)
 		r := state(t, f, "rsv_a")
 		spec := fmt.Sprintf(`{"devices": {"assignments": [{"reservationId": "rsv_a", "gpuUuids": [%q, %q]}]}}`, r.Bookings[0].DeviceID, r.Bookings[1].DeviceID)
 		// The spec exposes it but the node has not observed it yet.
 		f.exec(t, `UPDATE nodes SET spec = $1::jsonb, generation = 2, observed_generation = 1`, spec)
-		f.enqueue(t, capacity.KindBind, "node_00")
-		tick(t, rt, capacity.KindBind)
+		f.enqueue(t, capstore.KindBind, "node_00")
+		tick(t, rt, capstore.KindBind)
 		if state(t, f, "rsv_a").State != "placed" {
 			t.Fatal("bound before the node observed the spec")
 		}
 		f.exec(t, `UPDATE nodes SET observed_generation = 2`)
-		f.enqueue(t, capacity.KindBind, "node_00")
-		tick(t, rt, capacity.KindBind)
+		f.enqueue(t, capstore.KindBind, "node_00")
+		tick(t, rt, capstore.KindBind)
 		if r := state(t, f, "rsv_a"); r.State != "bound" || r.BoundAt == nil {
 			t.Fatalf("after observing: %+v", r)
 		}
@@ -255,14 +255,14 @@ func TestPlacerLifecycle(t *testing.T) {
 		f := setup(t, 2, 8)
 		rt := f.runtime(t, capacity.Config{})
 		f.pending(t, "rsv_a", 3, nil)
-		f.enqueue(t, capacity.KindReservations, "pool_p")
-		tick(t, rt, capacity.KindReservations)
+		f.enqueue(t, capstore.KindReservations, "pool_p")
+		tick(t, rt, capstore.KindReservations)
 		f.exec(t, `UPDATE reservations SET state = 'bound', bound_at = now() - interval '2 hours'`)
 		f.exec(t, `UPDATE bookings SET created_at = now() - interval '3 hours'`)
 		f.exec(t, `UPDATE devices SET healthy = false WHERE node_id = 'node_01' AND index = 0`)
-		f.enqueue(t, capacity.KindRollup, "all")
-		f.enqueue(t, capacity.KindUsage, "all")
-		tick(t, rt, capacity.KindRollup, capacity.KindUsage)
+		f.enqueue(t, capstore.KindRollup, "all")
+		f.enqueue(t, capstore.KindUsage, "all")
+		tick(t, rt, capstore.KindRollup, capstore.KindUsage)
 		var free, booked, unavailable int
 		if err := f.db.QueryRow(t.Context(), `SELECT free, booked, unavailable FROM capacity_rollup WHERE pool_id = 'pool_p' AND model = ''`).Scan(&free, &booked, &unavailable); err != nil {
 			t.Fatal(err)
@@ -290,7 +290,7 @@ func TestPlacerRespectsPoolSharing(t *testing.T) {
 	f := setup(t, 2, 8)
 	fixture.Tenant(t, f.db, fixture.TenantOpts{ID: "acme"})
 	f.exec(t, `UPDATE pools SET sharing = 'descendants', default_quota = 4 WHERE id = 'pool_p'`)
-	rt := f.runtime(t, capacity.Config{LostNode: capacity.LostNodeReplace})
+	rt := f.runtime(t, capacity.Config{LostNode: capstore.LostNodeReplace})
 	past := time.Now().Add(-time.Minute)
 	insert := func(id string, n int) {
 		t.Helper()
@@ -309,9 +309,9 @@ func TestPlacerRespectsPoolSharing(t *testing.T) {
 	}
 	run := func() {
 		t.Helper()
-		f.enqueue(t, capacity.KindTick, "all")
-		f.enqueue(t, capacity.KindReservations, "pool_p")
-		tick(t, rt, capacity.KindTick, capacity.KindReservations)
+		f.enqueue(t, capstore.KindTick, "all")
+		f.enqueue(t, capstore.KindReservations, "pool_p")
+		tick(t, rt, capstore.KindTick, capstore.KindReservations)
 	}
 	insert("rsv_a", 3)
 	insert("rsv_over", 2)

@@ -10,11 +10,11 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/audit"
 	"github.com/bettercompute/bettercompute/pkg/authz"
+	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/services/capacity"
 )
 
 // DrainKind is the drain job's kind in the work queue.
@@ -99,7 +99,7 @@ func Undrain(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (nod
 	if err != nil {
 		return nodes.Node{}, err
 	}
-	if err := q.Enqueue(ctx, capacity.KindReservations, n.PoolID); err != nil {
+	if err := q.Enqueue(ctx, capstore.KindReservations, n.PoolID); err != nil {
 		return nodes.Node{}, err
 	}
 	return n, nil
@@ -120,7 +120,7 @@ func Undrain(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (nod
 // booking ended is drained within a period.
 func Drain(cfg DrainConfig) reconcile.Reconciler {
 	cfg.Every = cmp.Or(cfg.Every, DefaultDrainEvery)
-	cfg.LostNode = cmp.Or(cfg.LostNode, capacity.LostNodeWait)
+	cfg.LostNode = cmp.Or(cfg.LostNode, capstore.LostNodeWait)
 	d := &drain{cfg: cfg}
 	return reconcile.Reconciler{
 		Name:    DrainKind,
@@ -173,11 +173,11 @@ func (d *drain) step(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id stri
 			return err
 		}
 		// The placer applies the lost-node policy to what it still holds.
-		if err := q.Enqueue(ctx, capacity.KindReservations, n.PoolID); err != nil {
+		if err := q.Enqueue(ctx, capstore.KindReservations, n.PoolID); err != nil {
 			return err
 		}
 	}
-	n, retired, err := nodes.MarkRetired(ctx, tx, id, d.cfg.LostNode == capacity.LostNodeWait)
+	n, retired, err := nodes.MarkRetired(ctx, tx, id, d.cfg.LostNode == capstore.LostNodeWait)
 	if err != nil || !retired {
 		return err
 	}

@@ -89,7 +89,7 @@ func (f *drainFixture) tick(t *testing.T, kinds ...string) {
 		switch k {
 		case lifecycle.DrainKind:
 			f.enqueue(t, k, lifecycle.DrainDueKey)
-		case capacity.KindTick:
+		case capstore.KindTick:
 			f.enqueue(t, k, "all")
 		}
 		if tr, err := f.rt.Jobs()[k].Tick(t.Context()); err != nil || tr.Failed > 0 {
@@ -102,7 +102,7 @@ func (f *drainFixture) tick(t *testing.T, kinds ...string) {
 // the placer.
 func (f *drainFixture) settle(t *testing.T) {
 	t.Helper()
-	f.tick(t, lifecycle.DrainKind, lifecycle.DrainKind, capacity.KindTick, capacity.KindReservations)
+	f.tick(t, lifecycle.DrainKind, lifecycle.DrainKind, capstore.KindTick, capstore.KindReservations)
 }
 
 func (f *drainFixture) enqueue(t *testing.T, kind, key string) {
@@ -166,9 +166,9 @@ func bookedNodes(r capstore.Reservation) []string {
 func TestDrainWithABookedGPU(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ policy, state string }{
-		{capacity.LostNodeReplace, capstore.StatePlaced},
-		{capacity.LostNodeFail, capstore.StateFailed},
-		{capacity.LostNodeWait, capstore.StatePlaced},
+		{capstore.LostNodeReplace, capstore.StatePlaced},
+		{capstore.LostNodeFail, capstore.StateFailed},
+		{capstore.LostNodeWait, capstore.StatePlaced},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
 			t.Parallel()
@@ -222,14 +222,14 @@ func TestDrainWithABookedGPU(t *testing.T) {
 			f.settle(t)
 			r := f.rsv(t, "rsv_1")
 			switch tc.policy {
-			case capacity.LostNodeReplace:
+			case capstore.LostNodeReplace:
 				if r.State != tc.state || len(r.Bookings) != 1 || r.Bookings[0].NodeID != "node_b" {
 					t.Fatalf("rsv_1 under replace: %+v", r)
 				}
 				if c := f.count(t, `SELECT count(*) FROM outbox WHERE type = 'reservation.replaced' AND resource_id = 'rsv_1'`); c != 1 {
 					t.Fatalf("%d reservation.replaced", c)
 				}
-			case capacity.LostNodeFail:
+			case capstore.LostNodeFail:
 				if r.State != tc.state || f.count(t, `SELECT count(*) FROM bookings WHERE reservation_id = 'rsv_1' AND active`) != 0 {
 					t.Fatalf("rsv_1 under fail: %+v", r)
 				}
@@ -250,7 +250,7 @@ func TestDrainWithABookedGPU(t *testing.T) {
 // bookable again once undrained.
 func TestDrainWithoutBookingsAndUndrain(t *testing.T) {
 	t.Parallel()
-	f := newDrainFixture(t, capacity.LostNodeReplace, []string{"node_a"}, 2)
+	f := newDrainFixture(t, capstore.LostNodeReplace, []string{"node_a"}, 2)
 	f.drain(t, "node_a", lifecycle.DrainRequest{Deadline: time.Now().Add(time.Hour), By: nodes.DrainByOperator})
 	f.tick(t, lifecycle.DrainKind) // the node key StartDrain enqueued
 	if n := f.node(t, "node_a"); n.State != nodes.StateDrained {
@@ -276,7 +276,7 @@ func TestDrainWithoutBookingsAndUndrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Undrain enqueued the pool's placer: one placer pass places rsv_1.
-	f.tick(t, capacity.KindReservations)
+	f.tick(t, capstore.KindReservations)
 	if r := f.rsv(t, "rsv_1"); r.State != capstore.StatePlaced || len(r.Bookings) != 1 || r.Bookings[0].NodeID != "node_a" {
 		t.Fatalf("rsv_1 after the undrain: %+v", r)
 	}
@@ -292,7 +292,7 @@ func TestDrainWithoutBookingsAndUndrain(t *testing.T) {
 // row) only once the placer moved its booking away.
 func TestRetireRevokesAfterBookingsAreHandled(t *testing.T) {
 	t.Parallel()
-	f := newDrainFixture(t, capacity.LostNodeReplace, []string{"node_a", "node_b"}, 1)
+	f := newDrainFixture(t, capstore.LostNodeReplace, []string{"node_a", "node_b"}, 1)
 	f.exec(t, `UPDATE nodes SET state = 'adopting' WHERE id = 'node_b'`)
 	f.reserve(t, "rsv_1", 1)
 	f.settle(t)
@@ -315,7 +315,7 @@ func TestRetireRevokesAfterBookingsAreHandled(t *testing.T) {
 	if c := f.count(t, `SELECT count(*) FROM node_certificates WHERE node_id = 'node_a' AND revoked_at IS NULL`); c != 1 {
 		t.Fatalf("%d live certificates before the bookings were handled", c)
 	}
-	f.tick(t, capacity.KindReservations, lifecycle.DrainKind, lifecycle.DrainKind)
+	f.tick(t, capstore.KindReservations, lifecycle.DrainKind, lifecycle.DrainKind)
 	if got := bookedNodes(f.rsv(t, "rsv_1")); len(got) != 1 || got[0] != "node_b" {
 		t.Fatalf("rsv_1 after the drain: %v", got)
 	}
@@ -373,7 +373,7 @@ func TestDrainChaosBusStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rt.Register(lifecycle.Drain(lifecycle.DrainConfig{Every: 100 * time.Millisecond, LostNode: capacity.LostNodeReplace})); err != nil {
+	if err := rt.Register(lifecycle.Drain(lifecycle.DrainConfig{Every: 100 * time.Millisecond, LostNode: capstore.LostNodeReplace})); err != nil {
 		t.Fatal(err)
 	}
 	if err := rt.Start(t.Context()); err != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/remediations"
-	"github.com/bettercompute/bettercompute/services/capacity"
 )
 
 // Kinds of the health job's reconcilers.
@@ -91,9 +90,9 @@ func (c *HealthConfig) defaults() error {
 	if _, ok := c.Kinds.Lookup(GPUReset); !ok {
 		return fault.New(fault.InvalidConfig, "kinds", "the command registry has no %s kind", GPUReset)
 	}
-	c.LostNode = cmp.Or(c.LostNode, capacity.LostNodeWait)
+	c.LostNode = cmp.Or(c.LostNode, capstore.LostNodeWait)
 	switch c.LostNode {
-	case capacity.LostNodeWait, capacity.LostNodeReplace, capacity.LostNodeFail:
+	case capstore.LostNodeWait, capstore.LostNodeReplace, capstore.LostNodeFail:
 	default:
 		return fault.New(fault.InvalidConfig, "capacity.lostNode", "expected wait, replace or fail, got %q", c.LostNode)
 	}
@@ -301,7 +300,7 @@ func (h *health) recovered(ctx context.Context, p *pass, lifted []string, reason
 	if len(lifted) > 0 {
 		// Placement may use them again: wake the pool's placer for pending
 		// reservations that now fit.
-		if err := p.q.Enqueue(ctx, capacity.KindReservations, p.n.PoolID); err != nil {
+		if err := p.q.Enqueue(ctx, capstore.KindReservations, p.n.PoolID); err != nil {
 			return err
 		}
 	}
@@ -332,7 +331,7 @@ func (h *health) unhealthyBooking(ctx context.Context, p *pass, r *capstore.Rese
 		return err
 	}
 	switch h.cfg.LostNode {
-	case capacity.LostNodeReplace:
+	case capstore.LostNodeReplace:
 		k, err := capstore.UnbookDevice(ctx, p.tx, r.ID, n.ID, d.DeviceID)
 		if err != nil || k == 0 {
 			return err
@@ -354,7 +353,7 @@ func (h *health) unhealthyBooking(ctx context.Context, p *pass, r *capstore.Rese
 		}
 		return h.failReservation(ctx, p, r, fmt.Sprintf("GPU %s of node %s was quarantined (%s) and could not be replaced: %s",
 			d.DeviceID, n.ID, d.Reason, fault.MessageOf(err)))
-	case capacity.LostNodeFail:
+	case capstore.LostNodeFail:
 		if err := event(actionFailed); err != nil {
 			return err
 		}

@@ -330,7 +330,7 @@ func bookedOn(r capstore.Reservation, node, dev string) bool {
 // wait keeps it.
 func TestHealthQuarantineUnderEachPolicy(t *testing.T) {
 	t.Parallel()
-	for _, policy := range []string{capacity.LostNodeReplace, capacity.LostNodeFail, capacity.LostNodeWait} {
+	for _, policy := range []string{capstore.LostNodeReplace, capstore.LostNodeFail, capstore.LostNodeWait} {
 		t.Run(policy, func(t *testing.T) {
 			t.Parallel()
 			e := newHealthEnv(t, lifecycle.HealthConfig{LostNode: policy}, map[string]int{"node_1": 2, "node_2": 2})
@@ -357,7 +357,7 @@ func TestHealthQuarantineUnderEachPolicy(t *testing.T) {
 			}
 			r = e.rsv(t, "rsv_1")
 			switch policy {
-			case capacity.LostNodeReplace:
+			case capstore.LostNodeReplace:
 				if p["action"] != "replaced" || !capstore.Live(r.State) || len(r.Bookings) != 2 || bookedOn(r, b.NodeID, b.DeviceID) {
 					t.Fatalf("replace: %v, reservation %s %+v", p["action"], r.State, r.Bookings)
 				}
@@ -366,7 +366,7 @@ func TestHealthQuarantineUnderEachPolicy(t *testing.T) {
 				if n != 1 {
 					t.Fatal("the node's desired state was not invalidated")
 				}
-			case capacity.LostNodeFail:
+			case capstore.LostNodeFail:
 				if p["action"] != "failed" || r.State != capstore.StateFailed {
 					t.Fatalf("fail: %v, reservation %s", p["action"], r.State)
 				}
@@ -563,7 +563,7 @@ func TestRemediationConcurrencyPerPool(t *testing.T) {
 // an unhealthy one, and its booking is not left on it under replace.
 func TestHealthMissingGPU(t *testing.T) {
 	t.Parallel()
-	e := newHealthEnv(t, lifecycle.HealthConfig{LostNode: capacity.LostNodeReplace}, map[string]int{"node_1": 3})
+	e := newHealthEnv(t, lifecycle.HealthConfig{LostNode: capstore.LostNodeReplace}, map[string]int{"node_1": 3})
 	r := e.reserve(t, "rsv_1", 1)
 	b := r.Bookings[0]
 	i := slices.Index([]string{uuid("node_1", 0), uuid("node_1", 1), uuid("node_1", 2)}, b.DeviceID)
@@ -593,10 +593,10 @@ func TestCapacityCountsQuarantinedApart(t *testing.T) {
 	}
 	e.fault(t, "node_1", bad, "thermal")
 	e.settle(t)
-	if err := workqueue.Enqueue(t.Context(), e.pool, capacity.KindRollup, "all"); err != nil {
+	if err := workqueue.Enqueue(t.Context(), e.pool, capstore.KindRollup, "all"); err != nil {
 		t.Fatal(err)
 	}
-	e.tick(t, capacity.KindRollup)
+	e.tick(t, capstore.KindRollup)
 	var free, bk, unavailable, quarantined int
 	if err := e.pool.QueryRow(t.Context(), `SELECT free, booked, unavailable, quarantined FROM capacity_rollup WHERE pool_id = 'pool_a' AND model = ''`).
 		Scan(&free, &bk, &unavailable, &quarantined); err != nil {
