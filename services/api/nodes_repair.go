@@ -11,11 +11,10 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/remediations"
-	"github.com/bettercompute/bettercompute/services/inventory"
-	"github.com/bettercompute/bettercompute/services/lifecycle"
 )
 
 // maxRepairReason bounds nodes.clearRepair's reason.
@@ -55,11 +54,11 @@ func (s *nodes) ClearRepair(ctx context.Context, req *computev1.NodesServiceClea
 				return admission.Outcome{}, err
 			}
 			if c.Readopt {
-				if err := q.Enqueue(ctx, inventory.Kind, req.GetNodeId()); err != nil {
+				if err := q.Enqueue(ctx, lifecycle.KindInventory, req.GetNodeId()); err != nil {
 					return admission.Outcome{}, err
 				}
 			}
-			if err := q.Enqueue(ctx, lifecycle.HealthKind, req.GetNodeId()); err != nil {
+			if err := q.Enqueue(ctx, lifecycle.KindHealth, req.GetNodeId()); err != nil {
 				return admission.Outcome{}, err
 			}
 			n, err := nodestore.Get(ctx, tx, req.GetTenantId(), req.GetNodeId())

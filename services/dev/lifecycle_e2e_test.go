@@ -12,6 +12,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/sim"
+	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
@@ -34,7 +35,7 @@ func lifecycleEnv(t *testing.T, dbURL, natsURL string) *dev.Env {
 			LivenessInterval: config.Duration(100 * time.Millisecond)},
 		Runtime:  config.Runtime{PollBusDown: config.Duration(50 * time.Millisecond)},
 		Commands: config.Commands{SweepInterval: config.Duration(100 * time.Millisecond)},
-		Capacity: config.Capacity{LostNode: config.LostNodeReplace, TickEvery: config.Duration(200 * time.Millisecond)},
+		Capacity: config.Capacity{LostNode: capstore.LostNodeReplace, TickEvery: config.Duration(200 * time.Millisecond)},
 		Nodes: config.Nodes{NotReadyAfter: config.Duration(2 * time.Second), LostAfter: config.Duration(4 * time.Second),
 			LivenessEvery: config.Duration(100 * time.Millisecond), EvictionRate: 100, EvictionBurst: 100},
 	}

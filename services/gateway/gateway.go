@@ -40,16 +40,13 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/startstop"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
-
-// InventoryKind is the work-queue kind the gateway enqueues when a node
-// reports inventory.
-const InventoryKind = "inventory"
 
 // Joiner is joinservice as the gateway sees it.
 type Joiner interface {
@@ -549,7 +546,7 @@ func (g *Gateway) storeInventory(ctx context.Context, s *session, inv *agentv1.I
 		if tag.RowsAffected() == 0 {
 			return nil // a newer session owns the node: ignore this late report
 		}
-		return q.Enqueue(ctx, InventoryKind, s.nodeID)
+		return q.Enqueue(ctx, lifecycle.KindInventory, s.nodeID)
 	})
 }
 

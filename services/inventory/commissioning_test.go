@@ -3,6 +3,7 @@ package inventory_test
 import (
 	"testing"
 
+	nodelife "github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/services/inventory"
 )
@@ -22,7 +23,7 @@ func TestCommissioningNodeIsNeverAdopted(t *testing.T) {
 	}
 	for range 2 {
 		report(t, pool, gpu(0, true), gpu(1, true))
-		if tr := tick(t, rt, inventory.Kind); tr.Done != 1 {
+		if tr := tick(t, rt, nodelife.KindInventory); tr.Done != 1 {
 			t.Fatalf("tick %+v", tr)
 		}
 		if state, conds := node(t, pool); state != nodes.StateCommissioning || !conds[inventory.InventoryReported].Status {

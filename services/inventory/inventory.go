@@ -22,16 +22,14 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
-// Kinds of the reconcilers.
-const (
-	Kind        = "inventory"
-	HygieneKind = "inventory.hygiene"
-)
+// HygieneKind is the inventory hygiene job's kind in the work queue.
+const HygieneKind = "inventory.hygiene"
 
 // Condition is one node condition.
 type Condition struct {
@@ -47,12 +45,6 @@ const (
 	GPUsHealthy       = "GPUsHealthy"
 	DevicesPresent    = "DevicesPresent"
 )
-
-// healthKind is the health job's kind (services/lifecycle.HealthKind, not
-// imported: lifecycle may depend on this package), enqueued for the node
-// after a report applied when one of its GPUs is unhealthy, missing or
-// quarantined: a fleet of healthy nodes costs the health job nothing.
-const healthKind = "health"
 
 // AcceptancePassed is the condition of a node in a pool with acceptance
 // checks: false (with the reason) while a check runs or after one failed.
@@ -82,7 +74,7 @@ func New(cfg Config) []reconcile.Reconciler {
 	}
 	c := &controller{cfg: cfg}
 	return []reconcile.Reconciler{
-		{Name: Kind, ShardBy: reconcile.ShardByNode, Run: c.run, Keys: keys},
+		{Name: lifecycle.KindInventory, ShardBy: reconcile.ShardByNode, Run: c.run, Keys: keys},
 		{Name: HygieneKind, ShardBy: reconcile.ShardByNone,
 			Periodic: []reconcile.Periodic{{Key: "all", Every: time.Minute}}, Run: hygiene},
 	}
@@ -176,7 +168,7 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 		// missing, lifts quarantines and judges remediation steps by it
 		// (a running step's GPUs stay quarantined until it succeeds).
 		if needsHealth {
-			if err := q.Enqueue(ctx, healthKind, nodeID); err != nil {
+			if err := q.Enqueue(ctx, lifecycle.KindHealth, nodeID); err != nil {
 				return err
 			}
 		}
@@ -209,7 +201,7 @@ func accept(ctx context.Context, tx pgx.Tx, kinds *commands.Registry, nodeID, bo
 	for _, kind := range checks {
 		c, created, err := kinds.Enqueue(ctx, tx, commands.Request{
 			NodeID: nodeID, Kind: kind, IdempotencyKey: "acceptance:" + kind + ":" + bootID,
-			NotAfter: time.Now().Add(AcceptanceTimeout), OwnerKind: Kind, OwnerKey: nodeID,
+			NotAfter: time.Now().Add(AcceptanceTimeout), OwnerKind: lifecycle.KindInventory, OwnerKey: nodeID,
 		})
 		if err != nil {
 			return acceptance{}, fmt.Errorf("queue acceptance check %s: %w", kind, err)
@@ -360,7 +352,7 @@ func hygiene(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile
 			return err
 		}
 		for _, id := range ids {
-			if err := q.Enqueue(ctx, Kind, id); err != nil {
+			if err := q.Enqueue(ctx, lifecycle.KindInventory, id); err != nil {
 				return err
 			}
 		}

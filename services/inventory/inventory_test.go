@@ -16,6 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
+	nodelife "github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
@@ -59,7 +60,7 @@ func report(t *testing.T, pool *pgxpool.Pool, gpus ...*agentv1.GPU) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := workqueue.Enqueue(t.Context(), pool, inventory.Kind, "node_1"); err != nil {
+	if err := workqueue.Enqueue(t.Context(), pool, nodelife.KindInventory, "node_1"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -119,7 +120,7 @@ func TestInventoryDerivesDevicesAndAdopts(t *testing.T) {
 	pool, rt := setup(t)
 
 	report(t, pool, gpu(0, true), gpu(1, true))
-	if tr := tick(t, rt, inventory.Kind); tr.Done != 1 {
+	if tr := tick(t, rt, nodelife.KindInventory); tr.Done != 1 {
 		t.Fatalf("tick %+v", tr)
 	}
 	if d := devices(t, pool); len(d) != 2 || d[0] != (device{"GPU-0", true, false}) {
@@ -133,7 +134,7 @@ func TestInventoryDerivesDevicesAndAdopts(t *testing.T) {
 
 	t.Run("a GPU that disappears is marked, not deleted", func(t *testing.T) {
 		report(t, pool, gpu(0, false))
-		tick(t, rt, inventory.Kind)
+		tick(t, rt, nodelife.KindInventory)
 		d := devices(t, pool)
 		if len(d) != 2 || d[1] != (device{"GPU-1", true, true}) || d[0].Healthy {
 			t.Fatalf("devices %+v", d)
@@ -146,7 +147,7 @@ func TestInventoryDerivesDevicesAndAdopts(t *testing.T) {
 
 	t.Run("and clears when it comes back", func(t *testing.T) {
 		report(t, pool, gpu(0, true), gpu(1, true))
-		tick(t, rt, inventory.Kind)
+		tick(t, rt, nodelife.KindInventory)
 		if d := devices(t, pool); d[1].Missing || !d[0].Healthy {
 			t.Fatalf("devices %+v", d)
 		}
@@ -161,18 +162,18 @@ func TestHygieneReenqueuesUnappliedReports(t *testing.T) {
 	pool, rt := setup(t)
 	report(t, pool, gpu(0, true))
 	// The enqueue was lost.
-	if _, err := pool.Exec(t.Context(), `DELETE FROM work_queue WHERE kind = $1`, inventory.Kind); err != nil {
+	if _, err := pool.Exec(t.Context(), `DELETE FROM work_queue WHERE kind = $1`, nodelife.KindInventory); err != nil {
 		t.Fatal(err)
 	}
-	if tr := tick(t, rt, inventory.Kind); tr.Claimed != 0 {
+	if tr := tick(t, rt, nodelife.KindInventory); tr.Claimed != 0 {
 		t.Fatalf("nothing should be queued: %+v", tr)
 	}
 	tick(t, rt, inventory.HygieneKind)
-	if tr := tick(t, rt, inventory.Kind); tr.Done != 1 || len(devices(t, pool)) != 1 {
+	if tr := tick(t, rt, nodelife.KindInventory); tr.Done != 1 || len(devices(t, pool)) != 1 {
 		t.Fatalf("hygiene did not bring the report back: %+v", tr)
 	}
 	tick(t, rt, inventory.HygieneKind) // nothing left unapplied
-	if tr := tick(t, rt, inventory.Kind); tr.Claimed != 0 {
+	if tr := tick(t, rt, nodelife.KindInventory); tr.Claimed != 0 {
 		t.Fatalf("an applied report was re-enqueued: %+v", tr)
 	}
 }
@@ -213,7 +214,7 @@ func TestAcceptanceChecksGateAdoption(t *testing.T) {
 				t.Fatal(err)
 			}
 			report(t, pool, gpu(0, true))
-			tick(t, rt, inventory.Kind)
+			tick(t, rt, nodelife.KindInventory)
 			state, conds := node(t, pool)
 			if c := conds[inventory.AcceptancePassed]; state != "adopting" || c.Status || !strings.Contains(c.Reason, "diag.nvml") {
 				t.Fatalf("while the check is queued: %s %+v", state, c)
@@ -226,7 +227,7 @@ func TestAcceptanceChecksGateAdoption(t *testing.T) {
 
 			// A second report while the check runs queues no second check.
 			report(t, pool, gpu(0, true))
-			tick(t, rt, inventory.Kind)
+			tick(t, rt, nodelife.KindInventory)
 			var n int
 			_ = pool.QueryRow(t.Context(), `SELECT count(*) FROM commands WHERE node_id = 'node_1'`).Scan(&n)
 			if n != 1 {
@@ -235,7 +236,7 @@ func TestAcceptanceChecksGateAdoption(t *testing.T) {
 
 			settle(t, pool, tc.outcome, "1 of 1 GPUs unhealthy: GPU-0 too hot")
 			// The command's final state woke the controller (its owner).
-			if tr := tick(t, rt, inventory.Kind); tr.Done != 1 {
+			if tr := tick(t, rt, nodelife.KindInventory); tr.Done != 1 {
 				t.Fatalf("the owner was not woken: %+v", tr)
 			}
 			state, conds = node(t, pool)
@@ -253,7 +254,7 @@ func TestAcceptanceChecksGateAdoption(t *testing.T) {
 
 			// Later reports keep the verdict.
 			report(t, pool, gpu(0, true))
-			tick(t, rt, inventory.Kind)
+			tick(t, rt, nodelife.KindInventory)
 			if state, conds := node(t, pool); state != tc.state || conds[inventory.AcceptancePassed].Status != c.Status {
 				t.Fatalf("a later report changed the verdict: %s %+v", state, conds)
 			}
@@ -267,7 +268,7 @@ func TestReportWithARepeatedGPU(t *testing.T) {
 	t.Parallel()
 	pool, rt := setup(t)
 	report(t, pool, gpu(0, true), gpu(1, true), gpu(0, false))
-	if tr := tick(t, rt, inventory.Kind); tr.Done != 1 {
+	if tr := tick(t, rt, nodelife.KindInventory); tr.Done != 1 {
 		t.Fatalf("tick %+v", tr)
 	}
 	if d := devices(t, pool); len(d) != 2 || d[0] != (device{"GPU-0", false, false}) || d[1] != (device{"GPU-1", true, false}) {

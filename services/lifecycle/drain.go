@@ -11,14 +11,12 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/audit"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
+	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
-
-// DrainKind is the drain job's kind in the work queue.
-const DrainKind = "drain"
 
 // DrainDueKey is the drain job's periodic key: its run enqueues every node
 // whose drain has something to do ([nodes.DueDrains]).
@@ -40,71 +38,6 @@ type DrainConfig struct {
 	LostNode string
 }
 
-// DrainRequest is how [StartDrain] drains a node.
-type DrainRequest struct {
-	// Deadline is when the node's bookings must be gone.
-	Deadline time.Time
-	// Reason says why, for the events and nodes.get.
-	Reason string
-	// By is [nodes.DrainByOperator] or [nodes.DrainByRemediation].
-	By string
-	// Retire ends the drain in retirement.
-	Retire bool
-}
-
-// StartDrain drains node id in tx ([nodes.StartDrain]: no new bookings from
-// now, while desired state and commands keep flowing), writes node.draining
-// and one reservation.node_draining per live reservation with an active
-// booking on the node, and enqueues the node's drain key through q: the
-// job drains it as soon as it holds no active booking, or at the deadline.
-// The API's nodes.drain and nodes.retire call it, and so does the
-// remediation ladder before a reboot (By [nodes.DrainByRemediation]).
-// Errors are [nodes.StartDrain]'s.
-func StartDrain(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string, r DrainRequest) (nodes.Node, error) {
-	n, err := nodes.StartDrain(ctx, tx, id, nodes.Drain{Deadline: r.Deadline, Reason: r.Reason, By: r.By, Retire: r.Retire})
-	if err != nil {
-		return nodes.Node{}, err
-	}
-	deadline := ""
-	if n.DrainDeadline != nil {
-		deadline = n.DrainDeadline.UTC().Format(time.RFC3339Nano)
-	}
-	es := []outbox.Event{{TenantID: n.TenantID, Type: "node.draining", Resource: n.ID, Payload: map[string]any{
-		"nodeId": n.ID, "poolId": n.PoolID, "deadline": deadline, "reason": n.DrainReason, "by": n.DrainBy, "retiring": n.Retiring,
-	}}}
-	rsvs, err := nodes.LiveReservationsOn(ctx, tx, n.ID)
-	if err != nil {
-		return nodes.Node{}, err
-	}
-	for _, rsv := range rsvs {
-		es = append(es, outbox.Event{TenantID: rsv.TenantID, Type: "reservation.node_draining", Resource: rsv.ID, Payload: map[string]any{
-			"reservationId": rsv.ID, "nodeId": n.ID, "deadline": deadline, "reason": n.DrainReason,
-		}})
-	}
-	if err := outbox.WriteMany(ctx, tx, es); err != nil {
-		return nodes.Node{}, err
-	}
-	if err := q.Enqueue(ctx, DrainKind, n.ID); err != nil {
-		return nodes.Node{}, err
-	}
-	return n, nil
-}
-
-// Undrain returns draining or drained node id to service in tx
-// ([nodes.Undrain]) and enqueues its pool's placer through q, so pending
-// reservations that fit on it are placed now rather than at the next tick.
-// It writes no event: the caller says why (the API's node.undrained).
-func Undrain(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id string) (nodes.Node, error) {
-	n, err := nodes.Undrain(ctx, tx, id)
-	if err != nil {
-		return nodes.Node{}, err
-	}
-	if err := q.Enqueue(ctx, capstore.KindReservations, n.PoolID); err != nil {
-		return nodes.Node{}, err
-	}
-	return n, nil
-}
-
 // Drain is the drain job: a ShardByNode reconciler of the controllers role
 // whose keys are nodes being drained, plus the periodic key "due". A node's
 // run moves it from draining to drained once it holds no active booking or
@@ -123,7 +56,7 @@ func Drain(cfg DrainConfig) reconcile.Reconciler {
 	cfg.LostNode = cmp.Or(cfg.LostNode, capstore.LostNodeWait)
 	d := &drain{cfg: cfg}
 	return reconcile.Reconciler{
-		Name:    DrainKind,
+		Name:    lifecycle.KindDrain,
 		ShardBy: reconcile.ShardByNode,
 		Role:    reconcile.RoleControllers,
 		Run:     d.run,
@@ -144,7 +77,7 @@ func (d *drain) run(ctx context.Context, rc *reconcile.RunContext, key string) (
 				return err
 			}
 			for _, id := range ids {
-				if err := q.Enqueue(ctx, DrainKind, id); err != nil {
+				if err := q.Enqueue(ctx, lifecycle.KindDrain, id); err != nil {
 					return err
 				}
 			}
@@ -193,7 +126,7 @@ func (d *drain) step(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, id stri
 	res := authz.Resource{Type: authz.TypeNode, ID: n.ID, TenantID: n.TenantID, PoolID: n.PoolID, Labels: n.Labels}
 	if err := audit.Write(ctx, tx, audit.Record{
 		TenantID: n.TenantID, Actor: "drain", ActorTenantID: n.TenantID, Action: string(authz.NodesRetire),
-		Resource: res.UID(), Decision: audit.Allow, Method: "job:" + DrainKind,
+		Resource: res.UID(), Decision: audit.Allow, Method: "job:" + lifecycle.KindDrain,
 		Detail: map[string]any{"revokedCertificates": revoked, "reason": n.DrainReason, "by": n.DrainBy},
 	}); err != nil {
 		return fmt.Errorf("audit retirement of %s: %w", n.ID, err)

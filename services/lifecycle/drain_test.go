@@ -13,6 +13,7 @@ import (
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
+	nodelife "github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
@@ -87,7 +88,7 @@ func (f *drainFixture) tick(t *testing.T, kinds ...string) {
 	t.Helper()
 	for _, k := range kinds {
 		switch k {
-		case lifecycle.DrainKind:
+		case nodelife.KindDrain:
 			f.enqueue(t, k, lifecycle.DrainDueKey)
 		case capstore.KindTick:
 			f.enqueue(t, k, "all")
@@ -102,7 +103,7 @@ func (f *drainFixture) tick(t *testing.T, kinds ...string) {
 // the placer.
 func (f *drainFixture) settle(t *testing.T) {
 	t.Helper()
-	f.tick(t, lifecycle.DrainKind, lifecycle.DrainKind, capstore.KindTick, capstore.KindReservations)
+	f.tick(t, nodelife.KindDrain, nodelife.KindDrain, capstore.KindTick, capstore.KindReservations)
 }
 
 func (f *drainFixture) enqueue(t *testing.T, kind, key string) {
@@ -137,12 +138,12 @@ func (f *drainFixture) node(t *testing.T, id string) nodes.Node {
 	return n
 }
 
-func (f *drainFixture) drain(t *testing.T, id string, r lifecycle.DrainRequest) nodes.Node {
+func (f *drainFixture) drain(t *testing.T, id string, r nodelife.DrainRequest) nodes.Node {
 	t.Helper()
 	var n nodes.Node
 	err := reconcile.InTx(t.Context(), f.db, nil, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
-		n, err = lifecycle.StartDrain(t.Context(), tx, q, id, r)
+		n, err = nodelife.StartDrain(t.Context(), tx, q, id, r)
 		return err
 	})
 	if err != nil {
@@ -181,7 +182,7 @@ func TestDrainWithABookedGPU(t *testing.T) {
 				t.Fatalf("rsv_1 before the drain: %+v", r)
 			}
 
-			n := f.drain(t, "node_a", lifecycle.DrainRequest{Deadline: time.Now().Add(1500 * time.Millisecond), Reason: "rack move", By: nodes.DrainByOperator})
+			n := f.drain(t, "node_a", nodelife.DrainRequest{Deadline: time.Now().Add(1500 * time.Millisecond), Reason: "rack move", By: nodes.DrainByOperator})
 			if n.State != nodes.StateDraining {
 				t.Fatalf("after StartDrain: %+v", n)
 			}
@@ -251,8 +252,8 @@ func TestDrainWithABookedGPU(t *testing.T) {
 func TestDrainWithoutBookingsAndUndrain(t *testing.T) {
 	t.Parallel()
 	f := newDrainFixture(t, capstore.LostNodeReplace, []string{"node_a"}, 2)
-	f.drain(t, "node_a", lifecycle.DrainRequest{Deadline: time.Now().Add(time.Hour), By: nodes.DrainByOperator})
-	f.tick(t, lifecycle.DrainKind) // the node key StartDrain enqueued
+	f.drain(t, "node_a", nodelife.DrainRequest{Deadline: time.Now().Add(time.Hour), By: nodes.DrainByOperator})
+	f.tick(t, nodelife.KindDrain) // the node key StartDrain enqueued
 	if n := f.node(t, "node_a"); n.State != nodes.StateDrained {
 		t.Fatalf("a node without bookings after one pass: %+v", n)
 	}
@@ -269,7 +270,7 @@ func TestDrainWithoutBookingsAndUndrain(t *testing.T) {
 		t.Fatalf("rsv_1 with only a drained node: %+v", r)
 	}
 	err := reconcile.InTx(t.Context(), f.db, nil, func(tx pgx.Tx, q *reconcile.Queue) error {
-		_, err := lifecycle.Undrain(t.Context(), tx, q, "node_a")
+		_, err := nodelife.Undrain(t.Context(), tx, q, "node_a")
 		return err
 	})
 	if err != nil {
@@ -300,22 +301,22 @@ func TestRetireRevokesAfterBookingsAreHandled(t *testing.T) {
 		t.Fatalf("rsv_1: %v", got)
 	}
 	f.exec(t, `UPDATE nodes SET state = 'adopted' WHERE id = 'node_b'`)
-	f.drain(t, "node_a", lifecycle.DrainRequest{Deadline: time.Now().Add(time.Hour), By: nodes.DrainByOperator, Retire: true})
-	f.tick(t, lifecycle.DrainKind, lifecycle.DrainKind)
+	f.drain(t, "node_a", nodelife.DrainRequest{Deadline: time.Now().Add(time.Hour), By: nodes.DrainByOperator, Retire: true})
+	f.tick(t, nodelife.KindDrain, nodelife.KindDrain)
 	if n := f.node(t, "node_a"); n.State != nodes.StateDraining || !n.Retiring {
 		t.Fatalf("a retiring node with a booking before its deadline: %+v", n)
 	}
 	f.exec(t, `UPDATE nodes SET drain_deadline = now() WHERE id = 'node_a'`)
 	// One drain pass drains it but cannot retire it: its booking is
 	// still there until the placer runs.
-	f.tick(t, lifecycle.DrainKind, lifecycle.DrainKind)
+	f.tick(t, nodelife.KindDrain, nodelife.KindDrain)
 	if n := f.node(t, "node_a"); n.State != nodes.StateDrained {
 		t.Fatalf("past its deadline: %+v", n)
 	}
 	if c := f.count(t, `SELECT count(*) FROM node_certificates WHERE node_id = 'node_a' AND revoked_at IS NULL`); c != 1 {
 		t.Fatalf("%d live certificates before the bookings were handled", c)
 	}
-	f.tick(t, capstore.KindReservations, lifecycle.DrainKind, lifecycle.DrainKind)
+	f.tick(t, capstore.KindReservations, nodelife.KindDrain, nodelife.KindDrain)
 	if got := bookedNodes(f.rsv(t, "rsv_1")); len(got) != 1 || got[0] != "node_b" {
 		t.Fatalf("rsv_1 after the drain: %v", got)
 	}
@@ -385,7 +386,7 @@ func TestDrainChaosBusStopped(t *testing.T) {
 	// deadline.
 	deadline := time.Now().Add(2 * time.Second)
 	err = rt.InTx(t.Context(), func(tx pgx.Tx, q *reconcile.Queue) error {
-		_, err := lifecycle.StartDrain(t.Context(), tx, q, "node_1", lifecycle.DrainRequest{Deadline: deadline, By: nodes.DrainByOperator})
+		_, err := nodelife.StartDrain(t.Context(), tx, q, "node_1", nodelife.DrainRequest{Deadline: deadline, By: nodes.DrainByOperator})
 		return err
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
@@ -23,7 +24,6 @@ import (
 
 // Kinds of the health job's reconcilers.
 const (
-	HealthKind      = "health"
 	HealthPruneKind = "health.prune"
 )
 
@@ -135,7 +135,7 @@ func Health(cfg HealthConfig) ([]reconcile.Reconciler, error) {
 	}
 	h := &health{cfg: cfg}
 	return []reconcile.Reconciler{
-		{Name: HealthKind, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleControllers, Run: h.run, Keys: healthKeys},
+		{Name: lifecycle.KindHealth, ShardBy: reconcile.ShardByNode, Role: reconcile.RoleControllers, Run: h.run, Keys: healthKeys},
 		{Name: HealthPruneKind, ShardBy: reconcile.ShardByNone, Role: reconcile.RoleControllers, Run: h.prune,
 			Periodic: []reconcile.Periodic{{Key: "all", Every: cfg.PruneEvery}}},
 	}, nil

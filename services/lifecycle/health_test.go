@@ -19,6 +19,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/brakes"
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	nodelife "github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/remediations"
@@ -126,10 +127,10 @@ func (e *healthEnv) report(t *testing.T, node string) {
 		ON CONFLICT (node_id) DO UPDATE SET report = EXCLUDED.report, received_at = clock_timestamp()`, node, json.RawMessage(b)); err != nil {
 		t.Fatal(err)
 	}
-	if err := workqueue.Enqueue(t.Context(), e.pool, inventory.Kind, node); err != nil {
+	if err := workqueue.Enqueue(t.Context(), e.pool, nodelife.KindInventory, node); err != nil {
 		t.Fatal(err)
 	}
-	e.tick(t, inventory.Kind)
+	e.tick(t, nodelife.KindInventory)
 }
 
 func (e *healthEnv) fault(t *testing.T, node string, i int, reason string) {
@@ -161,7 +162,7 @@ func (e *healthEnv) tick(t *testing.T, kind string) reconcile.TickResult {
 func (e *healthEnv) settle(t *testing.T) {
 	t.Helper()
 	for range 10 {
-		if tr := e.tick(t, lifecycle.HealthKind); tr.Done+tr.SyncAgain == 0 {
+		if tr := e.tick(t, nodelife.KindHealth); tr.Done+tr.SyncAgain == 0 {
 			return
 		}
 	}
@@ -170,7 +171,7 @@ func (e *healthEnv) settle(t *testing.T) {
 // runHealth enqueues node's health key and runs it.
 func (e *healthEnv) runHealth(t *testing.T, node string) {
 	t.Helper()
-	if err := workqueue.Enqueue(t.Context(), e.pool, lifecycle.HealthKind, node); err != nil {
+	if err := workqueue.Enqueue(t.Context(), e.pool, nodelife.KindHealth, node); err != nil {
 		t.Fatal(err)
 	}
 	e.settle(t)
@@ -404,7 +405,7 @@ func TestRemediationResetSucceeds(t *testing.T) {
 		t.Fatalf("%d gpu.reset commands", len(resets))
 	}
 	c := resets[0]
-	if len(c.Signature) == 0 || c.KeyID == "" || c.OwnerKind != lifecycle.HealthKind || c.OwnerKey != "node_1" {
+	if len(c.Signature) == 0 || c.KeyID == "" || c.OwnerKind != nodelife.KindHealth || c.OwnerKey != "node_1" {
 		t.Fatalf("gpu.reset not signed or not owned: %+v", c)
 	}
 	body, err := c.Body()
@@ -470,10 +471,10 @@ func TestRemediationLadderToNeedsRepair(t *testing.T) {
 		t.Fatal("node.reboot sent before the node was drained")
 	}
 	// No booking: the drain job drains it at once; then the reboot goes.
-	if err := workqueue.Enqueue(t.Context(), e.pool, lifecycle.DrainKind, "node_1"); err != nil {
+	if err := workqueue.Enqueue(t.Context(), e.pool, nodelife.KindDrain, "node_1"); err != nil {
 		t.Fatal(err)
 	}
-	e.tick(t, lifecycle.DrainKind)
+	e.tick(t, nodelife.KindDrain)
 	e.runHealth(t, "node_1")
 	if e.node(t, "node_1").State != nodes.StateDrained {
 		t.Fatalf("node %s, want drained", e.node(t, "node_1").State)

@@ -17,6 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/brakes"
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/remediations"
@@ -133,7 +134,7 @@ func (h *health) remediate(ctx context.Context, p *pass) error {
 func (h *health) send(ctx context.Context, p *pass, m remediations.Remediation, kind string, payload any, deadline time.Duration) (commands.Command, error) {
 	c, created, err := h.cfg.Kinds.Enqueue(ctx, p.tx, commands.Request{
 		NodeID: p.n.ID, Kind: kind, Payload: payload, IdempotencyKey: "health:" + m.ID,
-		NotAfter: time.Now().Add(deadline), OwnerKind: HealthKind, OwnerKey: p.n.ID, CreatedBy: "health",
+		NotAfter: time.Now().Add(deadline), OwnerKind: lifecycle.KindHealth, OwnerKey: p.n.ID, CreatedBy: "health",
 	})
 	if err != nil {
 		return commands.Command{}, fmt.Errorf("queue %s for %s: %w", kind, m.ID, err)
@@ -251,7 +252,7 @@ func (h *health) succeed(ctx context.Context, p *pass, m remediations.Remediatio
 		return err
 	}
 	if p.n.DrainBy == nodes.DrainByRemediation && (p.n.State == nodes.StateDraining || p.n.State == nodes.StateDrained) {
-		n, err := Undrain(ctx, p.tx, p.q, p.n.ID)
+		n, err := lifecycle.Undrain(ctx, p.tx, p.q, p.n.ID)
 		if err != nil {
 			return err
 		}
@@ -285,7 +286,7 @@ func (h *health) startReboot(ctx context.Context, p *pass, m remediations.Remedi
 		return err
 	}
 	if p.n.State == nodes.StateAdopted || p.n.State == nodes.StateDraining {
-		_, err := StartDrain(ctx, p.tx, p.q, p.n.ID, DrainRequest{
+		_, err := lifecycle.StartDrain(ctx, p.tx, p.q, p.n.ID, lifecycle.DrainRequest{
 			Deadline: time.Now().Add(h.cfg.RemediationDrain), By: nodes.DrainByRemediation,
 			Reason: "remediation " + r.ID + ": node.reboot after " + m.Step + " failed",
 		})
@@ -403,7 +404,7 @@ func (h *health) audit(ctx context.Context, p *pass, m remediations.Remediation,
 	res := authz.Resource{Type: authz.TypeNode, ID: p.n.ID, TenantID: p.n.TenantID, PoolID: p.n.PoolID, Labels: p.n.Labels}
 	if err := audit.Write(ctx, p.tx, audit.Record{
 		TenantID: p.n.TenantID, Actor: "health", ActorTenantID: p.n.TenantID, Action: string(action),
-		Resource: res.UID(), Decision: audit.Allow, Method: "job:" + HealthKind, Detail: d,
+		Resource: res.UID(), Decision: audit.Allow, Method: "job:" + lifecycle.KindHealth, Detail: d,
 	}); err != nil {
 		return fmt.Errorf("audit remediation %s: %w", m.ID, err)
 	}
@@ -427,7 +428,7 @@ func (h *health) wakePool(ctx context.Context, p *pass) error {
 		return err
 	}
 	for _, id := range ids {
-		if err := p.q.Enqueue(ctx, HealthKind, id); err != nil {
+		if err := p.q.Enqueue(ctx, lifecycle.KindHealth, id); err != nil {
 			return err
 		}
 	}

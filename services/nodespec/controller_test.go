@@ -19,6 +19,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
+	nodelife "github.com/bettercompute/bettercompute/pkg/lifecycle"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -163,10 +164,10 @@ func TestAdoptionWritesGenerationOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.exec(t, `INSERT INTO node_inventory (node_id, session_epoch, report) VALUES ('node_1', 1, $1)`, json.RawMessage(b))
-	if err := workqueue.Enqueue(t.Context(), e.pool, inventory.Kind, "node_1"); err != nil {
+	if err := workqueue.Enqueue(t.Context(), e.pool, nodelife.KindInventory, "node_1"); err != nil {
 		t.Fatal(err)
 	}
-	e.tick(t, inventory.Kind)
+	e.tick(t, nodelife.KindInventory)
 	if tr := e.tick(t, desired.Kind); tr.Done != 1 {
 		t.Fatalf("adoption enqueued no nodespec work: %+v", tr)
 	}
