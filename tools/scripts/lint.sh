@@ -4,7 +4,9 @@
 #   1. gofmt -l must list no file;
 #   2. go vet ./... in each module;
 #   3. golangci-lint run ./... in each module, with the repo's .golangci.yml
-#      (golangci-lint is built from tools/go.mod, see build-tools.sh).
+#      (golangci-lint is built from tools/go.mod, see build-tools.sh);
+#   4. with services: depguard-planted.sh, that the roles-are-leaves rules
+#      fire on planted imports.
 # Runs every step on every module and fails at the end if any step failed.
 set -euo pipefail
 
@@ -40,6 +42,10 @@ for m in "${modules[@]}"; do
   (cd "$m" && go vet ./...) || failed+=("go vet ($m)")
   echo "== golangci-lint run ./... ($m)"
   (cd "$m" && "$bin/golangci-lint" run --config "$root/.golangci.yml" ./...) || failed+=("golangci-lint ($m)")
+  if [[ "$m" == services ]]; then
+    echo "== depguard-planted.sh (roles-are-leaves fires)"
+    "$root/tools/scripts/depguard-planted.sh" "$bin/golangci-lint" || failed+=("depguard-planted")
+  fi
 done
 
 if [[ ${#failed[@]} -gt 0 ]]; then
