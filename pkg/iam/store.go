@@ -87,6 +87,15 @@ func GetTenant(ctx context.Context, q Querier, id string) (Tenant, error) {
 	return t, nil
 }
 
+// TenantExists reports whether tenant id exists.
+func TenantExists(ctx context.Context, q Querier, id string) (bool, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)`, id).Scan(&exists); err != nil {
+		return false, fmt.Errorf("read tenant %s: %w", id, err)
+	}
+	return exists, nil
+}
+
 // ListTenants returns up to limit children of parent with ids after after,
 // in id order.
 func ListTenants(ctx context.Context, q Querier, parent, after string, limit int) ([]Tenant, error) {

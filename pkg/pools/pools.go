@@ -214,3 +214,27 @@ func NodeSettingsOf(ctx context.Context, q Querier, ids []string) ([]NodeSetting
 	}
 	return out, nil
 }
+
+// ClassOf returns the class of pool id, of any tenant.
+func ClassOf(ctx context.Context, q Querier, id string) (string, error) {
+	var class string
+	if err := q.QueryRow(ctx, `SELECT class FROM pools WHERE id = $1`, id).Scan(&class); err != nil {
+		return "", fmt.Errorf("read pool %s: %w", id, err)
+	}
+	return class, nil
+}
+
+// Lock locks pool id's row FOR NO KEY UPDATE until q's transaction ends
+// (nothing when there is no such pool): a serialization point for writes
+// that count over the pool.
+func Lock(ctx context.Context, q Querier, id string) error {
+	rows, err := q.Query(ctx, `SELECT 1 FROM pools WHERE id = $1 FOR NO KEY UPDATE`, id)
+	if err != nil {
+		return fmt.Errorf("lock pool %s: %w", id, err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("lock pool %s: %w", id, err)
+	}
+	return nil
+}

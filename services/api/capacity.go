@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/instances"
+	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
@@ -48,50 +48,36 @@ func (s *capacityGroup) Get(ctx context.Context, req *computev1.CapacityServiceG
 		return nil, err
 	}
 	out := &computev1.CapacityServiceGetResponse{Total: &computev1.CapacityCounts{}}
-	rows, err := s.db.Query(ctx, `SELECT model, free, booked, unavailable, quarantined, computed_at FROM capacity_rollup WHERE pool_id = $1 ORDER BY model`, res.ID)
+	counts, err := capstore.RolledUp(ctx, s.db, res.ID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var model string
-		var c computev1.CapacityCounts
-		var at time.Time
-		if err := rows.Scan(&model, &c.Free, &c.Booked, &c.Unavailable, &c.Quarantined, &at); err != nil {
-			return nil, err
-		}
-		out.ComputeTime = ts(at)
-		if model == "" {
-			out.Total = &c
+	for _, r := range counts {
+		c := &computev1.CapacityCounts{Free: r.Free, Booked: r.Booked, Unavailable: r.Unavailable, Quarantined: r.Quarantined}
+		out.ComputeTime = ts(r.ComputedAt)
+		if r.Model == "" {
+			out.Total = c
 			continue
 		}
-		out.Models = append(out.Models, &computev1.ModelCapacity{Model: model, Counts: &c})
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
+		out.Models = append(out.Models, &computev1.ModelCapacity{Model: r.Model, Counts: c})
 	}
 	if err := s.hosts(ctx, res.ID, out); err != nil {
 		return nil, err
 	}
-	rows, err = s.db.Query(ctx, `SELECT tenant_id, booked, gpu_hours FROM capacity_tenant_usage WHERE pool_id = $1 ORDER BY tenant_id`, res.ID)
+	usage, err := capstore.UsageOf(ctx, s.db, res.ID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var u computev1.TenantUsage
-		if err := rows.Scan(&u.TenantId, &u.Booked, &u.GpuHours); err != nil {
-			return nil, err
-		}
-		out.Tenants = append(out.Tenants, &u)
+	for _, u := range usage {
+		out.Tenants = append(out.Tenants, &computev1.TenantUsage{TenantId: u.TenantID, Booked: u.Booked, GpuHours: u.GPUHours})
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // hosts fills a hosted pool's host capacity (read now) into out.
 func (s *capacityGroup) hosts(ctx context.Context, pool string, out *computev1.CapacityServiceGetResponse) error {
-	var class string
-	if err := s.db.QueryRow(ctx, `SELECT class FROM pools WHERE id = $1`, pool).Scan(&class); err != nil {
+	class, err := poolstore.ClassOf(ctx, s.db, pool)
+	if err != nil {
 		return err
 	}
 	if class != "vps-host" {
@@ -133,8 +119,8 @@ func (s *capacityGroup) SetQuota(ctx context.Context, req *computev1.CapacitySer
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, _ *reconcile.Queue) (admission.Outcome, error) {
-			var exists bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)`, req.GetForTenantId()).Scan(&exists); err != nil {
+			exists, err := iam.TenantExists(ctx, tx, req.GetForTenantId())
+			if err != nil {
 				return admission.Outcome{}, err
 			}
 			if !exists {

@@ -143,22 +143,12 @@ func Reconcilers(cfg Config) ([]reconcile.Reconciler, error) {
 
 // bindKeys lists nodes in shards with bookings of placed reservations.
 func bindKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT DISTINCT b.node_id FROM bookings b
-		JOIN reservations r ON r.id = b.reservation_id JOIN nodes n ON n.id = b.node_id
-		WHERE b.active AND r.state = 'placed' AND n.shard = ANY($1)`, shards)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	return capstore.NodesAwaitingBindInShards(ctx, q, shards)
 }
 
 // poolKeys lists GPU pools in shards with live reservations.
 func poolKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state IN ('pending', 'placed', 'bound')`)
-	if err != nil {
-		return nil, err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err := capstore.PoolsWithLiveReservations(ctx, q)
 	if err != nil {
 		return nil, err
 	}

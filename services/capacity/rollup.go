@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
@@ -18,24 +19,7 @@ import (
 // that is not schedulable). The four add up to the pool's GPUs.
 func (p *placer) rollup(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile.Result, error) {
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
-		if _, err := tx.Exec(ctx, `DELETE FROM capacity_rollup`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `
-			WITH atoms AS (
-				SELECT p.id AS pool_id, coalesce(nullif(d.model, ''), 'unknown') AS model,
-				       EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active) AS booked,
-				       (n.state = 'adopted' AND n.observed_generation >= 1 AND n.last_seen_at > now() - $1::interval
-				        AND d.healthy AND d.missing_since IS NULL AND NOT d.mig_enabled) AS ok,
-				       d.quarantined_at IS NOT NULL AS quarantined
-				  FROM pools p JOIN nodes n ON n.pool_id = p.id JOIN devices d ON d.node_id = n.id
-				 WHERE p.class = 'gpu' AND d.kind = 'gpu')
-			INSERT INTO capacity_rollup (pool_id, model, free, booked, unavailable, quarantined)
-			SELECT pool_id, coalesce(model, ''),
-			       count(*) FILTER (WHERE ok AND NOT booked AND NOT quarantined), count(*) FILTER (WHERE booked AND NOT quarantined),
-			       count(*) FILTER (WHERE NOT ok AND NOT booked AND NOT quarantined), count(*) FILTER (WHERE quarantined)
-			  FROM atoms GROUP BY GROUPING SETS ((pool_id, model), (pool_id))`, p.cfg.LostAfter)
-		return err
+		return capstore.Rollup(ctx, tx, p.cfg.LostAfter)
 	})
 	return reconcile.Done, err
 }
@@ -45,28 +29,7 @@ func (p *placer) rollup(ctx context.Context, rc *reconcile.RunContext, _ string)
 // booked and used per pool.
 func (p *placer) usage(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile.Result, error) {
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
-		_, err := tx.Exec(ctx, `
-			UPDATE reservations r SET gpu_hours = u.h FROM (
-				SELECT b.reservation_id,
-				       sum(greatest(0, extract(epoch FROM coalesce(b.released_at, now()) - greatest(r2.bound_at, b.created_at)))) / 3600 AS h
-				  FROM bookings b JOIN reservations r2 ON r2.id = b.reservation_id
-				 WHERE r2.bound_at IS NOT NULL
-				   AND (r2.state IN ('placed', 'bound') OR r2.finished_at > now() - $1::interval)
-				 GROUP BY b.reservation_id) u
-			 WHERE r.id = u.reservation_id AND r.gpu_hours IS DISTINCT FROM u.h`, 3*p.cfg.RollupEvery+time.Minute)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM capacity_tenant_usage`); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `
-			INSERT INTO capacity_tenant_usage (pool_id, tenant_id, booked, gpu_hours)
-			SELECT r.pool_id, r.tenant_id,
-			       (SELECT count(*) FROM bookings b WHERE b.pool_id = r.pool_id AND b.tenant_id = r.tenant_id AND b.active),
-			       sum(r.gpu_hours)
-			  FROM reservations r GROUP BY r.pool_id, r.tenant_id`)
-		return err
+		return capstore.Usage(ctx, tx, 3*p.cfg.RollupEvery+time.Minute)
 	})
 	return reconcile.Done, err
 }
@@ -98,31 +61,18 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rows, err := c.Pool.Query(ctx, `SELECT pool_id, model, free, booked, unavailable, quarantined FROM capacity_rollup`)
-	if err == nil {
-		for rows.Next() {
-			var pool, model string
-			var free, booked, unavailable, quarantined int
-			if rows.Scan(&pool, &model, &free, &booked, &unavailable, &quarantined) == nil {
-				ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(quarantined), pool, model, "quarantined")
-				ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(free), pool, model, "free")
-				ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(booked), pool, model, "booked")
-				ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(unavailable), pool, model, "unavailable")
-			}
+	if counts, err := capstore.RolledUp(ctx, c.Pool, ""); err == nil {
+		for _, r := range counts {
+			ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(r.Quarantined), r.PoolID, r.Model, "quarantined")
+			ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(r.Free), r.PoolID, r.Model, "free")
+			ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(r.Booked), r.PoolID, r.Model, "booked")
+			ch <- prometheus.MustNewConstMetric(atomsDesc, prometheus.GaugeValue, float64(r.Unavailable), r.PoolID, r.Model, "unavailable")
 		}
-		rows.Close()
 	}
-	rows, err = c.Pool.Query(ctx, `SELECT pool_id, tenant_id, booked, gpu_hours FROM capacity_tenant_usage`)
-	if err == nil {
-		for rows.Next() {
-			var pool, tenant string
-			var booked int
-			var hours float64
-			if rows.Scan(&pool, &tenant, &booked, &hours) == nil {
-				ch <- prometheus.MustNewConstMetric(tenantBookedDesc, prometheus.GaugeValue, float64(booked), pool, tenant)
-				ch <- prometheus.MustNewConstMetric(tenantHoursDesc, prometheus.GaugeValue, hours, pool, tenant)
-			}
+	if usage, err := capstore.UsageOf(ctx, c.Pool, ""); err == nil {
+		for _, u := range usage {
+			ch <- prometheus.MustNewConstMetric(tenantBookedDesc, prometheus.GaugeValue, float64(u.Booked), u.PoolID, u.TenantID)
+			ch <- prometheus.MustNewConstMetric(tenantHoursDesc, prometheus.GaugeValue, u.GPUHours, u.PoolID, u.TenantID)
 		}
-		rows.Close()
 	}
 }
