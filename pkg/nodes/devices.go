@@ -151,3 +151,124 @@ func ClearRepair(ctx context.Context, q Querier, tenant, id string) (RepairClear
 	}
 	return out, nil
 }
+
+// GPU is a GPU as the node's inventory report describes it.
+type GPU struct {
+	ID, Model, Serial, PCIBusID string
+	Index                       int32
+	MemoryBytes                 int64
+	MIGEnabled, Healthy         bool
+	HealthReason                string
+}
+
+// StoreGPUs upserts node's reported GPUs (present again: missing_since
+// cleared) and marks every other GPU of the node missing since now.
+func StoreGPUs(ctx context.Context, q Querier, node string, gpus []GPU) error {
+	var (
+		ids, models, serials, buses, reasons []string
+		indexes                              []int32
+		memory                               []int64
+		mig, healthy                         []bool
+	)
+	for _, g := range gpus {
+		ids, models, serials, buses, reasons = append(ids, g.ID), append(models, g.Model), append(serials, g.Serial), append(buses, g.PCIBusID), append(reasons, g.HealthReason)
+		indexes, memory = append(indexes, g.Index), append(memory, g.MemoryBytes)
+		mig, healthy = append(mig, g.MIGEnabled), append(healthy, g.Healthy)
+	}
+	if len(ids) > 0 {
+		_, err := q.Exec(ctx, `
+			INSERT INTO devices (node_id, id, kind, index, model, serial, memory_bytes, pci_bus_id, mig_enabled, healthy, health_reason)
+			SELECT $1, g.id, 'gpu', g.index, g.model, g.serial, g.memory_bytes, g.pci_bus_id, g.mig_enabled, g.healthy, g.health_reason
+			  FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bool[], $9::bool[], $10::text[])
+			       AS g(id, index, model, serial, memory_bytes, pci_bus_id, mig_enabled, healthy, health_reason)
+			ON CONFLICT (node_id, id) DO UPDATE SET
+			    index = EXCLUDED.index, model = EXCLUDED.model, serial = EXCLUDED.serial,
+			    memory_bytes = EXCLUDED.memory_bytes, pci_bus_id = EXCLUDED.pci_bus_id,
+			    mig_enabled = EXCLUDED.mig_enabled, healthy = EXCLUDED.healthy,
+			    health_reason = EXCLUDED.health_reason, missing_since = NULL, updated_at = now()`,
+			node, ids, indexes, models, serials, memory, buses, mig, healthy, reasons)
+		if err != nil {
+			return fmt.Errorf("upsert %d devices: %w", len(ids), err)
+		}
+	}
+	_, err := q.Exec(ctx, `
+		UPDATE devices SET missing_since = now(), updated_at = now()
+		 WHERE node_id = $1 AND kind = 'gpu' AND missing_since IS NULL AND NOT (id = ANY($2))`, node, ids)
+	if err != nil {
+		return fmt.Errorf("mark missing devices: %w", err)
+	}
+	return nil
+}
+
+// DeviceState is what a node's conditions are derived from, per device.
+type DeviceState struct {
+	ID                            string
+	Healthy, Missing, Quarantined bool
+}
+
+// DeviceStates returns the states of node's devices, by index and id.
+func DeviceStates(ctx context.Context, q Querier, node string) ([]DeviceState, error) {
+	rows, err := q.Query(ctx, `SELECT id, healthy, missing_since IS NOT NULL, quarantined_at IS NOT NULL
+		FROM devices WHERE node_id = $1 ORDER BY index, id`, node)
+	if err != nil {
+		return nil, fmt.Errorf("read devices of %s: %w", node, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeviceState])
+}
+
+// NeedingHealthInShards returns the nodes of shards with an unhealthy,
+// missing or quarantined GPU, or a running remediation step: the health
+// job's resync keys.
+func NeedingHealthInShards(ctx context.Context, q Querier, shards []int) ([]string, error) {
+	rows, err := q.Query(ctx, `
+		SELECT n.id FROM nodes n WHERE n.shard = ANY($1) AND (
+		    EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.kind = 'gpu'
+		             AND (d.quarantined_at IS NOT NULL OR NOT d.healthy OR d.missing_since IS NOT NULL))
+		 OR EXISTS (SELECT 1 FROM remediations r WHERE r.node_id = n.id AND r.state = 'running'))`, shards)
+	if err != nil {
+		return nil, fmt.Errorf("nodes needing health: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// WaitingForLadder returns up to 100 adopted nodes of pool other than
+// except, in id order, that wait for a remediation ladder: a quarantined
+// GPU, no running step and no NeedsRepair.
+func WaitingForLadder(ctx context.Context, q Querier, pool, except string) ([]string, error) {
+	rows, err := q.Query(ctx, `
+		SELECT n.id FROM nodes n
+		 WHERE n.pool_id = $1 AND n.id <> $2 AND NOT n.needs_repair AND n.state = 'adopted'
+		   AND EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.quarantined_at IS NOT NULL)
+		   AND NOT EXISTS (SELECT 1 FROM remediations r WHERE r.node_id = n.id AND r.state = 'running')
+		 ORDER BY n.id LIMIT 100`, pool, except)
+	if err != nil {
+		return nil, fmt.Errorf("nodes waiting for a ladder in %s: %w", pool, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// DesiredState is a node's desired state to deliver: its generation and
+// spec (proto3 JSON).
+type DesiredState struct {
+	ID         string
+	Generation int64
+	Spec       []byte
+}
+
+// DesiredToDeliver returns, of the nodes ids whose sessions are epochs and
+// have been delivered generation delivered (three parallel slices), those
+// still held by that session whose generation is newer.
+func DesiredToDeliver(ctx context.Context, q Querier, ids []string, epochs, delivered []int64) ([]DesiredState, error) {
+	rows, err := q.Query(ctx, `
+		SELECT n.id, n.generation, n.spec::text FROM nodes n
+		  JOIN unnest($1::text[], $2::bigint[], $3::bigint[]) AS s(id, epoch, delivered) ON s.id = n.id
+		 WHERE n.session_epoch = s.epoch AND n.generation >= 1 AND n.generation > s.delivered`, ids, epochs, delivered)
+	if err != nil {
+		return nil, fmt.Errorf("read desired state: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[DesiredState])
+	if err != nil {
+		return nil, fmt.Errorf("read desired state: %w", err)
+	}
+	return out, nil
+}

@@ -75,31 +75,18 @@ func (g *Gateway) deliver(ctx context.Context, sessions []*session) error {
 		byNode[s.nodeID] = s
 	}
 	g.mu.Unlock()
-	rows, err := g.cfg.DB.Query(ctx, `
-		SELECT n.id, n.generation, n.spec::text FROM nodes n
-		  JOIN unnest($1::text[], $2::bigint[], $3::bigint[]) AS s(id, epoch, delivered) ON s.id = n.id
-		 WHERE n.session_epoch = s.epoch AND n.generation >= 1 AND n.generation > s.delivered`, ids, epochs, sent)
+	due, err := nodestore.DesiredToDeliver(ctx, g.cfg.DB, ids, epochs, sent)
 	if err != nil {
-		return fmt.Errorf("read desired state: %w", err)
+		return err
 	}
 	type pending struct {
 		s   *session
 		gen int64
 		raw []byte
 	}
-	var todo []pending
-	for rows.Next() {
-		var p pending
-		var id string
-		if err := rows.Scan(&id, &p.gen, &p.raw); err != nil {
-			rows.Close()
-			return fmt.Errorf("read desired state: %w", err)
-		}
-		p.s = byNode[id]
-		todo = append(todo, p)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read desired state: %w", err)
+	todo := make([]pending, 0, len(due))
+	for _, d := range due {
+		todo = append(todo, pending{s: byNode[d.ID], gen: d.Generation, raw: d.Spec})
 	}
 	errs := make([]error, len(todo))
 	sem := make(chan struct{}, deliverers)

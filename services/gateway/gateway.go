@@ -18,7 +18,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +39,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	invstore "github.com/bettercompute/bettercompute/pkg/inventory"
 	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
@@ -534,16 +534,11 @@ func (g *Gateway) storeInventory(ctx context.Context, s *session, inv *agentv1.I
 		return err
 	}
 	return g.submit(ctx, s.nodeID, func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) error {
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO node_inventory (node_id, session_epoch, report, received_at)
-			SELECT id, session_epoch, $3, now() FROM nodes WHERE id = $1 AND session_epoch = $2
-			ON CONFLICT (node_id) DO UPDATE
-			   SET session_epoch = EXCLUDED.session_epoch, report = EXCLUDED.report, received_at = now()`,
-			s.nodeID, s.epoch, json.RawMessage(report))
+		stored, err := invstore.Store(ctx, tx, s.nodeID, s.epoch, report)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
+		if !stored {
 			return nil // a newer session owns the node: ignore this late report
 		}
 		return q.Enqueue(ctx, lifecycle.KindInventory, s.nodeID)

@@ -10,7 +10,7 @@ package inventory
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -22,6 +22,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	invstore "github.com/bettercompute/bettercompute/pkg/inventory"
 	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
@@ -82,11 +83,7 @@ func New(cfg Config) []reconcile.Reconciler {
 
 // keys lists the nodes with a report in the given shards, for resync.
 func keys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT n.id FROM nodes n JOIN node_inventory i ON i.node_id = n.id WHERE n.shard = ANY($1)`, shards)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	return invstore.NodesInShards(ctx, q, shards)
 }
 
 type controller struct{ cfg Config }
@@ -95,21 +92,19 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 	var queued bool
 	err := rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
 		queued = false
-		var raw []byte
-		var state, bootID string
-		var prev []Condition
-		var received time.Time
-		var acceptance []string
-		err := tx.QueryRow(ctx, `
-			SELECT i.report, i.received_at, n.state, n.conditions, n.boot_id, p.acceptance
-			  FROM node_inventory i JOIN nodes n ON n.id = i.node_id JOIN pools p ON p.id = n.pool_id
-			 WHERE i.node_id = $1
-			   FOR UPDATE OF n`, nodeID).Scan(&raw, &received, &state, &prev, &bootID, &acceptance)
-		if errors.Is(err, pgx.ErrNoRows) {
+		latest, ok, err := invstore.LockLatest(ctx, tx, nodeID)
+		if err != nil {
+			return err
+		}
+		if !ok {
 			return nil // no report (yet), or the node is gone
 		}
-		if err != nil {
-			return fmt.Errorf("read report: %w", err)
+		raw, received, state, bootID, acceptance := latest.Report, latest.ReceivedAt, latest.State, latest.BootID, latest.Acceptance
+		var prev []Condition
+		if len(latest.Conditions) > 0 {
+			if err := json.Unmarshal(latest.Conditions, &prev); err != nil {
+				return fmt.Errorf("decode conditions: %w", err)
+			}
 		}
 		var rep agentv1.InventoryReport
 		if err := protojson.Unmarshal(raw, &rep); err != nil {
@@ -172,8 +167,7 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 				return err
 			}
 		}
-		_, err = tx.Exec(ctx, `UPDATE node_inventory SET applied_at = clock_timestamp() WHERE node_id = $1 AND received_at = $2`, nodeID, received)
-		return err
+		return invstore.MarkApplied(ctx, tx, nodeID, received)
 	})
 	if err == nil && queued && c.cfg.Commands != nil {
 		c.cfg.Commands.Poke(nodeID)
@@ -242,41 +236,14 @@ func applyGPUs(ctx context.Context, tx pgx.Tx, nodeID string, gpus []*agentv1.GP
 		}
 		last[g.GetUuid()] = g
 	}
-	var (
-		ids, models, serials, buses, reasons []string
-		indexes                              []int32
-		memory                               []int64
-		mig, healthy                         []bool
-	)
+	report := make([]nodestore.GPU, 0, len(order))
 	for _, id := range order {
 		g := last[id]
-		ids, models, serials, buses, reasons = append(ids, id), append(models, g.GetModel()), append(serials, g.GetSerial()), append(buses, g.GetPciBusId()), append(reasons, g.GetHealthReason())
-		indexes, memory = append(indexes, int32(g.GetIndex())), append(memory, int64(g.GetMemoryBytes()))
-		mig, healthy = append(mig, g.GetMigEnabled()), append(healthy, g.GetHealthy())
+		report = append(report, nodestore.GPU{ID: id, Model: g.GetModel(), Serial: g.GetSerial(), PCIBusID: g.GetPciBusId(),
+			Index: int32(g.GetIndex()), MemoryBytes: int64(g.GetMemoryBytes()), MIGEnabled: g.GetMigEnabled(),
+			Healthy: g.GetHealthy(), HealthReason: g.GetHealthReason()})
 	}
-	if len(ids) > 0 {
-		_, err := tx.Exec(ctx, `
-			INSERT INTO devices (node_id, id, kind, index, model, serial, memory_bytes, pci_bus_id, mig_enabled, healthy, health_reason)
-			SELECT $1, g.id, 'gpu', g.index, g.model, g.serial, g.memory_bytes, g.pci_bus_id, g.mig_enabled, g.healthy, g.health_reason
-			  FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::bool[], $9::bool[], $10::text[])
-			       AS g(id, index, model, serial, memory_bytes, pci_bus_id, mig_enabled, healthy, health_reason)
-			ON CONFLICT (node_id, id) DO UPDATE SET
-			    index = EXCLUDED.index, model = EXCLUDED.model, serial = EXCLUDED.serial,
-			    memory_bytes = EXCLUDED.memory_bytes, pci_bus_id = EXCLUDED.pci_bus_id,
-			    mig_enabled = EXCLUDED.mig_enabled, healthy = EXCLUDED.healthy,
-			    health_reason = EXCLUDED.health_reason, missing_since = NULL, updated_at = now()`,
-			nodeID, ids, indexes, models, serials, memory, buses, mig, healthy, reasons)
-		if err != nil {
-			return fmt.Errorf("upsert %d devices: %w", len(ids), err)
-		}
-	}
-	_, err := tx.Exec(ctx, `
-		UPDATE devices SET missing_since = now(), updated_at = now()
-		 WHERE node_id = $1 AND kind = 'gpu' AND missing_since IS NULL AND NOT (id = ANY($2))`, nodeID, ids)
-	if err != nil {
-		return fmt.Errorf("mark missing devices: %w", err)
-	}
-	return nil
+	return nodestore.StoreGPUs(ctx, tx, nodeID, report)
 }
 
 // conditions derives the node's conditions from its devices, and whether
@@ -285,29 +252,18 @@ func applyGPUs(ctx context.Context, tx pgx.Tx, nodeID string, gpus []*agentv1.GP
 func conditions(ctx context.Context, tx pgx.Tx, nodeID string) ([]Condition, bool, error) {
 	var unhealthy, missing []string
 	quarantined := false
-	rows, err := tx.Query(ctx, `SELECT id, healthy, missing_since IS NOT NULL, quarantined_at IS NOT NULL
-		FROM devices WHERE node_id = $1 ORDER BY index, id`, nodeID)
+	devices, err := nodestore.DeviceStates(ctx, tx, nodeID)
 	if err != nil {
 		return nil, false, err
 	}
-	for rows.Next() {
-		var id string
-		var healthy, gone, q bool
-		if err := rows.Scan(&id, &healthy, &gone, &q); err != nil {
-			rows.Close()
-			return nil, false, err
-		}
-		quarantined = quarantined || q
+	for _, d := range devices {
+		quarantined = quarantined || d.Quarantined
 		switch {
-		case gone:
-			missing = append(missing, id)
-		case !healthy:
-			unhealthy = append(unhealthy, id)
+		case d.Missing:
+			missing = append(missing, d.ID)
+		case !d.Healthy:
+			unhealthy = append(unhealthy, d.ID)
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, false, err
 	}
 	out := []Condition{
 		{Type: InventoryReported, Status: true},
@@ -343,11 +299,7 @@ func keepSince(conds, prev []Condition) {
 // hygiene re-enqueues every node whose latest report was never applied.
 func hygiene(ctx context.Context, rc *reconcile.RunContext, _ string) (reconcile.Result, error) {
 	return reconcile.Done, rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
-		rows, err := tx.Query(ctx, `SELECT node_id FROM node_inventory WHERE applied_at IS NULL OR applied_at < received_at LIMIT 10000`)
-		if err != nil {
-			return err
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		ids, err := invstore.Unapplied(ctx, tx, 10000)
 		if err != nil {
 			return err
 		}

@@ -144,15 +144,7 @@ func Health(cfg HealthConfig) ([]reconcile.Reconciler, error) {
 // healthKeys lists the nodes in shards with an unhealthy, missing or
 // quarantined GPU, or a running remediation step.
 func healthKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
-	rows, err := q.Query(ctx, `
-		SELECT n.id FROM nodes n WHERE n.shard = ANY($1) AND (
-		    EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.kind = 'gpu'
-		             AND (d.quarantined_at IS NOT NULL OR NOT d.healthy OR d.missing_since IS NOT NULL))
-		 OR EXISTS (SELECT 1 FROM remediations r WHERE r.node_id = n.id AND r.state = 'running'))`, shards)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	return nodes.NeedingHealthInShards(ctx, q, shards)
 }
 
 type health struct{ cfg HealthConfig }

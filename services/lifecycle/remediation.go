@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,9 +16,11 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/brakes"
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	invstore "github.com/bettercompute/bettercompute/pkg/inventory"
 	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/remediations"
 )
 
@@ -93,8 +94,8 @@ func (h *health) remediate(ctx context.Context, p *pass) error {
 	}
 	// One ladder start at a time per pool: the pool row serializes the
 	// count of running steps with the insert.
-	if _, err := p.tx.Exec(ctx, `SELECT 1 FROM pools WHERE id = $1 FOR NO KEY UPDATE`, n.PoolID); err != nil {
-		return fmt.Errorf("lock pool %s: %w", n.PoolID, err)
+	if err := pools.Lock(ctx, p.tx, n.PoolID); err != nil {
+		return err
 	}
 	inPool, err := remediations.RunningInPool(ctx, p.tx, n.PoolID, n.ID)
 	if err != nil {
@@ -163,13 +164,7 @@ func (h *health) refresh(ctx context.Context, p *pass, m remediations.Remediatio
 // reportSince reports whether the node's latest inventory report arrived
 // after t and has been applied to its devices.
 func reportSince(ctx context.Context, tx pgx.Tx, node string, t time.Time) (bool, error) {
-	var ok bool
-	err := tx.QueryRow(ctx, `SELECT coalesce(applied_at >= received_at AND received_at > $2, false) FROM node_inventory WHERE node_id = $1`,
-		node, t).Scan(&ok)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	return ok, err
+	return invstore.AppliedSince(ctx, tx, node, t)
 }
 
 // unhealthy lists those of gpus that are not healthy and present now.
@@ -414,16 +409,7 @@ func (h *health) audit(ctx context.Context, p *pass, m remediations.Remediation,
 // wakePool enqueues the pool's nodes that wait for a ladder (quarantined
 // GPUs, no running step, no NeedsRepair), now that one ended.
 func (h *health) wakePool(ctx context.Context, p *pass) error {
-	rows, err := p.tx.Query(ctx, `
-		SELECT n.id FROM nodes n
-		 WHERE n.pool_id = $1 AND n.id <> $2 AND NOT n.needs_repair AND n.state = 'adopted'
-		   AND EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.quarantined_at IS NOT NULL)
-		   AND NOT EXISTS (SELECT 1 FROM remediations r WHERE r.node_id = n.id AND r.state = 'running')
-		 ORDER BY n.id LIMIT 100`, p.n.PoolID, p.n.ID)
-	if err != nil {
-		return err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err := nodes.WaitingForLadder(ctx, p.tx, p.n.PoolID, p.n.ID)
 	if err != nil {
 		return err
 	}
