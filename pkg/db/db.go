@@ -164,3 +164,36 @@ func Retryable(err error) bool {
 	}
 	return false
 }
+
+// Now returns the database's clock: the start of q's transaction (now()).
+func Now(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (time.Time, error) {
+	var t time.Time
+	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("read the database clock: %w", err)
+	}
+	return t, nil
+}
+
+// CreateDatabase creates database name on the server q is connected to
+// unless it exists; creating it concurrently with another caller is fine.
+func CreateDatabase(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, name string) error {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+		return fmt.Errorf("look for database %s: %w", name, err)
+	}
+	if exists {
+		return nil
+	}
+	// Another caller starting at the same moment may win the race (42P04).
+	_, err := q.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	var pe *pgconn.PgError
+	if err != nil && (!errors.As(err, &pe) || pe.Code != "42P04") {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}

@@ -102,3 +102,15 @@ func WriteMany(ctx context.Context, q BatchQuerier, es []Event) error {
 	}
 	return nil
 }
+
+// Waiting counts the events that wait: unsequenced (for the relay to number)
+// and sequenced but unpublished (for JetStream).
+func Waiting(ctx context.Context, q Querier) (unsequenced, unpublished int64, err error) {
+	err = q.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM outbox WHERE seq IS NULL),
+		(SELECT count(*) FROM outbox WHERE sent_at IS NULL AND seq IS NOT NULL)`).Scan(&unsequenced, &unpublished)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count waiting events: %w", err)
+	}
+	return unsequenced, unpublished, nil
+}

@@ -505,3 +505,15 @@ func Redeliver(ctx context.Context, q Querier, tenant string, id int64) (Deliver
 	}
 	return ds[0], nil
 }
+
+// DueDeliveries counts the pending deliveries due now. q needs only
+// QueryRow (a metrics scrape holds no more).
+func DueDeliveries(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (int64, error) {
+	var n int64
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= now()`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count due deliveries: %w", err)
+	}
+	return n, nil
+}

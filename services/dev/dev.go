@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,7 +16,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bettercompute/bettercompute/agent/sim"
 
@@ -393,17 +391,8 @@ func ensureDatabase(ctx context.Context, adminURL, name string) (string, error) 
 		return "", fmt.Errorf("connect to %s: %w", db.Redact(adminURL), err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
-		return "", fmt.Errorf("look for database %s: %w", name, err)
-	}
-	if !exists {
-		// Another dev starting at the same moment may win the race (42P04).
-		_, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-		var pe *pgconn.PgError
-		if err != nil && (!errors.As(err, &pe) || pe.Code != "42P04") {
-			return "", fmt.Errorf("create database %s: %w", name, err)
-		}
+	if err := db.CreateDatabase(ctx, conn, name); err != nil {
+		return "", err
 	}
 	return pglocal.DatabaseURL(adminURL, name)
 }

@@ -65,6 +65,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/machines"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
@@ -208,7 +209,7 @@ func (p *pass) step(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	p.m = m
-	if err := p.tx.QueryRow(ctx, `SELECT now()`).Scan(&p.now); err != nil {
+	if p.now, err = db.Now(ctx, p.tx); err != nil {
 		return false, err
 	}
 	if !slices.Contains(inFlow, m.State) {

@@ -8,6 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
 
 type metrics struct {
@@ -72,11 +75,12 @@ func (b *backlog) Describe(ch chan<- *prometheus.Desc) { ch <- b.waiting }
 func (b *backlog) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var unseq, unpub, due int64
-	err := b.pool.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM outbox WHERE seq IS NULL),
-		(SELECT count(*) FROM outbox WHERE sent_at IS NULL AND seq IS NOT NULL),
-		(SELECT count(*) FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= now())`).Scan(&unseq, &unpub, &due)
+	unseq, unpub, err := outbox.Waiting(ctx, b.pool)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(b.waiting, err)
+		return
+	}
+	due, err := webhooks.DueDeliveries(ctx, b.pool)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(b.waiting, err)
 		return
