@@ -19,7 +19,7 @@ var sqlStatement = regexp.MustCompile(`(?is)^\s*(` +
 	`update\s+[a-z_][a-z0-9_.]*(\s+[a-z_]+)?\s+set\s|` +
 	`delete\s+from\s|` +
 	`with\s+(recursive\s+)?[a-z_][a-z0-9_]*(\s*\([^)]*\))?\s+as\s*(not\s+)?(materialized\s*)?\(|` +
-	`lock\s+table\s|truncate\s+[a-z_]|create\s+(table|index|unique|temp)|alter\s+table\s|drop\s+table\s)`)
+	`lock\s+table\s|truncate\s+[a-z_]|create\s+(table|index|unique|temp|database)|alter\s+table\s|drop\s+table\s)`)
 
 // IsSQL reports whether s reads as an SQL statement.
 func IsSQL(s string) bool { return sqlStatement.MatchString(s) }
