@@ -190,30 +190,42 @@ func (r *Registry) timeout(name string) time.Duration {
 // workflow's (bcd ramdisk runs them), never commands.run's.
 func Builtin() *Registry {
 	r := NewRegistry()
-	r.MustRegister(Kind{Name: "diag.nvml", Field: "diag_nvml", API: true, RetrySafe: true, Lane: LaneDiag, Timeout: 10 * time.Minute, Ramdisk: true,
+	r.MustRegister(Kind{Name: KindDiagNVML, Field: "diag_nvml", API: true, RetrySafe: true, Lane: LaneDiag, Timeout: 10 * time.Minute, Ramdisk: true,
 		Doc: "Runs NVML health checks and a short check per GPU."})
-	r.MustRegister(Kind{Name: "inventory.refresh", Field: "inventory_refresh", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 2 * time.Minute,
+	r.MustRegister(Kind{Name: KindInventoryRefresh, Field: "inventory_refresh", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 2 * time.Minute,
 		Doc: "Re-collects inventory sections and reports them on the session."})
-	r.MustRegister(Kind{Name: "logs.collect", Field: "logs_collect", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 10 * time.Minute,
+	r.MustRegister(Kind{Name: KindLogsCollect, Field: "logs_collect", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 10 * time.Minute,
 		Doc: "Collects the daemon's logs, bounded in size (1 MiB by default, 4 MiB at most), from at most 16 distinct sources (agent).", Check: checkLogsCollect})
-	r.MustRegister(Kind{Name: "node.reboot", Field: "node_reboot", API: true, SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 15 * time.Minute,
+	r.MustRegister(Kind{Name: KindNodeReboot, Field: "node_reboot", API: true, SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 15 * time.Minute,
 		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."})
-	r.MustRegister(Kind{Name: "gpu.reset", Field: "gpu_reset", Destructive: true, Lane: LaneExclusive, Timeout: 5 * time.Minute,
+	r.MustRegister(Kind{Name: KindGPUReset, Field: "gpu_reset", Destructive: true, Lane: LaneExclusive, Timeout: 5 * time.Minute,
 		Doc: "Resets GPUs by UUID (the remediation ladder's first step); the daemon refuses a GPU running compute processes unless force is set.", Check: checkGpuReset})
-	r.MustRegister(Kind{Name: "disk.wipe", Field: "disk_wipe", Destructive: true, Lane: LaneExclusive, Timeout: 6 * time.Hour, RamdiskOnly: true,
+	r.MustRegister(Kind{Name: KindDiskWipe, Field: "disk_wipe", Destructive: true, Lane: LaneExclusive, Timeout: 6 * time.Hour, RamdiskOnly: true,
 		Doc: "Wipes disks of a machine in commissioning (bcd ramdisk) by discard, zeros or the drive's secure erase, reading back what it can; issued only by the metal workflow. The result is signed by the ramdisk's key (proto/resultsig).", Check: checkDiskWipe})
-	r.MustRegister(Kind{Name: "image.deploy", Field: "image_deploy", Destructive: true, Lane: LaneExclusive, Timeout: 2 * time.Hour, RamdiskOnly: true,
+	r.MustRegister(Kind{Name: KindImageDeploy, Field: "image_deploy", Destructive: true, Lane: LaneExclusive, Timeout: 2 * time.Hour, RamdiskOnly: true,
 		Doc: "Streams a raw disk image over HTTP onto a disk (bcd ramdisk), hashing it as it goes; succeeds only when its SHA-256 matches. The result is signed by the ramdisk's key.", Check: checkImageDeploy})
-	r.MustRegister(Kind{Name: "node.kexec", Field: "node_kexec", SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 10 * time.Minute, RamdiskOnly: true,
+	r.MustRegister(Kind{Name: KindNodeKexec, Field: "node_kexec", SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 10 * time.Minute, RamdiskOnly: true,
 		Doc: "Fetches a kernel and initrd, checks their SHA-256 and kexecs into them (bcd ramdisk); succeeds when the node reconnects with a new boot id.", Check: checkNodeKexec})
 	r.MustRegister(Kind{Name: KindInstanceReboot, Field: "instance_reboot", RetrySafe: true, Lane: LaneDefault, Timeout: 5 * time.Minute,
 		Doc: "Restarts one of a vps-host's running instances (instances.reboot, never commands.run); the host refuses an instance it does not run.", Check: checkInstanceReboot})
 	return r
 }
 
-// KindInstanceReboot is the kind instances.reboot queues on the instance's
-// host.
-const KindInstanceReboot = "instance.reboot"
+// The built-in kinds' names ([Builtin] registers them), for the code that
+// queues them.
+const (
+	KindDiagNVML         = "diag.nvml"
+	KindInventoryRefresh = "inventory.refresh"
+	KindLogsCollect      = "logs.collect"
+	KindNodeReboot       = "node.reboot"
+	KindGPUReset         = "gpu.reset"
+	KindDiskWipe         = "disk.wipe"
+	KindImageDeploy      = "image.deploy"
+	KindNodeKexec        = "node.kexec"
+	// KindInstanceReboot is the kind instances.reboot queues on the
+	// instance's host.
+	KindInstanceReboot = "instance.reboot"
+)
 
 // MaxInstanceID bounds instance.reboot's instance id.
 const MaxInstanceID = 64

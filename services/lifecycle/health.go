@@ -87,8 +87,8 @@ func (c *HealthConfig) defaults() error {
 	if c.Kinds == nil {
 		c.Kinds = commands.Builtin()
 	}
-	if _, ok := c.Kinds.Lookup(GPUReset); !ok {
-		return fault.New(fault.InvalidConfig, "kinds", "the command registry has no %s kind", GPUReset)
+	if _, ok := c.Kinds.Lookup(commands.KindGPUReset); !ok {
+		return fault.New(fault.InvalidConfig, "kinds", "the command registry has no %s kind", commands.KindGPUReset)
 	}
 	c.LostNode = cmp.Or(c.LostNode, capstore.LostNodeWait)
 	switch c.LostNode {

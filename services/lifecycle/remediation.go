@@ -46,10 +46,6 @@ import (
 // woken when one ends); and the fleet's eviction brakes (brakes.Allow:
 // the circuit breaker and the rate) must allow it.
 
-// GPUReset is the gpu.reset command kind (DESIGN §6; registered in
-// commands.Builtin): destructive (signed), exclusive, 5 minutes.
-const GPUReset = "gpu.reset"
-
 // quarantinedGPUs lists the node's quarantined GPUs, in index order.
 func quarantinedGPUs(n nodes.Node, lifted []string) []string {
 	var out []string
@@ -121,7 +117,7 @@ func (h *health) remediate(ctx context.Context, p *pass) error {
 	if err != nil {
 		return err
 	}
-	c, err := h.send(ctx, p, m, GPUReset, &agentv1.GpuReset{GpuUuids: gpus, Reason: "remediation " + m.ID + ": quarantined GPUs"},
+	c, err := h.send(ctx, p, m, commands.KindGPUReset, &agentv1.GpuReset{GpuUuids: gpus, Reason: "remediation " + m.ID + ": quarantined GPUs"},
 		h.cfg.ResetDeadline)
 	if err != nil {
 		return err
@@ -151,7 +147,7 @@ func (h *health) send(ctx context.Context, p *pass, m remediations.Remediation, 
 // succeeded (once per step), so that the step sees the GPUs' health after it.
 func (h *health) refresh(ctx context.Context, p *pass, m remediations.Remediation) error {
 	_, created, err := h.cfg.Kinds.Enqueue(ctx, p.tx, commands.Request{
-		NodeID: p.n.ID, Kind: "inventory.refresh", Payload: &agentv1.InventoryRefresh{Sections: []string{"gpus"}, Rescan: true},
+		NodeID: p.n.ID, Kind: commands.KindInventoryRefresh, Payload: &agentv1.InventoryRefresh{Sections: []string{"gpus"}, Rescan: true},
 		IdempotencyKey: "health:refresh:" + m.ID, NotAfter: time.Now().Add(2 * time.Minute), CreatedBy: "health",
 	})
 	if err != nil {
@@ -302,7 +298,7 @@ func (h *health) startReboot(ctx context.Context, p *pass, m remediations.Remedi
 func (h *health) reboot(ctx context.Context, p *pass, m remediations.Remediation) error {
 	switch p.n.State {
 	case nodes.StateDrained:
-		c, err := h.send(ctx, p, m, "node.reboot", &agentv1.NodeReboot{Reason: "remediation " + m.ID}, h.cfg.RebootDeadline)
+		c, err := h.send(ctx, p, m, commands.KindNodeReboot, &agentv1.NodeReboot{Reason: "remediation " + m.ID}, h.cfg.RebootDeadline)
 		if err != nil {
 			return err
 		}
