@@ -61,8 +61,9 @@ const (
 	KindPXEDisarm  = "pxe.disarm"
 )
 
-// ReconcileKind is the work-queue kind woken (keyed by machine id) whenever
-// a task of the machine finishes, expires or needs resealing.
+// ReconcileKind is the metal workflow's work-queue kind (keyed by machine
+// id): the API enqueues it on every metal mutation, and it is woken
+// whenever a task of the machine finishes, expires or needs resealing.
 const ReconcileKind = "metal"
 
 // State is a task's state.

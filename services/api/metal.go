@@ -23,11 +23,8 @@ import (
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/secrets"
+	"github.com/bettercompute/bettercompute/pkg/sitetasks"
 )
-
-// MetalJob is the reconciler kind every metal mutation enqueues the machine
-// under (its key is the machine id): the metal workflow.
-const MetalJob = "metal"
 
 // metalAPI implements computev1.MetalServiceServer. It never answers, logs
 // or records a BMC credential: the password is sealed in the transaction
@@ -232,7 +229,7 @@ func (s *metalAPI) Enroll(ctx context.Context, req *computev1.MetalServiceEnroll
 			if err != nil {
 				return admission.Outcome{}, err
 			}
-			if err := q.Enqueue(ctx, MetalJob, m.ID); err != nil {
+			if err := q.Enqueue(ctx, sitetasks.ReconcileKind, m.ID); err != nil {
 				return admission.Outcome{}, err
 			}
 			res := machineResource(m.ID, tenant, m.SiteID, m.PoolID, m.Labels)
@@ -310,7 +307,7 @@ func (s *metalAPI) change(ctx context.Context, tenant, id, event string, out pro
 			if err != nil {
 				return admission.Outcome{}, err
 			}
-			if err := q.Enqueue(ctx, MetalJob, m.ID); err != nil {
+			if err := q.Enqueue(ctx, sitetasks.ReconcileKind, m.ID); err != nil {
 				return admission.Outcome{}, err
 			}
 			return outcome(wrap(machinePB(m)), event, newRes)
@@ -470,7 +467,7 @@ func (s *metalAPI) Delete(ctx context.Context, req *computev1.MetalServiceDelete
 			if err := authz.Delete(ctx, tx, authz.TypeMachine, m.ID); err != nil {
 				return admission.Outcome{}, err
 			}
-			if err := q.Enqueue(ctx, MetalJob, m.ID); err != nil {
+			if err := q.Enqueue(ctx, sitetasks.ReconcileKind, m.ID); err != nil {
 				return admission.Outcome{}, err
 			}
 			return outcome(&computev1.MetalServiceDeleteResponse{Machine: machinePB(m)}, "machine.deleted", nil)
