@@ -56,6 +56,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 	"github.com/bettercompute/bettercompute/proto/commandsig"
 	"github.com/bettercompute/bettercompute/proto/resultsig"
 )
@@ -228,9 +229,9 @@ func New(cfg Config) (*Executor, error) {
 		next := *en
 		next.At = cfg.Now()
 		switch {
-		case kinds[en.Kind].selfTerminating && en.BootID == cfg.BootID:
+		case kinds[en.Kind].SelfTerminating && en.BootID == cfg.BootID:
 			continue // the reboot has not happened yet; the control plane times it out
-		case kinds[en.Kind].selfTerminating:
+		case kinds[en.Kind].SelfTerminating:
 			next.State = stateSucceeded
 		default:
 			next.State, next.Reason = stateFailed, InterruptedReason
@@ -278,7 +279,7 @@ func (e *Executor) Handle(c *agentv1.Command) {
 	if _, ok := e.held[c.GetSeq()]; ok {
 		return // still waiting for its generation
 	}
-	if destructive[c.GetKind()] {
+	if Destructive(c.GetKind()) {
 		// Before anything is journaled or held: a command nobody with the
 		// key admitted must not take the seq of one somebody did.
 		if err := commandsig.Verify(c, e.cfg.TrustDomain, e.cfg.CommandKey); err != nil {
@@ -328,14 +329,14 @@ func (e *Executor) decode(c *agentv1.Command) (*agentv1.CommandBody, string) {
 	if c.GetKind() == KindInstanceReboot && e.cfg.Instances == nil {
 		return nil, "instance.reboot is not available on this daemon (it runs no VPS runtime: bcd node --vps-runtime)"
 	}
-	if k.ramdisk && e.cfg.Ramdisk == nil {
+	if k.RamdiskOnly && e.cfg.Ramdisk == nil {
 		return nil, c.GetKind() + " runs only in bcd ramdisk (commissioning)"
 	}
 	body := &agentv1.CommandBody{}
 	if err := proto.Unmarshal(c.GetBody(), body); err != nil {
 		return nil, fmt.Sprintf("the body is not a CommandBody: %v", err)
 	}
-	if !k.has(body) {
+	if of, _ := commandkinds.Of(body); of.Name != k.Name {
 		return nil, fmt.Sprintf("the body is not a %s payload", c.GetKind())
 	}
 	return body, ""
@@ -392,8 +393,8 @@ func (e *Executor) proceed(c *agentv1.Command, body *agentv1.CommandBody) {
 		e.reject(c, agentv1.RejectCode_REJECT_CODE_EXPIRED, fmt.Sprintf("past not_after %s", na.UTC().Format(time.RFC3339)))
 		return
 	}
-	if e.inUse[k.lane] >= Credits[k.lane] {
-		e.send(rejected(c, agentv1.RejectCode_REJECT_CODE_BUSY, fmt.Sprintf("no credit left in lane %q", k.lane)))
+	if e.inUse[k.Lane] >= Credits[k.Lane] {
+		e.send(rejected(c, agentv1.RejectCode_REJECT_CODE_BUSY, fmt.Sprintf("no credit left in lane %q", k.Lane)))
 		return
 	}
 	en := &entry{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind(), State: stateAccepted, BootID: e.cfg.BootID, At: now}
@@ -402,7 +403,7 @@ func (e *Executor) proceed(c *agentv1.Command, body *agentv1.CommandBody) {
 		e.send(&agentv1.CommandUpdate{Id: c.GetId(), Seq: c.GetSeq(), Outcome: agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED, Reason: "cannot journal the command: " + err.Error()})
 		return
 	}
-	e.inUse[k.lane]++
+	e.inUse[k.Lane]++
 	ctx, cancel := context.WithCancelCause(e.ctx)
 	e.running[c.GetSeq()] = cancel
 	e.send(en.update())
@@ -423,14 +424,14 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 		ctx, stop = context.WithTimeoutCause(ctx, d, errTimeout)
 		defer stop()
 	}
-	if k.selfTerminating {
+	if k.SelfTerminating {
 		err = e.terminate(ctx, c.GetKind(), body)
 		if err == nil {
 			// Stays accepted: it succeeds when the node comes back
 			// with a new boot id.
 			e.mu.Lock()
 			delete(e.running, c.GetSeq())
-			e.inUse[k.lane]--
+			e.inUse[k.Lane]--
 			e.mu.Unlock()
 			e.log.Info("reboot under way", "seq", c.GetSeq(), "kind", c.GetKind())
 			return
@@ -442,7 +443,7 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.running, c.GetSeq())
-	e.inUse[k.lane]--
+	e.inUse[k.Lane]--
 	final := *en
 	final.At = e.cfg.Now()
 	switch {

@@ -6,11 +6,14 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
-	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
-// The kinds the daemon knows.
+// The kinds the daemon runs (declared in proto/commandkinds).
 const (
 	KindDiagNvml         = "diag.nvml"
 	KindInventoryRefresh = "inventory.refresh"
@@ -25,48 +28,45 @@ const (
 	KindInstanceReboot = "instance.reboot"
 )
 
-// Lanes and their credits: how many commands of the lane may run at once.
-const (
-	LaneDiag      = "diag"
-	LaneDefault   = "default"
-	LaneExclusive = "exclusive"
-)
+// Credits is each lane's number of concurrent commands, as declared on the
+// Lane enum (proto/commandkinds).
+var Credits = commandkinds.Credits()
 
-// Credits is each lane's number of concurrent commands.
-var Credits = map[string]int{LaneDiag: 1, LaneDefault: 4, LaneExclusive: 1}
+// kinds are the kinds the daemon runs, with what their payload messages
+// declare of them (proto/commandkinds): the lane, whether the kind is
+// self-terminating (the daemon never answers SUCCEEDED; the control plane
+// does when the node comes back with a new boot id) or ramdisk-only (only a
+// daemon with a Config.Ramdisk, bcd ramdisk, runs it).
+var kinds = declared(KindDiagNvml, KindInventoryRefresh, KindLogsCollect, KindNodeReboot, KindGPUReset,
+	KindDiskWipe, KindImageDeploy, KindNodeKexec, KindInstanceReboot)
 
-// kind is what the daemon knows of one command kind.
-type kind struct {
-	lane string
-	// selfTerminating: the daemon never answers SUCCEEDED; the control
-	// plane does when the node comes back with a new boot id.
-	selfTerminating bool
-	// ramdisk: only a daemon with a Config.Ramdisk (bcd ramdisk) runs it.
-	ramdisk bool
-	// has reports whether the body holds the kind's payload message.
-	has func(*agentv1.CommandBody) bool
+// declared looks names up in the declared kinds; it panics on one the wire
+// contract does not declare.
+func declared(names ...string) map[string]commandkinds.Kind {
+	m := map[string]commandkinds.Kind{}
+	for _, n := range names {
+		k, ok := commandkinds.Lookup(n)
+		if !ok {
+			panic("command: kind " + n + " is declared on no payload message of CommandBody")
+		}
+		m[n] = k
+	}
+	return m
 }
 
-var kinds = map[string]kind{
-	KindDiagNvml:         {lane: LaneDiag, has: func(b *agentv1.CommandBody) bool { return b.GetDiagNvml() != nil }},
-	KindInventoryRefresh: {lane: LaneDefault, has: func(b *agentv1.CommandBody) bool { return b.GetInventoryRefresh() != nil }},
-	KindLogsCollect:      {lane: LaneDefault, has: func(b *agentv1.CommandBody) bool { return b.GetLogsCollect() != nil }},
-	KindNodeReboot:       {lane: LaneExclusive, selfTerminating: true, has: func(b *agentv1.CommandBody) bool { return b.GetNodeReboot() != nil }},
-	KindGPUReset:         {lane: LaneExclusive, has: func(b *agentv1.CommandBody) bool { return b.GetGpuReset() != nil }},
-	KindDiskWipe:         {lane: LaneExclusive, ramdisk: true, has: func(b *agentv1.CommandBody) bool { return b.GetDiskWipe() != nil }},
-	KindImageDeploy:      {lane: LaneExclusive, ramdisk: true, has: func(b *agentv1.CommandBody) bool { return b.GetImageDeploy() != nil }},
-	KindNodeKexec:        {lane: LaneExclusive, ramdisk: true, selfTerminating: true, has: func(b *agentv1.CommandBody) bool { return b.GetNodeKexec() != nil }},
-	KindInstanceReboot:   {lane: LaneDefault, has: func(b *agentv1.CommandBody) bool { return b.GetInstanceReboot() != nil }},
+// Kinds returns the kinds the daemon runs and what it knows of each, by
+// name.
+func Kinds() []commandkinds.Kind {
+	return slices.SortedFunc(maps.Values(kinds), func(a, b commandkinds.Kind) int { return strings.Compare(a.Name, b.Name) })
 }
 
-// destructive are the kinds that must carry a valid signature from the
-// pinned command-signing key, including those this daemon does not run yet.
-var destructive = map[string]bool{
-	KindNodeReboot: true, KindGPUReset: true, KindDiskWipe: true, KindImageDeploy: true, KindNodeKexec: true,
+// Destructive reports whether kind must carry a valid signature from the
+// pinned command-signing key, including a declared kind this daemon does
+// not run.
+func Destructive(kind string) bool {
+	k, _ := commandkinds.Lookup(kind)
+	return k.Destructive
 }
-
-// Destructive reports whether kind must be signed.
-func Destructive(kind string) bool { return destructive[kind] }
 
 // ParsePublicKey reads the control plane's command-signing public key: a
 // PEM "PUBLIC KEY" block holding a PKIX Ed25519 key.

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
@@ -21,15 +22,23 @@ import (
 // credits while it runs; with none left the daemon rejects it BUSY.
 type Lane string
 
-// The lanes and their credits (DESIGN §6).
+// The lanes (DESIGN §6), declared with their credits on the Lane enum
+// (proto/commandkinds).
 const (
 	LaneDiag      Lane = "diag"
 	LaneDefault   Lane = "default"
 	LaneExclusive Lane = "exclusive"
 )
 
-// Credits is how many commands of a lane a daemon runs at once.
-var Credits = map[Lane]int{LaneDiag: 1, LaneDefault: 4, LaneExclusive: 1}
+// Credits is how many commands of a lane a daemon runs at once, as
+// declared on the Lane enum (proto/commandkinds).
+var Credits = func() map[Lane]int {
+	m := map[Lane]int{}
+	for l, n := range commandkinds.Credits() {
+		m[Lane(l)] = n
+	}
+	return m
+}()
 
 // Kind is a registered command kind and the rules for delivering it.
 type Kind struct {
@@ -67,6 +76,15 @@ type Kind struct {
 	// RamdiskOnly: sent to a node in its ramdisk and never to another
 	// session (implies Ramdisk).
 	RamdiskOnly bool
+}
+
+// Declared returns what of k the wire contract declares (see
+// proto/commandkinds): its name, payload field, lane and flags.
+func (k Kind) Declared() commandkinds.Kind {
+	return commandkinds.Kind{
+		Name: k.Name, Field: k.Field, Lane: string(k.Lane),
+		Destructive: k.Destructive, SelfTerminating: k.SelfTerminating, Ramdisk: k.Ramdisk, RamdiskOnly: k.RamdiskOnly,
+	}
 }
 
 // SendableTo reports whether a session, in its ramdisk or not, is sent
@@ -184,31 +202,48 @@ func (r *Registry) timeout(name string) time.Duration {
 	return DefaultTimeout
 }
 
-// Builtin returns a registry with the server's kinds (DESIGN §6).
+// Builtin returns a registry with the server's kinds (DESIGN §6): every
+// kind declared on a payload message of CommandBody (proto/commandkinds),
+// which gives its name, field, lane, and whether it is destructive,
+// self-terminating or for the ramdisk; the rest is the control plane's.
 // agent.upgrade has no payload message in the wire contract yet, so it is
 // not registered. disk.wipe, image.deploy and node.kexec are the metal
 // workflow's (bcd ramdisk runs them), never commands.run's.
 func Builtin() *Registry {
 	r := NewRegistry()
-	r.MustRegister(Kind{Name: KindDiagNVML, Field: "diag_nvml", API: true, RetrySafe: true, Lane: LaneDiag, Timeout: 10 * time.Minute, Ramdisk: true,
-		Doc: "Runs NVML health checks and a short check per GPU."})
-	r.MustRegister(Kind{Name: KindInventoryRefresh, Field: "inventory_refresh", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 2 * time.Minute,
-		Doc: "Re-collects inventory sections and reports them on the session."})
-	r.MustRegister(Kind{Name: KindLogsCollect, Field: "logs_collect", API: true, RetrySafe: true, Lane: LaneDefault, Timeout: 10 * time.Minute,
-		Doc: "Collects the daemon's logs, bounded in size (1 MiB by default, 4 MiB at most), from at most 16 distinct sources (agent).", Check: checkLogsCollect})
-	r.MustRegister(Kind{Name: KindNodeReboot, Field: "node_reboot", API: true, SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 15 * time.Minute,
-		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."})
-	r.MustRegister(Kind{Name: KindGPUReset, Field: "gpu_reset", Destructive: true, Lane: LaneExclusive, Timeout: 5 * time.Minute,
-		Doc: "Resets GPUs by UUID (the remediation ladder's first step); the daemon refuses a GPU running compute processes unless force is set.", Check: checkGpuReset})
-	r.MustRegister(Kind{Name: KindDiskWipe, Field: "disk_wipe", Destructive: true, Lane: LaneExclusive, Timeout: 6 * time.Hour, RamdiskOnly: true,
-		Doc: "Wipes disks of a machine in commissioning (bcd ramdisk) by discard, zeros or the drive's secure erase, reading back what it can; issued only by the metal workflow. The result is signed by the ramdisk's key (proto/resultsig).", Check: checkDiskWipe})
-	r.MustRegister(Kind{Name: KindImageDeploy, Field: "image_deploy", Destructive: true, Lane: LaneExclusive, Timeout: 2 * time.Hour, RamdiskOnly: true,
-		Doc: "Streams a raw disk image over HTTP onto a disk (bcd ramdisk), hashing it as it goes; succeeds only when its SHA-256 matches. The result is signed by the ramdisk's key.", Check: checkImageDeploy})
-	r.MustRegister(Kind{Name: KindNodeKexec, Field: "node_kexec", SelfTerminating: true, Destructive: true, Lane: LaneExclusive, Timeout: 10 * time.Minute, RamdiskOnly: true,
-		Doc: "Fetches a kernel and initrd, checks their SHA-256 and kexecs into them (bcd ramdisk); succeeds when the node reconnects with a new boot id.", Check: checkNodeKexec})
-	r.MustRegister(Kind{Name: KindInstanceReboot, Field: "instance_reboot", RetrySafe: true, Lane: LaneDefault, Timeout: 5 * time.Minute,
-		Doc: "Restarts one of a vps-host's running instances (instances.reboot, never commands.run); the host refuses an instance it does not run.", Check: checkInstanceReboot})
+	r.MustRegister(declared(KindDiagNVML, Kind{API: true, RetrySafe: true, Timeout: 10 * time.Minute,
+		Doc: "Runs NVML health checks and a short check per GPU."}))
+	r.MustRegister(declared(KindInventoryRefresh, Kind{API: true, RetrySafe: true, Timeout: 2 * time.Minute,
+		Doc: "Re-collects inventory sections and reports them on the session."}))
+	r.MustRegister(declared(KindLogsCollect, Kind{API: true, RetrySafe: true, Timeout: 10 * time.Minute,
+		Doc: "Collects the daemon's logs, bounded in size (1 MiB by default, 4 MiB at most), from at most 16 distinct sources (agent).", Check: checkLogsCollect}))
+	r.MustRegister(declared(KindNodeReboot, Kind{API: true, Timeout: 15 * time.Minute,
+		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."}))
+	r.MustRegister(declared(KindGPUReset, Kind{Timeout: 5 * time.Minute,
+		Doc: "Resets GPUs by UUID (the remediation ladder's first step); the daemon refuses a GPU running compute processes unless force is set.", Check: checkGpuReset}))
+	r.MustRegister(declared(KindDiskWipe, Kind{Timeout: 6 * time.Hour,
+		Doc: "Wipes disks of a machine in commissioning (bcd ramdisk) by discard, zeros or the drive's secure erase, reading back what it can; issued only by the metal workflow. The result is signed by the ramdisk's key (proto/resultsig).", Check: checkDiskWipe}))
+	r.MustRegister(declared(KindImageDeploy, Kind{Timeout: 2 * time.Hour,
+		Doc: "Streams a raw disk image over HTTP onto a disk (bcd ramdisk), hashing it as it goes; succeeds only when its SHA-256 matches. The result is signed by the ramdisk's key.", Check: checkImageDeploy}))
+	r.MustRegister(declared(KindNodeKexec, Kind{Timeout: 10 * time.Minute,
+		Doc: "Fetches a kernel and initrd, checks their SHA-256 and kexecs into them (bcd ramdisk); succeeds when the node reconnects with a new boot id.", Check: checkNodeKexec}))
+	r.MustRegister(declared(KindInstanceReboot, Kind{RetrySafe: true, Timeout: 5 * time.Minute,
+		Doc: "Restarts one of a vps-host's running instances (instances.reboot, never commands.run); the host refuses an instance it does not run.", Check: checkInstanceReboot}))
 	return r
+}
+
+// declared returns k with what the wire contract declares of the kind named
+// name (proto/commandkinds) filled in: its name, payload field, lane and
+// the destructive, self-terminating and ramdisk flags. It panics on a name
+// the contract does not declare.
+func declared(name string, k Kind) Kind {
+	d, ok := commandkinds.Lookup(name)
+	if !ok {
+		panic(fmt.Sprintf("command kind %s: no payload message of CommandBody declares it", name))
+	}
+	k.Name, k.Field, k.Lane = d.Name, d.Field, Lane(d.Lane)
+	k.Destructive, k.SelfTerminating, k.Ramdisk, k.RamdiskOnly = d.Destructive, d.SelfTerminating, d.Ramdisk, d.RamdiskOnly
+	return k
 }
 
 // The built-in kinds' names ([Builtin] registers them), for the code that

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
@@ -92,5 +93,37 @@ func TestCommissioningPayloads(t *testing.T) {
 				t.Fatalf("got %v, want INVALID_INPUT on %q", err, tc.field)
 			}
 		})
+	}
+}
+
+// TestBuiltin_MatchesDeclared: the registry's kinds are exactly the kinds
+// the wire contract declares (proto/commandkinds), each with the declared
+// payload field, lane and flags, and the lanes' credits are the declared
+// ones — what bcd reads from the same declarations.
+func TestBuiltin_MatchesDeclared(t *testing.T) {
+	t.Parallel()
+	r := commands.Builtin()
+	declared := commandkinds.All()
+	if got := len(r.Kinds()); got != len(declared) {
+		t.Errorf("Builtin has %d kinds, the contract declares %d", got, len(declared))
+	}
+	for _, d := range declared {
+		k, ok := r.Lookup(d.Name)
+		if !ok {
+			t.Errorf("%s is declared but not registered", d.Name)
+			continue
+		}
+		if got := k.Declared(); got != d {
+			t.Errorf("%s: registered %+v, declared %+v", d.Name, got, d)
+		}
+	}
+	credits := commandkinds.Credits()
+	if len(credits) != len(commands.Credits) {
+		t.Errorf("Credits = %v, declared %v", commands.Credits, credits)
+	}
+	for _, l := range []commands.Lane{commands.LaneDiag, commands.LaneDefault, commands.LaneExclusive} {
+		if n, ok := credits[string(l)]; !ok || commands.Credits[l] != n {
+			t.Errorf("lane %s: %d credits, declared %d (%v)", l, commands.Credits[l], n, ok)
+		}
 	}
 }

@@ -2173,7 +2173,7 @@ var File_bettercompute_agent_v1_commands_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\n" +
-	"%bettercompute/agent/v1/commands.proto\x12\x16bettercompute.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb6\x02\n" +
+	"%bettercompute/agent/v1/commands.proto\x12\x16bettercompute.agent.v1\x1a\"bettercompute/agent/v1/kinds.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb6\x02\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x10\n" +
@@ -2198,28 +2198,34 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\n" +
 	"node_kexec\x18\b \x01(\v2!.bettercompute.agent.v1.NodeKexecH\x00R\tnodeKexec\x12Q\n" +
 	"\x0finstance_reboot\x18\t \x01(\v2&.bettercompute.agent.v1.InstanceRebootH\x00R\x0einstanceRebootB\x06\n" +
-	"\x04kind\"=\n" +
+	"\x04kind\"R\n" +
 	"\bDiagNvml\x12\x1b\n" +
 	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
-	"\x05level\x18\x02 \x01(\tR\x05level\"F\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level:\x13\xa2\xbb\x18\x0f\n" +
+	"\tdiag.nvml\x10\x01(\x01\"a\n" +
 	"\x10InventoryRefresh\x12\x1a\n" +
 	"\bsections\x18\x01 \x03(\tR\bsections\x12\x16\n" +
-	"\x06rescan\x18\x02 \x01(\bR\x06rescan\"u\n" +
+	"\x06rescan\x18\x02 \x01(\bR\x06rescan:\x19\xa2\xbb\x18\x15\n" +
+	"\x11inventory.refresh\x10\x02\"\x8b\x01\n" +
 	"\vLogsCollect\x12\x18\n" +
 	"\asources\x18\x01 \x03(\tR\asources\x12\x1b\n" +
 	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\x12/\n" +
-	"\x05since\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05since\"$\n" +
+	"\x05since\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05since:\x14\xa2\xbb\x18\x10\n" +
+	"\flogs.collect\x10\x02\"=\n" +
 	"\n" +
 	"NodeReboot\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"U\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason:\x17\xa2\xbb\x18\x13\n" +
+	"\vnode.reboot\x10\x03\x18\x01 \x01\"j\n" +
 	"\bGpuReset\x12\x1b\n" +
 	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"t\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason:\x13\xa2\xbb\x18\x0f\n" +
+	"\tgpu.reset\x10\x03\x18\x01\"\x8b\x01\n" +
 	"\bDiskWipe\x12\x14\n" +
 	"\x05disks\x18\x01 \x03(\tR\x05disks\x12:\n" +
 	"\x06method\x18\x02 \x01(\x0e2\".bettercompute.agent.v1.WipeMethodR\x06method\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xd8\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason:\x15\xa2\xbb\x18\x11\n" +
+	"\tdisk.wipe\x10\x03\x18\x010\x01\"\xf2\x01\n" +
 	"\vImageDeploy\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x12\n" +
@@ -2227,7 +2233,8 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12;\n" +
 	"\x06format\x18\x05 \x01(\x0e2#.bettercompute.agent.v1.ImageFormatR\x06format\x12/\n" +
-	"\x14cloud_init_user_data\x18\x06 \x01(\fR\x11cloudInitUserData\"\xad\x01\n" +
+	"\x14cloud_init_user_data\x18\x06 \x01(\fR\x11cloudInitUserData:\x18\xa2\xbb\x18\x14\n" +
+	"\fimage.deploy\x10\x03\x18\x010\x01\"\xc7\x01\n" +
 	"\tNodeKexec\x12\x1d\n" +
 	"\n" +
 	"kernel_url\x18\x01 \x01(\tR\tkernelUrl\x12#\n" +
@@ -2235,10 +2242,13 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\n" +
 	"initrd_url\x18\x03 \x01(\tR\tinitrdUrl\x12#\n" +
 	"\rinitrd_sha256\x18\x04 \x01(\tR\finitrdSha256\x12\x18\n" +
-	"\acmdline\x18\x05 \x01(\tR\acmdline\"1\n" +
+	"\acmdline\x18\x05 \x01(\tR\acmdline:\x18\xa2\xbb\x18\x14\n" +
+	"\n" +
+	"node.kexec\x10\x03\x18\x01 \x010\x01\"J\n" +
 	"\x0eInstanceReboot\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
-	"instanceId\"1\n" +
+	"instanceId:\x17\xa2\xbb\x18\x13\n" +
+	"\x0finstance.reboot\x10\x02\"1\n" +
 	"\rCommandCancel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\xd4\x02\n" +
@@ -2414,6 +2424,7 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 	if File_bettercompute_agent_v1_commands_proto != nil {
 		return
 	}
+	file_bettercompute_agent_v1_kinds_proto_init()
 	file_bettercompute_agent_v1_commands_proto_msgTypes[1].OneofWrappers = []any{
 		(*CommandBody_DiagNvml)(nil),
 		(*CommandBody_InventoryRefresh)(nil),
