@@ -16,6 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
+	"github.com/bettercompute/bettercompute/agent/kernelargs"
 	"github.com/bettercompute/bettercompute/agent/ramdisk"
 	"github.com/bettercompute/bettercompute/agent/session"
 	"github.com/bettercompute/bettercompute/agent/state"
@@ -32,18 +33,11 @@ import (
 // node.kexec — and signing every finished command's report with its key.
 //
 // The token and the gateway come from the flags, else from the kernel
-// command line the site's boot server wrote (bc.boot_token=, bc.gateway=).
+// command line the site's boot server wrote (bc.boot_token=, bc.gateway=; see agent/kernelargs).
 // State (the certificate, the journal) lives in a tmpfs directory.
 
 // DefaultRamdiskRoot is where `bcd ramdisk` keeps its state: a tmpfs.
 const DefaultRamdiskRoot = "/run/bcd-ramdisk"
-
-// Kernel command line arguments the site's boot server writes (the names
-// agent/site/pxe defines as KernelArgGateway and KernelArgBootToken).
-const (
-	KernelArgGateway   = "bc.gateway"
-	KernelArgBootToken = "bc.boot_token"
-)
 
 // maxCmdline bounds the kernel command line read (the kernel's own limit is
 // a few KiB).
@@ -51,8 +45,8 @@ const maxCmdline = 64 << 10
 
 func runRamdisk(ctx context.Context, args []string, stderr io.Writer) error {
 	f := newFlags("ramdisk", stderr)
-	token := f.str("token", "", "boot token bcjt_<id>.<secret> (default: "+KernelArgBootToken+"= on the kernel command line)")
-	gateway := f.str("gateway", "", "gateway host:port (default: "+KernelArgGateway+"= on the kernel command line)")
+	token := f.str("token", "", "boot token bcjt_<id>.<secret> (default: "+kernelargs.BootToken+"= on the kernel command line)")
+	gateway := f.str("gateway", "", "gateway host:port (default: "+kernelargs.Gateway+"= on the kernel command line)")
 	root := f.str("root", DefaultRamdiskRoot, "state directory (a tmpfs: nothing in it outlives the boot)")
 	disks := f.str("disks", "", "comma-separated disks of this machine, the only ones disk.wipe and image.deploy touch (default: every disk in /sys/block)")
 	workDir := f.str("work-dir", "", "where node.kexec downloads its kernel and initrd (default <root>/work)")
@@ -74,11 +68,11 @@ func runRamdisk(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		*token = cmp.Or(*token, kargs[KernelArgBootToken])
-		*gateway = cmp.Or(*gateway, kargs[KernelArgGateway])
+		*token = cmp.Or(*token, kargs[kernelargs.BootToken])
+		*gateway = cmp.Or(*gateway, kargs[kernelargs.Gateway])
 	}
 	if *token == "" || *gateway == "" {
-		return usageError{fmt.Errorf("--token and --gateway are required (or %s= and %s= on the kernel command line)", KernelArgBootToken, KernelArgGateway)}
+		return usageError{fmt.Errorf("--token and --gateway are required (or %s= and %s= on the kernel command line)", kernelargs.BootToken, kernelargs.Gateway)}
 	}
 	diskList := splitList(*disks)
 	if len(diskList) == 0 {
@@ -186,18 +180,7 @@ func readCmdline(path string) (map[string]string, error) {
 	if len(b) > maxCmdline {
 		return nil, fmt.Errorf("kernel command line %s: longer than %d bytes", path, maxCmdline)
 	}
-	return ParseCmdline(string(b)), nil
-}
-
-// ParseCmdline splits a kernel command line into its key=value arguments;
-// a bare word maps to "", a later argument wins.
-func ParseCmdline(s string) map[string]string {
-	out := map[string]string{}
-	for _, w := range strings.Fields(s) {
-		k, v, _ := strings.Cut(w, "=")
-		out[k] = v
-	}
-	return out
+	return kernelargs.Parse(string(b)), nil
 }
 
 func splitList(s string) []string {

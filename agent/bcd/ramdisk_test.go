@@ -17,23 +17,10 @@ import (
 
 	"github.com/bettercompute/bettercompute/agent/bcd"
 	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
-	"github.com/bettercompute/bettercompute/agent/site/pxe"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/commandsig"
 	"github.com/bettercompute/bettercompute/proto/resultsig"
 )
-
-// The kernel command line names are the ones the site's boot server writes.
-func TestRamdisk_KernelArgsMatchPXE(t *testing.T) {
-	t.Parallel()
-	if bcd.KernelArgGateway != pxe.KernelArgGateway || bcd.KernelArgBootToken != pxe.KernelArgBootToken {
-		t.Fatalf("bcd reads %s/%s, pxe writes %s/%s", bcd.KernelArgGateway, bcd.KernelArgBootToken, pxe.KernelArgGateway, pxe.KernelArgBootToken)
-	}
-	got := bcd.ParseCmdline("BOOT_IMAGE=/vmlinuz quiet bc.gateway=gw:7443 bc.boot_token=bcjt_a.b\n")
-	if got["bc.gateway"] != "gw:7443" || got["bc.boot_token"] != "bcjt_a.b" || got["quiet"] != "" {
-		t.Fatalf("parsed %v", got)
-	}
-}
 
 // TestRamdisk_JoinsFromKernelArgsAndSignsResults runs `bcd ramdisk`
 // against the fake control plane over real gRPC and TLS, with the token and

@@ -16,10 +16,10 @@ import (
 
 	agentinv "github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
+	"github.com/bettercompute/bettercompute/agent/kernelargs"
 	"github.com/bettercompute/bettercompute/agent/ramdisk"
 	"github.com/bettercompute/bettercompute/agent/session"
 	"github.com/bettercompute/bettercompute/agent/site/fakebmc"
-	"github.com/bettercompute/bettercompute/agent/site/pxe"
 	"github.com/bettercompute/bettercompute/agent/state"
 
 	"github.com/bettercompute/bettercompute/services/metal"
@@ -333,7 +333,7 @@ func (m *SimMachine) bootToken(ctx context.Context) (string, error) {
 		return "", statusError{url: url, code: resp.StatusCode, body: b}
 	}
 	for _, w := range strings.Fields(string(b)) {
-		if tok, ok := strings.CutPrefix(w, pxe.KernelArgBootToken+"="); ok {
+		if tok, ok := strings.CutPrefix(w, kernelargs.BootToken+"="); ok {
 			return tok, nil
 		}
 	}

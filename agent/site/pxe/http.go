@@ -10,17 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-)
 
-// Kernel arguments the server adds to every ramdisk boot; `bcd ramdisk`
-// reads them from /proc/cmdline.
-const (
-	// KernelArgGateway is the control-plane gateway address (host:port).
-	KernelArgGateway = "bc.gateway"
-	// KernelArgBootToken is the machine's one-time boot token.
-	KernelArgBootToken = "bc.boot_token"
-	// KernelArgBootMAC is the MAC the machine booted from.
-	KernelArgBootMAC = "bc.boot_mac"
+	"github.com/bettercompute/bettercompute/agent/kernelargs"
 )
 
 // scripts serves /boot/<mac>.ipxe.
@@ -99,9 +90,9 @@ func (s *scripts) ramdisk(ctx context.Context, mac net.HardwareAddr, d Decision)
 	base := s.baseURL()
 	args := append([]string{"initrd=initrd.img"}, d.Args...)
 	args = append(args,
-		KernelArgGateway+"="+s.gateway,
-		KernelArgBootToken+"="+tok,
-		KernelArgBootMAC+"="+mac.String())
+		kernelargs.Gateway+"="+s.gateway,
+		kernelargs.BootToken+"="+tok,
+		kernelargs.BootMAC+"="+mac.String())
 	cmdline := strings.Join(args, " ")
 	if len(cmdline) > MaxCmdlineLen {
 		return "", fmt.Errorf("kernel command line: %d bytes, at most %d", len(cmdline), MaxCmdlineLen)
