@@ -10,21 +10,8 @@ import (
 	"time"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
-
-// Bounds of logs.collect.
-const (
-	// DefaultLogsBytes is what logs.collect returns at most when
-	// max_bytes is 0.
-	DefaultLogsBytes = 1 << 20
-	// MaxLogsBytes caps max_bytes.
-	MaxLogsBytes = 4 << 20
-	// MaxLogSources caps the sources of one logs.collect.
-	MaxLogSources = 16
-)
-
-// LogSourceAgent is logs.collect's source for the daemon's own log.
-const LogSourceAgent = "agent"
 
 // diagNvml checks every GPU asked for through NVML and, on a daemon with
 // a Ramdisk (burn-in), every disk of its inventory; it fails, with the
@@ -157,16 +144,16 @@ func (e *Executor) inventoryRefresh(ctx context.Context, body *agentv1.CommandBo
 // (each read once, from its end, with a bounded reader; see tailLogs).
 func (e *Executor) logsCollect(_ context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
 	p := body.GetLogsCollect()
-	limit := int(min(p.GetMaxBytes(), MaxLogsBytes))
+	limit := int(min(p.GetMaxBytes(), commandkinds.MaxLogsBytes))
 	if limit == 0 {
-		limit = DefaultLogsBytes
+		limit = commandkinds.DefaultLogsBytes
 	}
 	sources := p.GetSources()
 	if len(sources) == 0 {
-		sources = []string{LogSourceAgent}
+		sources = []string{commandkinds.LogSourceAgent}
 	}
-	if len(sources) > MaxLogSources {
-		return nil, fmt.Errorf("%d log sources, at most %d", len(sources), MaxLogSources)
+	if len(sources) > commandkinds.MaxLogSources {
+		return nil, fmt.Errorf("%d log sources, at most %d", len(sources), commandkinds.MaxLogSources)
 	}
 	var paths []string
 	for i, s := range sources {
@@ -174,10 +161,10 @@ func (e *Executor) logsCollect(_ context.Context, body *agentv1.CommandBody) (*a
 			continue // read once
 		}
 		switch s {
-		case LogSourceAgent:
+		case commandkinds.LogSourceAgent:
 			paths = append(paths, e.cfg.LogFile+".1", e.cfg.LogFile)
 		default:
-			return nil, fmt.Errorf("unknown log source %q (this daemon collects only %q)", s, LogSourceAgent)
+			return nil, fmt.Errorf("unknown log source %q (this daemon collects only %q)", s, commandkinds.LogSourceAgent)
 		}
 	}
 	data, truncated, err := tailLogs(paths, limit)
@@ -215,14 +202,6 @@ func since(data []byte, cutoff time.Time) (out []byte, older bool) {
 	return out, older
 }
 
-// Bounds of gpu.reset.
-const (
-	// MaxResetGPUs caps gpu_uuids.
-	MaxResetGPUs = 64
-	// MaxResetReason caps reason, in characters.
-	MaxResetReason = 1024
-)
-
 // Resetter resets one GPU (gpu.reset): *inventory.Collector runs
 // nvidia-smi --gpu-reset on real NVML and clears the injected faults on
 // the mock. It must return once ctx ends.
@@ -248,10 +227,10 @@ func (e *Executor) gpuReset(ctx context.Context, body *agentv1.CommandBody) (*ag
 	switch {
 	case len(uuids) == 0:
 		return nil, errors.New("gpu_uuids: at least one GPU")
-	case len(uuids) > MaxResetGPUs:
-		return nil, fmt.Errorf("gpu_uuids: %d GPUs, at most %d", len(uuids), MaxResetGPUs)
-	case len([]rune(p.GetReason())) > MaxResetReason:
-		return nil, fmt.Errorf("reason: at most %d characters", MaxResetReason)
+	case len(uuids) > commandkinds.MaxResetGPUs:
+		return nil, fmt.Errorf("gpu_uuids: %d GPUs, at most %d", len(uuids), commandkinds.MaxResetGPUs)
+	case len([]rune(p.GetReason())) > commandkinds.MaxResetReason:
+		return nil, fmt.Errorf("reason: at most %d characters", commandkinds.MaxResetReason)
 	}
 	for i, u := range uuids {
 		if slices.Contains(uuids[:i], u) {

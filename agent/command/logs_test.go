@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bettercompute/bettercompute/agent/command"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
 // writeLog fills the daemon's log (and its rotated log.1) with about
@@ -53,7 +54,7 @@ func TestLogsCollectManySourcesCannotAmplifyMemory(t *testing.T) {
 	f := setup(t, nil)
 	writeLog(t, f.root, 2<<20) // 4 MiB on disk
 
-	many := slices.Repeat([]string{command.LogSourceAgent}, command.MaxLogSources)
+	many := slices.Repeat([]string{commandkinds.LogSourceAgent}, commandkinds.MaxLogSources)
 	var data []byte
 	n := allocated(func() {
 		f.e.Handle(cmd(1, command.KindLogsCollect, logs(4096, many...)))
@@ -74,7 +75,7 @@ func TestLogsCollectManySourcesCannotAmplifyMemory(t *testing.T) {
 		t.Fatalf("logs.collect of %d sources with max_bytes 4096 allocated %d bytes", len(many), n)
 	}
 
-	f.e.Handle(cmd(2, command.KindLogsCollect, logs(4096, slices.Repeat([]string{command.LogSourceAgent}, 200_000)...)))
+	f.e.Handle(cmd(2, command.KindLogsCollect, logs(4096, slices.Repeat([]string{commandkinds.LogSourceAgent}, 200_000)...)))
 	expect(t, f.next(t), 2, accepted, noReject)
 	u := f.next(t)
 	expect(t, u, 2, failed, noReject)

@@ -10,6 +10,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 	"github.com/bettercompute/bettercompute/proto/commandsig"
 )
 
@@ -109,7 +110,7 @@ func TestGPUReset(t *testing.T) {
 			})
 		})
 		gpus, _ := f.cfg.Inventory.(*inventory.Collector).GPUs(t.Context())
-		many := make([]string, command.MaxResetGPUs+1)
+		many := make([]string, commandkinds.MaxResetGPUs+1)
 		for i := range many {
 			many[i] = "GPU-" + strings.Repeat("a", i+1)
 		}

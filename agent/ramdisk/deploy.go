@@ -13,13 +13,14 @@ import (
 	"regexp"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 func checkURL(field, raw string) error {
-	if raw == "" || len(raw) > MaxURL {
-		return fieldErr(field, "required: an http:// or https:// URL of at most %d characters", MaxURL)
+	if raw == "" || len(raw) > commandkinds.MaxURL {
+		return fieldErr(field, "required: an http:// or https:// URL of at most %d characters", commandkinds.MaxURL)
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
 // Kexecer loads a kernel and boots into it (node.kexec).
@@ -73,8 +74,8 @@ func (r *Ramdisk) LoadKexec(ctx context.Context, p *agentv1.NodeKexec) error {
 			return err
 		}
 	}
-	if n := len([]rune(p.GetCmdline())); n > MaxCmdline {
-		return fieldErr("payload.cmdline", "at most %d characters, got %d", MaxCmdline, n)
+	if n := len([]rune(p.GetCmdline())); n > commandkinds.MaxKexecCmdline {
+		return fieldErr("payload.cmdline", "at most %d characters, got %d", commandkinds.MaxKexecCmdline, n)
 	}
 	kernel := filepath.Join(r.cfg.WorkDir, "kexec-kernel")
 	if err := r.fetch(ctx, "payload.kernelSha256", p.GetKernelUrl(), p.GetKernelSha256(), kernel, MaxKexecFile); err != nil {

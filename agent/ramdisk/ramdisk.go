@@ -32,6 +32,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
 // Config configures a Ramdisk. Disks is required.
@@ -56,20 +58,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Bounds the ramdisk enforces itself (the control plane checks the
-// payloads' field maximums too, in pkg/commands).
-const (
-	// MaxDisks bounds one disk.wipe.
-	MaxDisks = 64
-	// MaxDiskPath bounds a device path, in characters.
-	MaxDiskPath = 256
-	// MaxURL bounds a URL, in characters.
-	MaxURL = 2048
-	// MaxKexecFile bounds a kernel or an initrd, in bytes.
-	MaxKexecFile = 1 << 30
-	// MaxCmdline bounds node.kexec's cmdline, in characters.
-	MaxCmdline = 4096
-)
+// MaxKexecFile bounds a kernel or an initrd, in bytes. The bounds the
+// control plane checks too (disks, device paths, URLs, the kexec command
+// line) are declared in proto/commandkinds.
+const MaxKexecFile = 1 << 30
 
 // Ramdisk runs the commissioning kinds. Its methods are safe for concurrent
 // use, though the executor runs them one at a time (the exclusive lane).
@@ -112,8 +104,8 @@ func fieldErr(field, format string, args ...any) error {
 // disk resolves p, a device path from payload field, to the inventory disk
 // it names: refused unless it is one.
 func (r *Ramdisk) disk(field, p string) (string, error) {
-	if p == "" || len(p) > MaxDiskPath || !filepath.IsAbs(p) {
-		return "", fieldErr(field, "%.256q is not an absolute device path of at most %d characters", p, MaxDiskPath)
+	if p == "" || len(p) > commandkinds.MaxDiskPath || !filepath.IsAbs(p) {
+		return "", fieldErr(field, "%.256q is not an absolute device path of at most %d characters", p, commandkinds.MaxDiskPath)
 	}
 	want, err := filepath.EvalSymlinks(filepath.Clean(p))
 	if err != nil {

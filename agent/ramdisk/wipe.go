@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
 // chunk is the unit of every write and read back.
@@ -57,8 +58,8 @@ func (ToolEraser) SecureErase(ctx context.Context, device string) error {
 // when it returns an error.
 func (r *Ramdisk) WipeDisks(ctx context.Context, p *agentv1.DiskWipe) (*agentv1.DiskWipeResult, error) {
 	disks := p.GetDisks()
-	if len(disks) == 0 || len(disks) > MaxDisks {
-		return nil, fieldErr("payload.disks", "want 1 to %d disks, got %d", MaxDisks, len(disks))
+	if len(disks) == 0 || len(disks) > commandkinds.MaxWipeDisks {
+		return nil, fieldErr("payload.disks", "want 1 to %d disks, got %d", commandkinds.MaxWipeDisks, len(disks))
 	}
 	switch p.GetMethod() {
 	case agentv1.WipeMethod_WIPE_METHOD_DISCARD, agentv1.WipeMethod_WIPE_METHOD_ZERO, agentv1.WipeMethod_WIPE_METHOD_SECURE_ERASE:

@@ -276,16 +276,16 @@ func checkInstanceReboot(body *agentv1.CommandBody) error {
 }
 
 // Bounds of the commissioning kinds' payloads (disk.wipe, image.deploy,
-// node.kexec).
+// node.kexec); those the daemon checks too are declared in proto/commandkinds.
 const (
 	// MaxWipeDisks bounds disk.wipe's disks.
-	MaxWipeDisks = 64
+	MaxWipeDisks = commandkinds.MaxWipeDisks
 	// MaxDiskPath bounds one device path, in characters.
-	MaxDiskPath = 256
+	MaxDiskPath = commandkinds.MaxDiskPath
 	// MaxURL bounds an image or kernel URL, in characters.
-	MaxURL = 2048
+	MaxURL = commandkinds.MaxURL
 	// MaxKexecCmdline bounds node.kexec's cmdline, in characters.
-	MaxKexecCmdline = 4096
+	MaxKexecCmdline = commandkinds.MaxKexecCmdline
 	// MaxImageBytes bounds image.deploy's size_bytes (1 PiB).
 	MaxImageBytes = 1 << 50
 	// MaxWipeReason bounds disk.wipe's reason, in characters.
@@ -405,12 +405,13 @@ func checkSHA256(field, s string) error {
 	return nil
 }
 
-// Bounds of gpu.reset's payload.
+// Bounds of gpu.reset's payload (the first two declared in
+// proto/commandkinds: the daemon checks them too).
 const (
 	// MaxResetGPUs bounds gpu_uuids.
-	MaxResetGPUs = 64
+	MaxResetGPUs = commandkinds.MaxResetGPUs
 	// MaxResetReason bounds reason, in characters.
-	MaxResetReason = 1024
+	MaxResetReason = commandkinds.MaxResetReason
 	// maxGPUUUID bounds one GPU UUID ("GPU-" and 36 characters).
 	maxGPUUUID = 64
 )
@@ -439,10 +440,10 @@ func checkGpuReset(body *agentv1.CommandBody) error {
 
 // LogSources are the sources logs.collect knows, MaxLogSources how many one
 // command may name (the daemon reads each once, within one byte budget).
-var LogSources = []string{"agent"}
+var LogSources = []string{commandkinds.LogSourceAgent}
 
-// MaxLogSources bounds logs.collect's sources.
-const MaxLogSources = 16
+// MaxLogSources bounds logs.collect's sources (proto/commandkinds).
+const MaxLogSources = commandkinds.MaxLogSources
 
 // checkLogsCollect refuses more than MaxLogSources sources, a source named
 // twice and one not in LogSources: INVALID_INPUT "payload.sources".
