@@ -43,6 +43,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
 )
 
 // Info is the HPKE info string that binds a sealed token to its purpose.
@@ -203,12 +204,12 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 	if got := resp.GetRole(); got != role && (got != "" || role != RoleNode) {
 		return state.Identity{}, fmt.Errorf("join: asked to join as %s, the answer is for a %s", role, got)
 	}
-	want := "/node/" + id.NodeID
+	want := spiffepath.Node(id.NodeID)
 	if role == RoleSite {
 		if resp.GetSiteId() == "" {
 			return state.Identity{}, errors.New("join: the answer lacks the site id")
 		}
-		want = "/site/" + resp.GetSiteId() + "/agent/" + id.NodeID
+		want = spiffepath.SiteAgent(resp.GetSiteId(), id.NodeID)
 	}
 	if err := id.VerifyPath(key, want); err != nil {
 		return state.Identity{}, fmt.Errorf("join: %w", err)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/bettercompute/bettercompute/agent/state"
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
 )
 
 func (r *runner) setIdentity(id state.Identity) error {
@@ -65,7 +66,7 @@ func trustDomain(id state.Identity) string {
 		return ""
 	}
 	for _, u := range leaf.URIs {
-		if u.Scheme == "spiffe" && u.Path == "/node/"+id.NodeID {
+		if u.Scheme == "spiffe" && u.Path == spiffepath.Node(id.NodeID) {
 			return u.Host
 		}
 	}
@@ -86,7 +87,7 @@ func (r *runner) verifyGateway(cs tls.ConnectionState) error {
 		}
 	}
 	for _, u := range cs.PeerCertificates[0].URIs {
-		if u.Scheme == "spiffe" && u.Host == td && strings.HasPrefix(u.Path, "/gateway/") && len(u.Path) > len("/gateway/") {
+		if u.Scheme == "spiffe" && u.Host == td && strings.HasPrefix(u.Path, spiffepath.GatewayPrefix) && len(u.Path) > len(spiffepath.GatewayPrefix) {
 			return nil
 		}
 	}

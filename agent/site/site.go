@@ -64,6 +64,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/credseal"
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
 )
 
 // Lease defaults (the control plane's: sites.DefaultLeaseTTL and
@@ -170,15 +171,14 @@ func identityOf(stored state.Identity, key *ecdsa.PrivateKey) (Identity, error) 
 		if u.Scheme != "spiffe" || u.Host == "" {
 			continue
 		}
-		rest, ok := strings.CutPrefix(u.Path, "/site/")
-		parts := strings.Split(rest, "/")
-		if !ok || len(parts) != 3 || parts[0] == "" || parts[1] != "agent" || parts[2] != stored.NodeID {
+		siteID, agentID, ok := spiffepath.SiteAgentIDs(u.Path)
+		if !ok || agentID != stored.NodeID {
 			continue
 		}
 		if err := stored.VerifyPath(key, u.Path); err != nil {
 			return Identity{}, fmt.Errorf("site: %w", err)
 		}
-		return Identity{SiteID: parts[0], AgentID: parts[2], TrustDomain: u.Host, Stored: stored}, nil
+		return Identity{SiteID: siteID, AgentID: agentID, TrustDomain: u.Host, Stored: stored}, nil
 	}
 	return Identity{}, fmt.Errorf("site: the certificate in %s is not a site agent's (spiffe://<trust-domain>/site/<site>/agent/%s): enroll with bcd site join", "the state directory", stored.NodeID)
 }
@@ -316,7 +316,7 @@ func (r *runner) dial() (*grpc.ClientConn, error) {
 				return errors.New("site: the gateway sent no certificate")
 			}
 			for _, u := range cs.PeerCertificates[0].URIs {
-				if u.Scheme == "spiffe" && u.Host == id.TrustDomain && strings.HasPrefix(u.Path, "/gateway/") && len(u.Path) > len("/gateway/") {
+				if u.Scheme == "spiffe" && u.Host == id.TrustDomain && strings.HasPrefix(u.Path, spiffepath.GatewayPrefix) && len(u.Path) > len(spiffepath.GatewayPrefix) {
 					return nil
 				}
 			}

@@ -27,6 +27,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
 )
 
 // File names under the root.
@@ -344,7 +346,7 @@ func (id Identity) Pool() (*x509.CertPool, error) {
 // not checked here (the chain is verified as of the leaf's NotBefore);
 // callers look at Leaf().NotAfter.
 func (id Identity) Verify(key crypto.Signer) error {
-	return id.VerifyPath(key, "/node/"+id.NodeID)
+	return id.VerifyPath(key, spiffepath.Node(id.NodeID))
 }
 
 // VerifyPath is [Identity.Verify] for a certificate whose SPIFFE id has

@@ -30,7 +30,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,6 +37,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
@@ -200,11 +201,11 @@ func (ca *CA) NodeIDOf(id spiffeid.ID) (string, error) {
 	if id.TrustDomain() != ca.td {
 		return "", fmt.Errorf("SPIFFE ID %s is not in trust domain %s", id, ca.td)
 	}
-	rest, ok := strings.CutPrefix(id.Path(), "/node/")
-	if !ok || rest == "" || strings.Contains(rest, "/") {
+	nodeID, ok := spiffepath.NodeID(id.Path())
+	if !ok {
 		return "", fmt.Errorf("SPIFFE ID %s is not a node's", id)
 	}
-	return rest, nil
+	return nodeID, nil
 }
 
 // ParseCSR parses a DER PKCS#10 request and checks its signature (proof of

@@ -8,11 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
@@ -48,17 +49,9 @@ func (ca *CA) SiteAgentIDOf(id spiffeid.ID) (siteID, agentID string, err error) 
 }
 
 // ParseSiteAgentPath splits a SPIFFE ID path /site/<site id>/agent/<agent
-// id>; ok is false for any other path.
+// id>; ok is false for any other path (see proto/spiffepath).
 func ParseSiteAgentPath(path string) (siteID, agentID string, ok bool) {
-	rest, ok := strings.CutPrefix(path, "/site/")
-	if !ok {
-		return "", "", false
-	}
-	parts := strings.Split(rest, "/")
-	if len(parts) != 3 || parts[0] == "" || parts[1] != "agent" || parts[2] == "" {
-		return "", "", false
-	}
-	return parts[0], parts[2], true
+	return spiffepath.SiteAgentIDs(path)
 }
 
 // IssueSiteAgent signs a [SVIDValidity] client certificate for pub with URI

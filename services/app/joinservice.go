@@ -13,6 +13,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"google.golang.org/grpc"
 
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
+
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/services/joinservice"
@@ -150,7 +152,7 @@ func (a *App) gatewayIdentity() (tls.Certificate, *x509.CertPool, error) {
 	if err != nil {
 		return tls.Certificate{}, nil, fault.New(fault.InvalidConfig, "gateway.tls.certFile", "the gateway's certificate has no SPIFFE ID: %v", err)
 	}
-	name, ok := strings.CutPrefix(id.Path(), "/gateway/")
+	name, ok := strings.CutPrefix(id.Path(), spiffepath.GatewayPrefix)
 	if id.TrustDomain().Name() != a.cfg.JoinService.TrustDomain || !ok || name == "" {
 		return tls.Certificate{}, nil, fault.New(fault.InvalidConfig, "gateway.tls.certFile", "the certificate is for %s, not a gateway of %s", id, a.cfg.JoinService.TrustDomain)
 	}

@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +35,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
@@ -318,8 +318,8 @@ func (g *Gateway) verifiedNode(ctx context.Context) ([]*x509.Certificate, string
 	if err != nil {
 		return nil, "", status.Errorf(codes.Unauthenticated, "certificate has no SPIFFE ID: %v", err)
 	}
-	nodeID, ok := strings.CutPrefix(id.Path(), "/node/")
-	if id.TrustDomain().Name() != g.cfg.TrustDomain || !ok || nodeID == "" || strings.Contains(nodeID, "/") {
+	nodeID, ok := spiffepath.NodeID(id.Path())
+	if id.TrustDomain().Name() != g.cfg.TrustDomain || !ok {
 		return nil, "", status.Errorf(codes.PermissionDenied, "%s is not a node identity of %s", id, g.cfg.TrustDomain)
 	}
 	if g.cfg.Revoked != nil {

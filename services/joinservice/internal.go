@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/spiffepath"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
@@ -125,7 +126,7 @@ func (s *InternalServer) gatewayOf(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fault.New(fault.Unauthenticated, "certificate", "the certificate has no SPIFFE ID").Status().Err()
 	}
-	name, ok := strings.CutPrefix(id.Path(), "/gateway/")
+	name, ok := strings.CutPrefix(id.Path(), spiffepath.GatewayPrefix)
 	if id.TrustDomain() != s.td || !ok || name == "" || strings.Contains(name, "/") {
 		return "", fault.New(fault.AccessDenied, "certificate", "%s is not a gateway of %s", id, s.td).Status().Err()
 	}
