@@ -43,7 +43,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // DB is what admission needs of the database: a pool.
@@ -67,9 +67,10 @@ type Config struct {
 	IdempotencyTTL time.Duration
 	// Logger receives clean-up failures; nil discards.
 	Logger *slog.Logger
-	// Poker wakes the owners of the keys a mutation's work enqueued, after
-	// its commit; nil leaves them to their poll.
-	Poker *workqueue.Poker
+	// Waker sends the wakes a mutation's transaction collected (the keys
+	// its work enqueued, ...), after its commit; nil leaves them to the
+	// loops' resync.
+	Waker *wake.Waker
 }
 
 // Admitter runs admissions.
@@ -78,7 +79,7 @@ type Admitter struct {
 	authz  Authorizer
 	ttl    time.Duration
 	logger *slog.Logger
-	poker  *workqueue.Poker
+	waker  *wake.Waker
 }
 
 // New returns an Admitter.
@@ -88,7 +89,7 @@ func New(cfg Config) *Admitter {
 		authz:  cfg.Authorizer,
 		ttl:    cmp.Or(cfg.IdempotencyTTL, 24*time.Hour),
 		logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		poker:  cfg.Poker,
+		waker:  cfg.Waker,
 	}
 }
 
@@ -287,7 +288,7 @@ func (a *Admitter) Create(ctx context.Context, c Create) (Result, error) {
 	if stored != nil {
 		return Result{Response: stored, ResourceID: id, Replayed: true}, nil
 	}
-	q.Committed(a.poker)
+	q.Committed(a.waker)
 	return Result{Response: out.Response, ResourceID: id}, nil
 }
 
@@ -396,7 +397,7 @@ func (a *Admitter) Mutate(ctx context.Context, m Mutation) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	q.Committed(a.poker)
+	q.Committed(a.waker)
 	return out.Response, nil
 }
 

@@ -96,7 +96,7 @@ func TenantResource(tenant string) Resource {
 // knows the versions are current: it reads them (one indexed statement)
 // unless it listens on a connected bus ([Authorizer.Listen]) and checked
 // them less than [Options.Recheck] ago, and a change message
-// ([PolicySubject]) makes it read them at once. So a put or delete takes
+// (wake.Policies) makes it read them at once. So a put or delete takes
 // effect in this process as soon as it calls [Authorizer.Invalidate] after
 // the commit, and in every other as soon as the message arrives (within
 // Recheck if it is lost; at the next decision without a bus).

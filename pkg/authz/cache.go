@@ -10,13 +10,9 @@ import (
 
 	"github.com/cedar-policy/cedar-go"
 	"github.com/nats-io/nats.go"
-)
 
-// PolicySubject is the NATS core subject on which a process announces, after
-// the commit, that a tenant's policies changed; the payload is the tenant id.
-// A message carries no state: it only makes every authorizer listening
-// recheck that tenant at its next decision.
-const PolicySubject = "bc.authz.policies"
+	"github.com/bettercompute/bettercompute/pkg/wake"
+)
 
 // Defaults of [Options].
 const (
@@ -114,7 +110,7 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Listen subscribes the authorizer to [PolicySubject] on nc, so a change
+// Listen subscribes the authorizer to policy wakes (wake.Policies) on nc, so a change
 // committed by any process reaches its cache at once; while it listens on a
 // connected bus it trusts a cached tenant for [Options.Recheck] without
 // reading its version. Calling it again replaces the subscription.
@@ -122,9 +118,9 @@ func (a *Authorizer) Listen(nc *nats.Conn) error {
 	if nc == nil {
 		return nil
 	}
-	sub, err := nc.Subscribe(PolicySubject, func(m *nats.Msg) { a.Invalidate(string(m.Data)) })
+	sub, err := wake.SubscribePolicies(nc, a.Invalidate)
 	if err != nil {
-		return fmt.Errorf("subscribe %s: %w", PolicySubject, err)
+		return err
 	}
 	a.mu.Lock()
 	old := a.sub
@@ -151,8 +147,8 @@ func (a *Authorizer) Close() {
 }
 
 // Invalidate makes the next decision on tenant recheck its policy version
-// ("" means every tenant). Call it after the commit of a policy change; see
-// also [PublishPolicyChange].
+// ("" means every tenant). A policy change calls it after the commit
+// through reconcile.Queue.WakePolicies.
 func (a *Authorizer) Invalidate(tenant string) {
 	a.mu.Lock()
 	a.invalidateLocked(tenant)
@@ -170,17 +166,6 @@ func (a *Authorizer) invalidateLocked(tenant string) {
 	if e := a.tenants[tenant]; e != nil {
 		e.checked = time.Time{}
 	}
-}
-
-// PublishPolicyChange announces on nc that tenant's policies changed. Call it
-// after the commit; it never blocks on a disconnected bus and never fails: a
-// lost message only delays the change in other processes by at most
-// [Options.Recheck].
-func PublishPolicyChange(nc *nats.Conn, tenant string) {
-	if nc == nil || !nc.IsConnected() {
-		return
-	}
-	_ = nc.Publish(PolicySubject, []byte(tenant))
 }
 
 // Stats returns the cache's counters.

@@ -18,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // fakeClock is a clock tests move by hand.
@@ -111,7 +112,7 @@ func TestPolicyChangeReachesOtherAuthorizers(t *testing.T) {
 
 	// With the message, at once (as soon as it arrives), within Recheck.
 	putPolicy(t, db, "acme", "no-pools", `forbid (principal, action == Action::"compute:pools:get", resource);`)
-	authz.PublishPolicyChange(writer, "acme")
+	wake.New(writer, nil, nil).Wake(wake.Set{Policies: []string{"acme"}})
 	eventually(false, "the bus message makes the change visible")
 
 	// With the bus down, every decision reads the versions.

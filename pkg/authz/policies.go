@@ -95,8 +95,8 @@ func CheckPolicySize(body string) error {
 }
 
 // PutPolicy validates p.Body and creates or replaces the policy, bumping its
-// version and its tenant's policy version. Run it in a transaction and call
-// [Authorizer.Invalidate] and [PublishPolicyChange] after the commit.
+// version and its tenant's policy version. Run it in a transaction that wakes the
+// policy caches (reconcile.Queue.WakePolicies).
 func PutPolicy(ctx context.Context, q Querier, p Policy) (Policy, error) {
 	if err := CheckPolicySize(p.Body); err != nil {
 		return Policy{}, err

@@ -3,9 +3,9 @@
 // transaction, delivered by the gateway holding the node's session, and
 // settled from the daemon's CommandUpdates.
 //
-// A module queues a command with [Enqueue] inside its transaction and pokes
-// the node's gateway after commit with [Poker.Poke]. A destructive command
-// is signed there, in the enqueue transaction, with the command-signing key
+// A module queues a command with [Enqueue] inside its transaction and wakes
+// the node's gateway after commit (reconcile.Queue.WakeCommands). A
+// destructive command is signed there, in the enqueue transaction, with the command-signing key
 // of a [Registry.Signing] registry, and the signature is stored with the
 // row. The gateway claims the node's due commands ([Claim]), sends them with
 // their stored signature (it holds no key, so it cannot forge one), and

@@ -5,48 +5,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
-
-// PokePrefix starts the subject of a command poke: bc.commands.<node id>,
-// published after a transaction queued or cancelled a node's command. The
-// gateway holding the node dispatches at once; without it, the gateway's
-// resync finds the work within an interval.
-const PokePrefix = "bc.commands."
-
-// PokeSubject is the poke subject for node.
-func PokeSubject(nodeID string) string { return PokePrefix + nodeID }
-
-// Poker publishes command pokes after commit. A nil Poker, or one without
-// a connection, does nothing but call Local: pokes are optional.
-type Poker struct {
-	NC *nats.Conn
-	// Local, when set, is called for each node too: the in-process gateway.
-	Local func(nodeID string)
-}
-
-// Poke wakes the gateways of nodes. Call it after the commit.
-func (p *Poker) Poke(nodeIDs ...string) {
-	if p == nil {
-		return
-	}
-	for _, id := range nodeIDs {
-		if p.Local != nil {
-			p.Local(id)
-		}
-		if p.NC != nil && p.NC.IsConnected() {
-			_ = p.NC.Publish(PokeSubject(id), nil)
-		}
-	}
-}
 
 // Claim marks the node's due pending commands in flight (attempts + 1,
 // dispatched_at) and writes their command.in_flight events, in one
@@ -134,12 +100,4 @@ func wire(c Command, timeout time.Duration) *agentv1.Command {
 		NotAfter: timestamppb.New(c.NotAfter), MinGeneration: c.MinGeneration,
 		Timeout: durationpb.New(timeout),
 	}
-}
-
-// Subscribe calls fn with the node id of every command poke: the gateway's
-// subscription.
-func Subscribe(nc *nats.Conn, fn func(nodeID string)) (*nats.Subscription, error) {
-	return nc.Subscribe(PokePrefix+"*", func(m *nats.Msg) {
-		fn(strings.TrimPrefix(m.Subject, PokePrefix))
-	})
 }

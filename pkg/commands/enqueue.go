@@ -102,7 +102,7 @@ const MaxOpenPerNode = 256
 // destructive kind is signed here, when r is a [Registry.Signing] registry
 // (else it is queued unsigned and daemons reject it BAD_SIGNATURE): the
 // signature covers the row as the gateway will send it and is stored with
-// it. Call [Poker.Poke] after commit.
+// it. Wake the node (reconcile.Queue.WakeCommands) in the transaction.
 //
 // Faults: a node with MaxOpenPerNode commands pending or in flight is
 // RATE_LIMITED "nodeId"; an unknown kind is UNSUPPORTED "kind"; a payload that does not fit

@@ -63,8 +63,8 @@ func finishSigned(ctx context.Context, tx pgx.Tx, w Waker, c Command, state Stat
 
 // Cancel cancels a node's command in tx: a pending one becomes cancelled
 // (and is never sent); an in-flight one gets cancel_requested_at, so the
-// gateway sends the daemon Cancel until it settles (poke the node after
-// commit); a finished one is returned unchanged. An unknown command is
+// gateway sends the daemon Cancel until it settles (wake the node in the
+// transaction); a finished one is returned unchanged. An unknown command is
 // NOT_FOUND "commandId".
 func Cancel(ctx context.Context, tx pgx.Tx, w Waker, nodeID, id string) (Command, error) {
 	c, err := Scan(tx.QueryRow(ctx, `SELECT `+Columns+` FROM commands WHERE node_id = $1 AND id = $2 FOR UPDATE`, nodeID, id))

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // Querier runs statements: a pool, a connection or a transaction.
@@ -41,8 +42,6 @@ type Event struct {
 	Payload any
 }
 
-// Subject is the JetStream subject of an event.
-func Subject(tenant, typ string) string { return "bc.events." + tenant + "." + typ }
 
 // Write inserts e and returns its id. Call it inside the transaction that
 // makes the change e reports. A type missing from the event catalog is
@@ -58,7 +57,7 @@ func Write(ctx context.Context, q Querier, e Event) (int64, error) {
 	var id int64
 	err := q.QueryRow(ctx, `
 		INSERT INTO outbox (tenant_id, type, subject, resource_id, payload) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
-		e.TenantID, e.Type, Subject(e.TenantID, e.Type), e.Resource, payload).Scan(&id)
+		e.TenantID, e.Type, wake.EventSubject(e.TenantID, e.Type), e.Resource, payload).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("write outbox event %s: %w", e.Type, err)
 	}
@@ -90,7 +89,7 @@ func WriteMany(ctx context.Context, q BatchQuerier, es []Event) error {
 		if err != nil {
 			return fmt.Errorf("write outbox event %s: %w", e.Type, err)
 		}
-		tenants[i], types[i], subjects[i], resources[i], payloads[i] = e.TenantID, e.Type, Subject(e.TenantID, e.Type), e.Resource, string(b)
+		tenants[i], types[i], subjects[i], resources[i], payloads[i] = e.TenantID, e.Type, wake.EventSubject(e.TenantID, e.Type), e.Resource, string(b)
 	}
 	_, err := q.Exec(ctx, `
 		INSERT INTO outbox (tenant_id, type, subject, resource_id, payload)

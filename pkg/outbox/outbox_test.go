@@ -6,6 +6,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -32,7 +33,7 @@ func TestWriteManyKeepsOrderAndFields(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := es[i]
-		if tenant != want.TenantID || typ != want.Type || resource != want.Resource || subject != outbox.Subject(want.TenantID, want.Type) {
+		if tenant != want.TenantID || typ != want.Type || resource != want.Resource || subject != wake.EventSubject(want.TenantID, want.Type) {
 			t.Errorf("row %d = %s %s %s %s, want %+v", i, tenant, typ, subject, resource, want)
 		}
 		if want.Payload == nil && payload != "{}" {

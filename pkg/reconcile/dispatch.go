@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -26,11 +25,7 @@ import (
 // leases, runs them (one by one, or in batches) and settles them; pokes and
 // the poll ticker wake it.
 
-func (rt *Runtime) onPoke(msg *nats.Msg) {
-	s, kind, ok := workqueue.ParsePoke(msg.Subject, msg.Data)
-	if !ok {
-		return
-	}
+func (rt *Runtime) onPoke(s int, kind string) {
 	rec, ok := rt.byName[kind]
 	if !ok {
 		return

@@ -26,7 +26,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/lease"
 	"github.com/bettercompute/bettercompute/pkg/reconcile/internal/testhook"
 	"github.com/bettercompute/bettercompute/pkg/startstop"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // The runtime's code is in four files: this one (configuration and the
@@ -73,6 +73,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Hostname and Version are recorded in the workers table.
 	Hostname, Version string
+	// Waker sends the wakes of the runtime's transactions after commit;
+	// nil: work wakes over the runtime's connection only.
+	Waker *wake.Waker
 }
 
 func (c *Config) defaults() {
@@ -112,7 +115,7 @@ func (c *Config) defaults() {
 type Runtime struct {
 	pool   *pgxpool.Pool
 	nc     *nats.Conn
-	poker  *workqueue.Poker
+	waker  *wake.Waker
 	cfg    Config
 	id     string
 	log    *slog.Logger
@@ -153,10 +156,13 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Runtime, error) {
 	if cfg.LeaseTTL < 2*cfg.Heartbeat {
 		return nil, fmt.Errorf("reconcile: lease TTL %s must be at least two heartbeats (%s)", cfg.LeaseTTL, cfg.Heartbeat)
 	}
+	if cfg.Waker == nil {
+		cfg.Waker = wake.New(nc, nil, cfg.Logger)
+	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	rt := &Runtime{
-		pool: pool, nc: nc, poker: &workqueue.Poker{NC: nc}, cfg: cfg,
+		pool: pool, nc: nc, waker: cfg.Waker, cfg: cfg,
 		id:     hex.EncodeToString(b[:]),
 		log:    cfg.Logger,
 		tracer: otel.Tracer("github.com/bettercompute/bettercompute/pkg/reconcile"),
@@ -229,7 +235,7 @@ func (rt *Runtime) Start(ctx context.Context) error {
 			rt.log.WarnContext(ctx, "first heartbeat failed; retrying", "err", err)
 		}
 		if rt.nc != nil {
-			sub, err := rt.nc.Subscribe(workqueue.PokeSubjectPrefix+"*", rt.onPoke)
+			sub, err := wake.SubscribeWork(rt.nc, rt.onPoke)
 			if err != nil {
 				rt.log.WarnContext(ctx, "cannot subscribe to pokes; polling only", "err", err)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/lease"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 )
 
@@ -23,7 +24,7 @@ import (
 // so none changes hands until the transaction ends. A lost lease returns
 // [ErrFenced] and writes nothing (the runtime then runs each key on its own,
 // and those under a lost lease are fenced there). Keys fn enqueues through
-// q are poked after commit.
+// q wake their loops after commit.
 func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error) error {
 	names := make([]string, len(bc.leases))
 	fences := make([]int64, len(bc.leases))
@@ -32,7 +33,7 @@ func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) e
 	}
 	q := &Queue{}
 	err := db.InTx(ctx, bc.rt.pool, db.TxOptions{}, func(tx pgx.Tx) error {
-		q.items, q.after = q.items[:0], nil
+		q.wakes = wake.Set{}
 		q.tx = tx
 		var held int
 		err := tx.QueryRow(ctx, `SELECT count(*) FROM (
@@ -47,7 +48,7 @@ func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) e
 		return fn(tx, q)
 	})
 	if err == nil {
-		q.Committed(bc.rt.poker)
+		q.Committed(bc.rt.waker)
 	}
 	return err
 }
@@ -60,7 +61,7 @@ func (bc *BatchContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) e
 func (rc *RunContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error) error {
 	q := &Queue{}
 	err := db.InTx(ctx, rc.rt.pool, db.TxOptions{}, func(tx pgx.Tx) error {
-		q.items, q.after = q.items[:0], nil
+		q.wakes = wake.Set{}
 		q.tx = tx
 		err := lease.Hold(ctx, tx, rc.Worker, lease.Held{Name: rc.Lease, Fence: rc.Fence})
 		if errors.Is(err, lease.ErrLost) {
@@ -72,41 +73,43 @@ func (rc *RunContext) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) err
 		return fn(tx, q)
 	})
 	if err == nil {
-		q.Committed(rc.rt.poker)
+		q.Committed(rc.rt.waker)
 	}
 	return err
 }
 
-// InTx runs fn in a transaction and pokes the keys it enqueued through q
+// InTx runs fn in a transaction and sends the wakes it collected in q
 // after commit: the way to change state and enqueue the work it implies
 // outside a run.
 func (rt *Runtime) InTx(ctx context.Context, fn func(tx pgx.Tx, q *Queue) error) error {
-	return InTx(ctx, rt.pool, rt.poker, fn)
+	return InTx(ctx, rt.pool, rt.waker, fn)
 }
 
 // InTx is [Runtime.InTx] for processes that enqueue without running a
-// runtime (the API): poker may be nil.
-func InTx(ctx context.Context, pool *pgxpool.Pool, poker *workqueue.Poker, fn func(tx pgx.Tx, q *Queue) error) error {
+// runtime (the API): waker may be nil.
+func InTx(ctx context.Context, pool *pgxpool.Pool, waker *wake.Waker, fn func(tx pgx.Tx, q *Queue) error) error {
 	q := &Queue{}
 	err := db.InTx(ctx, pool, db.TxOptions{}, func(tx pgx.Tx) error {
-		q.items, q.after = q.items[:0], nil
+		q.wakes = wake.Set{}
 		q.tx = tx
 		return fn(tx, q)
 	})
 	if err == nil {
-		q.Committed(poker)
+		q.Committed(waker)
 	}
 	return err
 }
 
-// Queue enqueues within one transaction and remembers what to do after its
-// commit: poke the workers owning the keys, and run the hooks a change
-// registered (a gateway poke). It is the one way a change and its wake-ups
-// commit together and are announced after.
+// Queue enqueues within one transaction and collects the wakes its changes
+// imply, sent after the commit by [Queue.Committed]: the keys it enqueued
+// wake the workers owning them, and the typed wakes (WakeCommands,
+// WakeSiteTasks, WakeDeliveries, WakePolicies) wake the loop each names,
+// where it runs (package wake). It is the one way a change and its wake-ups
+// commit together and are announced after; every woken loop also resyncs
+// from the database, so a lost wake only delays it.
 type Queue struct {
 	tx    pgx.Tx
-	items []workqueue.Item
-	after []func()
+	wakes wake.Set
 }
 
 // NewQueue returns a queue over tx, for a caller that commits tx itself and
@@ -127,19 +130,36 @@ func (q *Queue) EnqueueMany(ctx context.Context, items []workqueue.Item) error {
 			return err
 		}
 	}
-	q.items = append(q.items, items...)
+	for _, it := range items {
+		q.wakes.Work = append(q.wakes.Work, wake.Work{Shard: it.Shard(), Kind: it.Kind})
+	}
 	return nil
 }
 
-// AfterCommit runs f after the transaction commits (never if it does not).
-func (q *Queue) AfterCommit(f func()) { q.after = append(q.after, f) }
+// WakeCommands wakes, after commit, the gateways holding nodes: the
+// transaction queued or cancelled their commands.
+func (q *Queue) WakeCommands(nodeIDs ...string) {
+	q.wakes.Nodes = append(q.wakes.Nodes, nodeIDs...)
+}
 
-// Committed pokes the owners of the enqueued keys through poker (which may
-// be nil) and runs the after-commit hooks. Call it once the transaction has
-// committed.
-func (q *Queue) Committed(poker *workqueue.Poker) {
-	poker.Poke(q.items...)
-	for _, f := range q.after {
-		f()
+// WakeSiteTasks wakes, after commit, the gateways holding the agents of
+// sites: the transaction queued or resealed their tasks.
+func (q *Queue) WakeSiteTasks(siteIDs ...string) {
+	q.wakes.Sites = append(q.wakes.Sites, siteIDs...)
+}
+
+// WakeDeliveries wakes, after commit, the relays' webhook deliverers: the
+// transaction made deliveries due.
+func (q *Queue) WakeDeliveries() { q.wakes.Deliveries = true }
+
+// WakePolicies invalidates, after commit, every policy cache's copy of
+// tenant's policies: the transaction changed them.
+func (q *Queue) WakePolicies(tenant string) {
+	if !slices.Contains(q.wakes.Policies, tenant) {
+		q.wakes.Policies = append(q.wakes.Policies, tenant)
 	}
 }
+
+// Committed sends the collected wakes through waker (which may be nil).
+// Call it once the transaction has committed.
+func (q *Queue) Committed(waker *wake.Waker) { waker.Wake(q.wakes) }

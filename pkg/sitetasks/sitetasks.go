@@ -9,8 +9,8 @@
 //   - A producer (the metal workflow) reads the holder's key with [SealKey],
 //     seals the task's secret to it (proto/credseal, with
 //     credseal.TaskAAD(id, machine) as additional data), and queues the
-//     task with [Enqueue] in its own transaction; after commit it pokes the
-//     site ([Poker.Poke], subject bc.sitetasks.<site>).
+//     task with [Enqueue] in its own transaction; its transaction wakes the
+//     site's gateway after commit (reconcile.Queue.WakeSiteTasks).
 //   - The gateway holding the lease holder's session [Claim]s the site's
 //     due tasks (in flight, attempts + 1, under the holder's lease epoch and
 //     session, checked with sites.CheckFence in the same transaction) on a
@@ -255,7 +255,7 @@ func collect(rows pgx.Rows, err error) ([]Task, error) {
 }
 
 // Enqueue writes t as a pending task in tx and returns it; call
-// [Poker.Poke] with its site after commit. An empty t.ID gets [NewID]
+// reconcile.Queue.WakeSiteTasks with its site in the transaction. An empty t.ID gets [NewID]
 // (but a sealed secret is bound to its id: pick it first).
 //
 // Faults: INVALID_INPUT on the field at fault (payload.*, sealed,
@@ -304,7 +304,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, t Task) (Task, error) {
 
 // Reseal replaces a pending task's sealed secret (sealed again to the
 // holder's current key, with the same additional data) and clears
-// NeedsReseal; call [Poker.Poke] after commit. NOT_FOUND "id" unless the
+// NeedsReseal; call reconcile.Queue.WakeSiteTasks in the transaction. NOT_FOUND "id" unless the
 // task is pending; INVALID_INPUT "sealed" for a bad JWE.
 func Reseal(ctx context.Context, q Querier, id, sealed string) (Task, error) {
 	kid, err := credseal.SealedKeyID(sealed)

@@ -42,7 +42,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/ratelimit"
 	"github.com/bettercompute/bettercompute/pkg/secrets"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // OpenAPIPath serves the generated OpenAPI 3 document (with the bearer
@@ -74,12 +74,11 @@ type Config struct {
 	// Methods overrides the method registry, for tests; nil means
 	// [Methods].
 	Methods map[string]Method
-	// Poker wakes the workers that own work a mutation enqueued, after its
-	// commit; nil leaves them to their poll.
-	Poker *workqueue.Poker
-	// Commands pokes the gateway holding a node after commands.run or
-	// commands.cancel commit; nil leaves it to the gateway's resync.
-	Commands *commands.Poker
+	// Waker sends the wakes a mutation collected after its commit (the
+	// work it enqueued, the commands it queued or cancelled, ...); nil
+	// means one over NATS that wakes no node's gateway (their resync
+	// dispatches).
+	Waker *wake.Waker
 	// Capacity tunes inline placement of reservations.
 	Capacity CapacityOptions
 	// AuditKey is the public half of the audit key, with which audit.verify
@@ -163,9 +162,7 @@ type Server struct {
 	anon, failedAuth *ratelimit.Keyed
 	maxDL            time.Duration
 	now              func() time.Time
-	// cmdPoker wakes the gateway of a node with new commands.
-	cmdPoker *commands.Poker
-	kinds    *commands.Registry
+	kinds            *commands.Registry
 
 	capacity CapacityOptions
 	auditKey ed25519.PublicKey
@@ -197,6 +194,13 @@ func New(cfg Config) (*Server, error) {
 			logger.Warn("authz: policy change messages unavailable; every decision reads policy versions", "err", err)
 		}
 	}
+	// This process's cache sees a policy change at its next decision, the
+	// others when the wake reaches them (or within authz.Options.Recheck).
+	waker := cfg.Waker
+	if waker == nil {
+		waker = wake.New(cfg.NATS, nil, logger)
+	}
+	waker.OnPolicies(az.Invalidate)
 	now := cfg.Now
 	if now == nil {
 		now = time.Now
@@ -212,9 +216,8 @@ func New(cfg Config) (*Server, error) {
 		methods:  cfg.Methods,
 		authn:    iam.NewAuthenticator(iam.AuthConfig{DB: cfg.DB, TTL: cfg.AuthTTL, Now: now}),
 		authz:    az,
-		adm:      admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger, Poker: cfg.Poker}),
+		adm:      admission.New(admission.Config{DB: cfg.DB, Authorizer: az, Logger: logger, Waker: waker}),
 		db:       cfg.DB,
-		cmdPoker: cfg.Commands,
 		kinds:    cfg.Kinds,
 		capacity: cfg.Capacity,
 		auditKey: cfg.AuditKey,

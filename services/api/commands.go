@@ -138,7 +138,7 @@ func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRun
 			o, err := outcome(&computev1.CommandsServiceRunResponse{Command: pb}, "command.requested", nil)
 			o.Detail = map[string]any{"commandId": c.ID, "kind": c.Kind}
 			o.Event.Resource = c.ID
-			q.AfterCommit(func() { s.cmdPoker.Poke(req.GetNodeId()) }) // wake the node's gateway
+			q.WakeCommands(req.GetNodeId())
 			return o, err
 		},
 	}, out)
@@ -234,7 +234,7 @@ func (s *commandsAPI) Cancel(ctx context.Context, req *computev1.CommandsService
 			o, err := outcome(&computev1.CommandsServiceCancelResponse{Command: pb}, "command.cancel_requested", nil)
 			o.Detail = map[string]any{"commandId": c.ID, "state": string(c.State)}
 			o.Event.Resource = c.ID
-			q.AfterCommit(func() { s.cmdPoker.Poke(req.GetNodeId()) }) // wake the node's gateway
+			q.WakeCommands(req.GetNodeId())
 			return o, err
 		},
 	}, out)

@@ -19,6 +19,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // WatchPath serves events.watch as Server-Sent Events.
@@ -197,7 +198,7 @@ func (s *Server) watchHub() *watchHub {
 	s.watchOnce.Do(func() {
 		h := &watchHub{subs: map[chan struct{}]bool{}}
 		if s.nc != nil {
-			sub, err := s.nc.Subscribe("bc.events.>", func(*nats.Msg) { h.wake() })
+			sub, err := wake.SubscribeEvents(s.nc, h.wake)
 			if err != nil {
 				s.logger.Warn("subscribe to the event stream; watches poll the database", "err", err)
 			} else {

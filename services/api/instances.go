@@ -324,7 +324,7 @@ func (s *instancesAPI) Reboot(ctx context.Context, req *computev1.InstancesServi
 			o, err := outcome(&computev1.InstancesServiceRebootResponse{Instance: instancePB(in), Command: pb}, "command.requested", nil)
 			o.Detail = map[string]any{"commandId": c.ID, "kind": c.Kind, "instanceId": in.ID}
 			o.Event.Resource = c.ID
-			q.AfterCommit(func() { s.cmdPoker.Poke(in.NodeID) }) // wake the host's gateway
+			q.WakeCommands(in.NodeID) // the host's gateway
 			return o, err
 		},
 	}, out)

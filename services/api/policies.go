@@ -22,16 +22,6 @@ type policies struct {
 // holds at most authz.MaxPoliciesPerTenant).
 const MaxPolicyBytes = authz.MaxPolicyBytes
 
-// policiesChanged runs after the commit of a put or delete: this process's
-// authorizer sees the change at its next decision, the others when the bus
-// message reaches them (or within authz.Options.Recheck without it).
-func (s *Server) policiesChanged(tenant string) func() {
-	return func() {
-		s.authz.Invalidate(tenant)
-		authz.PublishPolicyChange(s.nc, tenant)
-	}
-}
-
 func policyPB(p authz.Policy) *computev1.Policy {
 	return &computev1.Policy{
 		TenantId: p.TenantID, Name: p.Name, Body: p.Body, Version: p.Version,
@@ -65,7 +55,7 @@ func (s *policies) Put(ctx context.Context, req *computev1.PoliciesServicePutReq
 			if err != nil {
 				return admission.Outcome{}, err
 			}
-			q.AfterCommit(s.policiesChanged(req.GetTenantId()))
+			q.WakePolicies(req.GetTenantId())
 			return outcome(&computev1.PoliciesServicePutResponse{Policy: policyPB(p)}, "policy.put", nil)
 		},
 	}, out)
@@ -121,7 +111,7 @@ func (s *policies) Delete(ctx context.Context, req *computev1.PoliciesServiceDel
 			if err := authz.DeletePolicy(ctx, tx, req.GetTenantId(), req.GetName()); err != nil {
 				return admission.Outcome{}, err
 			}
-			q.AfterCommit(s.policiesChanged(req.GetTenantId()))
+			q.WakePolicies(req.GetTenantId())
 			o, err := outcome(out, "policy.deleted", nil)
 			o.Event.Payload = map[string]string{"tenantId": req.GetTenantId(), "name": req.GetName()}
 			return o, err

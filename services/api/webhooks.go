@@ -311,7 +311,7 @@ func (s *webhooksAPI) Test(ctx context.Context, req *computev1.WebhooksServiceTe
 				return admission.Outcome{}, err
 			}
 			d.EventType = "webhook.test"
-			q.AfterCommit(s.pokeDeliverers)
+			q.WakeDeliveries()
 			return outcome(&computev1.WebhooksServiceTestResponse{Delivery: deliveryPB(d)}, "webhook.tested", nil)
 		},
 	}, out)
@@ -384,7 +384,7 @@ func (s *webhooksAPI) Redeliver(ctx context.Context, req *computev1.WebhooksServ
 			if err != nil {
 				return admission.Outcome{}, err
 			}
-			q.AfterCommit(s.pokeDeliverers)
+			q.WakeDeliveries()
 			return outcome(&computev1.WebhooksServiceRedeliverResponse{Delivery: deliveryPB(d)}, "webhook.redelivered", nil)
 		},
 	}, out)
@@ -392,12 +392,4 @@ func (s *webhooksAPI) Redeliver(ctx context.Context, req *computev1.WebhooksServ
 		return nil, err
 	}
 	return out, nil
-}
-
-// pokeDeliverers wakes the relays' deliverers after a commit that made a
-// delivery due; without the bus they find it on their poll.
-func (s *Server) pokeDeliverers() {
-	if s.nc != nil && s.nc.IsConnected() {
-		_ = s.nc.Publish("bc.webhooks.due", nil)
-	}
 }

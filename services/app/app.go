@@ -36,11 +36,12 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/health"
 	"github.com/bettercompute/bettercompute/pkg/migrate"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/startstop"
 	"github.com/bettercompute/bettercompute/pkg/telemetry"
 	"github.com/bettercompute/bettercompute/pkg/version"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/console"
 	"github.com/bettercompute/bettercompute/services/gateway"
@@ -135,6 +136,9 @@ type App struct {
 	admin   *adminServer
 	relay   *relay.Service
 	localGW atomic.Pointer[gateway.Gateway] // for in-process dispatch
+	// waker sends every transaction's wakes after commit, to the process's
+	// own gateway directly and over the bus to the others.
+	waker *wake.Waker
 	// specRouter hands the nodespec controller's changes to the gateways.
 	specRouter *gateway.SpecRouter
 	// kinds is the command-kind registry; admitKinds the view of it the
@@ -244,6 +248,9 @@ func (a *App) start(ctx context.Context) (err error) {
 		a.logger.Warn("no nats.url configured: running without the bus, polling the database only")
 	}
 	a.specRouter = gateway.NewSpecRouter(a.nc, a.logger.With("role", "gateway"))
+	a.waker = wake.New(a.nc, func(ctx context.Context, ids []string) (map[string]string, error) {
+		return nodes.Gateways(ctx, a.pool, ids)
+	}, a.logger)
 	a.checks = a.healthChecks()
 	if err := a.prepareCommandSigning(); err != nil {
 		return err
@@ -354,12 +361,13 @@ func (a *App) startRuntime(ctx context.Context) error {
 		Logger:       a.logger,
 		Registerer:   a.reg,
 		Version:      version.Get().Version,
+		Waker:        a.waker,
 	})
 	if err != nil {
 		return err
 	}
 	if slices.Contains(roles, reconcile.RoleControllers) {
-		for _, r := range inventory.New(inventory.Config{Commands: a.commandPoker(), Kinds: a.admitKinds}) {
+		for _, r := range inventory.New(inventory.Config{Kinds: a.admitKinds}) {
 			if err := rt.Register(r); err != nil {
 				return err
 			}
@@ -472,7 +480,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 			return nil, err
 		}
 		a.api, err = api.New(api.Config{
-			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: tuning, Poker: &workqueue.Poker{NC: a.nc}, Commands: a.commandPoker(),
+			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: tuning, Waker: a.waker,
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
 			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Kinds: a.admitKinds,
 			AuditKey: a.auditKey(), Registerer: a.reg, Secrets: keyring,

@@ -1,16 +1,11 @@
 package app
 
 import (
-	"context"
 	"slices"
-	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
-	"github.com/bettercompute/bettercompute/services/gateway"
 )
 
 // registerCommands registers the command-sweeper on the runtime when this
@@ -60,30 +55,3 @@ func (a *App) prepareCommandSigning() error {
 // and the one its api and controllers queue commands through (signing when
 // the key is configured); the second is nil before Start.
 func (a *App) CommandKinds() (dispatch, admit *commands.Registry) { return a.kinds, a.admitKinds }
-
-// commandPoker wakes the gateway holding a node after a transaction queued
-// or cancelled its commands: directly when this process runs it, and over
-// the bus (bc.commands.<node>) for the others.
-func (a *App) commandPoker() *commands.Poker {
-	return &commands.Poker{NC: a.nc, Local: func(nodeID string) {
-		gw := a.localGW.Load()
-		if gw == nil {
-			return
-		}
-		go a.dispatchLocal(gw, nodeID)
-	}}
-}
-
-func (a *App) dispatchLocal(gw *gateway.Gateway, nodeID string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := gw.Dispatch(ctx, nodeID); err != nil {
-		a.logger.Warn("dispatch commands", "node", nodeID, "err", err)
-	}
-}
-
-// subscribeCommandPokes dispatches a node's commands when another process
-// pokes bc.commands.<node>.
-func (a *App) subscribeCommandPokes(gw *gateway.Gateway) (*nats.Subscription, error) {
-	return commands.Subscribe(a.nc, func(nodeID string) { a.dispatchLocal(gw, nodeID) })
-}

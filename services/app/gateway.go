@@ -20,7 +20,6 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/joinservice"
 )
@@ -34,9 +33,6 @@ type gatewayServer struct {
 	grpc   *grpc.Server
 	ln     net.Listener
 	done   chan struct{}
-
-	// siteSub hears site task pokes (bc.sitetasks.<site>).
-	siteSub *nats.Subscription
 }
 
 // startGateway runs the gateway role: daemon sessions over mutual TLS on
@@ -95,7 +91,7 @@ func (a *App) startGateway(ctx context.Context) error {
 		Revoked: func(ctx context.Context, serials []string) ([]string, error) {
 			return nodeca.RevokedAmong(ctx, a.pool, serials)
 		},
-		Poker:             &workqueue.Poker{NC: a.nc},
+		Waker:             a.waker,
 		HeartbeatInterval: gc.HeartbeatInterval.Std(),
 		LivenessInterval:  gc.LivenessInterval.Std(),
 		AdmitRate:         gc.AdmitRate,
@@ -140,6 +136,7 @@ func (a *App) startGateway(ctx context.Context) error {
 		return err
 	}
 	a.localGW.Store(gw)
+	a.waker.SetGateway(gw)
 	a.specRouter.SetLocal(gw)
 	if a.nc != nil {
 		// Pokes from nodespec controllers in other processes.
@@ -148,12 +145,10 @@ func (a *App) startGateway(ctx context.Context) error {
 			a.logger.Warn("no spec pokes; delivery relies on the database resync", "err", err)
 		}
 		g.sub = sub
-		if g.cmdSub, err = a.subscribeCommandPokes(gw); err != nil {
-			a.logger.Warn("no command pokes; dispatch relies on the database resync", "err", err)
+		if g.cmdSub, err = gw.SubscribeCommands(a.nc); err != nil {
+			a.logger.Warn("no command wakes; dispatch relies on the database resync", "err", err)
 		}
-		if g.siteSub, err = gw.SubscribeSiteTaskPokes(a.nc); err != nil {
-			a.logger.Warn("no site task pokes; dispatch relies on the database resync", "err", err)
-		}
+		gw.ListenSiteTasks(a.nc)
 	}
 	go func() {
 		defer close(g.done)
@@ -173,9 +168,6 @@ func (g *gatewayServer) stop(ctx context.Context) {
 	}
 	if g.cmdSub != nil {
 		_ = g.cmdSub.Unsubscribe()
-	}
-	if g.siteSub != nil {
-		_ = g.siteSub.Unsubscribe()
 	}
 	g.gw.Stop()
 	stopped := make(chan struct{})

@@ -16,7 +16,9 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // BenchmarkCommands measures command delivery through the whole system:
@@ -94,7 +96,9 @@ func benchCommands(b *testing.B, n int, up bool, samples int, resync time.Durati
 		b.Fatal(err)
 	}
 	defer nc.Close()
-	poker := &commands.Poker{NC: nc}
+	poker := wake.New(nc, func(ctx context.Context, ids []string) (map[string]string, error) {
+		return nodestore.Gateways(ctx, db, ids)
+	}, nil)
 	if !up {
 		ns.Stop()
 		waitFor(b, 10*time.Second, "the bus down", func() bool { return !nc.IsConnected() })
@@ -147,7 +151,7 @@ func benchCommands(b *testing.B, n int, up bool, samples int, resync time.Durati
 		// ticker (the latencies come from the rows, not this clock).
 		time.Sleep(rand.N(resync))
 		c := enqueue(b, db, commands.Request{NodeID: node, Kind: "diag.nvml", NotAfter: time.Now().Add(time.Minute)})
-		poker.Poke(node)
+		poker.Wake(wake.Set{Nodes: []string{node}})
 		got := finished([]string{c.ID})[0]
 		delivered = append(delivered, got.AcceptedAt.Sub(got.CreatedAt))
 		result = append(result, got.FinishedAt.Sub(got.CreatedAt))
@@ -187,7 +191,7 @@ func benchCommands(b *testing.B, n int, up bool, samples int, resync time.Durati
 		if err != nil {
 			b.Fatal(err)
 		}
-		poker.Poke(nodes...)
+		poker.Wake(wake.Set{Nodes: nodes})
 		cs := finished(ids)
 		first, last := cs[0].CreatedAt, cs[0].FinishedAt
 		for _, c := range cs {

@@ -10,8 +10,10 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // TestCommandsChaosBusAndGateway delivers commands queued by "another
@@ -40,14 +42,16 @@ func TestCommandsChaosBusAndGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	poker := &commands.Poker{NC: nc}
+	poker := wake.New(nc, func(ctx context.Context, ids []string) (map[string]string, error) {
+		return nodes.Gateways(ctx, db, ids)
+	}, nil)
 
 	// queue enqueues a diag.nvml with level and pokes its node over the
 	// bus (a no-op while the bus is down).
 	queue := func(t *testing.T, level string, within time.Duration) commands.Command {
 		t.Helper()
 		c := enqueue(t, db, commands.Request{NodeID: node, Kind: "diag.nvml", Payload: diagLevel(level), NotAfter: time.Now().Add(within)})
-		poker.Poke(node)
+		poker.Wake(wake.Set{Nodes: []string{node}})
 		return c
 	}
 	// delivered waits until c succeeded, accepted by the daemon before its

@@ -66,7 +66,7 @@ func (g *Gateway) dispatch(ctx context.Context, s *session, resend bool) error {
 	// Due commands the session may not be sent are failed in the claim
 	// (commands.ReasonInRamdisk, commands.ReasonRamdiskOnly).
 	var claimed []commands.Command
-	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
 		claimed, err = g.kinds.ClaimSession(ctx, tx, q, s.nodeID, s.epoch, s.ramdisk)
 		return err
@@ -93,7 +93,7 @@ func (g *Gateway) dispatch(ctx context.Context, s *session, resend bool) error {
 // command's next dispatch after its back-off (the resync would find it too).
 func (g *Gateway) applyUpdate(ctx context.Context, s *session, u *agentv1.CommandUpdate) error {
 	var a commands.Applied
-	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
 		a, err = g.kinds.Apply(ctx, tx, q, s.nodeID, s.epoch, u)
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // BenchmarkEnqueueToDispatched measures one node's command from enqueue
@@ -28,14 +29,14 @@ func BenchmarkEnqueueToDispatched(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer nc.Close()
-	sub, err := commands.Subscribe(nc, func(node string) { _ = f.gw.Dispatch(b.Context(), node) })
+	sub, err := f.gw.SubscribeCommands(nc)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	_ = nc.Flush()
 	d := f.connect(b, "node_a", "boot-1", "journal-1")
-	poker := &commands.Poker{NC: nc}
+	waker := f.waker(nc)
 	var dispatch time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -47,7 +48,7 @@ func BenchmarkEnqueueToDispatched(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		poker.Poke("node_a")
+		waker.Wake(wake.Set{Nodes: []string{"node_a"}})
 		c := d.command()
 		dispatch += time.Since(start)
 		d.update(c, agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED, 0, nil)

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"context"
 	"crypto"
 	"crypto/ed25519"
 	"reflect"
@@ -16,8 +17,10 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 	"github.com/bettercompute/bettercompute/services/gateway"
 )
 
@@ -110,6 +113,92 @@ func (f *harness) enqueue(t testing.TB, node, kind, key string, payload any) com
 	return c
 }
 
+// waker wakes over nc, finding each node's gateway in the database.
+func (f *harness) waker(nc *nats.Conn) *wake.Waker {
+	return wake.New(nc, func(ctx context.Context, ids []string) (map[string]string, error) {
+		return nodes.Gateways(ctx, f.db, ids)
+	}, nil)
+}
+
+// TestCommandWakeReachesOnlyTheNodesGateway: with two gateways subscribed
+// to command wakes, a command queued for a node wakes the gateway holding
+// its session, which sends it at once (liveness resync is an hour away),
+// and the other gateway hears nothing of it.
+func TestCommandWakeReachesOnlyTheNodesGateway(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.addNode(t, "node_a")
+	f.addNode(t, "node_b")
+	other, _ := f.serve(t, "gw-2")
+	ns := natstest.New(t)
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	heard := map[string]chan []string{"gw-1": make(chan []string, 8), "gw-2": make(chan []string, 8)}
+	for _, g := range []*gateway.Gateway{f.gw, other} {
+		listening(t, nc)(g.SubscribeCommands(nc))
+	}
+	for id, ch := range heard {
+		listening(t, nc)(wake.SubscribeCommands(nc, id, func(ids []string) { ch <- ids }))
+	}
+	d := f.connect(t, "node_a", "boot-1", "journal-1")
+	w := f.waker(nc)
+
+	var c commands.Command
+	err = reconcile.InTx(t.Context(), f.db, w, func(tx pgx.Tx, q *reconcile.Queue) error {
+		var err error
+		c, _, err = commands.Builtin().Enqueue(t.Context(), tx, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: time.Now().Add(time.Minute)})
+		q.WakeCommands("node_a")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.command(); got.GetId() != c.ID {
+		t.Fatalf("node_a got %v, want %s", got, c.ID)
+	}
+	if ids := hear(t, heard["gw-1"]); !slices.Equal(ids, []string{"node_a"}) {
+		t.Fatalf("gw-1 heard %v, want [node_a]", ids)
+	}
+	// node_b's wake goes to gw-2 after node_a's went out: had node_a's
+	// reached gw-2, gw-2 would hear it first.
+	if _, err := f.db.Exec(t.Context(), `UPDATE nodes SET gateway_id = 'gw-2' WHERE id = 'node_b'`); err != nil {
+		t.Fatal(err)
+	}
+	w.Wake(wake.Set{Nodes: []string{"node_b"}})
+	if ids := hear(t, heard["gw-2"]); !slices.Equal(ids, []string{"node_b"}) {
+		t.Fatalf("gw-2 heard %v first, want [node_b]: a wake of node_a reached the gateway not holding it", ids)
+	}
+}
+
+// listening fails t unless the subscription was made and has reached the
+// server; it ends with t.
+func listening(t *testing.T, nc *nats.Conn) func(*nats.Subscription, error) {
+	return func(sub *nats.Subscription, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func hear(t *testing.T, ch chan []string) []string {
+	t.Helper()
+	select {
+	case ids := <-ch:
+		return ids
+	case <-time.After(15 * time.Second):
+		t.Fatal("no command wake")
+		return nil
+	}
+}
+
 func (f *harness) state(t testing.TB, id string) (commands.State, string) {
 	t.Helper()
 	var s, reason string
@@ -137,18 +226,11 @@ func TestCommandPokeDeliversAndSettles(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	sub, err := commands.Subscribe(nc, func(node string) { _ = f.gw.Dispatch(t.Context(), node) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	listening(t, nc)(f.gw.SubscribeCommands(nc))
 	d := f.connect(t, "node_a", "boot-1", "journal-1")
 
 	c := f.enqueue(t, "node_a", "inventory.refresh", "refresh-1", `{"sections": ["gpus"], "rescan": true}`)
-	(&commands.Poker{NC: nc}).Poke("node_a")
+	f.waker(nc).Wake(wake.Set{Nodes: []string{"node_a"}})
 	got := d.command()
 	var body agentv1.CommandBody
 	if err := protoUnmarshal(got.GetBody(), &body); err != nil || !body.GetInventoryRefresh().GetRescan() {

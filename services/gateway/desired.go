@@ -308,7 +308,7 @@ func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 				Generation: o.obs.GetObservedGeneration(), SectionStatus: o.status})
 		}
 	}
-	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+	return reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		stored, err := nodestore.RecordObserved(ctx, tx, obs)
 		if err != nil {
 			return err

@@ -45,7 +45,7 @@ import (
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/startstop"
-	"github.com/bettercompute/bettercompute/pkg/workqueue"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // Joiner is joinservice as the gateway sees it.
@@ -69,9 +69,9 @@ type Config struct {
 	Revoked func(ctx context.Context, serials []string) ([]string, error)
 	// TrustDomain the node SPIFFE IDs must be in; required.
 	TrustDomain string
-	// Poker wakes the inventory controller after a report; nil means the
-	// controller polls.
-	Poker *workqueue.Poker
+	// Waker sends the wakes of the gateway's transactions (the inventory
+	// controller's after a report); nil leaves them to the loops' resync.
+	Waker *wake.Waker
 	// HeartbeatInterval is what Welcome asks of nodes; default 10s.
 	HeartbeatInterval time.Duration
 	// LivenessInterval is how often liveness is written; default 5s.
@@ -130,7 +130,8 @@ type Gateway struct {
 	admission   *admission
 
 	// sites are the site agents' sessions (see site.go).
-	sites siteSessions
+	sites     siteSessions
+	siteWakes siteWakes
 }
 
 type session struct {
@@ -205,7 +206,7 @@ func New(cfg Config) (*Gateway, error) {
 	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{}),
 		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{}),
 		admission: newAdmission(cfg.AdmitRate, cfg.AdmitBurst, cmp.Or(cfg.AdmitWait, 10*time.Second)),
-		sites:     siteSessions{m: map[string]*siteSession{}}}, nil
+		sites:     siteSessions{m: map[string]*siteSession{}}, siteWakes: siteWakes{m: map[string]*siteWake{}}}, nil
 }
 
 // Start runs the liveness writer and the report writer until Stop. A second
@@ -373,7 +374,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	// The epoch bump and the reconnect rules for in-flight commands
 	// (a new boot, a new journal) commit together.
 	var epoch, observed int64
-	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		opened, err := nodestore.OpenSession(ctx, tx, certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId())
 		if err != nil {
 			return err

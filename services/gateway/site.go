@@ -231,12 +231,14 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 	}
 	g.sites.m[agentID] = s
 	g.sites.mu.Unlock()
+	g.holdSite(siteID)
 	defer func() {
 		g.sites.mu.Lock()
 		if g.sites.m[agentID] == s {
 			delete(g.sites.m, agentID)
 		}
 		g.sites.mu.Unlock()
+		g.releaseSite(siteID)
 	}()
 	log := g.log.With("site", siteID, "agent", agentID)
 	log.InfoContext(ctx, "site session opened", "version", hello.GetVersion(), "hostname", hello.GetHostname())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,6 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/sites"
 	"github.com/bettercompute/bettercompute/pkg/sitetasks"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // Site tasks (pkg/sitetasks) go to the session of the agent holding the
@@ -68,10 +70,68 @@ func (g *Gateway) ResyncSiteTasks(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// SubscribeSiteTaskPokes dispatches a site's tasks when another process
-// pokes bc.sitetasks.<site>.
-func (g *Gateway) SubscribeSiteTaskPokes(nc *nats.Conn) (*nats.Subscription, error) {
-	return sitetasks.Subscribe(nc, func(siteID string) {
+// ListenSiteTasks subscribes the gateway, on nc, to the site task wakes
+// (wake.SubscribeSiteTasks) of the sites whose agents' sessions it holds,
+// for as long as it holds one: a wake reaches only those gateways. Without
+// it, the liveness tick's resync dispatches.
+func (g *Gateway) ListenSiteTasks(nc *nats.Conn) {
+	g.siteWakes.mu.Lock()
+	defer g.siteWakes.mu.Unlock()
+	g.siteWakes.nc = nc
+	for site, w := range g.siteWakes.m {
+		if w.sub == nil {
+			w.sub = g.subscribeSite(site)
+		}
+	}
+}
+
+// siteWakes are the gateway's subscriptions to site task wakes, one per
+// site with a session held, counted by session.
+type siteWakes struct {
+	mu sync.Mutex
+	nc *nats.Conn
+	m  map[string]*siteWake
+}
+
+type siteWake struct {
+	sessions int
+	sub      *nats.Subscription // nil until the gateway listens
+}
+
+// holdSite notes a session of site opened; the first subscribes.
+func (g *Gateway) holdSite(siteID string) {
+	g.siteWakes.mu.Lock()
+	defer g.siteWakes.mu.Unlock()
+	w := g.siteWakes.m[siteID]
+	if w == nil {
+		w = &siteWake{}
+		g.siteWakes.m[siteID] = w
+	}
+	w.sessions++
+	if w.sub == nil && g.siteWakes.nc != nil {
+		w.sub = g.subscribeSite(siteID)
+	}
+}
+
+// releaseSite notes a session of site closed; the last unsubscribes.
+func (g *Gateway) releaseSite(siteID string) {
+	g.siteWakes.mu.Lock()
+	defer g.siteWakes.mu.Unlock()
+	w := g.siteWakes.m[siteID]
+	if w == nil {
+		return
+	}
+	if w.sessions--; w.sessions > 0 {
+		return
+	}
+	if w.sub != nil {
+		_ = w.sub.Unsubscribe()
+	}
+	delete(g.siteWakes.m, siteID)
+}
+
+func (g *Gateway) subscribeSite(siteID string) *nats.Subscription {
+	sub, err := wake.SubscribeSiteTasks(g.siteWakes.nc, siteID, func() {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), max(g.cfg.LivenessInterval, 10*time.Second))
 			defer cancel()
@@ -80,6 +140,10 @@ func (g *Gateway) SubscribeSiteTaskPokes(nc *nats.Conn) (*nats.Subscription, err
 			}
 		}()
 	})
+	if err != nil {
+		g.log.Warn("no site task wakes; dispatch relies on the database resync", "site", siteID, "err", err)
+	}
+	return sub
 }
 
 func (g *Gateway) siteSessionsOf(siteID string) []*siteSession {
@@ -100,7 +164,7 @@ func (g *Gateway) resyncSiteSession(ctx context.Context, s *siteSession) error {
 	if _, held := s.holder(); !held {
 		return nil
 	}
-	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		_, err := sitetasks.Expire(ctx, tx, q, s.siteID, expireBatch)
 		return err
 	})
@@ -119,7 +183,7 @@ func (g *Gateway) dispatchSite(ctx context.Context, s *siteSession) error {
 		return nil
 	}
 	var claimed []sitetasks.Task
-	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
 		claimed, err = sitetasks.Claim(ctx, tx, q, h)
 		return err
@@ -167,7 +231,7 @@ func (g *Gateway) applyTaskResult(ctx context.Context, s *siteSession, r *agentv
 		o.Result = res
 	}
 	var t sitetasks.Task
-	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Poker, func(tx pgx.Tx, q *reconcile.Queue) error {
+	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
 		if ok {
 			t, err = sitetasks.Complete(ctx, tx, q, h, o)

@@ -21,6 +21,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/sitetasks"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // The site task tests run the real site agent against the real gateway
@@ -51,14 +52,13 @@ type producer struct {
 	poke bool
 }
 
-func (p *producer) poker() *sitetasks.Poker {
+func (p *producer) poker() *wake.Waker {
 	if !p.poke {
 		return nil
 	}
-	gw := p.f.gw
-	return &sitetasks.Poker{Local: func(site string) {
-		go func() { _ = gw.DispatchSite(context.Background(), site) }()
-	}}
+	w := wake.New(nil, nil, nil)
+	w.SetGateway(p.f.gw)
+	return w
 }
 
 // seal seals plain for task id of machine to the site's current key.
@@ -94,10 +94,10 @@ func (p *producer) enqueue(t *testing.T, task sitetasks.Task) sitetasks.Task {
 		task.Sealed = p.creds(t, task.ID, task.MachineID)
 	}
 	var out sitetasks.Task
-	err := reconcile.InTx(t.Context(), p.f.db, nil, func(tx pgx.Tx, q *reconcile.Queue) error {
+	err := reconcile.InTx(t.Context(), p.f.db, p.poker(), func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
 		out, err = sitetasks.Enqueue(t.Context(), tx, task)
-		p.poker().AfterCommit(q, task.SiteID)
+		q.WakeSiteTasks(task.SiteID)
 		return err
 	})
 	if err != nil {
@@ -312,7 +312,7 @@ func TestASiteTaskOfADeadHolderRunsOnceOnTheStandby(t *testing.T) {
 	if _, err := sitetasks.Reseal(ctx, f.db, task.ID, p.creds(t, task.ID, task.MachineID)); err != nil {
 		t.Fatal(err)
 	}
-	p.poker().Poke(f.site.ID)
+	p.poker().Wake(wake.Set{Sites: []string{f.site.ID}})
 	done := p.wait(t, task.ID)
 	if done.State != sitetasks.Succeeded || done.Attempts != 2 || done.AgentID != idB.AgentID || done.LeaseEpoch != epoch+1 {
 		t.Fatalf("the task finished as %+v", done)

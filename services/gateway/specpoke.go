@@ -3,36 +3,41 @@ package gateway
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
-// SpecPokePrefix starts the subject of a desired-state poke:
-// bc.nodespec.<gateway id>, sent after a batch of generation changes to the
-// gateway holding the nodes' sessions, their ids one per line.
-const SpecPokePrefix = "bc.nodespec."
-
-// maxPokeNodes bounds the node ids a gateway reads from one poke.
-const maxPokeNodes = 10000
-
 // SubscribeSpecPokes delivers their desired state to the nodes named by
-// every poke to this gateway (bc.nodespec.<id>). A lost poke only delays
-// delivery: the liveness tick resyncs every session from the database.
+// every desired-state wake to this gateway (wake.SubscribeNodeSpecs). A
+// lost wake only delays delivery: the liveness tick resyncs every session
+// from the database.
 func (g *Gateway) SubscribeSpecPokes(nc *nats.Conn) (*nats.Subscription, error) {
-	return nc.Subscribe(SpecPokePrefix+g.cfg.ID, func(m *nats.Msg) {
-		ids := strings.Fields(string(m.Data))
-		if len(ids) > maxPokeNodes {
-			ids = ids[:maxPokeNodes]
-		}
+	return wake.SubscribeNodeSpecs(nc, g.cfg.ID, func(ids []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := g.Deliver(ctx, ids...); err != nil {
 			g.log.Warn("deliver desired state", "nodes", len(ids), "err", err)
+		}
+	})
+}
+
+// SubscribeCommands dispatches the commands of the nodes named by every
+// command wake to this gateway (wake.SubscribeCommands): those whose
+// sessions it holds. A lost wake only delays dispatch: the liveness tick
+// resyncs every session from the database.
+func (g *Gateway) SubscribeCommands(nc *nats.Conn) (*nats.Subscription, error) {
+	return wake.SubscribeCommands(nc, g.cfg.ID, func(ids []string) {
+		for _, id := range ids {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := g.Dispatch(ctx, id); err != nil {
+				g.log.Warn("dispatch commands", "node", id, "err", err)
+			}
+			cancel()
 		}
 	})
 }
@@ -92,10 +97,7 @@ func (r *SpecRouter) Changed(_ context.Context, changes []nodespec.Change) {
 			}
 		}()
 	}
-	if r.nc == nil || !r.nc.IsConnected() {
-		return
-	}
 	for gateway, ids := range remote {
-		_ = r.nc.Publish(SpecPokePrefix+gateway, []byte(strings.Join(ids, "\n")))
+		wake.PublishNodeSpecs(r.nc, gateway, ids)
 	}
 }

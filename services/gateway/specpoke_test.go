@@ -10,6 +10,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 	"github.com/bettercompute/bettercompute/services/gateway"
 )
 
@@ -24,7 +25,7 @@ func TestSpecRouterPokesEachGatewayOncePerBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	sub, err := nc.SubscribeSync(gateway.SpecPokePrefix + ">")
+	sub, err := nc.SubscribeSync(wake.NodeSpecPrefix + ">")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestSpecRouterPokesEachGatewayOncePerBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got[strings.TrimPrefix(m.Subject, gateway.SpecPokePrefix)] = strings.Fields(string(m.Data))
+		got[strings.TrimPrefix(m.Subject, wake.NodeSpecPrefix)] = strings.Fields(string(m.Data))
 	}
 	if !slices.Equal(got["gw-a"], []string{"node_1", "node_3"}) || !slices.Equal(got["gw-b"], []string{"node_2"}) || len(got) != 2 {
 		t.Fatalf("pokes %v", got)

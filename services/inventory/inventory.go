@@ -56,16 +56,13 @@ const AcceptanceTimeout = 10 * time.Minute
 
 // Config configures the inventory controller.
 type Config struct {
-	// Commands wakes the gateway holding a node after an acceptance check
-	// was queued; nil leaves delivery to the gateway's resync.
-	Commands *commands.Poker
 	// Kinds is the command-kind registry acceptance checks are queued
 	// through; nil means commands.Builtin().
 	Kinds *commands.Registry
 }
 
-// Reconcilers returns the inventory controller's reconcilers without
-// command pokes.
+// Reconcilers returns the inventory controller's reconcilers with the
+// built-in command kinds.
 func Reconcilers() []reconcile.Reconciler { return New(Config{}) }
 
 // New returns the inventory controller's reconcilers.
@@ -89,9 +86,7 @@ func keys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, err
 type controller struct{ cfg Config }
 
 func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
-	var queued bool
 	err := rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
-		queued = false
 		latest, ok, err := invstore.LockLatest(ctx, tx, nodeID)
 		if err != nil {
 			return err
@@ -130,7 +125,9 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 			if err != nil {
 				return err
 			}
-			queued = acc.queued
+			if acc.queued {
+				q.WakeCommands(nodeID)
+			}
 			if acc.cond != nil {
 				conds = append(conds, *acc.cond)
 			}
@@ -169,9 +166,6 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 		}
 		return invstore.MarkApplied(ctx, tx, nodeID, received)
 	})
-	if err == nil && queued && c.cfg.Commands != nil {
-		c.cfg.Commands.Poke(nodeID)
-	}
 	return reconcile.Done, err
 }
 

@@ -55,9 +55,6 @@ type HealthConfig struct {
 	// destructive. Nil means commands.Builtin() (unsigned: daemons refuse
 	// them BAD_SIGNATURE). gpu.reset is registered on it when missing.
 	Kinds *commands.Registry
-	// Commands wakes the gateway holding a node after a command was
-	// queued; nil leaves delivery to the gateway's resync.
-	Commands *commands.Poker
 	// LostNode is capacity.lostNode: what happens to a reservation's
 	// booking of a quarantined GPU (replace, fail, or wait — the default).
 	LostNode string
@@ -155,7 +152,6 @@ type pass struct {
 	q     *reconcile.Queue
 	n     nodes.Node
 	now   time.Time
-	poke  bool // a command was queued
 	again bool // run again in a second (waiting for a drain, or the rate)
 }
 
@@ -178,9 +174,6 @@ func (h *health) run(ctx context.Context, rc *reconcile.RunContext, nodeID strin
 	})
 	if err != nil || p == nil {
 		return reconcile.Done, err
-	}
-	if p.poke && h.cfg.Commands != nil {
-		h.cfg.Commands.Poke(nodeID)
 	}
 	if p.again {
 		return reconcile.SyncAgain, nil

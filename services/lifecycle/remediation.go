@@ -136,7 +136,9 @@ func (h *health) send(ctx context.Context, p *pass, m remediations.Remediation, 
 	if err != nil {
 		return commands.Command{}, fmt.Errorf("queue %s for %s: %w", kind, m.ID, err)
 	}
-	p.poke = p.poke || created
+	if created {
+		p.q.WakeCommands(p.n.ID)
+	}
 	if err := remediations.SetCommand(ctx, p.tx, m.ID, c.ID); err != nil {
 		return commands.Command{}, err
 	}
@@ -153,7 +155,9 @@ func (h *health) refresh(ctx context.Context, p *pass, m remediations.Remediatio
 	if err != nil {
 		return fmt.Errorf("queue inventory.refresh for %s: %w", m.ID, err)
 	}
-	p.poke = p.poke || created
+	if created {
+		p.q.WakeCommands(p.n.ID)
+	}
 	return nil
 }
 

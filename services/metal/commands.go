@@ -42,8 +42,7 @@ func (p *pass) command(ctx context.Context, kind, what string, payload func() (a
 		return nil, fmt.Errorf("queue %s for %s: %w", kind, p.m.ID, err)
 	}
 	if created {
-		node := p.m.NodeID
-		p.q.AfterCommit(func() { p.w.cfg.Commands.Poke(node) })
+		p.q.WakeCommands(p.m.NodeID)
 	}
 	return nil, nil
 }

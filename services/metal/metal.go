@@ -107,10 +107,6 @@ type Config struct {
 	Keyring *secrets.Keyring
 	// Kinds is the signing command registry (destructive kinds signed).
 	Kinds *commands.Registry
-	// Commands pokes the gateways of nodes after commit; Sites those of
-	// sites. Both optional (the gateways resync).
-	Commands *commands.Poker
-	Sites    *sitetasks.Poker
 	// TrustDomain verifies node signatures.
 	TrustDomain string
 	// Logger; nil discards.

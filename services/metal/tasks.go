@@ -75,7 +75,7 @@ func (p *pass) enqueueTask(ctx context.Context, kind string, payload sitetasks.P
 		Kind: kind, Payload: payload, Sealed: sealed, NotAfter: notAfter}); err != nil {
 		return fmt.Errorf("queue %s for %s: %w", kind, p.m.ID, err)
 	}
-	p.w.cfg.Sites.AfterCommit(p.q, p.m.SiteID)
+	p.q.WakeSiteTasks(p.m.SiteID)
 	return nil
 }
 
@@ -137,7 +137,7 @@ func (p *pass) reseal(ctx context.Context) error {
 		if _, err := sitetasks.Reseal(ctx, p.tx, t.ID, sealed); err != nil {
 			return err
 		}
-		p.w.cfg.Sites.AfterCommit(p.q, p.m.SiteID)
+		p.q.WakeSiteTasks(p.m.SiteID)
 	}
 	return nil
 }

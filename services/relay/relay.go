@@ -45,6 +45,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/lease"
 	"github.com/bettercompute/bettercompute/pkg/startstop"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
 
@@ -55,7 +56,7 @@ const LeaseName = "singleton:outbox-relay"
 // DeliverSubject is poked after a transaction makes deliveries due (a
 // fan-out in another process, webhooks.test, webhooks.redeliver), so every
 // relay's deliverer looks at once.
-const DeliverSubject = "bc.webhooks.due"
+const DeliverSubject = wake.WebhooksDue
 
 // Config configures a [Service].
 type Config struct {
@@ -410,7 +411,7 @@ func (s *Service) EnsureStream(ctx context.Context) error {
 	_, err := s.js.CreateOrUpdateStream(sctx, jetstream.StreamConfig{
 		Name:        e.Stream,
 		Description: "Better Compute events (outbox relay)",
-		Subjects:    []string{"bc.events.>"},
+		Subjects:    []string{wake.Events},
 		Storage:     jetstream.FileStorage,
 		MaxAge:      e.StreamMaxAge.Std(),
 		MaxBytes:    e.StreamMaxBytes,
