@@ -42,7 +42,6 @@ type Event struct {
 	Payload any
 }
 
-
 // Write inserts e and returns its id. Call it inside the transaction that
 // makes the change e reports. A type missing from the event catalog is
 // refused, so no event type ships undocumented.
