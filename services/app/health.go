@@ -13,7 +13,7 @@ import (
 func (a *App) registerHealth(rt *reconcile.Runtime) error {
 	n, h := a.cfg.Nodes, a.cfg.Health
 	recs, err := lifecycle.Health(lifecycle.HealthConfig{
-		Kinds: a.admitKinds,
+		Kinds:    a.admitKinds,
 		LostNode: a.cfg.Capacity.LostNode, LostAfter: n.LostAfter.Std(),
 		MaxRemediationsPerNode: h.MaxRemediationsPerNode, MaxConcurrentRemediations: h.MaxConcurrentRemediations,
 		Brakes: brakes.Config{Rate: n.EvictionRate, Burst: n.EvictionBurst, UnhealthyThreshold: n.UnhealthyThreshold},
