@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 
 	"github.com/bettercompute/bettercompute/agent/site"
 	"github.com/bettercompute/bettercompute/agent/site/fakebmc"
@@ -18,6 +19,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/credseal"
 
+	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/sitetasks"
@@ -50,15 +52,16 @@ type producer struct {
 	f    *siteFixture
 	bmc  *fakebmc.Server
 	poke bool
+	nc   *nats.Conn
 }
 
+// poker wakes over the bus: the gateway listens to the site task wakes of
+// the sites it holds an agent session of (Gateway.ListenSiteTasks).
 func (p *producer) poker() *wake.Waker {
 	if !p.poke {
 		return nil
 	}
-	w := wake.New(nil, nil, nil)
-	w.SetGateway(p.f.gw)
-	return w
+	return wake.New(p.nc, nil, nil)
 }
 
 // seal seals plain for task id of machine to the site's current key.
@@ -104,6 +107,28 @@ func (p *producer) enqueue(t *testing.T, task sitetasks.Task) sitetasks.Task {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// bus starts a NATS server and has the gateway listen to site task wakes
+// on it; it returns a connection for producers.
+func (f *siteFixture) bus(t *testing.T) *nats.Conn {
+	t.Helper()
+	ns := natstest.New(t)
+	sub, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	f.gw.ListenSiteTasks(sub)
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return nc
 }
 
 func cmpOr(a, b string) string {
@@ -157,10 +182,11 @@ func TestSiteTasksReachTheHolderAndActOnTheBMC(t *testing.T) {
 		return err == nil && k.AgentID == id.AgentID
 	})
 
+	nc := f.bus(t)
 	for _, poke := range []bool{true, false} {
 		name := map[bool]string{true: "poked", false: "resync only"}[poke]
 		t.Run(name, func(t *testing.T) {
-			p := &producer{f: f, bmc: srv, poke: poke}
+			p := &producer{f: f, bmc: srv, poke: poke, nc: nc}
 			inspect := p.wait(t, p.enqueue(t, sitetasks.Task{Kind: sitetasks.KindBMCInspect,
 				Payload: sitetasks.Payload{BMC: f.bmcPayload(srv)}}).ID)
 			if inspect.State != sitetasks.Succeeded || inspect.Result == nil || inspect.Result.Inventory == nil {
@@ -284,7 +310,7 @@ func TestASiteTaskOfADeadHolderRunsOnceOnTheStandby(t *testing.T) {
 	poll.Until(t, 30*time.Second, "b's session", func() bool { return f.gw.SiteSessions() == 2 })
 	_, epoch := a.boot.serving()
 
-	p := &producer{f: f, bmc: srv, poke: true}
+	p := &producer{f: f, bmc: srv, poke: true, nc: f.bus(t)}
 	task := p.enqueue(t, sitetasks.Task{Kind: sitetasks.KindBMCPower, Payload: sitetasks.Payload{BMC: f.bmcPayload(srv), PowerAction: "cycle"}})
 	select {
 	case <-started:
