@@ -142,6 +142,13 @@ func (q *Queue) WakeCommands(nodeIDs ...string) {
 	q.wakes.Nodes = append(q.wakes.Nodes, nodeIDs...)
 }
 
+// WakeNodeSpec wakes, after commit, the gateway holding the node's
+// session (gatewayID when the transaction read it; empty: none): the
+// transaction moved the node's desired state to a new generation.
+func (q *Queue) WakeNodeSpec(nodeID, gatewayID string) {
+	q.wakes.Specs = append(q.wakes.Specs, wake.Spec{NodeID: nodeID, GatewayID: gatewayID})
+}
+
 // WakeSiteTasks wakes, after commit, the gateways holding the agents of
 // sites: the transaction queued or resealed their tasks.
 func (q *Queue) WakeSiteTasks(siteIDs ...string) {

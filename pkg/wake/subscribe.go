@@ -60,15 +60,6 @@ func subscribe(nc *nats.Conn, subject string, h nats.MsgHandler) (*nats.Subscrip
 	return sub, nil
 }
 
-// PublishNodeSpecs sends a desired-state wake for nodeIDs to gateway: the
-// nodespec controller's router, which knows the gateways from the rows it
-// changed.
-func PublishNodeSpecs(nc *nats.Conn, gatewayID string, nodeIDs []string) {
-	if nc != nil && nc.IsConnected() {
-		_ = nc.Publish(NodeSpecSubject(gatewayID), []byte(strings.Join(nodeIDs, "\n")))
-	}
-}
-
 func nodeIDs(data []byte) []string {
 	ids := strings.Fields(string(data))
 	if len(ids) > maxNodes {

@@ -2,7 +2,8 @@
 // on it: a transaction collects its wakes (on reconcile.Queue, which holds
 // a [Set]) and a [Waker] sends them after the commit, each where it
 // matters: work keys to the runtime owning their shard, a node's commands
-// to the gateway holding the node, a site's tasks to the gateway holding
+// and a node's new desired state to the gateway holding the node, a site's
+// tasks to the gateway holding
 // its agent, webhook deliveries to the relays, a tenant's policies to every
 // policy cache. Every subject is defined in this package.
 //
@@ -34,6 +35,9 @@ type Set struct {
 	Work []Work
 	// Nodes holds the nodes whose commands it queued or cancelled.
 	Nodes []string
+	// Specs holds the nodes whose desired state it moved to a new
+	// generation.
+	Specs []Spec
 	// Sites holds the sites whose tasks it queued or resealed.
 	Sites []string
 	// Deliveries is set when it made webhook deliveries due.
@@ -42,12 +46,21 @@ type Set struct {
 	Policies []string
 }
 
+// Spec is a desired-state wake: the node's NodeSpec moved to a new
+// generation, and GatewayID held its session when it did (empty: none).
+type Spec struct {
+	NodeID, GatewayID string
+}
+
 // Gateway is the gateway of this process: woken directly, without the bus.
 type Gateway interface {
 	// Holds reports whether the gateway holds the node's session.
 	Holds(nodeID string) bool
 	// Dispatch sends the node's due commands.
 	Dispatch(ctx context.Context, nodeID string) error
+	// Deliver sends the nodes whose sessions it holds their desired state,
+	// if they are behind it.
+	Deliver(ctx context.Context, nodeIDs ...string) error
 	// DispatchSite sends the site's due tasks, if it holds the session of
 	// the site's lease holder.
 	DispatchSite(ctx context.Context, siteID string) error
@@ -64,6 +77,8 @@ type Waker struct {
 	gateways GatewaysOf
 	log      *slog.Logger
 	local    atomic.Pointer[localGateway]
+	// specSlots bounds the in-process desired-state deliveries in flight.
+	specSlots chan struct{}
 
 	mu       sync.Mutex
 	policies []func(tenant string)
@@ -75,6 +90,15 @@ type localGateway struct{ Gateway }
 // gateways holding the woken nodes.
 const dispatchTimeout = 10 * time.Second
 
+// deliverTimeout bounds an in-process desired-state delivery; specSlots
+// how many are in flight at once, so a fleet-wide change holds the
+// transaction's sender (the nodespec controller) back only when delivery
+// cannot keep up.
+const (
+	deliverTimeout = 30 * time.Second
+	specSlots      = 32
+)
+
 // New returns a waker publishing on nc (nil: in process only) that finds
 // the gateway holding a node with gateways (nil: a node's wake reaches only
 // this process's gateway).
@@ -82,7 +106,7 @@ func New(nc *nats.Conn, gateways GatewaysOf, log *slog.Logger) *Waker {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Waker{nc: nc, gateways: gateways, log: log}
+	return &Waker{nc: nc, gateways: gateways, log: log, specSlots: make(chan struct{}, specSlots)}
 }
 
 // SetGateway names the gateway of this process (nil: none).
@@ -112,6 +136,7 @@ func (w *Waker) Wake(s Set) {
 	}
 	w.work(s.Work)
 	w.nodes(s.Nodes)
+	w.specs(s.Specs)
 	w.sites(s.Sites)
 	if s.Deliveries {
 		w.publish(WebhooksDue, nil)
@@ -184,6 +209,43 @@ func (w *Waker) nodes(ids []string) {
 	}
 	for gw, ids := range byGateway {
 		w.publish(CommandsSubject(gw), []byte(strings.Join(ids, "\n")))
+	}
+}
+
+// specs hands nodes' new desired state to the gateways holding their
+// sessions, once each: those this process's gateway holds directly, off
+// the sender's path (at most specSlots deliveries in flight); each other
+// gateway that held some when they moved gets one wake over the bus naming
+// them. A node no gateway held is left to its gateway's resync when it
+// connects.
+func (w *Waker) specs(specs []Spec) {
+	if len(specs) == 0 {
+		return
+	}
+	l := w.local.Load()
+	var local []string
+	remote := map[string][]string{}
+	for _, s := range specs {
+		switch {
+		case l != nil && l.Holds(s.NodeID):
+			local = append(local, s.NodeID)
+		case s.GatewayID != "":
+			remote[s.GatewayID] = append(remote[s.GatewayID], s.NodeID)
+		}
+	}
+	if len(local) > 0 {
+		w.specSlots <- struct{}{}
+		go func() {
+			defer func() { <-w.specSlots }()
+			ctx, cancel := context.WithTimeout(context.Background(), deliverTimeout)
+			defer cancel()
+			if err := l.Deliver(ctx, local...); err != nil {
+				w.log.Warn("deliver desired state", "nodes", len(local), "err", err)
+			}
+		}()
+	}
+	for gw, ids := range remote {
+		w.publish(NodeSpecSubject(gw), []byte(strings.Join(ids, "\n")))
 	}
 }
 

@@ -139,8 +139,6 @@ type App struct {
 	// waker sends every transaction's wakes after commit, to the process's
 	// own gateway directly and over the bus to the others.
 	waker *wake.Waker
-	// specRouter hands the nodespec controller's changes to the gateways.
-	specRouter *gateway.SpecRouter
 	// kinds is the command-kind registry; admitKinds the view of it the
 	// roles that queue commands use, signing with the command-signing key
 	// (see prepareCommandSigning). The gateway gets kinds: it holds no key.
@@ -247,7 +245,6 @@ func (a *App) start(ctx context.Context) (err error) {
 	} else {
 		a.logger.Warn("no nats.url configured: running without the bus, polling the database only")
 	}
-	a.specRouter = gateway.NewSpecRouter(a.nc, a.logger.With("role", "gateway"))
 	a.waker = wake.New(a.nc, func(ctx context.Context, ids []string) (map[string]string, error) {
 		return nodes.Gateways(ctx, a.pool, ids)
 	}, a.logger)
@@ -408,7 +405,7 @@ func (a *App) startRuntime(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := rt.Register(nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: a.specRouter.Changed})); err != nil {
+		if err := rt.Register(nodespec.Reconciler(nodespec.Config{Registry: reg})); err != nil {
 			return err
 		}
 	}

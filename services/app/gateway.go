@@ -137,7 +137,6 @@ func (a *App) startGateway(ctx context.Context) error {
 	}
 	a.localGW.Store(gw)
 	a.waker.SetGateway(gw)
-	a.specRouter.SetLocal(gw)
 	if a.nc != nil {
 		// Pokes from nodespec controllers in other processes.
 		sub, err := gw.SubscribeSpecPokes(a.nc)

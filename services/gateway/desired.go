@@ -24,8 +24,8 @@ import (
 
 // Deliver sends their desired state to the nodes of nodeIDs whose session
 // this gateway holds and that have not been sent their current generation,
-// reading every spec in one statement. The nodespec controller's change
-// hook calls it with the nodes of a batch (in process, or through a poke
+// reading every spec in one statement. The nodespec controller's
+// desired-state wake calls it with the nodes of a batch (in process, or through a poke
 // over the bus); the liveness tick resyncs every session, so a lost call
 // only delays delivery.
 func (g *Gateway) Deliver(ctx context.Context, nodeIDs ...string) error {

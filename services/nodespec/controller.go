@@ -40,11 +40,6 @@ const (
 type Config struct {
 	// Registry holds the contributors; nil means [Builtin]'s.
 	Registry *desired.Registry
-	// Changed, when set, is called after each commit that moved nodes'
-	// generations, with every node it moved: the hook that pokes the
-	// gateways holding their sessions. A lost call only delays delivery,
-	// which finds nodes behind their generation from the database.
-	Changed func(ctx context.Context, changes []desired.Change)
 }
 
 // Builtin returns a registry with the system's contributors: "system"
@@ -59,7 +54,7 @@ func Builtin() *desired.Registry {
 
 // Reconciler returns the node-sharded nodespec reconciler.
 func Reconciler(cfg Config) reconcile.Reconciler {
-	c := &controller{reg: cfg.Registry, changed: cfg.Changed}
+	c := &controller{reg: cfg.Registry}
 	if c.reg == nil {
 		c.reg = Builtin()
 	}
@@ -73,16 +68,15 @@ func keys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, err
 }
 
 type controller struct {
-	reg     *desired.Registry
-	changed func(ctx context.Context, changes []desired.Change)
+	reg *desired.Registry
 }
 
 // run recomputes one node's spec in its own transaction.
 func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
 	var changes []desired.Change
-	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
+	err := rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
-		changes, err = c.recompute(ctx, tx, rc.Logger, []string{nodeID})
+		changes, err = c.recompute(ctx, tx, q, rc.Logger, []string{nodeID})
 		return err
 	})
 	if err != nil {
@@ -98,9 +92,9 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 // runtime then runs each node on its own.
 func (c *controller) runBatch(ctx context.Context, bc *reconcile.BatchContext, nodeIDs []string) error {
 	var changes []desired.Change
-	err := bc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
+	err := bc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
-		changes, err = c.recompute(ctx, tx, bc.Logger, nodeIDs)
+		changes, err = c.recompute(ctx, tx, q, bc.Logger, nodeIDs)
 		return err
 	})
 	if err != nil {
@@ -110,7 +104,8 @@ func (c *controller) runBatch(ctx context.Context, bc *reconcile.BatchContext, n
 	return nil
 }
 
-// notify tells the gateway hook about committed generation changes.
+// notify logs committed generation changes (the transaction woke the
+// gateways holding the nodes).
 func (c *controller) notify(ctx context.Context, log *slog.Logger, changes []desired.Change) {
 	if len(changes) == 0 {
 		return
@@ -119,20 +114,18 @@ func (c *controller) notify(ctx context.Context, log *slog.Logger, changes []des
 		log.DebugContext(ctx, "desired state changed", "key", ch.NodeID, "generation", ch.Generation)
 	}
 	log.InfoContext(ctx, "desired state changed", "nodes", len(changes))
-	if c.changed != nil {
-		c.changed(ctx, changes)
-	}
 }
 
 // recompute recomputes the specs of nodeIDs in tx (locked in id order) and
 // stores each whose canonical JSON differs from the stored one (or that had
 // none yet: adoption writes generation 1), bumping its generation, and
-// returns those it moved. Nodes gone or still adopting are skipped. A
+// returns those it moved, each woken through q (its gateway delivers it
+// after commit). Nodes gone or still adopting are skipped. A
 // conflict is stored in the node's spec_error and leaves its spec and
 // generation alone. Each contributor is asked once for all the nodes, the
 // changed specs are stored in one statement and their events written in
 // another.
-func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger, nodeIDs []string) ([]desired.Change, error) {
+func (c *controller) recompute(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, log *slog.Logger, nodeIDs []string) ([]desired.Change, error) {
 	locked, err := nodestore.LockForSpec(ctx, tx, nodeIDs)
 	if err != nil {
 		return nil, err
@@ -188,6 +181,7 @@ func (c *controller) recompute(ctx context.Context, tx pgx.Tx, log *slog.Logger,
 	events := make([]outbox.Event, len(stored))
 	for i, st := range stored {
 		changes[i] = desired.Change{NodeID: st.ID, Generation: st.Generation, GatewayID: st.GatewayID}
+		q.WakeNodeSpec(st.ID, st.GatewayID)
 		events[i] = outbox.Event{TenantID: st.TenantID, Type: "node.spec.changed", Resource: st.ID,
 			Payload: map[string]any{"nodeId": st.ID, "generation": st.Generation}}
 	}

@@ -3,6 +3,7 @@ package nodespec_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -22,7 +23,9 @@ import (
 	nodelife "github.com/bettercompute/bettercompute/pkg/lifecycle"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/wake"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
 	"github.com/bettercompute/bettercompute/services/inventory"
 	"github.com/bettercompute/bettercompute/services/nodespec"
@@ -36,10 +39,29 @@ type env struct {
 	pool *pgxpool.Pool
 	rt   *reconcile.Runtime
 	mu   sync.Mutex
-	// changed records the Changed hook's calls: generations by node.
-	changed map[string][]int64
-	// statements counts the statements on pool; batches the Changed calls.
+	// delivered counts, by node, the desired-state wakes this process's
+	// gateway (a recorder) was handed after the controller's commits.
+	delivered map[string]int
+	// statements counts the statements on pool; batches the deliveries
+	// (one per transaction that moved nodes).
 	statements, batches atomic.Int64
+}
+
+// recorder is the process's gateway as the waker sees it: it holds every
+// node and records the desired-state deliveries it is handed.
+type recorder struct{ e *env }
+
+func (r recorder) Holds(string) bool                          { return true }
+func (r recorder) Dispatch(context.Context, string) error     { return nil }
+func (r recorder) DispatchSite(context.Context, string) error { return nil }
+func (r recorder) Deliver(_ context.Context, nodeIDs ...string) error {
+	r.e.mu.Lock()
+	defer r.e.mu.Unlock()
+	for _, id := range nodeIDs {
+		r.e.delivered[id]++
+	}
+	r.e.batches.Add(1)
+	return nil
 }
 
 // counter counts statements.
@@ -56,25 +78,20 @@ func (counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) 
 // node_1 directly.
 func setup(t *testing.T, reg *desired.Registry, state string) *env {
 	t.Helper()
-	e := &env{changed: map[string][]int64{}}
+	e := &env{delivered: map[string]int{}}
 	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 8, Tracer: counter{&e.statements}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers, reconcile.RoleNodeSpec}, Heartbeat: time.Hour})
+	waker := wake.New(nil, nil, nil)
+	waker.SetGateway(recorder{e})
+	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers, reconcile.RoleNodeSpec}, Heartbeat: time.Hour, Waker: waker})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.pool, e.rt = pool, rt
-	rs := append(inventory.Reconcilers(), nodespec.Reconciler(nodespec.Config{Registry: reg, Changed: func(_ context.Context, changes []desired.Change) {
-		e.batches.Add(1)
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		for _, ch := range changes {
-			e.changed[ch.NodeID] = append(e.changed[ch.NodeID], ch.Generation)
-		}
-	}}))
+	rs := append(inventory.Reconcilers(), nodespec.Reconciler(nodespec.Config{Registry: reg}))
 	for _, r := range rs {
 		if err := rt.Register(r); err != nil {
 			t.Fatal(err)
@@ -141,10 +158,20 @@ func (e *env) spec(t *testing.T) (*agentv1.NodeSpec, int64, string) {
 	return &s, gen, specErr
 }
 
-func (e *env) calls(node string) []int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]int64(nil), e.changed[node]...)
+// deliveries waits until node's gateway was woken want times for its
+// desired state (deliveries run after commit, off the controller's path)
+// and fails if it was woken more often.
+func (e *env) deliveries(t *testing.T, node string, want int) {
+	t.Helper()
+	count := func() int {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.delivered[node]
+	}
+	poll.Until(t, 10*time.Second, fmt.Sprintf("%d desired-state wakes of %s", want, node), func() bool { return count() >= want })
+	if got := count(); got != want {
+		t.Fatalf("%s's gateway woken %d times for its desired state, want %d", node, got, want)
+	}
 }
 
 func TestAdoptionWritesGenerationOne(t *testing.T) {
@@ -176,9 +203,7 @@ func TestAdoptionWritesGenerationOne(t *testing.T) {
 	if gen != 1 || !proto.Equal(spec.GetIdentity(), want) {
 		t.Fatalf("after adoption: generation %d, spec %v", gen, spec)
 	}
-	if got := e.calls("node_1"); len(got) != 1 || got[0] != 1 {
-		t.Fatalf("Changed calls %v, want [1]", got)
-	}
+	e.deliveries(t, "node_1", 1)
 }
 
 func TestGenerationMovesOnlyOnChange(t *testing.T) {
@@ -232,9 +257,7 @@ func TestGenerationMovesOnlyOnChange(t *testing.T) {
 	for g := int64(1); g <= 5; g++ {
 		want = append(want, g)
 	}
-	if got := e.calls("node_1"); !slices.Equal(got, want) {
-		t.Fatalf("Changed calls %v, want %v", got, want)
-	}
+	e.deliveries(t, "node_1", len(want)) // one per generation
 	// Each bump wrote one node.spec.changed event in its transaction.
 	rows, err := e.pool.Query(t.Context(), `SELECT (payload->>'generation')::bigint FROM outbox WHERE type = 'node.spec.changed' ORDER BY id`)
 	if err != nil {
@@ -290,9 +313,7 @@ func TestConflictIsReportedWithoutBump(t *testing.T) {
 	if _, gen, specErr = e.spec(t); gen != 2 || specErr != "" {
 		t.Fatalf("resolved: generation %d, spec error %q", gen, specErr)
 	}
-	if got := e.calls("node_1"); len(got) != 2 {
-		t.Fatalf("Changed calls %v", got)
-	}
+	e.deliveries(t, "node_1", 2)
 }
 
 func TestResyncFindsAdoptedNodes(t *testing.T) {
