@@ -15,17 +15,17 @@ import (
 
 // The kinds the daemon runs (declared in proto/commandkinds).
 const (
-	KindDiagNvml         = "diag.nvml"
-	KindInventoryRefresh = "inventory.refresh"
-	KindLogsCollect      = "logs.collect"
-	KindNodeReboot       = "node.reboot"
-	KindGPUReset         = "gpu.reset"
+	KindDiagNvml         = commandkinds.DiagNVML
+	KindInventoryRefresh = commandkinds.InventoryRefresh
+	KindLogsCollect      = commandkinds.LogsCollect
+	KindNodeReboot       = commandkinds.NodeReboot
+	KindGPUReset         = commandkinds.GPUReset
 	// The commissioning kinds, run by bcd ramdisk (Config.Ramdisk).
-	KindDiskWipe    = "disk.wipe"
-	KindImageDeploy = "image.deploy"
-	KindNodeKexec   = "node.kexec"
+	KindDiskWipe    = commandkinds.DiskWipe
+	KindImageDeploy = commandkinds.ImageDeploy
+	KindNodeKexec   = commandkinds.NodeKexec
 	// KindInstanceReboot restarts a VPS instance (Config.Instances).
-	KindInstanceReboot = "instance.reboot"
+	KindInstanceReboot = commandkinds.InstanceReboot
 )
 
 // Credits is each lane's number of concurrent commands, as declared on the

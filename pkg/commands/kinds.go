@@ -249,17 +249,17 @@ func declared(name string, k Kind) Kind {
 // The built-in kinds' names ([Builtin] registers them), for the code that
 // queues them.
 const (
-	KindDiagNVML         = "diag.nvml"
-	KindInventoryRefresh = "inventory.refresh"
-	KindLogsCollect      = "logs.collect"
-	KindNodeReboot       = "node.reboot"
-	KindGPUReset         = "gpu.reset"
-	KindDiskWipe         = "disk.wipe"
-	KindImageDeploy      = "image.deploy"
-	KindNodeKexec        = "node.kexec"
+	KindDiagNVML         = commandkinds.DiagNVML
+	KindInventoryRefresh = commandkinds.InventoryRefresh
+	KindLogsCollect      = commandkinds.LogsCollect
+	KindNodeReboot       = commandkinds.NodeReboot
+	KindGPUReset         = commandkinds.GPUReset
+	KindDiskWipe         = commandkinds.DiskWipe
+	KindImageDeploy      = commandkinds.ImageDeploy
+	KindNodeKexec        = commandkinds.NodeKexec
 	// KindInstanceReboot is the kind instances.reboot queues on the
 	// instance's host.
-	KindInstanceReboot = "instance.reboot"
+	KindInstanceReboot = commandkinds.InstanceReboot
 )
 
 // MaxInstanceID bounds instance.reboot's instance id.

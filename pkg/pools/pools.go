@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
 // Querier runs statements: a pool, a connection or a transaction.
@@ -33,7 +34,7 @@ var Classes = []string{ClassGPU, ClassVPSHost, ClassProvider}
 
 // AcceptanceChecks lists the acceptance checks a pool can require: command
 // kinds the lifecycle runs on a joining node before adopting it.
-var AcceptanceChecks = []string{"diag.nvml"}
+var AcceptanceChecks = []string{commandkinds.DiagNVML}
 
 // Sharing: who may book a pool besides its own tenant.
 const (

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
 // Querier runs statements: a pool, a connection or a transaction.
@@ -28,10 +29,11 @@ type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// Steps of the ladder, in order.
+// Steps of the ladder, in order: the first two are the command kinds they
+// queue.
 const (
-	StepGPUReset    = "gpu.reset"
-	StepNodeReboot  = "node.reboot"
+	StepGPUReset    = commandkinds.GPUReset
+	StepNodeReboot  = commandkinds.NodeReboot
 	StepNeedsRepair = "needs_repair"
 )
 

@@ -82,3 +82,22 @@ func TestLaneName(t *testing.T) {
 		}
 	}
 }
+
+// TestNames: the name constants are exactly the declared kinds' names.
+func TestNames(t *testing.T) {
+	t.Parallel()
+	names := []string{DiagNVML, InventoryRefresh, LogsCollect, NodeReboot, GPUReset, DiskWipe, ImageDeploy, NodeKexec, InstanceReboot}
+	declared := map[string]bool{}
+	for _, k := range All() {
+		declared[k.Name] = true
+	}
+	for _, n := range names {
+		if !declared[n] {
+			t.Errorf("constant %q names no declared kind", n)
+		}
+		delete(declared, n)
+	}
+	for n := range declared {
+		t.Errorf("declared kind %q has no name constant", n)
+	}
+}

@@ -54,7 +54,7 @@ func (p *pass) deploy(ctx context.Context, _ time.Time) (string, error) {
 		return "", err
 	}
 	if len(disks) == 0 {
-		c, err := p.command(ctx, "diag.nvml", "disks", func() (any, error) { return &agentv1.DiagNvml{}, nil })
+		c, err := p.command(ctx, commands.KindDiagNVML, "disks", func() (any, error) { return &agentv1.DiagNvml{}, nil })
 		if err != nil {
 			return "", err
 		}
@@ -65,7 +65,7 @@ func (p *pass) deploy(ctx context.Context, _ time.Time) (string, error) {
 		return failure, err
 	}
 	img := p.m.Image
-	c, err := p.command(ctx, "image.deploy", "deploy", func() (any, error) {
+	c, err := p.command(ctx, commands.KindImageDeploy, "deploy", func() (any, error) {
 		tok, err := p.token(ctx, jointoken.RoleNode, NodeTokenTTL, machines.BootRamdisk)
 		if err != nil {
 			return nil, err

@@ -13,7 +13,7 @@ import (
 )
 
 func (p *pass) diagnose(ctx context.Context, _ time.Time) (string, error) {
-	c, err := p.command(ctx, "diag.nvml", "diag", func() (any, error) { return &agentv1.DiagNvml{}, nil })
+	c, err := p.command(ctx, commands.KindDiagNVML, "diag", func() (any, error) { return &agentv1.DiagNvml{}, nil })
 	if err != nil {
 		return "", err
 	}
@@ -49,7 +49,7 @@ func diagFailure(d *agentv1.DiagNvmlResult) string {
 // disks returns the disks of the node's latest diag.nvml whose signature
 // verifies, or nil.
 func (p *pass) disks(ctx context.Context) ([]*agentv1.DiskCheck, error) {
-	cs, err := commands.LatestSucceeded(ctx, p.tx, p.m.NodeID, "diag.nvml", 5)
+	cs, err := commands.LatestSucceeded(ctx, p.tx, p.m.NodeID, commands.KindDiagNVML, 5)
 	if err != nil {
 		return nil, err
 	}

@@ -28,7 +28,7 @@ func (p *pass) wipe(ctx context.Context, ts []sitetasks.Task, start time.Time) (
 		return "", err
 	}
 	if len(disks) == 0 {
-		c, err := p.command(ctx, "diag.nvml", "disks", func() (any, error) { return &agentv1.DiagNvml{}, nil })
+		c, err := p.command(ctx, commands.KindDiagNVML, "disks", func() (any, error) { return &agentv1.DiagNvml{}, nil })
 		if err != nil {
 			return "", err
 		}
@@ -43,7 +43,7 @@ func (p *pass) wipe(ctx context.Context, ts []sitetasks.Task, start time.Time) (
 		paths[i] = d.GetPath()
 	}
 	method := wipeMethod(p.w.cfg.Metal.WipeMethod)
-	c, err := p.command(ctx, "disk.wipe", "wipe", func() (any, error) {
+	c, err := p.command(ctx, commands.KindDiskWipe, "wipe", func() (any, error) {
 		return &agentv1.DiskWipe{Disks: paths, Method: method, Reason: fmt.Sprintf("metal %s of %s", p.m.Purpose, p.m.ID)}, nil
 	})
 	if err != nil {
