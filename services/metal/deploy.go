@@ -49,19 +49,8 @@ func (p *pass) deploy(ctx context.Context, _ time.Time) (string, error) {
 	if p.m.Image == nil {
 		return "the deploy names no image", nil
 	}
-	disks, err := p.disks(ctx)
-	if err != nil {
-		return "", err
-	}
-	if len(disks) == 0 {
-		c, err := p.command(ctx, commands.KindDiagNVML, "disks", func() (any, error) { return &agentv1.DiagNvml{}, nil })
-		if err != nil {
-			return "", err
-		}
-		_, failure, err := p.verdict(ctx, c)
-		if failure == "" && err == nil && c != nil && c.State == commands.Succeeded {
-			failure = "diag.nvml reported no disk to deploy to"
-		}
+	disks, failure, err := p.disksOr(ctx, "diag.nvml reported no disk to deploy to")
+	if err != nil || len(disks) == 0 {
 		return failure, err
 	}
 	img := p.m.Image

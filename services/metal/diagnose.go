@@ -48,6 +48,27 @@ func diagFailure(d *agentv1.DiagNvmlResult) string {
 
 // disks returns the disks of the node's latest diag.nvml whose signature
 // verifies, or nil.
+// disksOr returns the machine's disks as its latest verified diag.nvml
+// reported them; with none known yet it asks for them (one diag.nvml under
+// the step's "disks" key) and returns no disks with the step's failure, if
+// any: a diag.nvml that succeeded without a disk fails the step with
+// noDisks.
+func (p *pass) disksOr(ctx context.Context, noDisks string) ([]*agentv1.DiskCheck, string, error) {
+	disks, err := p.disks(ctx)
+	if err != nil || len(disks) > 0 {
+		return disks, "", err
+	}
+	c, err := p.command(ctx, commands.KindDiagNVML, "disks", func() (any, error) { return &agentv1.DiagNvml{}, nil })
+	if err != nil {
+		return nil, "", err
+	}
+	_, failure, err := p.verdict(ctx, c)
+	if failure == "" && err == nil && c != nil && c.State == commands.Succeeded {
+		failure = noDisks
+	}
+	return nil, failure, err
+}
+
 func (p *pass) disks(ctx context.Context) ([]*agentv1.DiskCheck, error) {
 	cs, err := commands.LatestSucceeded(ctx, p.tx, p.m.NodeID, commands.KindDiagNVML, 5)
 	if err != nil {

@@ -23,19 +23,8 @@ func wipeMethod(s string) agentv1.WipeMethod {
 }
 
 func (p *pass) wipe(ctx context.Context, ts []sitetasks.Task, start time.Time) (string, error) {
-	disks, err := p.disks(ctx)
-	if err != nil {
-		return "", err
-	}
-	if len(disks) == 0 {
-		c, err := p.command(ctx, commands.KindDiagNVML, "disks", func() (any, error) { return &agentv1.DiagNvml{}, nil })
-		if err != nil {
-			return "", err
-		}
-		_, failure, err := p.verdict(ctx, c)
-		if failure == "" && err == nil && c != nil && c.State == commands.Succeeded {
-			failure = "diag.nvml reported no disks to wipe"
-		}
+	disks, failure, err := p.disksOr(ctx, "diag.nvml reported no disks to wipe")
+	if err != nil || len(disks) == 0 {
 		return failure, err
 	}
 	paths := make([]string, len(disks))
