@@ -245,3 +245,65 @@ func TestChaosWorkerKilledMidRunLosesNoKey(t *testing.T) {
 		t.Fatalf("effects by %v: the dead run's transaction must roll back and the survivor's commit once", workers)
 	}
 }
+
+// TestChaosSettleLostToTheDatabaseDoesNotStrandTheKey: a settle that fails
+// (here a trigger refuses it, as a terminated connection would) leaves the
+// key claimed by a worker that is not running it; the next pass releases
+// the claim and runs the key, instead of leaving it unrun for ClaimTTL.
+func TestChaosSettleLostToTheDatabaseDoesNotStrandTheKey(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	if _, err := pool.Exec(t.Context(), `
+		CREATE TABLE fail_settle (on_ boolean NOT NULL);
+		INSERT INTO fail_settle VALUES (false);
+		CREATE FUNCTION fail_settle() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT on_ FROM fail_settle) THEN
+				RAISE EXCEPTION 'settle refused (the test''s stand-in for a terminated connection)';
+			END IF;
+			IF TG_OP = 'DELETE' THEN
+				RETURN OLD;
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER fail_settle BEFORE DELETE OR UPDATE OF claimed_by ON work_queue
+			FOR EACH ROW WHEN (OLD.claimed_by IS NOT NULL) EXECUTE FUNCTION fail_settle();`); err != nil {
+		t.Fatal(err)
+	}
+	var runs int
+	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers}, ClaimTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Register(reconcile.Reconciler{Name: "thing", ShardBy: reconcile.ShardByNode,
+		Run: func(ctx context.Context, rc *reconcile.RunContext, key string) (reconcile.Result, error) {
+			runs++
+			if runs == 1 {
+				// The run commits; its settle will be refused.
+				_, err := rc.DB().Exec(ctx, `UPDATE fail_settle SET on_ = true`)
+				return reconcile.Done, err
+			}
+			return reconcile.Done, nil
+		}}); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, pool, "thing", "k")
+	job := rt.Jobs()["thing"]
+	if _, err := job.Tick(t.Context()); err == nil {
+		t.Fatal("the first pass's settle was refused, yet the pass reported no error")
+	}
+	if _, err := pool.Exec(t.Context(), `UPDATE fail_settle SET on_ = false`); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Heartbeat(t.Context()); err != nil { // keep the leases, however slow the first pass was
+		t.Fatal(err)
+	}
+	tr, err := job.Tick(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Done != 1 || runs != 2 || queued(t, pool, "thing") != 0 {
+		t.Fatalf("after the lost settle: second pass %+v, %d runs, %d queued; want the key released, run again and settled",
+			tr, runs, queued(t, pool, "thing"))
+	}
+}

@@ -101,6 +101,8 @@ func (rt *Runtime) dispatch(ctx context.Context, kinds []string) (int, error) {
 }
 
 func (rt *Runtime) pass(ctx context.Context, kinds []string) (TickResult, error) {
+	rt.passMu.Lock()
+	defer rt.passMu.Unlock()
 	var tr TickResult
 	rt.leaseMu.Lock()
 	byWorker := map[string][]workqueue.Lease{}
@@ -125,12 +127,31 @@ func (rt *Runtime) pass(ctx context.Context, kinds []string) (TickResult, error)
 		if len(leases) == 0 {
 			continue
 		}
+		if m.orphans {
+			// A claim or settle failed (a terminated connection, a lost
+			// commit): its rows may still be claimed by this worker, and
+			// would wait out ClaimTTL unrun. Nothing of this worker runs
+			// now, so every row it holds is such an orphan: release them
+			// (their keys run again; runs are idempotent).
+			var n int
+			if err := bookkeeping(ctx, rt.pool, func(tx pgx.Tx) (err error) {
+				n, err = workqueue.ReleaseClaims(ctx, tx, m.workerID)
+				return err
+			}); err != nil {
+				return tr, err
+			}
+			m.orphans = false
+			if n > 0 {
+				rt.log.InfoContext(ctx, "released claims left by a failed pass", "role", m.role, "n", n)
+			}
+		}
 		var claimed []workqueue.Claimed
 		err := bookkeeping(ctx, rt.pool, func(tx pgx.Tx) (err error) {
 			claimed, err = workqueue.Claim(ctx, tx, m.workerID, rt.cfg.ClaimTTL, leases, rt.cfg.Batch)
 			return err
 		})
 		if err != nil {
+			m.orphans = true // the claim may have committed
 			return tr, err
 		}
 		tr.Claimed += len(claimed)
@@ -149,6 +170,7 @@ func (rt *Runtime) pass(ctx context.Context, kinds []string) (TickResult, error)
 		})
 		rt.track(m, claimed, -1)
 		if err != nil {
+			m.orphans = true // the claims stand until the next pass releases them
 			return tr, err
 		}
 		for _, r := range results {

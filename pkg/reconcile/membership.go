@@ -29,6 +29,10 @@ type member struct {
 	live       []string
 	periodic   map[string]time.Time // kind/key → next due
 	nextResync time.Time
+	// orphans says a claim or settle of this worker failed, so rows may
+	// be left claimed by it with no run behind them; the next pass
+	// releases them first. Guarded by Runtime.passMu.
+	orphans bool
 }
 
 type heldLease struct {

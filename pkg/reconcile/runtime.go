@@ -134,6 +134,11 @@ type Runtime struct {
 	joined  atomic.Bool // a membership pass has run
 	wake    chan struct{}
 
+	// passMu serialises dispatch passes (the loop's and Job.Tick's): while
+	// no pass runs, no claim of this runtime's workers is in flight, so
+	// a claim left by a pass that failed is an orphan.
+	passMu sync.Mutex
+
 	life   startstop.Once
 	killed atomic.Bool
 	// Set by Start, read by Stop, both under life.

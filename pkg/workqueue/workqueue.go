@@ -295,6 +295,22 @@ func Settle(ctx context.Context, q Querier, worker string, results []Result) (Se
 	return st, nil
 }
 
+// ReleaseClaims releases every row claimed by worker, making each due
+// again at once, and returns how many it released. Call it only while none
+// of the worker's claims is running: it is for claims a failed claim or
+// settle left behind (their outcome unknown), which would otherwise stay
+// claimed, unrun, until their claim expired.
+func ReleaseClaims(ctx context.Context, q Querier, worker string) (int, error) {
+	tag, err := q.Exec(ctx, `
+		UPDATE work_queue SET claimed_by = NULL, claim_fence = NULL, claimed_until = NULL,
+		       run_after = least(run_after, now())
+		 WHERE claimed_by = $1`, worker)
+	if err != nil {
+		return 0, fmt.Errorf("release claims of %s: %w", worker, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 func columns(rs []Result) (kinds, keys []string, gens []int64, leases []string, fences []int64) {
 	for _, r := range rs {
 		kinds = append(kinds, r.Kind)
