@@ -413,7 +413,7 @@ func (s *suite) change() string {
 // replaced it: it waits for the latest change.
 func (s *suite) converged(level string) {
 	s.t.Helper()
-	poll.UntilNil(s.t, 3*time.Minute, "every node converged on logLevel "+level, func() error {
+	poll.UntilNil(explaining{s.t, s.explainSpecs}, 3*time.Minute, "every node converged on logLevel "+level, func() error {
 		var ok, total int
 		err := s.db.QueryRow(s.t.Context(), `SELECT count(*) FILTER (WHERE generation > 0 AND observed_generation = generation
 			AND spec->'site'->>'logLevel' = $2), count(*) FROM nodes WHERE pool_id = $1`, s.pool, level).Scan(&ok, &total)
@@ -422,6 +422,50 @@ func (s *suite) converged(level string) {
 		}
 		return s.pause(err)
 	})
+}
+
+// explaining is a testing.TB whose Fatalf first logs what explain finds,
+// so a convergence that times out says which part stood still.
+type explaining struct {
+	testing.TB
+	explain func(testing.TB)
+}
+
+func (e explaining) Fatalf(format string, args ...any) {
+	e.TB.Helper()
+	e.explain(e.TB)
+	e.TB.Fatalf(format, args...)
+}
+
+// explainSpecs logs each node's desired and observed generations, its
+// gateway and its nodespec work row: whether the controller, the gateway or
+// the daemon held the node back.
+func (s *suite) explainSpecs(t testing.TB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := s.db.Query(ctx, `SELECT n.id, n.state, n.generation, n.observed_generation, coalesce(n.spec->'site'->>'logLevel', ''),
+			coalesce(n.gateway_id, ''), coalesce(n.spec_error, ''),
+			coalesce((SELECT format('gen=%s attempts=%s run_after=%s claimed_by=%s claimed_until=%s fence=%s last_error=%s', w.generation, w.attempts,
+				w.run_after, w.claimed_by, w.claimed_until, w.claim_fence, w.last_error) FROM work_queue w WHERE w.kind = 'nodespec' AND w.key = n.id), 'no work row')
+		FROM nodes n WHERE n.pool_id = $1 ORDER BY n.id`, s.pool)
+	if err != nil {
+		t.Logf("explain: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, state, level, gw, specErr, work string
+		var gen, observed int64
+		if err := rows.Scan(&id, &state, &gen, &observed, &level, &gw, &specErr, &work); err != nil {
+			t.Logf("explain: %v", err)
+			return
+		}
+		t.Logf("node %s %s: generation %d observed %d logLevel %q gateway %q spec_error %q; nodespec work: %s",
+			id, state, gen, observed, level, gw, specErr, work)
+	}
+	if err := rows.Err(); err != nil {
+		t.Logf("explain: %v", err)
+	}
 }
 
 // commands runs a diag.nvml on every node, its level naming the step and
