@@ -45,6 +45,7 @@ chaos: ## the multi-process chaos suite with a larger fleet, repeated (CHAOS_NOD
 FUZZ_TARGETS := \
 	pkg/commands:FuzzKindEncode \
 	pkg/webhooks:FuzzCheckEndpoint \
+	pkg/providers:FuzzProviderResponse \
 	pkg/nodeca:FuzzParseCSR \
 	services/api:FuzzRequestBody \
 	services/api:FuzzValidLabels \

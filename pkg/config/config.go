@@ -73,6 +73,8 @@ type Config struct {
 	Events Events `yaml:"events"`
 	// Webhooks configures webhook delivery.
 	Webhooks Webhooks `yaml:"webhooks"`
+	// Providers configures the requests to provider pools' APIs.
+	Providers Providers `yaml:"providers"`
 	// Audit configures the audit hash chain and its signed checkpoints.
 	Audit Audit `yaml:"audit"`
 	// Secrets configures the key that seals secrets (BMC credentials) at
@@ -587,6 +589,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Health.validate()...)
 	errs = append(errs, c.Events.validate()...)
 	errs = append(errs, c.Webhooks.validate()...)
+	errs = append(errs, c.Providers.validate()...)
 	errs = append(errs, c.Audit.validate()...)
 	errs = append(errs, c.Secrets.validate()...)
 	errs = append(errs, c.Metal.validate()...)

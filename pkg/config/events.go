@@ -99,8 +99,8 @@ type Webhooks struct {
 	// sets it. Every other endpoint must be https://.
 	AllowInsecure bool `yaml:"allowInsecure"`
 	// AllowPrivateNetworks permits endpoints in private, loopback,
-	// link-local and cloud-metadata ranges, checked on the address actually
-	// dialled; dev and tests set it.
+	// link-local and reserved ranges, checked on the address actually
+	// dialled (cloud metadata addresses stay refused); dev and tests set it.
 	AllowPrivateNetworks bool `yaml:"allowPrivateNetworks"`
 	// Timeout bounds one attempt; a 2xx within it is success; default 15s.
 	Timeout Duration `yaml:"timeout"`

@@ -10,6 +10,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+
+	"github.com/bettercompute/bettercompute/pkg/outbound"
 	"strconv"
 	"strings"
 	"time"
@@ -23,8 +25,11 @@ type ClientConfig struct {
 	// Required; it is sent only in the Authorization header and never
 	// appears in an error.
 	Token string
-	// HTTP is the transport; nil is a client of its own.
-	HTTP *http.Client
+	// HTTP is the outbound client (pkg/outbound) the requests go through;
+	// the endpoint is checked under its rules. Nil is a client with the
+	// production rules (https, public addresses only). Share one: it keeps
+	// connections.
+	HTTP *outbound.Client
 	// Timeout bounds each request (attempt); default 10s.
 	Timeout time.Duration
 	// Attempts bounds the tries of one call on 429, 5xx and transport
@@ -50,7 +55,8 @@ type ClientConfig struct {
 // Every request carries "Authorization: Bearer <token>"; an error answer is
 // {"message"}. 404 is ErrNotFound, 409 ErrConflict, 429 ErrRateLimited
 // (with Retry-After), 5xx and transport errors ErrTransient, any other 4xx
-// ErrRejected.
+// ErrRejected; so is a redirect, which is never followed, and a destination
+// the outbound rules refuse.
 type Client struct {
 	base  *url.URL
 	token string
@@ -62,8 +68,11 @@ var _ Provider = (*Client)(nil)
 // NewClient returns a client; a bad endpoint or token is an error naming
 // which (and never showing the token).
 func NewClient(cfg ClientConfig) (*Client, error) {
-	if err := ValidEndpoint(cfg.Endpoint); err != nil {
-		return nil, fmt.Errorf("provider endpoint: %w", err)
+	if cfg.HTTP == nil {
+		cfg.HTTP = outbound.NewClient(outbound.Options{Setting: "providers"})
+	}
+	if err := ValidEndpoint(cfg.Endpoint, cfg.HTTP.Options()); err != nil {
+		return nil, &Error{Kind: ErrRejected, Op: "configure", Class: outbound.ReasonRefused, Message: err.Error()}
 	}
 	if err := ValidToken(cfg.Token); err != nil {
 		return nil, fmt.Errorf("provider token: %w", err)
@@ -73,9 +82,6 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	cfg.Attempts = cmp.Or(cfg.Attempts, 3)
 	cfg.Backoff = cmp.Or(cfg.Backoff, 200*time.Millisecond)
 	cfg.MaxRetryAfter = cmp.Or(cfg.MaxRetryAfter, 5*time.Second)
-	if cfg.HTTP == nil {
-		cfg.HTTP = &http.Client{}
-	}
 	return &Client{base: u, token: cfg.Token, cfg: cfg}, nil
 }
 
@@ -139,12 +145,22 @@ func (c *Client) machine(ctx context.Context, op, method, path string, body []by
 	if err != nil {
 		return Machine{}, err
 	}
+	m, err := parseMachine(raw)
+	if err != nil {
+		return Machine{}, &Error{Kind: ErrTransient, Op: op, Class: outbound.ReasonInvalidResponse, Message: err.Error()}
+	}
+	return m, nil
+}
+
+// parseMachine reads a provider's answer as a [Machine]: JSON with a valid
+// id and a state of at most 32 printable ASCII characters.
+func parseMachine(raw []byte) (Machine, error) {
 	var m Machine
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return Machine{}, &Error{Kind: ErrTransient, Op: op, Message: "the answer is not a machine as JSON"}
+		return Machine{}, errors.New("the answer is not a machine as JSON")
 	}
-	if !ValidID(m.ID) || m.State == "" || len(m.State) > 32 {
-		return Machine{}, &Error{Kind: ErrTransient, Op: op, Message: "the answer has no valid machine id and state"}
+	if !ValidID(m.ID) || m.State == "" || len(m.State) > 32 || strings.IndexFunc(m.State, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+		return Machine{}, errors.New("the answer has no valid machine id and state")
 	}
 	return m, nil
 }
@@ -201,29 +217,44 @@ func (c *Client) once(ctx context.Context, op, method, path string, body []byte,
 	}
 	resp, err := c.cfg.HTTP.Do(req)
 	if err != nil {
-		// The transport's error names the URL (no token: it is a header).
-		return nil, &Error{Kind: ErrTransient, Op: op, Message: transportMessage(err)}
+		// The transport's error names the URL and addresses (no token: it
+		// is a header): for the log only. A refused destination stays
+		// refused, so it is no transient failure.
+		kind, class := ErrTransient, outbound.Reason(err)
+		if class == outbound.ReasonRefused {
+			kind = ErrRejected
+		}
+		return nil, &Error{Kind: kind, Op: op, Class: class, Message: transportMessage(err)}
 	}
 	defer func() { _ = resp.Body.Close() }()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
 	if err != nil {
-		return nil, &Error{Kind: ErrTransient, Op: op, Status: resp.StatusCode, Message: "reading the answer: " + transportMessage(err)}
+		return nil, &Error{Kind: ErrTransient, Op: op, Status: resp.StatusCode, Class: outbound.Reason(err), Message: "reading the answer: " + transportMessage(err)}
 	}
+	return answer(op, resp.StatusCode, resp.Header.Get("Retry-After"), raw)
+}
+
+// answer reads a provider's answer of status with body raw: raw on 2xx,
+// otherwise the [*Error] of its status (404 ErrNotFound, 409 ErrConflict,
+// 429 ErrRateLimited, 5xx ErrTransient, anything else — 3xx included —
+// ErrRejected), with the provider's message for the log and its
+// Retry-After.
+func answer(op string, status int, retryAfterHeader string, raw []byte) ([]byte, error) {
 	if len(raw) > MaxResponseBytes {
-		return nil, &Error{Kind: ErrTransient, Op: op, Status: resp.StatusCode, Message: fmt.Sprintf("answer over %d bytes", MaxResponseBytes)}
+		return nil, &Error{Kind: ErrTransient, Op: op, Status: status, Class: outbound.ReasonInvalidResponse, Message: fmt.Sprintf("answer over %d bytes", MaxResponseBytes)}
 	}
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+	if status >= 200 && status < 300 {
 		return raw, nil
 	}
-	e := &Error{Op: op, Status: resp.StatusCode, Message: providerMessage(raw), RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
+	e := &Error{Op: op, Status: status, Message: providerMessage(raw), RetryAfter: retryAfter(retryAfterHeader)}
 	switch {
-	case resp.StatusCode == http.StatusNotFound:
+	case status == http.StatusNotFound:
 		e.Kind = ErrNotFound
-	case resp.StatusCode == http.StatusConflict:
+	case status == http.StatusConflict:
 		e.Kind = ErrConflict
-	case resp.StatusCode == http.StatusTooManyRequests:
+	case status == http.StatusTooManyRequests:
 		e.Kind = ErrRateLimited
-	case resp.StatusCode >= 500:
+	case status >= 500:
 		e.Kind = ErrTransient
 	default:
 		e.Kind = ErrRejected
@@ -251,9 +282,9 @@ func providerMessage(raw []byte) string {
 
 func bounded(s string) string {
 	if len(s) > 256 {
-		return s[:256] + "…"
+		s = s[:256] + "…"
 	}
-	return s
+	return strings.ToValidUTF8(s, "")
 }
 
 // retryAfter reads a Retry-After of seconds or an HTTP date; 0 when absent

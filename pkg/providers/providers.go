@@ -24,11 +24,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/outbound"
 )
 
 // Provider is one provider account's API. Every method is idempotent.
@@ -63,7 +65,7 @@ func Settled(s string) bool { return s == StateRunning || s == StateStopped || s
 // Bounds of what travels to and from a provider.
 const (
 	MaxIDLength       = 128
-	MaxEndpointLength = 2048
+	MaxEndpointLength = outbound.MaxURLLen
 	MaxTokenLength    = 4096
 	// MaxResponseBytes bounds a provider's answer.
 	MaxResponseBytes = 1 << 20
@@ -129,9 +131,28 @@ type Error struct {
 	Status int
 	// RetryAfter is the provider's Retry-After, when it gave one.
 	RetryAfter time.Duration
+	// Class is the failure's class (pkg/outbound's Reason constants) when
+	// it came from the network or the provider's answer.
+	Class string
 	// Message is the provider's own message (bounded), or the transport's
-	// error.
+	// error: for the server's log, never for the tenant ([Error.Reason]).
 	Message string
+}
+
+// Reason is what a tenant may read about the failure: its class
+// ("destination refused", "DNS failure", "timeout", "TLS error",
+// "connection failed", "invalid response") or "HTTP status NNN" — never
+// the provider's text, the transport's error or an address — or, for a
+// failure of our own making (no settings, a bad credentials secret), our
+// message.
+func (e *Error) Reason() string {
+	switch {
+	case e.Class != "":
+		return e.Class
+	case e.Status != 0:
+		return outbound.StatusReason(e.Status)
+	}
+	return e.Message
 }
 
 func (e *Error) Error() string {
@@ -213,33 +234,23 @@ func ParseCredentials(b []byte) (Credentials, error) {
 	return c, nil
 }
 
-// ValidEndpoint checks a provider's API base URL: https, or http to a
-// loopback address (tests and `make run`'s fake provider); no user info,
-// query or fragment. The error says what is wrong (without the URL's user
-// info).
-func ValidEndpoint(raw string) error {
+// EndpointField is the API field a provider's endpoint arrives in.
+const EndpointField = "provider.endpoint"
+
+// ValidEndpoint checks a provider's API base URL under o, the providers'
+// outbound rules (pkg/outbound: https, a public host, the operator's
+// allowed hosts; http to loopback only in development), with no user info
+// — credentials go in the credentials secret — query or fragment. It
+// fails with an INVALID_INPUT fault naming [EndpointField].
+func ValidEndpoint(raw string, o outbound.Options) error {
 	if raw == "" {
-		return errors.New("required: the provider API's base URL (https://…)")
+		return fault.New(fault.InvalidInput, EndpointField, "required: the provider API's base URL (https://…)")
 	}
-	if len(raw) > MaxEndpointLength {
-		return fmt.Errorf("at most %d characters", MaxEndpointLength)
+	if err := outbound.CheckURL(raw, EndpointField, o); err != nil {
+		return err
 	}
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" || u.Opaque != "" {
-		return errors.New("not an absolute URL (https://host/path)")
+	if u, _ := url.Parse(raw); u.RawQuery != "" || u.ForceQuery {
+		return fault.New(fault.InvalidInput, EndpointField, "expected no query (?...) in the URL")
 	}
-	switch {
-	case u.User != nil:
-		return errors.New("no credentials in the URL: they go in the credentials secret")
-	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
-		return errors.New("no query or fragment")
-	case u.Scheme == "https":
-		return nil
-	case u.Scheme == "http":
-		if ip := net.ParseIP(u.Hostname()); (ip != nil && ip.IsLoopback()) || u.Hostname() == "localhost" {
-			return nil
-		}
-		return errors.New("http only to a loopback address; use https")
-	}
-	return fmt.Errorf("scheme %q: use https", u.Scheme)
+	return nil
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/outbound"
 	"github.com/bettercompute/bettercompute/pkg/ratelimit"
 	"github.com/bettercompute/bettercompute/pkg/secrets"
 	"github.com/bettercompute/bettercompute/pkg/wake"
@@ -92,6 +93,10 @@ type Config struct {
 	// AllowInsecureWebhooks permits http:// webhook endpoints on loopback
 	// (webhooks.allowInsecure).
 	AllowInsecureWebhooks bool
+	// Providers are the outbound rules provider pools' endpoints are
+	// checked under at pools.update (config.Providers.Outbound); the zero
+	// value is production's.
+	Providers outbound.Options
 	// Kinds is the command-kind registry commands.run checks and queues
 	// through; nil means commands.Builtin().
 	Kinds *commands.Registry
@@ -171,6 +176,7 @@ type Server struct {
 	nc                    *nats.Conn
 	allowInsecureWebhooks bool
 	allowPrivateWebhooks  bool
+	providers             outbound.Options
 	deprecations          *deprecations
 	watch                 *watchHub
 	watchOnce             sync.Once
@@ -227,6 +233,7 @@ func New(cfg Config) (*Server, error) {
 
 		allowInsecureWebhooks: cfg.AllowInsecureWebhooks,
 		allowPrivateWebhooks:  cfg.AllowPrivateWebhooks,
+		providers:             cfg.Providers,
 		limiter:               ratelimit.New(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
 		anon:                  ratelimit.New(cmp.Or(cfg.AnonymousPerSecond, 10), cmp.Or(cfg.AnonymousBurst, 20), now),
 		failedAuth:            ratelimit.New(cmp.Or(cfg.FailedAuthPerSecond, 1), cmp.Or(cfg.FailedAuthBurst, 10), now),

@@ -30,8 +30,8 @@ type providerUpdate struct {
 // never shows in an error.
 func (s *Server) validProvider(ps *computev1.ProviderSettings) (*providerUpdate, error) {
 	u := &providerUpdate{endpoint: ps.GetEndpoint(), ref: ps.GetCredentialsRef(), token: ps.GetToken()}
-	if err := providers.ValidEndpoint(u.endpoint); err != nil {
-		return nil, fault.New(fault.InvalidInput, "provider.endpoint", "%v", err)
+	if err := providers.ValidEndpoint(u.endpoint, s.providers); err != nil {
+		return nil, err // INVALID_INPUT on provider.endpoint: private, loopback and metadata hosts refused
 	}
 	switch {
 	case u.ref != "" && u.token != "":

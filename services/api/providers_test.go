@@ -81,11 +81,11 @@ func TestInstancesProviderPool(t *testing.T) {
 		}
 	})
 
-	if err := update(pool, &computev1.ProviderSettings{Endpoint: "http://127.0.0.1:9", Token: poolProviderToken}); err != nil {
+	if err := update(pool, &computev1.ProviderSettings{Endpoint: "https://provider.example.com:9", Token: poolProviderToken}); err != nil {
 		t.Fatal(err)
 	}
 	if n := h.count(t, `SELECT count(*) FROM secrets s JOIN provider_pool_settings p ON p.credentials_ref = s.id
-		WHERE s.kind = 'provider' AND s.tenant_id = 'root' AND p.pool_id = $1 AND p.endpoint = 'http://127.0.0.1:9'`, pool); n != 1 {
+		WHERE s.kind = 'provider' AND s.tenant_id = 'root' AND p.pool_id = $1 AND p.endpoint = 'https://provider.example.com:9'`, pool); n != 1 {
 		t.Fatalf("%d provider secrets behind the pool, want 1", n)
 	}
 	var ref string
@@ -96,7 +96,7 @@ func TestInstancesProviderPool(t *testing.T) {
 		if err := update(pool, &computev1.ProviderSettings{Endpoint: "https://api.example.com/v1", CredentialsRef: ref}); err != nil {
 			t.Fatal(err)
 		}
-		if err := update(pool, &computev1.ProviderSettings{Endpoint: "http://127.0.0.1:9", CredentialsRef: ref}); err != nil {
+		if err := update(pool, &computev1.ProviderSettings{Endpoint: "https://provider.example.com:9", CredentialsRef: ref}); err != nil {
 			t.Fatal(err)
 		}
 	})

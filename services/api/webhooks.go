@@ -16,6 +16,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/outbound"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
@@ -60,7 +61,7 @@ func (s *webhooksAPI) checkURL(u string) error {
 	if err := required("url", u); err != nil {
 		return err
 	}
-	return webhooks.CheckEndpoint(u, webhooks.Options{AllowInsecure: s.allowInsecureWebhooks, AllowPrivateNetworks: s.allowPrivateWebhooks})
+	return webhooks.CheckEndpoint(u, outbound.Options{Setting: "webhooks", AllowInsecure: s.allowInsecureWebhooks, AllowPrivateNetworks: s.allowPrivateWebhooks})
 }
 
 // checkTypes validates a webhook's event types.

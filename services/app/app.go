@@ -479,7 +479,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		a.api, err = api.New(api.Config{
 			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: tuning, Waker: a.waker,
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
-			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Kinds: a.admitKinds,
+			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Providers: a.cfg.Providers.Outbound(), Kinds: a.admitKinds,
 			AuditKey: a.auditKey(), Registerer: a.reg, Secrets: keyring,
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },

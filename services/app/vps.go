@@ -27,5 +27,5 @@ func (a *App) registerVPS(rt *reconcile.Runtime) error {
 		a.logger.Warn("no secrets.keyFile configured: provider pools' instances are not driven (vps.provider is off)")
 		return nil
 	}
-	return vps.RegisterProvider(rt, vps.Deps{Keyring: keyring, Logger: a.logger.With("role", "vps")})
+	return vps.RegisterProvider(rt, vps.Deps{Keyring: keyring, Logger: a.logger.With("role", "vps"), Outbound: a.cfg.Providers.Outbound()})
 }

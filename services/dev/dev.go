@@ -169,6 +169,9 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 	// dev; a deployment must opt in to both.
 	cfg.Webhooks.AllowInsecure = true
 	cfg.Webhooks.AllowPrivateNetworks = true
+	// The same for the fake provider dev serves on 127.0.0.1.
+	cfg.Providers.AllowInsecure = true
+	cfg.Providers.AllowPrivateNetworks = true
 
 	// The simulated site's ramdisk files, served here so the site's image
 	// cache fetches and verifies real ones (the simulated machines boot in

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/outbound"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
@@ -113,14 +112,16 @@ func (s *Service) attempt(ctx context.Context, c webhooks.Claimed) {
 			o.Status = resp.StatusCode
 		}
 	}
+	// The tenant reads o.Err (the delivery's lastError, webhook.disabled):
+	// a fixed class, never the resolver's answers or an address; the
+	// details go to the log.
 	switch {
 	case err != nil:
-		o.Err = err.Error()
-		if errors.Is(err, webhooks.ErrDestinationRefused) {
-			o.Err = "destination refused: " + err.Error() + " (set webhooks.allowPrivateNetworks to deliver to private networks)"
-		}
+		o.Err = outbound.Reason(err)
+		s.log.InfoContext(ctx, "webhook delivery failed", "webhook", c.WebhookID, "tenant", c.Webhook.TenantID,
+			"delivery", c.ID, "reason", o.Err, "err", err)
 	case o.Status < 200 || o.Status > 299:
-		o.Err = fmt.Sprintf("HTTP %d", o.Status)
+		o.Err = outbound.StatusReason(o.Status)
 	}
 	s.results <- attemptResult{c: c, o: o}
 }

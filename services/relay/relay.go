@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,9 +43,9 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/lease"
+	"github.com/bettercompute/bettercompute/pkg/outbound"
 	"github.com/bettercompute/bettercompute/pkg/startstop"
 	"github.com/bettercompute/bettercompute/pkg/wake"
-	"github.com/bettercompute/bettercompute/pkg/webhooks"
 )
 
 // LeaseName is the relay's lease: its holder sequences, publishes, fans out
@@ -75,9 +74,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics; nil registers none.
 	Registerer prometheus.Registerer
-	// Client sends deliveries; nil builds one from Webhooks
-	// (webhooks.NewClient).
-	Client *http.Client
+	// Client sends deliveries; nil builds one from Webhooks' outbound
+	// rules (pkg/outbound).
+	Client *outbound.Client
 	// Holder names this process in the lease; default outbox-relay/<uuid>.
 	Holder string
 	// Subscribers are the in-process subscribers the lease holder runs.
@@ -91,7 +90,7 @@ type Service struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	log    *slog.Logger
-	client *http.Client
+	client *outbound.Client
 	m      *metrics
 
 	// leader holds the relay's lease: sequencing, publishing, the fan-out,
@@ -143,11 +142,7 @@ func New(cfg Config) (*Service, error) {
 	s.deliverer = startstop.NewLoop(cfg.Webhooks.Poll.Std(), s.deliverPass)
 	s.pruner = startstop.NewLoop(cfg.Events.PruneEvery.Std(), s.prunePass)
 	if s.client == nil {
-		s.client = webhooks.NewClient(webhooks.Options{
-			AllowPrivateNetworks: cfg.Webhooks.AllowPrivateNetworks,
-			AllowInsecure:        cfg.Webhooks.AllowInsecure,
-			Timeout:              cfg.Webhooks.Timeout.Std(),
-		})
+		s.client = outbound.NewClient(cfg.Webhooks.Outbound())
 	}
 	if s.nc != nil {
 		js, err := jetstream.New(s.nc, jetstream.WithPublishAsyncMaxPending(4096))

@@ -471,6 +471,38 @@ func TestPrivateAddressRefusedWithoutAllowPrivateNetworks(t *testing.T) {
 	}
 }
 
+// TestDeliveryErrorShowsTenantNoResolvedAddress: a webhook at a name that
+// resolves to an internal address used to tell the tenant, in the
+// delivery's lastError, the address the relay's resolver answered (and the
+// dial's detail); it now reads only the fixed class "destination refused".
+// The name is localhost (the hosts file: no DNS query leaves the machine)
+// and the refusal comes before the connection.
+func TestDeliveryErrorShowsTenantNoResolvedAddress(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	_, key := e.hook("acme", "", []string{"*"}, false)
+	rcv := newReceiver(t, key)
+	u := strings.Replace(rcv.srv.URL, "127.0.0.1", "localhost", 1)
+	if _, err := e.pool.Exec(t.Context(), `UPDATE webhooks SET url = $1`, u); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.cfg
+	cfg.Webhooks.AllowPrivateNetworks = false
+	e.start(cfg)
+	e.write("acme", "node.updated", 1)
+	poll.Until(t, 20*time.Second, "a refused attempt", func() bool {
+		var msg string
+		_ = e.pool.QueryRow(t.Context(), `SELECT coalesce(last_error, '') FROM webhook_deliveries`).Scan(&msg)
+		return msg != ""
+	})
+	if d := onlyDelivery(t, e); d.LastError != "destination refused" || d.LastStatus != 0 {
+		t.Fatalf("delivery %+v: want only the class, no address", d)
+	}
+	if _, n := rcv.ids(); n != 0 {
+		t.Fatal("the loopback receiver was reached")
+	}
+}
+
 func TestBusStoppedDeliveriesStillHappen(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

@@ -37,7 +37,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,6 +44,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/instances"
+	"github.com/bettercompute/bettercompute/pkg/outbound"
 	"github.com/bettercompute/bettercompute/pkg/providers"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/secrets"
@@ -68,8 +68,13 @@ type Deps struct {
 	Logger *slog.Logger
 	// Role is the runtime membership that runs the workflow; default "vps".
 	Role string
-	// HTTP is the transport to providers; nil is a client of its own.
-	HTTP *http.Client
+	// Outbound are the rules of requests to providers (pkg/outbound:
+	// https, public addresses, the operator's allowed hosts;
+	// config.Providers.Outbound); the zero value is production's.
+	Outbound outbound.Options
+	// HTTP is the client requests to providers go through; nil is one
+	// built from Outbound.
+	HTTP *outbound.Client
 	// Resync is the period of the resync key; default 10s.
 	Resync time.Duration
 	// CreateTimeout bounds the create step (the call and provisioning
@@ -99,6 +104,10 @@ func (d *Deps) defaults() error {
 	d.MaxAttempts = cmp.Or(d.MaxAttempts, 5)
 	d.CallTimeout = cmp.Or(d.CallTimeout, 30*time.Second)
 	d.CallAttempts = cmp.Or(d.CallAttempts, 3)
+	if d.HTTP == nil {
+		d.Outbound.Setting = cmp.Or(d.Outbound.Setting, "providers")
+		d.HTTP = outbound.NewClient(d.Outbound)
+	}
 	return nil
 }
 
@@ -318,7 +327,9 @@ func (r *providerRun) failed(ctx context.Context, step string, cause error) (rec
 			return err
 		}
 		if permanent || n >= r.w.d.MaxAttempts {
-			return instances.FailProvider(ctx, tx, p.ID, fmt.Sprintf("provider %s failed after %d attempts: %v", step, n, cause))
+			// The tenant reads the reason: the failure's class, never the
+			// provider's text or the network's (those are logged below).
+			return instances.FailProvider(ctx, tx, p.ID, fmt.Sprintf("provider %s failed after %d attempts: %s", step, n, pe.Reason()))
 		}
 		return nil
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/instances"
+	"github.com/bettercompute/bettercompute/pkg/outbound"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/pools"
@@ -99,7 +100,10 @@ func setup(t *testing.T, delay time.Duration, token string, edit func(*vps.Deps)
 	logs := &logBuffer{}
 	f := &harness{db: pool, fake: fake, kr: kr, logs: logs, deps: vps.Deps{
 		Keyring: kr, Role: role(), Resync: 200 * time.Millisecond, CallAttempts: 1,
-		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		// The fake provider is an httptest server on loopback: the test
+		// lets the client reach it; every other outbound rule holds.
+		Outbound: outbound.Options{AllowInsecure: true, AllowLoopback: true},
+		Logger:   slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}}
 	if edit != nil {
 		edit(&f.deps)
@@ -330,6 +334,25 @@ func TestProviderDeleteOfAnInstanceNeverCreatedCallsNothing(t *testing.T) {
 	}
 }
 
+// TestProviderEndpointAtLoopbackRefusedBeforeAnyRequest: a pool whose
+// endpoint names a loopback service (stored before endpoints were checked,
+// or refused since by the operator's rules) fails its instance with the
+// fixed reason "destination refused" and sends the provider nothing — the
+// production rules, without the tests' loopback allowance.
+func TestProviderEndpointAtLoopbackRefusedBeforeAnyRequest(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 0, providerToken, func(d *vps.Deps) { d.Outbound = outbound.Options{} })
+	f.start(t)
+	f.create(t, "inst_r")
+	p := f.waitState(t, "inst_r", instances.StateFailed)
+	if p.Reason != "provider create failed after 1 attempts: destination refused" {
+		t.Fatalf("reason %q", p.Reason)
+	}
+	if calls := f.fake.Calls(); len(calls) != 0 {
+		t.Fatalf("the provider got %d requests", len(calls))
+	}
+}
+
 func TestProviderFailures(t *testing.T) {
 	t.Parallel()
 	t.Run("a rejected token fails the instance at once, naming the step", func(t *testing.T) {
@@ -338,8 +361,8 @@ func TestProviderFailures(t *testing.T) {
 		f.start(t)
 		f.create(t, "inst_t")
 		p := f.waitState(t, "inst_t", instances.StateFailed)
-		if !strings.Contains(p.Reason, "provider create failed after 1 attempts") || !strings.Contains(p.Reason, "HTTP 401") ||
-			strings.Contains(p.Reason, "not-the-providers-token") {
+		if !strings.Contains(p.Reason, "provider create failed after 1 attempts") || !strings.Contains(p.Reason, "HTTP status 401") ||
+			strings.Contains(p.Reason, "not-the-providers-token") || strings.Contains(p.Reason, "bearer token") {
 			t.Fatalf("reason %q", p.Reason)
 		}
 		if strings.Contains(f.logs.String(), "not-the-providers-token") {
@@ -353,7 +376,7 @@ func TestProviderFailures(t *testing.T) {
 		f.start(t)
 		f.create(t, "inst_5")
 		p := f.waitState(t, "inst_5", instances.StateFailed)
-		if !strings.Contains(p.Reason, "after 2 attempts") || !strings.Contains(p.Reason, "HTTP 503") {
+		if !strings.Contains(p.Reason, "after 2 attempts") || !strings.Contains(p.Reason, "HTTP status 503") {
 			t.Fatalf("reason %q", p.Reason)
 		}
 		f.noToken(t)
