@@ -130,7 +130,8 @@ func CheckURL(raw, field string, o Options) error {
 	if lit && IsMetadataAddr(ip) {
 		return bad("%s is a cloud metadata address: refused", host)
 	}
-	if !o.AllowPrivateNetworks && !(o.AllowLoopback && loopback) {
+	loopbackAllowed := o.AllowLoopback && loopback
+	if !o.AllowPrivateNetworks && !loopbackAllowed {
 		if isLocalhost(host) {
 			return bad("%s is a loopback name: requests to private networks are refused (%s)", host, o.key("allowPrivateNetworks"))
 		}
