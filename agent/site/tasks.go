@@ -162,21 +162,23 @@ func (ts *tasks) run(ctx context.Context, t *agentv1.SiteTask, key *ecdsa.Privat
 		}
 	}
 	log.InfoContext(ctx, "running site task")
-	res, err := ts.exec(ctx, t, key)
+	var cert string // the BMC's certificate, as it presented it
+	res, err := ts.exec(ctx, t, key, &cert)
 	if err != nil {
 		log.WarnContext(ctx, "site task failed", "err", err)
-		return &agentv1.TaskResult{Error: err.Error()}
+		return &agentv1.TaskResult{Error: err.Error(), BmcCertificateSha256: cert}
 	}
 	log.InfoContext(ctx, "site task done")
 	res.Ok = true
+	res.BmcCertificateSha256 = cert
 	return res
 }
 
-func (ts *tasks) exec(ctx context.Context, t *agentv1.SiteTask, key *ecdsa.PrivateKey) (*agentv1.TaskResult, error) {
+func (ts *tasks) exec(ctx context.Context, t *agentv1.SiteTask, key *ecdsa.PrivateKey, cert *string) (*agentv1.TaskResult, error) {
 	switch b := t.GetBody().(type) {
 	case *agentv1.SiteTask_BmcInspect:
 		var inv *redfish.Inventory
-		err := ts.withBMC(ctx, t, b.BmcInspect.GetBmc(), key, func(c *redfish.Client) error {
+		err := ts.withBMC(ctx, t, b.BmcInspect.GetBmc(), key, cert, func(c *redfish.Client) error {
 			var err error
 			inv, err = c.Inventory(ctx)
 			return err
@@ -190,13 +192,13 @@ func (ts *tasks) exec(ctx context.Context, t *agentv1.SiteTask, key *ecdsa.Priva
 		if err != nil {
 			return nil, err
 		}
-		return ts.power(ctx, t, b.BmcPower.GetBmc(), key, func(c *redfish.Client) error { return c.Power(ctx, action) })
+		return ts.power(ctx, t, b.BmcPower.GetBmc(), key, cert, func(c *redfish.Client) error { return c.Power(ctx, action) })
 	case *agentv1.SiteTask_BmcBoot:
 		target := redfish.BootTarget(b.BmcBoot.GetTarget())
 		if target != redfish.BootPXE && target != redfish.BootDisk {
 			return nil, fmt.Errorf("boot target %q: want pxe or disk", b.BmcBoot.GetTarget())
 		}
-		return ts.power(ctx, t, b.BmcBoot.GetBmc(), key, func(c *redfish.Client) error { return c.BootOnce(ctx, target) })
+		return ts.power(ctx, t, b.BmcBoot.GetBmc(), key, cert, func(c *redfish.Client) error { return c.BootOnce(ctx, target) })
 	case *agentv1.SiteTask_PxeArm:
 		return &agentv1.TaskResult{}, ts.arm(t, b.PxeArm, key)
 	case *agentv1.SiteTask_PxeDisarm:
@@ -216,10 +218,10 @@ func (ts *tasks) exec(ctx context.Context, t *agentv1.SiteTask, key *ecdsa.Priva
 }
 
 // power runs fn and answers the power state after.
-func (ts *tasks) power(ctx context.Context, t *agentv1.SiteTask, bmc *agentv1.Bmc, key *ecdsa.PrivateKey,
+func (ts *tasks) power(ctx context.Context, t *agentv1.SiteTask, bmc *agentv1.Bmc, key *ecdsa.PrivateKey, cert *string,
 	fn func(*redfish.Client) error) (*agentv1.TaskResult, error) {
 	var st redfish.PowerState
-	err := ts.withBMC(ctx, t, bmc, key, func(c *redfish.Client) error {
+	err := ts.withBMC(ctx, t, bmc, key, cert, func(c *redfish.Client) error {
 		if err := fn(c); err != nil {
 			return err
 		}
@@ -235,8 +237,10 @@ func (ts *tasks) power(ctx context.Context, t *agentv1.SiteTask, bmc *agentv1.Bm
 
 var errPXEOff = errors.New("PXE is off on this site agent (bcd site run without --boot-ip)")
 
-// withBMC opens the sealed credentials, connects, runs fn and logs out.
-func (ts *tasks) withBMC(ctx context.Context, t *agentv1.SiteTask, bmc *agentv1.Bmc, key *ecdsa.PrivateKey, fn func(*redfish.Client) error) error {
+// withBMC opens the sealed credentials, connects, runs fn and logs out;
+// *cert is the SHA-256 of the certificate the BMC presented last.
+func (ts *tasks) withBMC(ctx context.Context, t *agentv1.SiteTask, bmc *agentv1.Bmc, key *ecdsa.PrivateKey, cert *string,
+	fn func(*redfish.Client) error) error {
 	if bmc == nil {
 		return errors.New("no BMC in the task")
 	}
@@ -251,7 +255,24 @@ func (ts *tasks) withBMC(ctx context.Context, t *agentv1.SiteTask, bmc *agentv1.
 		return errors.New("open the BMC credentials: not the JSON {username, password}")
 	}
 	cfg := redfish.Config{Endpoint: bmc.GetAddress(), Username: creds.Username, Password: creds.Password,
-		CAPEM: []byte(bmc.GetCaPem()), Insecure: bmc.GetInsecure(), Logger: ts.log}
+		CAPEM: []byte(bmc.GetCaPem()), Insecure: bmc.GetInsecure(), CertificateSHA256: bmc.GetCertificateSha256(),
+		TrustOnFirstUse: bmc.GetTrustOnFirstUse(), Logger: ts.log}
+	// A handshake may finish on the transport's goroutine after this
+	// returns: it writes seen, never *cert.
+	var (
+		mu   sync.Mutex
+		seen string
+	)
+	cfg.OnCertificate = func(sum string) {
+		mu.Lock()
+		seen = sum
+		mu.Unlock()
+	}
+	defer func() {
+		mu.Lock()
+		*cert = seen
+		mu.Unlock()
+	}()
 	creds = credseal.BMCCredentials{}
 	c, err := redfish.Connect(ctx, cfg)
 	cfg.Password = ""

@@ -683,8 +683,8 @@ func catalog() []Type {
 			Name:    "machine.enrolled",
 			Subject: "machine",
 			Payload: &computev1.MetalServiceEnrollResponse{},
-			Doc: "A machine was enrolled (metal.enroll) and commissioning starts. The payload names its credentials' " +
-				"secret (`bmcCredentialsRef`), never the credentials.",
+			Doc: "A machine was enrolled (metal.enroll) and commissioning starts. The payload names neither the " +
+				"credentials nor their secret: `bmcCredentialsRef` is left out of every machine.* event (metal.get shows it).",
 		},
 		{
 			Name:    "machine.deploy_requested",

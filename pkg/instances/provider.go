@@ -67,6 +67,20 @@ func SetProviderSettings(ctx context.Context, q Querier, s ProviderSettings) err
 	return nil
 }
 
+// MaxCredentialUsers bounds [PoolsUsingCredentials].
+const MaxCredentialUsers = 1000
+
+// PoolsUsingCredentials returns the ids of up to MaxCredentialUsers
+// provider pools whose settings name secret ref, in id order.
+func PoolsUsingCredentials(ctx context.Context, q Querier, ref string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT pool_id FROM provider_pool_settings WHERE credentials_ref = $1 ORDER BY pool_id LIMIT $2`,
+		ref, MaxCredentialUsers)
+	if err != nil {
+		return nil, fmt.Errorf("list pools using secret %s: %w", ref, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // ProviderInstance is a provider instance with its workflow's state.
 type ProviderInstance struct {
 	Instance

@@ -76,8 +76,15 @@ type Machine struct {
 	BMCAddress string
 	// BMCCredentialsRef is the secret ("sec_…") holding its credentials.
 	BMCCredentialsRef string
-	State             State
-	Purpose           Purpose
+	// How its BMC's certificate is verified: BMCCAPEM pins a CA;
+	// BMCCertificateSHA256 pins the certificate itself (given at
+	// enrollment, or trusted on first use: [PinCertificate]); BMCInsecure
+	// skips verification (an explicit opt-in, excluding both).
+	BMCCAPEM             string
+	BMCCertificateSHA256 string
+	BMCInsecure          bool
+	State                State
+	Purpose              Purpose
 	// StepAttempts counts the tries of the current step; StepStartedAt is
 	// when the machine entered it; StepDeadline, when set, is when the
 	// current try times out.
@@ -113,7 +120,8 @@ func NewID() string { return "mach_" + secret.Random(10) }
 
 const cols = `id, tenant_id, site_id, pool_id, name, labels, bmc_address, bmc_credentials_ref, state, purpose,
 	step_attempts, step_started_at, step_deadline, failed_step, failed_reason, inventory, macs, boot,
-	coalesce(join_token_id, ''), node_id, image, cloud_init, generation, created_at, updated_at`
+	coalesce(join_token_id, ''), node_id, image, cloud_init, generation, created_at, updated_at,
+	bmc_ca_pem, bmc_certificate_sha256, bmc_insecure`
 
 func scan(r pgx.Row) (Machine, error) {
 	var m Machine
@@ -121,7 +129,7 @@ func scan(r pgx.Row) (Machine, error) {
 	err := r.Scan(&m.ID, &m.TenantID, &m.SiteID, &m.PoolID, &m.Name, &m.Labels, &m.BMCAddress, &m.BMCCredentialsRef,
 		&state, &purpose, &m.StepAttempts, &m.StepStartedAt, &m.StepDeadline, &failedStep, &m.FailedReason,
 		&m.Inventory, &m.MACs, &boot, &m.JoinTokenID, &m.NodeID, &m.Image, &m.CloudInit, &m.Generation,
-		&m.CreatedAt, &m.UpdatedAt)
+		&m.CreatedAt, &m.UpdatedAt, &m.BMCCAPEM, &m.BMCCertificateSHA256, &m.BMCInsecure)
 	m.State, m.Purpose, m.FailedStep, m.Boot = State(state), Purpose(purpose), State(failedStep), Boot(boot)
 	return m, err
 }
@@ -136,21 +144,26 @@ func notFound(tenant, id string) error {
 // Create stores m in state enrolled with purpose commission (its State,
 // Purpose, Generation and step fields are ignored). ID, TenantID, SiteID,
 // PoolID, Name, BMCAddress, BMCCredentialsRef and NodeID are required. A
-// name already used in the tenant is CONFLICT on "name"; a credentials
+// name already used in the tenant is CONFLICT on "name", a BMC address
+// already enrolled at the site CONFLICT on "bmc.address"; a credentials
 // reference that no longer exists is NOT_FOUND on "bmc.credentialsRef".
 func Create(ctx context.Context, q Querier, m Machine) (Machine, error) {
 	if m.Labels == nil {
 		m.Labels = map[string]string{}
 	}
 	out, err := scan(q.QueryRow(ctx, `
-		INSERT INTO machines (id, tenant_id, site_id, pool_id, name, labels, bmc_address, bmc_credentials_ref, node_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-		RETURNING `+cols, m.ID, m.TenantID, m.SiteID, m.PoolID, m.Name, m.Labels, m.BMCAddress, m.BMCCredentialsRef, m.NodeID))
+		INSERT INTO machines (id, tenant_id, site_id, pool_id, name, labels, bmc_address, bmc_credentials_ref, node_id,
+		    bmc_ca_pem, bmc_certificate_sha256, bmc_insecure)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		RETURNING `+cols, m.ID, m.TenantID, m.SiteID, m.PoolID, m.Name, m.Labels, m.BMCAddress, m.BMCCredentialsRef, m.NodeID,
+		m.BMCCAPEM, m.BMCCertificateSHA256, m.BMCInsecure))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch {
 		case pe.Code == "23505" && pe.ConstraintName == "machines_tenant_id_name_key":
 			return Machine{}, fault.New(fault.Conflict, "name", "a machine named %q already exists in tenant %s", m.Name, m.TenantID)
+		case pe.Code == "23505" && pe.ConstraintName == "machines_site_bmc_address":
+			return Machine{}, fault.New(fault.Conflict, "bmc.address", "a machine of site %s already has BMC %s: one server is enrolled once", m.SiteID, m.BMCAddress)
 		case pe.Code == "23503" && strings.Contains(pe.ConstraintName, "bmc_credentials_ref"):
 			return Machine{}, fault.New(fault.NotFound, "bmc.credentialsRef", "secret %q not found in tenant %s", m.BMCCredentialsRef, m.TenantID)
 		case pe.Code == "23503" && strings.Contains(pe.ConstraintName, "site_id"):
@@ -361,9 +374,15 @@ func Attempt(ctx context.Context, q Querier, id string, at State, deadline time.
 	return m, nil
 }
 
+// ErrMACTaken is in the chain of [SetInventory]'s CONFLICT when another
+// machine of the site already has one of the MACs.
+var ErrMACTaken = errors.New("MAC address owned by another machine of the site")
+
 // SetInventory records what inspection found while the machine is at and
 // its MACs (lower-cased, at most MaxMACs); the generation grows (the boot
-// server knows machines by MAC).
+// server knows machines by MAC). A MAC another machine of the site has is
+// CONFLICT on "macs" wrapping [ErrMACTaken]: the boot server would answer
+// one machine's PXE boot with the other's decision.
 func SetInventory(ctx context.Context, q Querier, id string, at State, inventory json.RawMessage, macs []string) (Machine, error) {
 	if len(macs) > MaxMACs {
 		return Machine{}, fmt.Errorf("machine %s: %d MAC addresses, at most %d", id, len(macs), MaxMACs)
@@ -374,6 +393,22 @@ func SetInventory(ctx context.Context, q Querier, id string, at State, inventory
 	}
 	if inventory == nil {
 		inventory = json.RawMessage(`{}`)
+	}
+	// One writer of a site's MACs at a time, so two machines inspected
+	// together cannot both claim one MAC.
+	if _, err := q.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('machines.macs:' || site_id, 0)) FROM machines WHERE id = $1`, id); err != nil {
+		return Machine{}, fmt.Errorf("lock the MACs of machine %s's site: %w", id, err)
+	}
+	var owner, mac string
+	err := q.QueryRow(ctx, `
+		SELECT o.id, x.mac FROM machines o, unnest(o.macs) AS x(mac)
+		 WHERE o.site_id = (SELECT site_id FROM machines WHERE id = $1) AND o.id <> $1 AND x.mac = ANY($2)
+		 ORDER BY o.id, x.mac LIMIT 1`, id, lower).Scan(&owner, &mac)
+	switch {
+	case err == nil:
+		return Machine{}, fault.Wrap(ErrMACTaken, fault.Conflict, "macs", "MAC %s belongs to machine %s of the same site", mac, owner)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return Machine{}, fmt.Errorf("check the MACs of machine %s: %w", id, err)
 	}
 	m, err := scan(q.QueryRow(ctx, `
 		UPDATE machines SET inventory = $3, macs = $4, generation = generation + 1, updated_at = now()
@@ -404,6 +439,45 @@ func SetBoot(ctx context.Context, q Querier, id string, at State, boot Boot, joi
 		return Machine{}, fmt.Errorf("set the boot of machine %s: %w", id, err)
 	}
 	return m, nil
+}
+
+// PinCertificate records sha256 (64 lower-case hex digits) as the pinned
+// certificate of machine id's BMC, but only while none is pinned and it is
+// not insecure and has no pinned CA: trust on first use. It reports
+// whether it pinned.
+func PinCertificate(ctx context.Context, q Querier, id, sha256 string) (Machine, bool, error) {
+	m, err := scan(q.QueryRow(ctx, `
+		UPDATE machines SET bmc_certificate_sha256 = $2, updated_at = now()
+		WHERE id = $1 AND bmc_certificate_sha256 = '' AND bmc_ca_pem = '' AND NOT bmc_insecure
+		RETURNING `+cols, id, sha256))
+	if errors.Is(err, pgx.ErrNoRows) {
+		m, err := Get(ctx, q, "", id)
+		return m, false, err
+	}
+	if err != nil {
+		return Machine{}, false, fmt.Errorf("pin the BMC certificate of machine %s: %w", id, err)
+	}
+	return m, true, nil
+}
+
+// MaxCredentialUsers bounds [UsersOfCredentials].
+const MaxCredentialUsers = 1000
+
+// UsersOfCredentials returns up to MaxCredentialUsers machines of tenant
+// naming secret ref, in id order.
+func UsersOfCredentials(ctx context.Context, q Querier, tenant, ref string) ([]Machine, error) {
+	rows, err := q.Query(ctx, `SELECT `+cols+` FROM machines WHERE tenant_id = $1 AND bmc_credentials_ref = $2 ORDER BY id LIMIT $3`,
+		tenant, ref, MaxCredentialUsers)
+	if err != nil {
+		return nil, fmt.Errorf("list machines using secret %s: %w", ref, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Machine, error) { return scan(r) })
+}
+
+// TrustOnFirstUse says the machine's BMC certificate is to be pinned from
+// the first BMC task: nothing pinned, no CA, not insecure.
+func (m Machine) TrustOnFirstUse() bool {
+	return m.BMCCertificateSHA256 == "" && m.BMCCAPEM == "" && !m.BMCInsecure
 }
 
 // UsingCredentials counts the machines other than except naming secret ref.

@@ -3,7 +3,9 @@ package machines_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -69,7 +71,7 @@ func setup(t *testing.T) fixture {
 func (f fixture) machine(t *testing.T, name string) machines.Machine {
 	t.Helper()
 	m, err := machines.Create(context.Background(), f.db, machines.Machine{ID: machines.NewID(), TenantID: "root", SiteID: f.site,
-		PoolID: f.pool, Name: name, Labels: map[string]string{"rack": "r1"}, BMCAddress: "https://10.0.0.1",
+		PoolID: f.pool, Name: name, Labels: map[string]string{"rack": "r1"}, BMCAddress: "https://" + name + ".bmc.example",
 		BMCCredentialsRef: f.secret, NodeID: iam.NewID("node")})
 	if err != nil {
 		t.Fatal(err)
@@ -279,5 +281,87 @@ func TestTransitionTable(t *testing.T) {
 	}
 	if from := machines.From(machines.StateDeploying); !slices.Equal(from, []machines.State{machines.StateReady, machines.StateFailed}) {
 		t.Errorf("From(deploying) = %v", from)
+	}
+}
+
+// TestEnrollSameBMCAddressTwiceRefusedInStore: one BMC address per site
+// (CONFLICT on "bmc.address"); another site may use it.
+func TestEnrollSameBMCAddressTwiceRefusedInStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	m := f.machine(t, "m1")
+	_, err := machines.Create(ctx, f.db, machines.Machine{ID: machines.NewID(), TenantID: "root", SiteID: f.site, PoolID: f.pool,
+		Name: "m2", BMCAddress: m.BMCAddress, BMCCredentialsRef: f.secret, NodeID: iam.NewID("node")})
+	wantFault(t, err, fault.Conflict, "bmc.address")
+	s2, err := sites.Create(ctx, f.db, sites.Site{ID: sites.NewID(), TenantID: "root", Name: "ams1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := machines.Create(ctx, f.db, machines.Machine{ID: machines.NewID(), TenantID: "root", SiteID: s2.ID, PoolID: f.pool,
+		Name: "m2", BMCAddress: m.BMCAddress, BMCCredentialsRef: f.secret, NodeID: iam.NewID("node")}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMACOfAnotherMachineOfTheSiteRefused: inspection cannot give a
+// machine a MAC another machine of the site has (in any case): CONFLICT on
+// "macs" wrapping ErrMACTaken, nothing written; a machine may record its
+// own MACs again.
+func TestMACOfAnotherMachineOfTheSiteRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	a, b := f.machine(t, "a"), f.machine(t, "b")
+	for _, m := range []machines.Machine{a, b} {
+		if _, err := machines.SetState(ctx, f.db, m.ID, []machines.State{machines.StateEnrolled}, machines.StateInspecting, machines.Change{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := machines.SetInventory(ctx, f.db, a.ID, machines.StateInspecting, nil, []string{"02:00:00:00:00:01", "02:00:00:00:00:02"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := machines.SetInventory(ctx, f.db, b.ID, machines.StateInspecting, nil, []string{"02:00:00:00:00:09", "02:00:00:00:00:0A", "02:00:00:00:00:02"})
+	wantFault(t, err, fault.Conflict, "macs")
+	if !errors.Is(err, machines.ErrMACTaken) {
+		t.Fatalf("%v does not wrap ErrMACTaken", err)
+	}
+	if got, _ := machines.Get(ctx, f.db, "", b.ID); len(got.MACs) != 0 {
+		t.Fatalf("b's MACs after the refusal: %v", got.MACs)
+	}
+	if _, err := machines.SetInventory(ctx, f.db, a.ID, machines.StateInspecting, nil, []string{"02:00:00:00:00:01"}); err != nil {
+		t.Fatalf("a again: %v", err)
+	}
+	if _, err := machines.SetInventory(ctx, f.db, b.ID, machines.StateInspecting, nil, []string{"02:00:00:00:00:02"}); err != nil {
+		t.Fatalf("b, a MAC a gave up: %v", err)
+	}
+}
+
+// TestPinCertificate: trust on first use pins once; a machine with a CA or
+// insecure is never pinned.
+func TestPinCertificate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	m := f.machine(t, "m1")
+	if !m.TrustOnFirstUse() {
+		t.Fatal("a machine without TLS options does not trust on first use")
+	}
+	first, second := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	got, pinned, err := machines.PinCertificate(ctx, f.db, m.ID, first)
+	if err != nil || !pinned || got.BMCCertificateSHA256 != first || got.TrustOnFirstUse() {
+		t.Fatalf("first pin: %+v %v %v", got, pinned, err)
+	}
+	got, pinned, err = machines.PinCertificate(ctx, f.db, m.ID, second)
+	if err != nil || pinned || got.BMCCertificateSHA256 != first {
+		t.Fatalf("second pin: %v %v %v", got.BMCCertificateSHA256, pinned, err)
+	}
+	ins, err := machines.Create(ctx, f.db, machines.Machine{ID: machines.NewID(), TenantID: "root", SiteID: f.site, PoolID: f.pool,
+		Name: "ins", BMCAddress: "https://ins", BMCCredentialsRef: f.secret, NodeID: iam.NewID("node"), BMCInsecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, pinned, err := machines.PinCertificate(ctx, f.db, ins.ID, first); err != nil || pinned {
+		t.Fatalf("an insecure machine pinned: %v %v", pinned, err)
 	}
 }

@@ -59,16 +59,22 @@ type Secret struct {
 	ID       string
 	TenantID string
 	Kind     Kind
+	// BoundTo is what the secret may be sent to: for a [KindBMC] secret,
+	// the BMC address it was created for ("" for none). Users of the
+	// secret check it ([Meta.BoundTo]) before naming or opening it.
+	BoundTo string
 	// Plain is the payload, sealed before it is stored.
 	Plain []byte
 }
 
 // Meta is what may be known about a stored secret without opening it.
 type Meta struct {
-	ID        string
-	TenantID  string
-	Kind      Kind
-	KeyID     string
+	ID       string
+	TenantID string
+	Kind     Kind
+	KeyID    string
+	// BoundTo is [Secret.BoundTo].
+	BoundTo   string
 	CreatedAt time.Time
 }
 
@@ -93,8 +99,8 @@ func Put(ctx context.Context, q Querier, kr *Keyring, s Secret) error {
 		return fault.New(fault.InvalidInput, "secret", "at most %d bytes", MaxPlainBytes)
 	}
 	keyID, nonce, ct := kr.seal(s.TenantID, s.ID, s.Kind, s.Plain)
-	_, err := q.Exec(ctx, `INSERT INTO secrets (id, tenant_id, kind, key_id, nonce, ciphertext) VALUES ($1, $2, $3, $4, $5, $6)`,
-		s.ID, s.TenantID, string(s.Kind), keyID, nonce, ct)
+	_, err := q.Exec(ctx, `INSERT INTO secrets (id, tenant_id, kind, key_id, nonce, ciphertext, bound_to) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		s.ID, s.TenantID, string(s.Kind), keyID, nonce, ct, s.BoundTo)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "23505" {
 		return fault.New(fault.Conflict, "secretId", "secret %s already exists", s.ID)
@@ -133,12 +139,12 @@ func Open(ctx context.Context, q Querier, kr *Keyring, tenant, id string) ([]byt
 	return plain, nil
 }
 
-const metaCols = `id, tenant_id, kind, key_id, created_at`
+const metaCols = `id, tenant_id, kind, key_id, bound_to, created_at`
 
 func scanMeta(r pgx.Row) (Meta, error) {
 	var m Meta
 	var kind string
-	err := r.Scan(&m.ID, &m.TenantID, &kind, &m.KeyID, &m.CreatedAt)
+	err := r.Scan(&m.ID, &m.TenantID, &kind, &m.KeyID, &m.BoundTo, &m.CreatedAt)
 	m.Kind = Kind(kind)
 	return m, err
 }

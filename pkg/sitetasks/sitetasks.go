@@ -113,9 +113,13 @@ var ErrStale = errors.New("stale site task result")
 type BMC struct {
 	// Address is the Redfish endpoint, https://host[:port].
 	Address string `json:"address"`
-	// CAPEM pins the BMC's CA; Insecure skips verification instead.
-	CAPEM    string `json:"caPem,omitempty"`
-	Insecure bool   `json:"insecure,omitempty"`
+	// CAPEM pins the BMC's CA; CertificateSHA256 pins its certificate
+	// (lowercase hex SHA-256 of the DER); TrustOnFirstUse accepts any, to
+	// be pinned from the result; Insecure skips verification instead.
+	CAPEM             string `json:"caPem,omitempty"`
+	CertificateSHA256 string `json:"certificateSha256,omitempty"`
+	TrustOnFirstUse   bool   `json:"trustOnFirstUse,omitempty"`
+	Insecure          bool   `json:"insecure,omitempty"`
 }
 
 // Image is a content-addressed boot file.
@@ -176,10 +180,12 @@ type Disk struct {
 }
 
 // Result is what a task returned: Inventory for bmc.inspect, PowerState
-// for bmc.power and bmc.boot, nothing for pxe.*.
+// for bmc.power and bmc.boot, nothing for pxe.*. BMCCertificateSHA256 is
+// the certificate the BMC presented (bmc.* kinds), kept for a failure too.
 type Result struct {
-	Inventory  *Inventory `json:"inventory,omitempty"`
-	PowerState string     `json:"powerState,omitempty"`
+	Inventory            *Inventory `json:"inventory,omitempty"`
+	PowerState           string     `json:"powerState,omitempty"`
+	BMCCertificateSHA256 string     `json:"bmcCertificateSha256,omitempty"`
 }
 
 // Task is a stored site task.
@@ -422,7 +428,11 @@ func Fail(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, h Holder, o Outcom
 	if o.Error == "" {
 		o.Error = "failed"
 	}
-	o.Result = nil
+	if o.Result != nil && o.Result.BMCCertificateSHA256 != "" {
+		o.Result = &Result{BMCCertificateSHA256: o.Result.BMCCertificateSHA256}
+	} else {
+		o.Result = nil
+	}
 	return finish(ctx, tx, q, h, o, Failed)
 }
 

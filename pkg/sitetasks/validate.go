@@ -124,8 +124,27 @@ func validBMC(b BMC) error {
 		return fault.New(fault.InvalidInput, "payload.bmc.caPem", "at most %d bytes", MaxCAPEM)
 	case b.Insecure && b.CAPEM != "":
 		return fault.New(fault.InvalidInput, "payload.bmc.insecure", "insecure excludes a pinned caPem")
+	case b.CertificateSHA256 != "" && !ValidSHA256(b.CertificateSHA256):
+		return fault.New(fault.InvalidInput, "payload.bmc.certificateSha256", "want 64 lowercase hex digits")
+	case b.Insecure && b.CertificateSHA256 != "":
+		return fault.New(fault.InvalidInput, "payload.bmc.insecure", "insecure excludes a pinned certificate")
+	case b.TrustOnFirstUse && (b.Insecure || b.CAPEM != "" || b.CertificateSHA256 != ""):
+		return fault.New(fault.InvalidInput, "payload.bmc.trustOnFirstUse", "excludes insecure, caPem and certificateSha256")
 	}
 	return nil
+}
+
+// ValidSHA256 says s is a SHA-256 as 64 lowercase hex digits.
+func ValidSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func validURL(s string, schemes ...string) bool {

@@ -1,15 +1,21 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
+	"fmt"
 	"maps"
 	"net/url"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -43,6 +49,7 @@ func machinePB(m machines.Machine) *computev1.Machine {
 	out := &computev1.Machine{
 		Id: m.ID, TenantId: m.TenantID, SiteId: m.SiteID, PoolId: m.PoolID, Name: m.Name, Labels: m.Labels,
 		BmcAddress: m.BMCAddress, BmcCredentialsRef: m.BMCCredentialsRef, State: string(m.State), Purpose: string(m.Purpose),
+		BmcCertificateSha256: m.BMCCertificateSHA256, BmcCaPinned: m.BMCCAPEM != "", BmcInsecureSkipVerify: m.BMCInsecure,
 		StepAttempts: int32(m.StepAttempts), StepStartTime: ts(m.StepStartedAt), StepDeadlineTime: tsp(m.StepDeadline),
 		FailedStep: string(m.FailedStep), FailedReason: m.FailedReason, Macs: m.MACs, NodeId: m.NodeID,
 		CloudInitBytes: int32(len(m.CloudInit)), Boot: string(m.Boot), Generation: m.Generation,
@@ -56,6 +63,26 @@ func machinePB(m machines.Machine) *computev1.Machine {
 		out.Inventory, _ = structpb.NewStruct(inv)
 	}
 	return out
+}
+
+// machineOutcome is outcome with the event's payload the answer less the
+// machine's bmcCredentialsRef: events reach more readers (webhooks,
+// events.watch, anyone with events.list in the tenant) than the machine
+// does, and a secret's id is not theirs to name.
+func machineOutcome(resp proto.Message, m *computev1.Machine, event string, res *authz.Resource) (admission.Outcome, error) {
+	out, err := outcome(resp, event, res)
+	if err != nil || m == nil || m.GetBmcCredentialsRef() == "" {
+		return out, err
+	}
+	ref := m.BmcCredentialsRef
+	m.BmcCredentialsRef = ""
+	payload, err := protojson.Marshal(resp)
+	m.BmcCredentialsRef = ref
+	if err != nil {
+		return admission.Outcome{}, fmt.Errorf("encode event: %w", err)
+	}
+	out.Event.Payload = payload
+	return out, nil
 }
 
 // machineResource is a machine's projection row: its pool, its labels and
@@ -131,6 +158,50 @@ func bmcAddress(v string) string {
 	return "https://" + strings.ToLower(u.Host)
 }
 
+// bmcTLS is how metal.enroll says the BMC's certificate is verified.
+type bmcTLS struct {
+	caPEM, sha256 string
+	insecure      bool
+}
+
+// validBMCTLS checks bmc.caPem (PEM certificates, at most
+// sitetasks.MaxCAPEM bytes), bmc.certificateSha256 (64 hex digits) and
+// bmc.insecureSkipVerify (alone).
+func validBMCTLS(bmc *computev1.MachineBMC) (bmcTLS, error) {
+	out := bmcTLS{caPEM: bmc.GetCaPem(), sha256: strings.ToLower(bmc.GetCertificateSha256()), insecure: bmc.GetInsecureSkipVerify()}
+	if out.caPEM != "" {
+		if len(out.caPEM) > sitetasks.MaxCAPEM {
+			return bmcTLS{}, fault.New(fault.InvalidInput, "bmc.caPem", "at most %d bytes", sitetasks.MaxCAPEM)
+		}
+		rest, n := []byte(out.caPEM), 0
+		for {
+			var b *pem.Block
+			if b, rest = pem.Decode(rest); b == nil {
+				break
+			}
+			if b.Type != "CERTIFICATE" {
+				return bmcTLS{}, fault.New(fault.InvalidInput, "bmc.caPem", "holds a %q block: expected certificates only", b.Type)
+			}
+			if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+				return bmcTLS{}, fault.New(fault.InvalidInput, "bmc.caPem", "certificate %d does not parse", n+1)
+			}
+			n++
+		}
+		if n == 0 || len(bytes.TrimSpace(rest)) != 0 {
+			return bmcTLS{}, fault.New(fault.InvalidInput, "bmc.caPem", "expected one or more PEM certificates and nothing else")
+		}
+	}
+	if out.sha256 != "" {
+		if b, err := hex.DecodeString(out.sha256); err != nil || len(b) != sha256.Size {
+			return bmcTLS{}, fault.New(fault.InvalidInput, "bmc.certificateSha256", "expected 64 hex digits (the SHA-256 of the certificate's DER)")
+		}
+	}
+	if out.insecure && (out.caPEM != "" || out.sha256 != "") {
+		return bmcTLS{}, fault.New(fault.InvalidInput, "bmc.insecureSkipVerify", "not with bmc.caPem or bmc.certificateSha256: verify or do not")
+	}
+	return out, nil
+}
+
 func (s *metalAPI) Enroll(ctx context.Context, req *computev1.MetalServiceEnrollRequest) (*computev1.MetalServiceEnrollResponse, error) {
 	if err := required("siteId", req.GetSiteId()); err != nil {
 		return nil, err
@@ -176,6 +247,10 @@ func (s *metalAPI) Enroll(ctx context.Context, req *computev1.MetalServiceEnroll
 			return nil, fault.New(fault.InvalidInput, "bmc.password", "at most %d characters", secrets.MaxBMCPasswordLen)
 		}
 	}
+	tlsPin, err := validBMCTLS(bmc)
+	if err != nil {
+		return nil, err
+	}
 	kr := s.secrets
 	if kr == nil {
 		return nil, fault.New(fault.Unsupported, secrets.ConfigField,
@@ -201,6 +276,22 @@ func (s *metalAPI) Enroll(ctx context.Context, req *computev1.MetalServiceEnroll
 		if meta.Kind != secrets.KindBMC {
 			return nil, fault.New(fault.InvalidInput, "bmc.credentialsRef", "secret %s holds %s, not BMC credentials", ref, meta.Kind)
 		}
+		// The secret goes only to the BMC it was created for.
+		if meta.BoundTo == "" || meta.BoundTo != bmcAddress(bmc.GetAddress()) {
+			return nil, fault.New(fault.AccessDenied, "bmc.credentialsRef",
+				"secret %s is bound to another BMC address: a BMC's credentials are sent to that BMC only; give the credentials instead", ref)
+		}
+		users, err := machines.UsersOfCredentials(ctx, s.db, tenant, ref)
+		if err != nil {
+			return nil, err
+		}
+		res := make([]authz.Resource, len(users))
+		for i, u := range users {
+			res[i] = machineResource(u.ID, u.TenantID, u.SiteID, u.PoolID, u.Labels)
+		}
+		if err := s.mayUseSecret(ctx, tenant, "bmc.credentialsRef", ref, res); err != nil {
+			return nil, err
+		}
 	}
 	address := bmcAddress(bmc.GetAddress())
 	creds := secrets.BMCCredentials{Username: bmc.GetUsername(), Password: bmc.GetPassword()}
@@ -220,12 +311,14 @@ func (s *metalAPI) Enroll(ctx context.Context, req *computev1.MetalServiceEnroll
 			credsRef := ref
 			if credsRef == "" {
 				credsRef = secrets.NewID()
-				if err := secrets.Put(ctx, tx, kr, secrets.Secret{ID: credsRef, TenantID: tenant, Kind: secrets.KindBMC, Plain: creds.Marshal()}); err != nil {
+				if err := secrets.Put(ctx, tx, kr, secrets.Secret{ID: credsRef, TenantID: tenant, Kind: secrets.KindBMC,
+					BoundTo: address, Plain: creds.Marshal()}); err != nil {
 					return admission.Outcome{}, err
 				}
 			}
 			m, err := machines.Create(ctx, tx, machines.Machine{ID: id, TenantID: tenant, SiteID: site.ID, PoolID: pool.ID,
-				Name: req.GetName(), Labels: req.GetLabels(), BMCAddress: address, BMCCredentialsRef: credsRef, NodeID: iam.NewID("node")})
+				Name: req.GetName(), Labels: req.GetLabels(), BMCAddress: address, BMCCredentialsRef: credsRef, NodeID: iam.NewID("node"),
+				BMCCAPEM: tlsPin.caPEM, BMCCertificateSHA256: tlsPin.sha256, BMCInsecure: tlsPin.insecure})
 			if err != nil {
 				return admission.Outcome{}, err
 			}
@@ -233,7 +326,8 @@ func (s *metalAPI) Enroll(ctx context.Context, req *computev1.MetalServiceEnroll
 				return admission.Outcome{}, err
 			}
 			res := machineResource(m.ID, tenant, m.SiteID, m.PoolID, m.Labels)
-			return outcome(&computev1.MetalServiceEnrollResponse{Machine: machinePB(m)}, "machine.enrolled", &res)
+			pb := machinePB(m)
+			return machineOutcome(&computev1.MetalServiceEnrollResponse{Machine: pb}, pb, "machine.enrolled", &res)
 		},
 	}, out)
 	if err != nil {
@@ -310,7 +404,8 @@ func (s *metalAPI) change(ctx context.Context, tenant, id, event string, out pro
 			if err := q.Enqueue(ctx, sitetasks.ReconcileKind, m.ID); err != nil {
 				return admission.Outcome{}, err
 			}
-			return outcome(wrap(machinePB(m)), event, newRes)
+			pb := machinePB(m)
+			return machineOutcome(wrap(pb), pb, event, newRes)
 		},
 	}, out)
 }
@@ -470,7 +565,8 @@ func (s *metalAPI) Delete(ctx context.Context, req *computev1.MetalServiceDelete
 			if err := q.Enqueue(ctx, sitetasks.ReconcileKind, m.ID); err != nil {
 				return admission.Outcome{}, err
 			}
-			return outcome(&computev1.MetalServiceDeleteResponse{Machine: machinePB(m)}, "machine.deleted", nil)
+			pb := machinePB(m)
+			return machineOutcome(&computev1.MetalServiceDeleteResponse{Machine: pb}, pb, "machine.deleted", nil)
 		},
 	}, out)
 	if err != nil {

@@ -168,9 +168,14 @@ func TestMetal(t *testing.T) {
 		t.Fatalf("%d secrets after a replay and two refusals, want 1", n)
 	}
 
-	// A second machine with the first one's credentials.
-	m2resp, err := c.Enroll(actx, &computev1.MetalServiceEnrollRequest{TenantId: "acme", SiteId: siteID, PoolId: poolID, Name: "m2",
-		Bmc: &computev1.MachineBMC{Address: "https://10.0.0.2", CredentialsRef: m1.GetBmcCredentialsRef()}})
+	// A second machine with the first one's credentials: the same BMC
+	// address (the secret is bound to it), at another site.
+	site2, err := computev1.NewSitesServiceClient(h.conn).Create(actx, &computev1.SitesServiceCreateRequest{TenantId: "acme", Name: "ams1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2resp, err := c.Enroll(actx, &computev1.MetalServiceEnrollRequest{TenantId: "acme", SiteId: site2.GetSite().GetId(), PoolId: poolID, Name: "m2",
+		Bmc: &computev1.MachineBMC{Address: "https://bmc-1.example:8443", CredentialsRef: m1.GetBmcCredentialsRef()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,13 +191,16 @@ func TestMetal(t *testing.T) {
 		t.Fatalf("get: %v %v", got, err)
 	}
 	answers = append(answers, got.String())
-	list, err := c.List(actx, &computev1.MetalServiceListRequest{TenantId: "acme", SiteId: siteID, State: "enrolled"})
+	list, err := c.List(actx, &computev1.MetalServiceListRequest{TenantId: "acme", State: "enrolled"})
 	if err != nil || len(list.GetMachines()) != 2 {
 		t.Fatalf("list: %v %v", list, err)
 	}
 	answers = append(answers, list.String())
 	if l, err := c.List(actx, &computev1.MetalServiceListRequest{TenantId: "acme", State: "ready"}); err != nil || len(l.GetMachines()) != 0 {
 		t.Fatalf("list ready: %v %v", l, err)
+	}
+	if l, err := c.List(actx, &computev1.MetalServiceListRequest{TenantId: "acme", SiteId: siteID}); err != nil || len(l.GetMachines()) != 1 {
+		t.Fatalf("list of one site: %v %v", l, err)
 	}
 	if l, err := c.List(actx, &computev1.MetalServiceListRequest{TenantId: "acme", SiteId: "site_other"}); err != nil || len(l.GetMachines()) != 0 {
 		t.Fatalf("list of another site: %v %v", l, err)

@@ -8,6 +8,7 @@ import (
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/instances"
 	"github.com/bettercompute/bettercompute/pkg/providers"
@@ -75,8 +76,29 @@ func (s *Server) setProvider(ctx context.Context, tx pgx.Tx, poolID, class, tena
 		if meta.Kind != secrets.KindProvider {
 			return fault.New(fault.InvalidInput, "provider.credentialsRef", "secret %s holds %s, not provider credentials", ref, meta.Kind)
 		}
+		if err := s.mayUsePoolSecret(ctx, tx, tenant, ref); err != nil {
+			return err
+		}
 	}
 	return instances.SetProviderSettings(ctx, tx, instances.ProviderSettings{PoolID: poolID, Endpoint: u.endpoint, CredentialsRef: ref})
+}
+
+// mayUsePoolSecret decides pools.update on every pool already naming
+// secret ref (see mayUseSecret).
+func (s *Server) mayUsePoolSecret(ctx context.Context, tx pgx.Tx, tenant, ref string) error {
+	ids, err := instances.PoolsUsingCredentials(ctx, tx, ref)
+	if err != nil {
+		return err
+	}
+	users := make([]authz.Resource, 0, len(ids))
+	for _, id := range ids {
+		res, err := authz.Get(ctx, tx, tenant, authz.TypePool, id, "provider.credentialsRef")
+		if err != nil {
+			return err
+		}
+		users = append(users, res)
+	}
+	return s.mayUseSecret(ctx, tenant, "provider.credentialsRef", ref, users)
 }
 
 // createAtProvider is instances.create's work on a provider pool: the

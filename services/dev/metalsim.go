@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/site"
 	"github.com/bettercompute/bettercompute/agent/site/pxe"
@@ -54,6 +56,8 @@ type SimSiteConfig struct {
 	LeaseTTL time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// OnTask, a test hook, is the site agent's (site.Config.OnTask).
+	OnTask func(context.Context, *agentv1.SiteTask)
 }
 
 // SimSite is a running simulated site.
@@ -114,7 +118,7 @@ func StartSimSite(ctx context.Context, cfg SimSiteConfig) (*SimSite, error) {
 	go func() {
 		defer close(s.done)
 		_ = site.Run(runCtx, site.Config{Gateway: cfg.Gateway, State: st, Boot: boot, Version: "sim", Hostname: cfg.Hostname,
-			LeaseTTL: cfg.LeaseTTL, Logger: log.With("part", "agent"), PXE: table})
+			LeaseTTL: cfg.LeaseTTL, Logger: log.With("part", "agent"), PXE: table, OnTask: cfg.OnTask})
 	}()
 	// The lease is the agent's once a previous holder's lapsed: a restart
 	// waits up to a TTL for it.

@@ -110,8 +110,11 @@ func (s *SimSite) AddMachine(cfg SimMachineConfig) (*SimMachine, error) {
 			addr = strings.TrimSpace(string(kept))
 		}
 	}
-	if m.BMC, err = fakebmc.StartTLS(b, cmp.Or(addr, "127.0.0.1:0")); err != nil && addr != "" && cfg.BMCAddr == "" {
-		m.BMC, err = fakebmc.StartTLS(b, "127.0.0.1:0") // the kept port is taken
+	// The BMC keeps its certificate across restarts, as a real one does:
+	// the control plane pinned it at the first inspect.
+	certFile := filepath.Join(m.dir, "bmc-cert.pem")
+	if m.BMC, err = fakebmc.StartTLSCert(b, cmp.Or(addr, "127.0.0.1:0"), certFile); err != nil && addr != "" && cfg.BMCAddr == "" {
+		m.BMC, err = fakebmc.StartTLSCert(b, "127.0.0.1:0", certFile) // the kept port is taken
 	}
 	if err != nil {
 		return nil, err

@@ -230,6 +230,14 @@ func (g *Gateway) applyTaskResult(ctx context.Context, s *siteSession, r *agentv
 		}
 		o.Result = res
 	}
+	// The BMC's certificate, success or not: the metal workflow pins it,
+	// or fails the machine when it changed.
+	if c := r.GetBmcCertificateSha256(); sitetasks.ValidSHA256(c) {
+		if o.Result == nil {
+			o.Result = &sitetasks.Result{}
+		}
+		o.Result.BMCCertificateSHA256 = c
+	}
 	var t sitetasks.Task
 	err := reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
 		var err error
@@ -263,7 +271,8 @@ func wireTask(t sitetasks.Task) (*agentv1.SiteTask, error) {
 		if p.BMC == nil {
 			return nil
 		}
-		return &agentv1.Bmc{Address: p.BMC.Address, SealedCredentials: t.Sealed, CaPem: p.BMC.CAPEM, Insecure: p.BMC.Insecure}
+		return &agentv1.Bmc{Address: p.BMC.Address, SealedCredentials: t.Sealed, CaPem: p.BMC.CAPEM, Insecure: p.BMC.Insecure,
+			CertificateSha256: p.BMC.CertificateSHA256, TrustOnFirstUse: p.BMC.TrustOnFirstUse}
 	}
 	image := func(i *sitetasks.Image) *agentv1.BootImage {
 		if i == nil {

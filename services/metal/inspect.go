@@ -2,6 +2,7 @@ package metal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/bettercompute/bettercompute/pkg/machines"
@@ -34,9 +35,16 @@ func (p *pass) inspect(ctx context.Context, ts []sitetasks.Task) (string, error)
 	if err != nil {
 		return "", err
 	}
-	if p.m, err = machines.SetInventory(ctx, p.tx, p.m.ID, p.m.State, b, macs); err != nil {
+	m, err := machines.SetInventory(ctx, p.tx, p.m.ID, p.m.State, b, macs)
+	if errors.Is(err, machines.ErrMACTaken) {
+		// Another record of the same hardware, or a spoofed inventory:
+		// not a thing a new attempt fixes.
+		return "", p.fail(ctx, "bmc.inspect: "+err.Error()+": is this server enrolled twice?")
+	}
+	if err != nil {
 		return "", err
 	}
+	p.m = m
 	return "", p.move(ctx, machines.StateBootingRamdisk, machines.Change{},
 		fmt.Sprintf("inspected: %s %s, %d NICs, %d disks", inv.Manufacturer, inv.Model, len(inv.NICs), len(inv.Disks)))
 }

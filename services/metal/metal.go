@@ -303,6 +303,9 @@ func (p *pass) act(ctx context.Context, start time.Time) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if failed, err := p.checkCertificate(ctx, tasks); err != nil || failed {
+		return "", err
+	}
 	switch p.m.State {
 	case machines.StateInspecting:
 		return p.inspect(ctx, tasks)

@@ -10,6 +10,7 @@ import (
 	"github.com/bettercompute/bettercompute/proto/credseal"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/machines"
 	"github.com/bettercompute/bettercompute/pkg/secrets"
 	"github.com/bettercompute/bettercompute/pkg/sitetasks"
 )
@@ -81,6 +82,10 @@ func (p *pass) enqueueTask(ctx context.Context, kind string, payload sitetasks.P
 
 // bmcTask queues a bmc.* task with the machine's credentials.
 func (p *pass) bmcTask(ctx context.Context, kind string, payload sitetasks.Payload, notAfter time.Time) (string, error) {
+	// A BMC's credentials go to the BMC they were created for only.
+	if meta, err := secrets.Get(ctx, p.tx, p.m.TenantID, p.m.BMCCredentialsRef); err == nil && meta.BoundTo != "" && meta.BoundTo != p.m.BMCAddress {
+		return fmt.Sprintf("the BMC's credentials (%s) are bound to another BMC address than %s: they are not sent", meta.ID, p.m.BMCAddress), nil
+	}
 	plain, err := secrets.Open(ctx, p.tx, p.w.cfg.Keyring, p.m.TenantID, p.m.BMCCredentialsRef)
 	if err != nil {
 		if fault.CodeOf(err) == fault.Unsupported || fault.CodeOf(err) == fault.NotFound || errors.Is(err, secrets.ErrTampered) ||
@@ -93,8 +98,50 @@ func (p *pass) bmcTask(ctx context.Context, kind string, payload sitetasks.Paylo
 	if _, err := secrets.ParseBMC(plain); err != nil {
 		return err.Error(), nil
 	}
-	payload.BMC = &sitetasks.BMC{Address: p.m.BMCAddress, Insecure: true}
+	payload.BMC = &sitetasks.BMC{Address: p.m.BMCAddress, CAPEM: p.m.BMCCAPEM, CertificateSHA256: p.m.BMCCertificateSHA256,
+		Insecure: p.m.BMCInsecure, TrustOnFirstUse: p.m.TrustOnFirstUse()}
 	return "", p.enqueueTask(ctx, kind, payload, plain, notAfter)
+}
+
+// isBMC says kind is a bmc.* task.
+func isBMC(kind string) bool {
+	return kind == sitetasks.KindBMCInspect || kind == sitetasks.KindBMCPower || kind == sitetasks.KindBMCBoot
+}
+
+// checkCertificate looks at the certificates the BMC presented to the
+// attempt's tasks (ts, newest first): trusting on first use, it pins the
+// oldest; with a certificate pinned, one that differs fails the machine at
+// once (true), whatever the task's outcome: a changed certificate is not
+// retried.
+func (p *pass) checkCertificate(ctx context.Context, ts []sitetasks.Task) (bool, error) {
+	if p.m.BMCInsecure || (p.m.BMCCAPEM != "" && p.m.BMCCertificateSHA256 == "") {
+		return false, nil
+	}
+	for i := len(ts) - 1; i >= 0; i-- {
+		t := ts[i]
+		if !isBMC(t.Kind) || t.Result == nil || t.Result.BMCCertificateSHA256 == "" {
+			continue
+		}
+		seen := t.Result.BMCCertificateSHA256
+		if p.m.BMCCertificateSHA256 == "" {
+			m, pinned, err := machines.PinCertificate(ctx, p.tx, p.m.ID, seen)
+			if err != nil {
+				return false, err
+			}
+			p.m = m
+			if pinned {
+				p.w.cfg.Logger.Info("metal: BMC certificate pinned on first use", "machine", m.ID, "bmc", m.BMCAddress,
+					"sha256", seen, "task", t.ID)
+			}
+			continue
+		}
+		if seen != p.m.BMCCertificateSHA256 {
+			return true, p.fail(ctx, fmt.Sprintf("the BMC's certificate changed: %s (%s) saw sha256 %s, pinned %s; "+
+				"if it was replaced on purpose, delete the machine and enroll it again with bmc.certificateSha256 or bmc.caPem",
+				t.Kind, t.ID, seen, p.m.BMCCertificateSHA256))
+		}
+	}
+	return false, nil
 }
 
 // reseal seals again the machine's tasks that wait for the holder's new key.

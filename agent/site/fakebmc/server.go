@@ -4,15 +4,19 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"net/http"
+	"os"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,19 +31,27 @@ type Server struct {
 	// BMC is the served fake.
 	BMC *BMC
 
-	srv *http.Server
-	ln  net.Listener
+	srv  *http.Server
+	ln   net.Listener
+	host string
+	cert atomic.Pointer[tls.Certificate]
 }
 
 // StartTLS serves b on addr ("127.0.0.1:0" for any free port) over TLS with a
 // fresh self-signed certificate for the listener's IP and "localhost".
-func StartTLS(b *BMC, addr string) (*Server, error) {
+func StartTLS(b *BMC, addr string) (*Server, error) { return StartTLSCert(b, addr, "") }
+
+// StartTLSCert is StartTLS keeping its certificate in certFile (PEM, the
+// certificate then its key, mode 0600): read from there when it exists,
+// written there when it is made, so a BMC restarted keeps its certificate
+// as a real one does. An empty certFile keeps nothing.
+func StartTLSCert(b *BMC, addr, certFile string) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("fakebmc: listen %s: %w", addr, err)
 	}
 	host, _, _ := net.SplitHostPort(ln.Addr().String())
-	cert, pemBytes, err := selfSigned(host)
+	cert, pemBytes, err := loadOrMake(host, certFile)
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -49,14 +61,17 @@ func StartTLS(b *BMC, addr string) (*Server, error) {
 		CAPEM: pemBytes,
 		BMC:   b,
 		ln:    ln,
-		srv: &http.Server{
-			Handler:           b,
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       30 * time.Second,
-			IdleTimeout:       60 * time.Second,
-			MaxHeaderBytes:    16 << 10,
-			TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-		},
+		host:  host,
+	}
+	s.cert.Store(&cert)
+	s.srv = &http.Server{
+		Handler:           b,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.cert.Load(), nil }},
 	}
 	go func() {
 		if err := s.srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -64,6 +79,51 @@ func StartTLS(b *BMC, addr string) (*Server, error) {
 		}
 	}()
 	return s, nil
+}
+
+// CertificateSHA256 is the lowercase hex SHA-256 of the certificate the
+// server presents now.
+func (s *Server) CertificateSHA256() string {
+	sum := sha256.Sum256(s.cert.Load().Certificate[0])
+	return hex.EncodeToString(sum[:])
+}
+
+// Rotate makes the server present a new self-signed certificate from its
+// next handshake on (what a replaced BMC, or one impersonated, looks like),
+// and returns its SHA-256. Open connections keep the old one: close them
+// (or let the client reconnect) to see it. CAPEM is not updated.
+func (s *Server) Rotate() (string, error) {
+	cert, _, err := selfSigned(s.host)
+	if err != nil {
+		return "", err
+	}
+	s.cert.Store(&cert)
+	return s.CertificateSHA256(), nil
+}
+
+func loadOrMake(host, certFile string) (tls.Certificate, []byte, error) {
+	if certFile != "" {
+		if b, err := os.ReadFile(certFile); err == nil {
+			cert, err := tls.X509KeyPair(b, b)
+			if err != nil {
+				return tls.Certificate{}, nil, fmt.Errorf("fakebmc: %s: %w", certFile, err)
+			}
+			return cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), nil
+		}
+	}
+	cert, pemBytes, err := selfSigned(host)
+	if err != nil || certFile == "" {
+		return cert, pemBytes, err
+	}
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})
+	if err := os.WriteFile(certFile, append(append([]byte{}, pemBytes...), keyPEM...), 0o600); err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("fakebmc: keep the certificate: %w", err)
+	}
+	return cert, pemBytes, nil
 }
 
 // Close stops the server.

@@ -15,8 +15,12 @@
 // raced to the wanted state is success.
 //
 // TLS: BMCs use self-signed certificates, so pin one (Config.CAPEM, which
-// replaces the system roots) or set Config.Insecure explicitly; with neither
-// the system roots verify the BMC.
+// replaces the system roots, or Config.CertificateSHA256, the certificate
+// itself), trust the first one seen (Config.TrustOnFirstUse, reported to
+// Config.OnCertificate, for the caller to pin) or set Config.Insecure
+// explicitly; with none of them the system roots verify the BMC. Every
+// connection reports the SHA-256 of the certificate the BMC presented to
+// Config.OnCertificate.
 //
 // A Client serializes its calls; use one per BMC.
 package redfish
@@ -24,8 +28,10 @@ package redfish
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,8 +67,20 @@ type Config struct {
 	// replaces the system roots. Empty: the system roots.
 	CAPEM []byte
 	// Insecure skips certificate verification; it must be set explicitly and
-	// excludes CAPEM. Logged as a warning on connect.
+	// excludes CAPEM, CertificateSHA256 and TrustOnFirstUse. Logged as a
+	// warning on connect.
 	Insecure bool
+	// CertificateSHA256 pins the BMC's certificate: the lowercase hex
+	// SHA-256 of its DER. Any other certificate fails the connection with
+	// ErrTLS (a *CertificateChangedError in the chain). With CAPEM, the
+	// chain is verified too; alone, it replaces chain verification.
+	CertificateSHA256 string
+	// TrustOnFirstUse accepts whatever certificate the BMC presents, for
+	// the caller to pin what OnCertificate reports (excludes the others).
+	TrustOnFirstUse bool
+	// OnCertificate, when set, receives the SHA-256 of the certificate the
+	// BMC presented at each TLS handshake, before it is checked.
+	OnCertificate func(sha256 string)
 	// ServerName overrides the name the certificate is checked against
 	// (default: the endpoint's host).
 	ServerName string
@@ -104,6 +122,21 @@ var (
 	// ErrConfig: the Config is invalid.
 	ErrConfig = errors.New("invalid redfish config")
 )
+
+// CertificateChangedError is a BMC presenting a certificate other than the
+// pinned one (Config.CertificateSHA256).
+type CertificateChangedError struct {
+	// Pinned and Presented are the certificates' SHA-256 (Presented empty
+	// when the BMC presented none).
+	Pinned, Presented string
+}
+
+func (e *CertificateChangedError) Error() string {
+	if e.Presented == "" {
+		return "the bmc presented no certificate"
+	}
+	return fmt.Sprintf("the bmc's certificate changed: it presented sha256 %s, pinned %s", e.Presented, e.Pinned)
+}
 
 // Error is a failed call: which BMC, which operation, and why.
 type Error struct {
@@ -247,6 +280,17 @@ func (c Config) validate() error {
 	if c.Insecure && len(c.CAPEM) > 0 {
 		return bad("insecure", "excludes a pinned CA")
 	}
+	if c.CertificateSHA256 != "" {
+		if b, err := hex.DecodeString(c.CertificateSHA256); err != nil || len(b) != sha256.Size || strings.ToLower(c.CertificateSHA256) != c.CertificateSHA256 {
+			return bad("certificateSHA256", "want 64 lowercase hex digits")
+		}
+		if c.Insecure {
+			return bad("insecure", "excludes a pinned certificate")
+		}
+	}
+	if c.TrustOnFirstUse && (c.Insecure || len(c.CAPEM) > 0 || c.CertificateSHA256 != "") {
+		return bad("trustOnFirstUse", "excludes insecure, a pinned CA and a pinned certificate")
+	}
 	if c.Timeout < 0 || c.Attempts < 0 || c.RetryDelay < 0 || c.MaxRetryDelay < 0 || c.PollInterval < 0 {
 		return bad("timeout", "durations and attempts must not be negative")
 	}
@@ -298,12 +342,34 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		} else {
 			log.Debug("bmc certificate not verified (insecure)")
 		}
+	case cfg.TrustOnFirstUse:
+		tlsCfg.InsecureSkipVerify = true
+		log.Info("bmc certificate trusted on first use: the caller pins it")
 	case len(cfg.CAPEM) > 0:
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(cfg.CAPEM) {
 			return nil, &Error{BMC: cfg.Endpoint, Op: "connect", Kind: ErrConfig, Message: "caPEM: no certificate in PEM"}
 		}
 		tlsCfg.RootCAs = pool
+	case cfg.CertificateSHA256 != "":
+		// The pin alone decides: exactly that certificate, whatever signed it.
+		tlsCfg.InsecureSkipVerify = true
+	}
+	// Runs after chain verification (when there is one) and even with
+	// InsecureSkipVerify: it reports and checks the pin.
+	tlsCfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return &CertificateChangedError{Pinned: cfg.CertificateSHA256}
+		}
+		sum := sha256.Sum256(cs.PeerCertificates[0].Raw)
+		got := hex.EncodeToString(sum[:])
+		if cfg.OnCertificate != nil {
+			cfg.OnCertificate(got)
+		}
+		if cfg.CertificateSHA256 != "" && got != cfg.CertificateSHA256 {
+			return &CertificateChangedError{Pinned: cfg.CertificateSHA256, Presented: got}
+		}
+		return nil
 	}
 	base := &http.Transport{
 		Proxy:                  nil, // BMCs sit on the site's management network
@@ -404,8 +470,10 @@ func (c *Client) wrap(ctx context.Context, op string, err error) error {
 		var badHost x509.HostnameError
 		var invalid x509.CertificateInvalidError
 		var verify *tls.CertificateVerificationError
+		var changed *CertificateChangedError
 		switch {
-		case errors.As(err, &unknownCA) || errors.As(err, &badHost) || errors.As(err, &invalid) || errors.As(err, &verify):
+		case errors.As(err, &unknownCA) || errors.As(err, &badHost) || errors.As(err, &invalid) || errors.As(err, &verify) ||
+			errors.As(err, &changed):
 			e.Kind = ErrTLS
 		case errors.As(err, &netErr) || errors.As(err, &uerr):
 			e.Kind = ErrUnavailable

@@ -819,10 +819,17 @@ type Bmc struct {
 	SealedCredentials string `protobuf:"bytes,2,opt,name=sealed_credentials,json=sealedCredentials,proto3" json:"sealed_credentials,omitempty"`
 	// ca_pem pins the BMC's CA (or self-signed certificate); at most 64 KiB.
 	CaPem string `protobuf:"bytes,3,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
-	// insecure skips verifying the BMC's certificate (excludes ca_pem).
-	Insecure      bool `protobuf:"varint,4,opt,name=insecure,proto3" json:"insecure,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// insecure skips verifying the BMC's certificate (excludes ca_pem,
+	// certificate_sha256 and trust_on_first_use).
+	Insecure bool `protobuf:"varint,4,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	// certificate_sha256 pins the BMC's certificate: the lowercase hex
+	// SHA-256 of its DER; any other certificate fails the task.
+	CertificateSha256 string `protobuf:"bytes,5,opt,name=certificate_sha256,json=certificateSha256,proto3" json:"certificate_sha256,omitempty"`
+	// trust_on_first_use accepts the BMC's certificate unverified, to be
+	// pinned from the result's bmc_certificate_sha256 (excludes the others).
+	TrustOnFirstUse bool `protobuf:"varint,6,opt,name=trust_on_first_use,json=trustOnFirstUse,proto3" json:"trust_on_first_use,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Bmc) Reset() {
@@ -879,6 +886,20 @@ func (x *Bmc) GetCaPem() string {
 func (x *Bmc) GetInsecure() bool {
 	if x != nil {
 		return x.Insecure
+	}
+	return false
+}
+
+func (x *Bmc) GetCertificateSha256() string {
+	if x != nil {
+		return x.CertificateSha256
+	}
+	return ""
+}
+
+func (x *Bmc) GetTrustOnFirstUse() bool {
+	if x != nil {
+		return x.TrustOnFirstUse
 	}
 	return false
 }
@@ -1239,6 +1260,10 @@ type TaskResult struct {
 	// never a credential).
 	Ok    bool   `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
 	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// bmc_certificate_sha256 is the lowercase hex SHA-256 of the certificate
+	// the BMC presented (bmc.* tasks, whether or not they succeeded, once a
+	// TLS handshake got that far); empty otherwise.
+	BmcCertificateSha256 string `protobuf:"bytes,5,opt,name=bmc_certificate_sha256,json=bmcCertificateSha256,proto3" json:"bmc_certificate_sha256,omitempty"`
 	// result is the kind's result, when it has one.
 	//
 	// Types that are valid to be assigned to Result:
@@ -1304,6 +1329,13 @@ func (x *TaskResult) GetOk() bool {
 func (x *TaskResult) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *TaskResult) GetBmcCertificateSha256() string {
+	if x != nil {
+		return x.BmcCertificateSha256
 	}
 	return ""
 }
@@ -1725,12 +1757,14 @@ const file_bettercompute_agent_v1_site_proto_rawDesc = "" +
 	"\apxe_arm\x18\r \x01(\v2\x1e.bettercompute.agent.v1.PxeArmH\x00R\x06pxeArm\x12B\n" +
 	"\n" +
 	"pxe_disarm\x18\x0e \x01(\v2!.bettercompute.agent.v1.PxeDisarmH\x00R\tpxeDisarmB\x06\n" +
-	"\x04body\"\x81\x01\n" +
+	"\x04body\"\xdd\x01\n" +
 	"\x03Bmc\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12-\n" +
 	"\x12sealed_credentials\x18\x02 \x01(\tR\x11sealedCredentials\x12\x15\n" +
 	"\x06ca_pem\x18\x03 \x01(\tR\x05caPem\x12\x1a\n" +
-	"\binsecure\x18\x04 \x01(\bR\binsecure\";\n" +
+	"\binsecure\x18\x04 \x01(\bR\binsecure\x12-\n" +
+	"\x12certificate_sha256\x18\x05 \x01(\tR\x11certificateSha256\x12+\n" +
+	"\x12trust_on_first_use\x18\x06 \x01(\bR\x0ftrustOnFirstUse\";\n" +
 	"\n" +
 	"BmcInspect\x12-\n" +
 	"\x03bmc\x18\x01 \x01(\v2\x1b.bettercompute.agent.v1.BmcR\x03bmc\"Q\n" +
@@ -1751,13 +1785,14 @@ const file_bettercompute_agent_v1_site_proto_rawDesc = "" +
 	"\x04args\x18\x05 \x03(\tR\x04args\x12*\n" +
 	"\x11sealed_boot_token\x18\x06 \x01(\tR\x0fsealedBootToken\"\x1f\n" +
 	"\tPxeDisarm\x12\x12\n" +
-	"\x04macs\x18\x01 \x03(\tR\x04macs\"\xe8\x01\n" +
+	"\x04macs\x18\x01 \x03(\tR\x04macs\"\x9e\x02\n" +
 	"\n" +
 	"TaskResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x0e\n" +
 	"\x02ok\x18\x03 \x01(\bR\x02ok\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\x12D\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x124\n" +
+	"\x16bmc_certificate_sha256\x18\x05 \x01(\tR\x14bmcCertificateSha256\x12D\n" +
 	"\tinventory\x18\n" +
 	" \x01(\v2$.bettercompute.agent.v1.BmcInventoryH\x00R\tinventory\x12:\n" +
 	"\x05power\x18\v \x01(\v2\".bettercompute.agent.v1.PowerStateH\x00R\x05powerB\b\n" +

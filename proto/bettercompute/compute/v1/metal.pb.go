@@ -40,8 +40,8 @@ type Machine struct {
 	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The BMC's Redfish address, https://host[:port].
 	BmcAddress string `protobuf:"bytes,7,opt,name=bmc_address,json=bmcAddress,proto3" json:"bmc_address,omitempty"`
-	// The secret ("sec_…") holding the BMC's credentials; pass it as
-	// bmc.credentials_ref to enroll another machine with the same ones.
+	// The secret ("sec_…") holding the BMC's credentials, bound to
+	// bmc_address. Never in an event.
 	BmcCredentialsRef string `protobuf:"bytes,8,opt,name=bmc_credentials_ref,json=bmcCredentialsRef,proto3" json:"bmc_credentials_ref,omitempty"`
 	// enrolled, inspecting, booting-ramdisk, diagnosing, wiping, ready,
 	// deploying, rebooting, joined, failed or rescue.
@@ -75,9 +75,17 @@ type Machine struct {
 	// When it was enrolled.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When it last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The SHA-256 (64 lower-case hex digits) of the BMC's certificate the
+	// site agent accepts: given at enrollment, or the one the first BMC task
+	// saw (trust on first use). Empty until then, or when not pinned.
+	BmcCertificateSha256 string `protobuf:"bytes,25,opt,name=bmc_certificate_sha256,json=bmcCertificateSha256,proto3" json:"bmc_certificate_sha256,omitempty"`
+	// Whether a CA was pinned at enrollment (bmc.ca_pem).
+	BmcCaPinned bool `protobuf:"varint,26,opt,name=bmc_ca_pinned,json=bmcCaPinned,proto3" json:"bmc_ca_pinned,omitempty"`
+	// Whether the BMC's certificate is not verified (bmc.insecure_skip_verify).
+	BmcInsecureSkipVerify bool `protobuf:"varint,27,opt,name=bmc_insecure_skip_verify,json=bmcInsecureSkipVerify,proto3" json:"bmc_insecure_skip_verify,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Machine) Reset() {
@@ -278,6 +286,27 @@ func (x *Machine) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Machine) GetBmcCertificateSha256() string {
+	if x != nil {
+		return x.BmcCertificateSha256
+	}
+	return ""
+}
+
+func (x *Machine) GetBmcCaPinned() bool {
+	if x != nil {
+		return x.BmcCaPinned
+	}
+	return false
+}
+
+func (x *Machine) GetBmcInsecureSkipVerify() bool {
+	if x != nil {
+		return x.BmcInsecureSkipVerify
+	}
+	return false
+}
+
 // MachineImage is a disk image to deploy.
 type MachineImage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -356,10 +385,24 @@ type MachineBMC struct {
 	// The password, at most 1024 characters. Stored encrypted; never shown.
 	Password string `protobuf:"bytes,3,opt,name=password,proto3" json:"password,omitempty"`
 	// Instead of username and password: the credentials of a machine
-	// already enrolled in the tenant (its bmc_credentials_ref, "sec_…").
+	// already enrolled in the tenant (its bmc_credentials_ref, "sec_…"). The
+	// secret is bound to the BMC address it was created for (another address
+	// is ACCESS_DENIED), and the caller must be allowed metal.enroll on
+	// every machine already using it.
 	CredentialsRef string `protobuf:"bytes,4,opt,name=credentials_ref,json=credentialsRef,proto3" json:"credentials_ref,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The CA (or the BMC's self-signed certificate) in PEM that verifies the
+	// BMC's certificate; at most 64 KiB. Optional.
+	CaPem string `protobuf:"bytes,5,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	// The SHA-256 of the BMC's certificate (DER), 64 hex digits: only that
+	// certificate is accepted. Optional; without it (and without ca_pem)
+	// the certificate the first BMC task sees is pinned (trust on first
+	// use), and a later change fails the machine.
+	CertificateSha256 string `protobuf:"bytes,6,opt,name=certificate_sha256,json=certificateSha256,proto3" json:"certificate_sha256,omitempty"`
+	// Skip verifying the BMC's certificate: an explicit opt-in, not with
+	// ca_pem or certificate_sha256.
+	InsecureSkipVerify bool `protobuf:"varint,7,opt,name=insecure_skip_verify,json=insecureSkipVerify,proto3" json:"insecure_skip_verify,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *MachineBMC) Reset() {
@@ -418,6 +461,27 @@ func (x *MachineBMC) GetCredentialsRef() string {
 		return x.CredentialsRef
 	}
 	return ""
+}
+
+func (x *MachineBMC) GetCaPem() string {
+	if x != nil {
+		return x.CaPem
+	}
+	return ""
+}
+
+func (x *MachineBMC) GetCertificateSha256() string {
+	if x != nil {
+		return x.CertificateSha256
+	}
+	return ""
+}
+
+func (x *MachineBMC) GetInsecureSkipVerify() bool {
+	if x != nil {
+		return x.InsecureSkipVerify
+	}
+	return false
 }
 
 // MetalServiceEnrollRequest enrolls a machine.
@@ -1342,7 +1406,7 @@ var File_bettercompute_compute_v1_metal_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_metal_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/metal.proto\x12\x18bettercompute.compute.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf2\a\n" +
+	"$bettercompute/compute/v1/metal.proto\x12\x18bettercompute.compute.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\t\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -1374,7 +1438,10 @@ const file_bettercompute_compute_v1_metal_proto_rawDesc = "" +
 	"\vcreate_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x1a9\n" +
+	"updateTime\x124\n" +
+	"\x16bmc_certificate_sha256\x18\x19 \x01(\tR\x14bmcCertificateSha256\x12\"\n" +
+	"\rbmc_ca_pinned\x18\x1a \x01(\bR\vbmcCaPinned\x127\n" +
+	"\x18bmc_insecure_skip_verify\x18\x1b \x01(\bR\x15bmcInsecureSkipVerify\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
@@ -1382,13 +1449,16 @@ const file_bettercompute_compute_v1_metal_proto_rawDesc = "" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\"\x87\x01\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\"\xff\x01\n" +
 	"\n" +
 	"MachineBMC\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1a\n" +
 	"\busername\x18\x02 \x01(\tR\busername\x12\x1a\n" +
 	"\bpassword\x18\x03 \x01(\tR\bpassword\x12'\n" +
-	"\x0fcredentials_ref\x18\x04 \x01(\tR\x0ecredentialsRef\"\xf3\x02\n" +
+	"\x0fcredentials_ref\x18\x04 \x01(\tR\x0ecredentialsRef\x12\x15\n" +
+	"\x06ca_pem\x18\x05 \x01(\tR\x05caPem\x12-\n" +
+	"\x12certificate_sha256\x18\x06 \x01(\tR\x11certificateSha256\x120\n" +
+	"\x14insecure_skip_verify\x18\a \x01(\bR\x12insecureSkipVerify\"\xf3\x02\n" +
 	"\x19MetalServiceEnrollRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\asite_id\x18\x02 \x01(\tR\x06siteId\x12\x17\n" +
