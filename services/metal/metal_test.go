@@ -272,6 +272,13 @@ func TestFlow(t *testing.T) {
 	id2, _ := e.enroll(t, m2, "m2")
 	e.waitState(t, id1, "ready", 3*time.Minute)
 	e.waitState(t, id2, "ready", 3*time.Minute)
+	// Enrolled without TLS options, each pinned its BMC's certificate at
+	// the first inspect (trust on first use).
+	for id, m := range map[string]*machine{id1: m1, id2: m2} {
+		if got := e.pinned(t, id); got != m.BMC.CertificateSHA256() {
+			t.Errorf("machine %s pinned %q, want its BMC's certificate %s", id, got, m.BMC.CertificateSHA256())
+		}
+	}
 	for _, m := range []*machine{m1, m2} {
 		for _, d := range m.Disks {
 			if !zeroed(t, d) {

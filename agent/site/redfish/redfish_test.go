@@ -3,7 +3,9 @@ package redfish_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"log/slog"
@@ -514,6 +516,72 @@ func TestNoSecretsInLogs(t *testing.T) {
 	for _, secret := range []string{password, basic, strings.TrimRight(basic, "=")} {
 		if strings.Contains(logs, secret) {
 			t.Errorf("logs contain a secret %q", secret)
+		}
+	}
+}
+
+// TestBMCCertificatePinning: a pinned certificate (its SHA-256) connects
+// without a CA; another pin is refused at the handshake with ErrTLS and a
+// *CertificateChangedError naming both digests, before any request (so
+// before the credentials) reaches the BMC; trust on first use connects and
+// reports the certificate; the modes exclude insecure and each other.
+func TestBMCCertificatePinning(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	sum := sha256.Sum256(e.srv.Certificate().Raw)
+	presented := hex.EncodeToString(sum[:])
+	var seen []string
+	var mu sync.Mutex
+	record := func(s string) { mu.Lock(); seen = append(seen, s); mu.Unlock() }
+
+	cfg := e.config()
+	cfg.CAPEM, cfg.CertificateSHA256, cfg.OnCertificate = nil, presented, record
+	c, err := redfish.Connect(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("the right pin: %v", err)
+	}
+	c.Close()
+
+	before := e.bmc.Requests()
+	cfg.CertificateSHA256 = strings.Repeat("ab", 32)
+	_, err = redfish.Connect(t.Context(), cfg)
+	var changed *redfish.CertificateChangedError
+	if !errors.Is(err, redfish.ErrTLS) || !errors.As(err, &changed) || changed.Presented != presented || !strings.Contains(err.Error(), presented) {
+		t.Fatalf("another pin: %v, want ErrTLS with the certificate changed", err)
+	}
+	if n := e.bmc.Requests() - before; n != 0 {
+		t.Fatalf("%d requests reached the BMC whose certificate is not the pinned one", n)
+	}
+
+	tofu := e.config()
+	tofu.CAPEM, tofu.TrustOnFirstUse, tofu.OnCertificate = nil, true, record
+	c, err = redfish.Connect(t.Context(), tofu)
+	if err != nil {
+		t.Fatalf("trust on first use: %v", err)
+	}
+	c.Close()
+	mu.Lock()
+	for _, s := range seen {
+		if s != presented {
+			t.Errorf("reported %q, want %s", s, presented)
+		}
+	}
+	if len(seen) < 3 {
+		t.Errorf("%d certificates reported, want one per connection (3)", len(seen))
+	}
+	mu.Unlock()
+
+	for name, edit := range map[string]func(*redfish.Config){
+		"insecure and a pin": func(c *redfish.Config) { c.CAPEM, c.Insecure, c.CertificateSHA256 = nil, true, presented },
+		"tofu and a CA":      func(c *redfish.Config) { c.TrustOnFirstUse = true },
+		"tofu and insecure":  func(c *redfish.Config) { c.CAPEM, c.TrustOnFirstUse, c.Insecure = nil, true, true },
+		"a pin not hex":      func(c *redfish.Config) { c.CertificateSHA256 = strings.Repeat("zz", 32) },
+		"an upper-case pin":  func(c *redfish.Config) { c.CertificateSHA256 = strings.ToUpper(presented) },
+	} {
+		c := e.config()
+		edit(&c)
+		if _, err := redfish.Connect(t.Context(), c); !errors.Is(err, redfish.ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", name, err)
 		}
 	}
 }
