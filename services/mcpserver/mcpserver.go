@@ -68,8 +68,6 @@ const (
 	maxBodyBytes = 1 << 20
 	// maxTokenLength bounds the bearer key read from Authorization.
 	maxTokenLength = 512
-	// sessionIdle closes a session after this long without a request.
-	sessionIdle = 30 * time.Minute
 	// identifyTimeout bounds the system.whoAmI call that checks each HTTP
 	// request's key.
 	identifyTimeout = 10 * time.Second
@@ -88,14 +86,19 @@ const (
 // Handler returns the streamable HTTP handler: each request's bearer key is
 // the identity its tool calls run as. A request without a key, or with one
 // the API does not accept, is answered 401 with the API's error envelope
-// before any MCP processing; a session is bound to the identity that opened
-// it (a request of another identity on it is refused 403), and every tool
-// call runs with the key of the HTTP request that carries it.
+// before any MCP processing. The transport is stateless (no Mcp-Session-Id,
+// GET and DELETE answer 405): each request is answered on its own, and
+// every tool call runs with the key of the HTTP request that carries it.
 func Handler(cfg Config) http.Handler {
 	s := newServer(cfg, httpCaller)
 	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp }, &mcp.StreamableHTTPOptions{
-		Logger:              s.logger,
-		SessionTimeout:      sessionIdle,
+		Logger: s.logger,
+		// Stateless: every tool is one request and its answer (no
+		// server-to-client requests, no subscriptions), so the server keeps
+		// no session between requests: nothing for a flood of `initialize`
+		// to pile up, nothing to outlive the server's stop. Each request
+		// gets a temporary session closed when it is answered.
+		Stateless:           true,
 		MaxRequestBodyBytes: maxBodyBytes,
 	})
 	// RequireBearerToken is how the SDK learns the request's TokenInfo (the
@@ -120,10 +123,7 @@ func Handler(cfg Config) http.Handler {
 		if err != nil {
 			host = ""
 		}
-		// A request that opens a session always asks the API (and spends
-		// the caller's rate on it); those on a session may reuse a recent
-		// answer.
-		who, err := ids.identify(r.Context(), s.conn, token, host, r.Header.Get("Mcp-Session-Id") != "")
+		who, err := ids.identify(r.Context(), s.conn, token, host)
 		if err != nil {
 			e := client.EnvelopeOf(err)
 			if e.Code == client.CodeUnauthenticated {
@@ -149,8 +149,8 @@ type identity struct {
 }
 
 // identities caches system.whoAmI's answers by the key's SHA-256 for
-// identifyTTL, so an MCP session's requests do not each spend the caller's
-// API rate on it. The tool calls themselves still carry the key, so the
+// identifyTTL, so a client's requests do not each spend the caller's API
+// rate on it (only successes are kept). The tool calls themselves still carry the key, so the
 // API authenticates (and refuses a revoked key) on every one.
 type identities struct {
 	mu sync.Mutex
@@ -163,13 +163,13 @@ const (
 	maxIdentities = 10000
 )
 
-func (c *identities) identify(ctx context.Context, conn grpc.ClientConnInterface, token, host string, reuse bool) (identity, error) {
+func (c *identities) identify(ctx context.Context, conn grpc.ClientConnInterface, token, host string) (identity, error) {
 	k := sha256.Sum256([]byte(token))
 	now := time.Now()
 	c.mu.Lock()
 	id, ok := c.m[k]
 	c.mu.Unlock()
-	if reuse && ok && now.Before(id.until) {
+	if ok && now.Before(id.until) {
 		return id, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, identifyTimeout)
