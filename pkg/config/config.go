@@ -84,6 +84,8 @@ type Config struct {
 	Metal Metal `yaml:"metal"`
 	// MCP configures the api role's MCP server.
 	MCP MCP `yaml:"mcp"`
+	// Console configures the api role's web console's sessions.
+	Console Console `yaml:"console"`
 }
 
 // JoinService configures the node CA and joinservice's HPKE key. Keys come
@@ -239,6 +241,13 @@ type Server struct {
 	// NoMigrate stops serve from applying migrations at start; it then only
 	// checks the schema and refuses to run behind it.
 	NoMigrate bool `yaml:"noMigrate"`
+	// TrustedProxies are the proxies (CIDRs or addresses) in front of the
+	// API port, such as an ingress or a load balancer: when a request's peer
+	// is one of them, its client address is the right-most X-Forwarded-For
+	// entry that is not; from any other peer X-Forwarded-For is ignored.
+	// The per-address limits (failed authentications, anonymous requests)
+	// key on that address. Empty (the default) trusts none.
+	TrustedProxies []string `yaml:"trustedProxies"`
 	// ReadTimeout bounds reading a whole request, body included; default
 	// 60s. IdleTimeout closes a keep-alive connection idle that long;
 	// default 120s. (Headers must arrive within 10 s.)
@@ -351,6 +360,7 @@ const DefaultPort = 8080
 
 // Defaults fills every unset field with its default.
 func (c *Config) Defaults() {
+	c.Console.defaults()
 	c.Metal.defaults()
 	c.Server.Host = cmp.Or(c.Server.Host, "0.0.0.0")
 	if c.Server.Port == nil {
@@ -593,6 +603,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Audit.validate()...)
 	errs = append(errs, c.Secrets.validate()...)
 	errs = append(errs, c.Metal.validate()...)
+	errs = append(errs, c.validateInterfaces()...)
 	return errors.Join(errs...)
 }
 

@@ -38,6 +38,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/clientaddr"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/outbound"
@@ -107,6 +108,10 @@ type Config struct {
 	// Registerer receives the role's metrics
 	// (bc_api_deprecated_fields_total); nil registers none.
 	Registerer prometheus.Registerer
+	// TrustedProxies are the proxies (server.trustedProxies) whose
+	// X-Forwarded-For names the client address the per-address limits key
+	// on; nil trusts none (the connection's peer is the client).
+	TrustedProxies *clientaddr.Trusted
 	// Secrets seals the BMC credentials metal.enroll stores
 	// (secrets.keyFile); nil refuses metal.enroll UNSUPPORTED naming that
 	// setting.
@@ -138,9 +143,11 @@ type Tuning struct {
 	AnonymousPerSecond float64
 	AnonymousBurst     int
 	// FailedAuthPerSecond and FailedAuthBurst bound, per client address,
-	// failed authentications: once a client has spent its burst on bad
-	// credentials, its requests are RATE_LIMITED before any lookup until
-	// the bucket refills. 0 means 1 a second with a burst of 10.
+	// failed authentications: once a client address has spent its burst on
+	// bad credentials, its bad credentials are answered RATE_LIMITED until
+	// the bucket refills. A valid credential is never refused for its
+	// address's failures (behind a NAT or an ingress one address is many
+	// users). 0 means 1 a second with a burst of 10.
 	FailedAuthPerSecond float64
 	FailedAuthBurst     int
 	// NoReflection leaves gRPC reflection off this server (the admin
@@ -163,8 +170,9 @@ type Server struct {
 	adm     *admission.Admitter
 	db      *pgxpool.Pool
 	limiter *ratelimit.Keyed // per identity
-	// anon and failedAuth are per client address.
+	// anon and failedAuth are per client address (see clientAddr).
 	anon, failedAuth *ratelimit.Keyed
+	proxies          *clientaddr.Trusted
 	maxDL            time.Duration
 	now              func() time.Time
 	kinds            *commands.Registry
@@ -237,6 +245,7 @@ func New(cfg Config) (*Server, error) {
 		limiter:               ratelimit.New(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), now),
 		anon:                  ratelimit.New(cmp.Or(cfg.AnonymousPerSecond, 10), cmp.Or(cfg.AnonymousBurst, 20), now),
 		failedAuth:            ratelimit.New(cmp.Or(cfg.FailedAuthPerSecond, 1), cmp.Or(cfg.FailedAuthBurst, 10), now),
+		proxies:               cfg.TrustedProxies,
 		maxDL:                 cmp.Or(cfg.MaxDeadline, 30*time.Second),
 		now:                   now,
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,12 +48,12 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 		defer cancel()
 	}
 	if m.Anonymous {
-		if !s.anon.Allow(clientAddr(ctx, md)) {
+		if !s.anon.Allow(s.clientAddr(ctx, md)) {
 			return nil, fault.New(fault.RateLimited, "", "too many requests without a credential from this address; retry later")
 		}
 		return handler(ctx, req)
 	}
-	p, err := s.authenticate(ctx, clientAddr(ctx, md), first(md, "authorization"))
+	p, err := s.authenticate(ctx, s.clientAddr(ctx, md), first(md, "authorization"))
 	if err != nil {
 		return nil, err
 	}
@@ -65,28 +66,26 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 }
 
 // authenticate checks a request's Authorization header (cached) and the
-// identity's rate limit. A client address that has spent its budget of
-// failed authentications is refused before any lookup until it refills.
+// identity's rate limit. The credential is checked first: a valid one is
+// never refused for its client address's failures (one address may be many
+// users behind a NAT or an ingress). Each failed authentication spends the
+// address's budget; once it is spent, failures answer RATE_LIMITED instead
+// of UNAUTHENTICATED until it refills.
 func (s *Server) authenticate(ctx context.Context, addr, header string) (iam.Principal, error) {
-	if s.failedAuth.Exhausted(addr) {
+	token, err := bearer(header)
+	if err == nil {
+		var p iam.Principal
+		if p, err = s.authn.Authenticate(ctx, token); err == nil {
+			if !s.limiter.Allow(p.IdentityID) {
+				return iam.Principal{}, fault.New(fault.RateLimited, "", "identity %s is over its request rate; retry later", p.IdentityID)
+			}
+			return p, nil
+		}
+	}
+	if fault.CodeOf(err) == fault.Unauthenticated && !s.failedAuth.Allow(addr) {
 		return iam.Principal{}, fault.New(fault.RateLimited, "", "too many failed authentications from this address; retry later")
 	}
-	token, err := bearer(header)
-	if err != nil {
-		s.failedAuth.Allow(addr)
-		return iam.Principal{}, err
-	}
-	p, err := s.authn.Authenticate(ctx, token)
-	if err != nil {
-		if fault.CodeOf(err) == fault.Unauthenticated {
-			s.failedAuth.Allow(addr)
-		}
-		return iam.Principal{}, err
-	}
-	if !s.limiter.Allow(p.IdentityID) {
-		return iam.Principal{}, fault.New(fault.RateLimited, "", "identity %s is over its request rate; retry later", p.IdentityID)
-	}
-	return p, nil
+	return iam.Principal{}, err
 }
 
 // precheck is the tenant pre-check: a request's tenant must be well formed
@@ -117,11 +116,11 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	ctx := ss.Context()
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = withRequestID(ctx, first(md, RequestIDHeader))
-	if m.Anonymous && !s.anon.Allow(clientAddr(ctx, md)) {
+	if m.Anonymous && !s.anon.Allow(s.clientAddr(ctx, md)) {
 		return fault.New(fault.RateLimited, "", "too many requests without a credential from this address; retry later").Status().Err()
 	}
 	if !m.Anonymous {
-		p, err := s.authenticate(ctx, clientAddr(ctx, md), first(md, "authorization"))
+		p, err := s.authenticate(ctx, s.clientAddr(ctx, md), first(md, "authorization"))
 		if err != nil {
 			return fault.ToStatus(err).Err()
 		}
@@ -213,22 +212,27 @@ func outgoingHeaderMatcher(key string) (string, bool) {
 }
 
 // clientAddr is the address a request came from, the key of the
-// per-address limits: the gRPC peer's host, or — for REST requests, which
-// reach the gRPC server through the in-process gateway — the last
-// X-Forwarded-For entry, which that gateway appends from the HTTP client's
-// address.
-func clientAddr(ctx context.Context, md metadata.MD) string {
+// per-address limits (see package clientaddr for the trusted proxies'
+// X-Forwarded-For). A REST request reaches the gRPC server through the
+// in-process gateway, which appends the HTTP client's address to its
+// X-Forwarded-For: the last entry is the HTTP peer, the rest what the
+// client sent. The console and the MCP server send the client address they
+// resolved (api.AsCaller). A direct gRPC client is its connection's peer,
+// or — when that is a trusted proxy — what its x-forwarded-for says.
+func (s *Server) clientAddr(ctx context.Context, md metadata.MD) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return ""
 	}
-	if p.Addr.Network() == InternalNetwork {
-		if xff := md.Get("x-forwarded-for"); len(xff) > 0 {
-			parts := strings.Split(xff[len(xff)-1], ",")
-			return strings.TrimSpace(parts[len(parts)-1])
-		}
+	xff := md.Get("x-forwarded-for")
+	if p.Addr.Network() == InternalNetwork && len(xff) > 0 {
+		last := xff[len(xff)-1]
+		i := strings.LastIndexByte(last, ',')
+		httpPeer := strings.TrimSpace(last[i+1:])
+		rest := append(slices.Clone(xff[:len(xff)-1]), last[:max(i, 0)])
+		return s.proxies.Resolve(httpPeer, rest)
 	}
-	return hostOf(p.Addr.String())
+	return s.proxies.Resolve(hostOf(p.Addr.String()), xff)
 }
 
 // hostOf is the host of a host:port address (the whole string if it has no

@@ -249,7 +249,7 @@ func (h *watchHub) stop() {
 func (s *Server) ServeWatch(w http.ResponseWriter, r *http.Request) {
 	ctx := withRequestID(r.Context(), r.Header.Get(RequestIDHeader))
 	fail := func(err error) { writeEnvelope(w, fault.ToStatus(err)) }
-	p, err := s.authenticate(ctx, hostOf(r.RemoteAddr), r.Header.Get("Authorization"))
+	p, err := s.authenticate(ctx, s.proxies.FromRequest(r), r.Header.Get("Authorization"))
 	if err != nil {
 		fail(err)
 		return

@@ -20,7 +20,7 @@ import (
 func TestAuthentication(t *testing.T) {
 	t.Parallel()
 	// Twelve failed authentications from one address on a stopped clock:
-	// more than the default budget (TestFailedAuthenticationsAreLimitedPerAddress).
+	// more than the default budget (TestBadKeyFromSharedAddressDoesNotLockOutValidKey).
 	h := setup(t, api.Tuning{FailedAuthBurst: 100})
 	sys := computev1.NewSystemServiceClient(h.conn)
 

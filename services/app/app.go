@@ -30,6 +30,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/bus"
+	"github.com/bettercompute/bettercompute/pkg/clientaddr"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
@@ -476,8 +477,12 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		if err != nil {
 			return nil, err
 		}
+		proxies, err := clientaddr.Parse(a.cfg.Server.TrustedProxies)
+		if err != nil {
+			return nil, fault.New(fault.InvalidConfig, "server.trustedProxies", "%v", err)
+		}
 		a.api, err = api.New(api.Config{
-			Logger: a.logger, DB: a.pool, Authorizer: az, Tuning: tuning, Waker: a.waker,
+			Logger: a.logger, TrustedProxies: proxies, DB: a.pool, Authorizer: az, Tuning: tuning, Waker: a.waker,
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
 			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Providers: a.cfg.Providers.Outbound(), Kinds: a.admitKinds,
 			AuditKey: a.auditKey(), Registerer: a.reg, Secrets: keyring,
@@ -497,7 +502,8 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		}
 		mux.HandleFunc("GET "+api.WatchPath, a.api.ServeWatch)
 		mux.Handle(api.Prefix, gw)
-		con, err := console.New(console.Config{Conn: a.api.Conn(), Watch: a.api.ServeWatch, Kinds: a.admitKinds, Logger: a.logger})
+		con, err := console.New(console.Config{Conn: a.api.Conn(), Watch: a.api.ServeWatch, Kinds: a.admitKinds, Logger: a.logger,
+			TrustedProxies: proxies})
 		if err != nil {
 			return nil, err
 		}
@@ -505,6 +511,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		mux.Handle("GET /console", http.RedirectHandler(console.Prefix, http.StatusFound))
 		mux.Handle(mcpserver.Path, mcpserver.Handler(mcpserver.Config{
 			Conn: a.api.Conn(), ReadOnly: a.cfg.MCP.ReadOnly, Version: version.Get().Version, Kinds: a.admitKinds, Logger: a.logger,
+			TrustedProxies: proxies,
 		}))
 	}
 	if a.api == nil {

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/bettercompute/bettercompute/pkg/clientaddr"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/proto/client"
@@ -52,6 +53,9 @@ type Config struct {
 	// Kinds is the command-kind registry whose API kinds (the allowlist of
 	// commands.run) the node page offers; nil means commands.Builtin().
 	Kinds *commands.Registry
+	// TrustedProxies (server.trustedProxies) tell the browser's address
+	// behind a proxy; nil trusts none.
+	TrustedProxies *clientaddr.Trusted
 }
 
 //go:embed templates/*.html

@@ -77,12 +77,10 @@ func validKey(key string) error {
 	return nil
 }
 
-// clientHost is the request's client address without its port.
-func clientHost(r *http.Request) string {
-	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		return h
-	}
-	return r.RemoteAddr
+// clientHost is the request's client address without its port, behind
+// the trusted proxies.
+func (c *Console) clientHost(r *http.Request) string {
+	return c.cfg.TrustedProxies.FromRequest(r)
 }
 
 // loopbackHost says the request named a loopback host (plain HTTP to it
@@ -130,7 +128,7 @@ func (c *Console) open(w http.ResponseWriter, r *http.Request) (*session, bool) 
 		http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 		return nil, false
 	}
-	s := &session{key: key, host: clientHost(r), CSRF: csrfToken(key)}
+	s := &session{key: key, host: c.clientHost(r), CSRF: csrfToken(key)}
 	s.ctx = api.AsCaller(r.Context(), key, s.host)
 	who, err := computev1.NewSystemServiceClient(c.cfg.Conn).WhoAmI(s.ctx, &computev1.WhoAmIRequest{})
 	if err != nil {
@@ -279,7 +277,7 @@ func (c *Console) loginSubmit(w http.ResponseWriter, r *http.Request) {
 		c.renderLogin(w, r, http.StatusBadRequest, err)
 		return
 	}
-	ctx := api.AsCaller(r.Context(), key, clientHost(r))
+	ctx := api.AsCaller(r.Context(), key, c.clientHost(r))
 	if _, err := computev1.NewSystemServiceClient(c.cfg.Conn).WhoAmI(ctx, &computev1.WhoAmIRequest{}); err != nil {
 		status := http.StatusUnauthorized
 		if info, ok := fault.Lookup(fault.Code(client.EnvelopeOf(err).Code)); ok {

@@ -21,7 +21,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -34,6 +33,7 @@ import (
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 	"github.com/bettercompute/bettercompute/proto/client"
 
+	"github.com/bettercompute/bettercompute/pkg/clientaddr"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/services/api"
@@ -60,6 +60,9 @@ type Config struct {
 	// Kinds is the command-kind registry whose API kinds commands_run
 	// offers; nil means commands.Builtin() (the API's allowlist).
 	Kinds *commands.Registry
+	// TrustedProxies (server.trustedProxies) tell the HTTP client's address
+	// behind a proxy; nil trusts none.
+	TrustedProxies *clientaddr.Trusted
 }
 
 // Bounds of the HTTP transport.
@@ -119,10 +122,7 @@ func Handler(cfg Config) http.Handler {
 			writeEnvelope(w, http.StatusUnauthorized, *env)
 			return
 		}
-		host, _, err := net.SplitHostPort(r.RemoteAddr)
-		if err != nil {
-			host = ""
-		}
+		host := cfg.TrustedProxies.FromRequest(r)
 		who, err := ids.identify(r.Context(), s.conn, token, host)
 		if err != nil {
 			e := client.EnvelopeOf(err)
