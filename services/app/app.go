@@ -503,7 +503,8 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		mux.HandleFunc("GET "+api.WatchPath, a.api.ServeWatch)
 		mux.Handle(api.Prefix, gw)
 		con, err := console.New(console.Config{Conn: a.api.Conn(), Watch: a.api.ServeWatch, Kinds: a.admitKinds, Logger: a.logger,
-			TrustedProxies: proxies})
+			TrustedProxies: proxies, DB: a.pool, Now: a.opts.API.Now,
+			SessionIdle: a.cfg.Console.SessionIdle.Std(), SessionLifetime: a.cfg.Console.SessionLifetime.Std()})
 		if err != nil {
 			return nil, err
 		}

@@ -2,13 +2,18 @@
 // /console: server-rendered pages (Go templates and htmx, every asset
 // embedded) that call the API as the signed-in identity.
 //
-// The console holds no credential of its own and reads no database: the
-// session cookie holds the caller's API key (HttpOnly, SameSite=Strict), and
-// every page and action is a call on [Config.Conn] with that key
-// (api.AsCaller), so a user sees and does exactly what their policies allow.
-// Mutations are POSTs that carry a CSRF token derived from the session and
-// come from the console's own origin. Live updates are the API's events
-// watch stream (Server-Sent Events), proxied with the session's key.
+// The console holds no credential of its own. Signing in with an API key
+// starts a server-side session (table console_sessions, see package
+// consolesessions): the cookie (HttpOnly, SameSite=Strict) carries only a
+// random session id, the row holds SHA-256 of that id and the key sealed
+// under a key derived from it; the session ends at sign-out (the row is
+// deleted), after console.sessionIdle without a request and
+// console.sessionLifetime after sign-in. Every page and action is a call on
+// [Config.Conn] with the session's key (api.AsCaller), so a user sees and
+// does exactly what their policies allow. Mutations are POSTs that carry a
+// CSRF token derived from the session id (an HMAC of it) and come from the
+// console's own origin. Live updates are the API's events watch stream
+// (Server-Sent Events), proxied with the session's key.
 package console
 
 import (
@@ -31,6 +36,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/clientaddr"
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/consolesessions"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/proto/client"
 )
@@ -56,6 +62,14 @@ type Config struct {
 	// TrustedProxies (server.trustedProxies) tell the browser's address
 	// behind a proxy; nil trusts none.
 	TrustedProxies *clientaddr.Trusted
+	// DB holds the sessions (table console_sessions). Required.
+	DB consolesessions.Querier
+	// SessionIdle ends a session that long after its last request
+	// (console.sessionIdle); 0 means 30 minutes. SessionLifetime ends it
+	// that long after sign-in (console.sessionLifetime); 0 means 12 hours.
+	SessionIdle, SessionLifetime time.Duration
+	// Now is the sessions' clock; nil means time.Now.
+	Now func() time.Time
 }
 
 //go:embed templates/*.html
@@ -70,6 +84,10 @@ var pageNames = []string{"fleet", "node", "commands", "command", "reservations",
 // Console is the console's handler.
 type Console struct {
 	cfg    Config
+	now    func() time.Time
+	idle   time.Duration
+	// lifetime is a session's absolute lifetime.
+	lifetime time.Duration
 	logger *slog.Logger
 	mux    *http.ServeMux
 	pages  map[string]*template.Template
@@ -85,7 +103,14 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Watch == nil {
 		return nil, errors.New("console: Config.Watch is required (the api role's events watch handler)")
 	}
-	c := &Console{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), pages: map[string]*template.Template{}}
+	if cfg.DB == nil {
+		return nil, errors.New("console: Config.DB is required (the sessions' table)")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &Console{cfg: cfg, logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), pages: map[string]*template.Template{},
+		now: cfg.Now, idle: cmp.Or(cfg.SessionIdle, 30*time.Minute), lifetime: cmp.Or(cfg.SessionLifetime, 12*time.Hour)}
 	kinds := cfg.Kinds
 	if kinds == nil {
 		kinds = commands.Builtin()
@@ -137,7 +162,7 @@ func New(cfg Config) (http.Handler, error) {
 	m.HandleFunc("GET "+Prefix+"audit", c.view(c.auditPage))
 	m.HandleFunc("POST "+Prefix+"audit", c.mutation(c.verifyAudit))
 	m.HandleFunc(Prefix, func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := sessionKey(r); !ok {
+		if _, ok := sessionID(r); !ok {
 			http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 			return
 		}

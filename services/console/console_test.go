@@ -301,7 +301,7 @@ func TestConsoleHTTP(t *testing.T) {
 	root := f.env.Credential
 	node := f.nodes[0]
 
-	t.Run("sign-in keeps the key in an HttpOnly SameSite=Strict cookie, Secure except on loopback", func(t *testing.T) {
+	t.Run("sign-in keeps a session id (not the key) in an HttpOnly SameSite=Strict cookie, Secure except on loopback", func(t *testing.T) {
 		for _, tc := range []struct {
 			host   string
 			secure bool
@@ -315,7 +315,7 @@ func TestConsoleHTTP(t *testing.T) {
 				t.Fatalf("host %q: cookies %v", tc.host, cks)
 			}
 			ck := cks[0]
-			if ck.Name != console.CookieName || ck.Value != root || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode ||
+			if ck.Name != console.CookieName || ck.Value == root || len(ck.Value) != 43 || strings.HasPrefix(ck.Value, "bck_") || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode ||
 				ck.Path != "/console/" || ck.Secure != tc.secure {
 				t.Fatalf("host %q: cookie %+v (want Secure=%v)", tc.host, ck, tc.secure)
 			}
@@ -478,7 +478,7 @@ func TestConsoleHTTP(t *testing.T) {
 		}{
 			{"no token", url.Values{}, nil},
 			{"a wrong token", url.Values{"csrf": {"x" + token}}, nil},
-			{"another session's token", url.Values{"csrf": {htCSRFOfKey(t, f, f.acmeKey)}}, nil},
+			{"another session's token", url.Values{"csrf": {htCSRFOf(t, f, htLogin(t, f, f.acmeKey))}}, nil},
 			{"a foreign Origin", url.Values{"csrf": {token}}, map[string]string{"Origin": "https://evil.example"}},
 			{"a foreign Referer", url.Values{"csrf": {token}}, map[string]string{"Referer": "https://evil.example/x"}},
 			{"a cross-site fetch", url.Values{"csrf": {token}}, map[string]string{"Sec-Fetch-Site": "cross-site"}},
@@ -620,7 +620,7 @@ func TestConsoleHTTP(t *testing.T) {
 			t.Fatalf("stream ended (%v) after %v", sc.Err(), types)
 		}
 		// Another tenant's session cannot watch root.
-		resp2, body := htDo(t, f, htReq{path: "/console/events/stream?tenantId=root", session: f.acmeKey})
+		resp2, body := htDo(t, f, htReq{path: "/console/events/stream?tenantId=root", session: htLogin(t, f, f.acmeKey)})
 		if resp2.StatusCode != http.StatusForbidden || !strings.Contains(body, "ACCESS_DENIED") {
 			t.Fatalf("acme watching root: %d %s", resp2.StatusCode, body)
 		}
@@ -825,10 +825,10 @@ func TestConsoleHTTP(t *testing.T) {
 	})
 }
 
-// csrfOfKey is the csrf token a session of key renders.
-func htCSRFOfKey(t testing.TB, f *htFixture, key string) string {
+// htCSRFOf is the csrf token session renders.
+func htCSRFOf(t testing.TB, f *htFixture, session string) string {
 	t.Helper()
-	doc, _ := htGet(t, f, key, "/console/reservations", http.StatusOK)
+	doc, _ := htGet(t, f, session, "/console/reservations", http.StatusOK)
 	return htCSRF(t, doc, "create-reservation")
 }
 

@@ -3,6 +3,7 @@ package console
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -498,11 +499,18 @@ func (c *Console) verifyAudit(w http.ResponseWriter, r *http.Request, s *session
 // same request, its cookie swapped for the key as a bearer token, the
 // tenant defaulting to the session's.
 func (c *Console) stream(w http.ResponseWriter, r *http.Request) {
-	key, ok := sessionKey(r)
-	if !ok {
+	_, key, err := c.lookup(r)
+	if errors.Is(err, errNoSession) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusUnauthorized)
 		_, _ = w.Write([]byte(`{"code":"UNAUTHENTICATED","message":"sign in to the console first","field":"authorization"}`))
+		return
+	}
+	if err != nil {
+		c.logger.Error("console: look up session", "err", err)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"code":"UNAVAILABLE","message":"the console cannot check its sessions now; retry"}`))
 		return
 	}
 	q := r.URL.Query()

@@ -2,9 +2,14 @@ package console
 
 import (
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -13,12 +18,18 @@ import (
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 	"github.com/bettercompute/bettercompute/proto/client"
 
+	"github.com/bettercompute/bettercompute/pkg/consolesessions"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/services/api"
 )
 
-// CookieName is the session cookie: it holds the signed-in API key.
+// CookieName is the session cookie: it holds the session id (never the API
+// key), the key of a server-side session (table console_sessions).
 const CookieName = "bc_console"
+
+// sessionIDLen is the length of a session id: 32 random bytes, base64url.
+const sessionIDLen = 43
 
 // Limits on what the console reads from a request.
 const (
@@ -32,12 +43,17 @@ const (
 	maxTenantLen = 253
 )
 
-// csrfLabel is what the CSRF token is a MAC of, keyed by the session's key.
-const csrfLabel = "bettercompute console csrf v1"
+// csrfLabel is what the CSRF token is a MAC of, keyed by the session id;
+// sealLabel the same for the key that seals the session's API key.
+const (
+	csrfLabel = "bettercompute console csrf v1"
+	sealLabel = "bettercompute console seal v1"
+)
 
-// session is a signed-in request: its key, who it is and the tenant the
-// page is about.
+// session is a signed-in request: its session id and API key, who it is
+// and the tenant the page is about.
 type session struct {
+	id   string
 	key  string
 	host string
 	// CSRF is the token every form of this session carries.
@@ -53,12 +69,58 @@ type session struct {
 // Selected says the page is about another tenant than the identity's own.
 func (s *session) Selected() bool { return s.Who != nil && s.Tenant != s.Who.GetTenantId() }
 
-// csrfToken derives the CSRF token of a session from its key: unforgeable
-// without the HttpOnly cookie.
-func csrfToken(key string) string {
-	m := hmac.New(sha256.New, []byte(key))
-	m.Write([]byte(csrfLabel))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+// csrfToken derives the CSRF token of a session from its id: unforgeable
+// without the HttpOnly cookie, and different for every session.
+func csrfToken(id string) string {
+	return base64.RawURLEncoding.EncodeToString(mac(id, csrfLabel))
+}
+
+func mac(id, label string) []byte {
+	m := hmac.New(sha256.New, []byte(id))
+	m.Write([]byte(label))
+	return m.Sum(nil)
+}
+
+// newSessionID is a fresh session id: 256 random bits.
+func newSessionID() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// sessionAEAD is the cipher that seals a session's API key: AES-256-GCM
+// under a key derived from the session id, which only the browser holds.
+func sessionAEAD(id string) cipher.AEAD {
+	block, err := aes.NewCipher(mac(id, sealLabel))
+	if err != nil {
+		panic(err) // a 32-byte key always makes a cipher
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		panic(err)
+	}
+	return aead
+}
+
+// sealKey seals key for the session id (bound to the row's id hash).
+func sealKey(id, key string) []byte {
+	aead := sessionAEAD(id)
+	nonce := make([]byte, aead.NonceSize())
+	_, _ = rand.Read(nonce)
+	return aead.Seal(nonce, nonce, []byte(key), consolesessions.Hash(id))
+}
+
+// openKey opens what sealKey sealed.
+func openKey(id string, sealed []byte) (string, error) {
+	aead := sessionAEAD(id)
+	if len(sealed) < aead.NonceSize() {
+		return "", errors.New("sealed key too short")
+	}
+	key, err := aead.Open(nil, sealed[:aead.NonceSize()], sealed[aead.NonceSize():], consolesessions.Hash(id))
+	if err != nil {
+		return "", fmt.Errorf("open the session's key: %w", err)
+	}
+	return string(key), nil
 }
 
 // validKey checks the shape of an API key before it goes anywhere.
@@ -98,42 +160,86 @@ func loopbackHost(r *http.Request) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// sessionCookie is the cookie that holds key (or clears it when key is "").
-func sessionCookie(r *http.Request, key string) *http.Cookie {
+// sessionCookie is the cookie that holds session id (or clears it when id
+// is ""). It lives no longer than the session's lifetime.
+func (c *Console) sessionCookie(r *http.Request, id string) *http.Cookie {
 	ck := &http.Cookie{
-		Name: CookieName, Value: key, Path: Prefix, HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: r.TLS != nil || !loopbackHost(r),
+		Name: CookieName, Value: id, Path: Prefix, HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil || !loopbackHost(r), MaxAge: int(c.lifetime.Seconds()),
 	}
-	if key == "" {
+	if id == "" {
 		ck.MaxAge = -1
 	}
 	return ck
 }
 
-// sessionKey is the API key the request's cookie holds.
-func sessionKey(r *http.Request) (string, bool) {
+// sessionID is the session id the request's cookie holds, if it is shaped
+// like one.
+func sessionID(r *http.Request) (string, bool) {
 	ck, err := r.Cookie(CookieName)
-	if err != nil || validKey(ck.Value) != nil {
+	if err != nil || len(ck.Value) != sessionIDLen {
+		return "", false
+	}
+	if _, err := base64.RawURLEncoding.DecodeString(ck.Value); err != nil {
 		return "", false
 	}
 	return ck.Value, true
 }
 
-// open reads the request's session and asks the API who it is; without a
-// session, or with a key the API no longer takes, it redirects to the
-// sign-in page (clearing the cookie) and reports false.
-func (c *Console) open(w http.ResponseWriter, r *http.Request) (*session, bool) {
-	key, ok := sessionKey(r)
+// errNoSession is lookup's answer for a request without a live session.
+var errNoSession = errors.New("no console session")
+
+// lookup finds the request's live session and marks it seen: its id and
+// API key, or errNoSession (no cookie, an unknown, ended or idle session),
+// or the database's error.
+func (c *Console) lookup(r *http.Request) (id, key string, err error) {
+	id, ok := sessionID(r)
 	if !ok {
-		http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+		return "", "", errNoSession
+	}
+	row, err := consolesessions.Touch(r.Context(), c.cfg.DB, consolesessions.Hash(id), c.now(), c.idle)
+	if errors.Is(err, consolesessions.ErrNotFound) {
+		return "", "", errNoSession
+	}
+	if err != nil {
+		return "", "", err
+	}
+	if key, err = openKey(id, row.SealedKey); err != nil {
+		return "", "", err
+	}
+	return id, key, nil
+}
+
+// open reads the request's session and asks the API who it is; without a
+// live session, or with a key the API no longer takes, it redirects to the
+// sign-in page (ending the session and clearing the cookie) and reports
+// false.
+func (c *Console) open(w http.ResponseWriter, r *http.Request) (*session, bool) {
+	id, key, err := c.lookup(r)
+	if err != nil {
+		if errors.Is(err, errNoSession) {
+			if _, had := sessionID(r); had {
+				http.SetCookie(w, c.sessionCookie(r, ""))
+				http.Redirect(w, r, Prefix+"login?expired=1", http.StatusSeeOther)
+			} else {
+				http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+			}
+			return nil, false
+		}
+		c.logger.Error("console: look up session", "err", err)
+		c.renderLogin(w, r, http.StatusServiceUnavailable, fault.New(fault.Unavailable, "", "the console cannot check its sessions now; retry"))
 		return nil, false
 	}
-	s := &session{key: key, host: c.clientHost(r), CSRF: csrfToken(key)}
+	s := &session{id: id, key: key, host: c.clientHost(r), CSRF: csrfToken(id)}
 	s.ctx = api.AsCaller(r.Context(), key, s.host)
 	who, err := computev1.NewSystemServiceClient(c.cfg.Conn).WhoAmI(s.ctx, &computev1.WhoAmIRequest{})
 	if err != nil {
 		if env := client.EnvelopeOf(err); env.Code == client.CodeUnauthenticated {
-			http.SetCookie(w, sessionCookie(r, ""))
+			// The key was revoked or expired: the session ends with it.
+			if err := c.endSession(r, id); err != nil {
+				c.logger.Warn("console: end session", "err", err)
+			}
+			http.SetCookie(w, c.sessionCookie(r, ""))
 			http.Redirect(w, r, Prefix+"login?expired=1", http.StatusSeeOther)
 			return nil, false
 		}
@@ -195,12 +301,12 @@ func (c *Console) mutation(h mutationFunc) http.HandlerFunc {
 			http.Error(w, "bad form: "+err.Error(), http.StatusRequestEntityTooLarge)
 			return
 		}
-		key, ok := sessionKey(r)
+		id, ok := sessionID(r)
 		if !ok {
 			http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 			return
 		}
-		if !hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(csrfToken(key))) {
+		if !hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(csrfToken(id))) {
 			http.Error(w, "forbidden: missing or wrong csrf token (reload the page)", http.StatusForbidden)
 			return
 		}
@@ -237,7 +343,7 @@ type loginData struct {
 }
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
-	if _, ok := sessionKey(r); ok && r.URL.Query().Get("expired") == "" {
+	if _, ok := sessionID(r); ok && r.URL.Query().Get("expired") == "" {
 		// Signed in already: the fleet page checks the key.
 		http.Redirect(w, r, Prefix, http.StatusSeeOther)
 		return
@@ -261,7 +367,9 @@ func (c *Console) renderLogin(w http.ResponseWriter, r *http.Request, status int
 }
 
 // loginSubmit checks the key with system.whoAmI and, when the API takes it,
-// keeps it in the session cookie.
+// starts a server-side session: a fresh random id in the cookie, the key
+// sealed under it in the session's row. A session the browser had is
+// ended; ended sessions are pruned.
 func (c *Console) loginSubmit(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	if !sameOrigin(r) {
@@ -278,7 +386,8 @@ func (c *Console) loginSubmit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := api.AsCaller(r.Context(), key, c.clientHost(r))
-	if _, err := computev1.NewSystemServiceClient(c.cfg.Conn).WhoAmI(ctx, &computev1.WhoAmIRequest{}); err != nil {
+	who, err := computev1.NewSystemServiceClient(c.cfg.Conn).WhoAmI(ctx, &computev1.WhoAmIRequest{})
+	if err != nil {
 		status := http.StatusUnauthorized
 		if info, ok := fault.Lookup(fault.Code(client.EnvelopeOf(err).Code)); ok {
 			status = info.HTTP
@@ -286,11 +395,46 @@ func (c *Console) loginSubmit(w http.ResponseWriter, r *http.Request) {
 		c.renderLogin(w, r, status, err)
 		return
 	}
-	http.SetCookie(w, sessionCookie(r, key))
+	keyID, _, err := iam.ParseKey(key)
+	if err != nil { // the API took it, so it is shaped like a key
+		c.renderLogin(w, r, http.StatusBadRequest, fault.New(fault.InvalidInput, "key", "%v", err))
+		return
+	}
+	if old, ok := sessionID(r); ok {
+		if err := c.endSession(r, old); err != nil {
+			c.logger.Warn("console: end the previous session", "err", err)
+		}
+	}
+	now := c.now()
+	if _, err := consolesessions.Prune(r.Context(), c.cfg.DB, now, c.idle); err != nil {
+		c.logger.Warn("console: prune ended sessions", "err", err)
+	}
+	id := newSessionID()
+	if err := consolesessions.Create(r.Context(), c.cfg.DB, consolesessions.Session{
+		IDHash: consolesessions.Hash(id), KeyID: keyID, IdentityID: who.GetIdentityId(), SealedKey: sealKey(id, key),
+		CreatedAt: now, ExpiresAt: now.Add(c.lifetime),
+	}); err != nil {
+		c.logger.Error("console: start session", "err", err)
+		c.renderLogin(w, r, http.StatusServiceUnavailable, fault.New(fault.Unavailable, "", "the console cannot start a session now; retry"))
+		return
+	}
+	http.SetCookie(w, c.sessionCookie(r, id))
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)
 }
 
-func (c *Console) logout(w http.ResponseWriter, r *http.Request, _ *session) {
-	http.SetCookie(w, sessionCookie(r, ""))
+// logout ends the session on the server (its row is deleted, so its id
+// opens nothing any more) and clears the cookie.
+func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
+	if err := c.endSession(r, s.id); err != nil {
+		c.logger.Error("console: end session", "err", err)
+		c.renderLogin(w, r, http.StatusServiceUnavailable, fault.New(fault.Unavailable, "", "the console could not end the session; retry"))
+		return
+	}
+	http.SetCookie(w, c.sessionCookie(r, ""))
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// endSession deletes session id's row.
+func (c *Console) endSession(r *http.Request, id string) error {
+	return consolesessions.Delete(context.WithoutCancel(r.Context()), c.cfg.DB, consolesessions.Hash(id))
 }
