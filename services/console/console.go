@@ -83,16 +83,16 @@ var pageNames = []string{"fleet", "node", "commands", "command", "reservations",
 
 // Console is the console's handler.
 type Console struct {
-	cfg    Config
-	now    func() time.Time
-	idle   time.Duration
+	cfg  Config
+	now  func() time.Time
+	idle time.Duration
 	// lifetime is a session's absolute lifetime.
 	lifetime time.Duration
-	logger *slog.Logger
-	mux    *http.ServeMux
-	pages  map[string]*template.Template
-	login  *template.Template
-	kinds  []string
+	logger   *slog.Logger
+	mux      *http.ServeMux
+	pages    map[string]*template.Template
+	login    *template.Template
+	kinds    []string
 }
 
 // New returns the console's handler, to mount at [Prefix].
