@@ -1,6 +1,7 @@
 package clientaddr
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -63,7 +64,7 @@ func TestResolve(t *testing.T) {
 	if got := tr.Resolve("127.0.0.1", []string{long}); got != "10.0.0.1" {
 		t.Errorf("long chain: %q", got)
 	}
-	r := httptest.NewRequest("GET", "/", nil)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.RemoteAddr = "127.0.0.1:5555"
 	r.Header.Add("X-Forwarded-For", "203.0.113.9")
 	if got := tr.FromRequest(r); got != "203.0.113.9" {
