@@ -47,6 +47,7 @@ FUZZ_TARGETS := \
 	pkg/webhooks:FuzzCheckEndpoint \
 	pkg/providers:FuzzProviderResponse \
 	pkg/nodeca:FuzzParseCSR \
+	pkg/clientaddr:FuzzResolve \
 	services/api:FuzzRequestBody \
 	services/api:FuzzValidLabels \
 	services/joinservice:FuzzKeyOpen \
