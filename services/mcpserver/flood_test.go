@@ -37,11 +37,11 @@ func TestInitializeFloodKeepsNoSessions(t *testing.T) {
 		t.Fatalf("%d MCP goroutines before the flood", n)
 	}
 
-	srv := httptest.NewServer(mcpserver.Handler(mcpserver.Config{Conn: conn, Version: "test"}))
+	srv := httptest.NewServer(mcpserver.Handler(mcpserver.Config{Conn: conn, Version: "test", RateBurst: 2 * floodCalls}))
 	tr := &http.Transport{MaxIdleConnsPerHost: 8}
 	hc := &http.Client{Transport: tr}
 	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"flood","version":"0"}}}`
-	const calls, workers = 1000, 8
+	const calls, workers = floodCalls, 8
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -89,6 +89,9 @@ func TestInitializeFloodKeepsNoSessions(t *testing.T) {
 		return nil
 	})
 }
+
+// floodCalls is how many initialize calls the flood makes.
+const floodCalls = 1000
 
 // sdkGoroutines are the stacks of the goroutines running the MCP SDK's
 // code.

@@ -36,6 +36,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/clientaddr"
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/ratelimit"
 	"github.com/bettercompute/bettercompute/services/api"
 )
 
@@ -63,6 +64,12 @@ type Config struct {
 	// TrustedProxies (server.trustedProxies) tell the HTTP client's address
 	// behind a proxy; nil trusts none.
 	TrustedProxies *clientaddr.Trusted
+	// RatePerSecond and RateBurst bound each identity's HTTP requests (those
+	// that call no tool, such as initialize and tools/list, included); 0
+	// means the API's defaults, 100 a second with a burst of 200. Over it a
+	// request is answered 429 RATE_LIMITED.
+	RatePerSecond float64
+	RateBurst     int
 }
 
 // Bounds of the HTTP transport.
@@ -116,6 +123,7 @@ func Handler(cfg Config) http.Handler {
 	}, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(mcpHandler)
 
 	ids := &identities{m: map[[32]byte]identity{}}
+	limit := ratelimit.New(cmp.Or(cfg.RatePerSecond, 100), cmp.Or(cfg.RateBurst, 200), nil)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, env := bearerToken(r)
 		if env != nil {
@@ -131,6 +139,11 @@ func Handler(cfg Config) http.Handler {
 				e.Field = "Authorization"
 			}
 			writeEnvelope(w, httpStatus(e.Code), e)
+			return
+		}
+		if !limit.Allow(who.identityID) {
+			writeEnvelope(w, httpStatus(client.CodeRateLimited), client.Envelope{Code: client.CodeRateLimited,
+				Message: "identity " + who.identityID + " is over its MCP request rate; retry later"})
 			return
 		}
 		ti := &auth.TokenInfo{

@@ -508,6 +508,35 @@ func TestMCP(t *testing.T) {
 		}
 	})
 
+	t.Run("RequestsAreRateLimitedPerIdentity", func(t *testing.T) {
+		// Requests that call no tool (initialize, tools/list) never reach
+		// the API's per-identity rate, so the MCP server keeps its own.
+		conn, err := client.New(env.BaseURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		srv := httptest.NewServer(mcpserver.Handler(mcpserver.Config{Conn: conn, Version: "test", RatePerSecond: 0.001, RateBurst: 3}))
+		t.Cleanup(srv.Close)
+		init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`
+		for i := range 3 {
+			if code, _, body := post(t, srv.URL, "Bearer "+env.Credential, "", init); code != http.StatusOK {
+				t.Fatalf("initialize %d: %d %s", i, code, body)
+			}
+		}
+		code, _, body := post(t, srv.URL, "Bearer "+env.Credential, "", init)
+		var e client.Envelope
+		_ = json.Unmarshal(body, &e)
+		if code != http.StatusTooManyRequests || e.Code != client.CodeRateLimited {
+			t.Fatalf("the 4th request in the burst: %d %s, want 429 RATE_LIMITED", code, body)
+		}
+		// Another identity has its own budget.
+		_, other := member(t, env, "rate", "rate-ops", "rate")
+		if code, _, body := post(t, srv.URL, "Bearer "+other, "", init); code != http.StatusOK {
+			t.Fatalf("another identity: %d %s", code, body)
+		}
+	})
+
 	t.Run("ReadOnlyOffersOnlyReadTools", func(t *testing.T) {
 		conn, err := client.New(env.BaseURL())
 		if err != nil {
