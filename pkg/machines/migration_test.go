@@ -16,7 +16,7 @@ import (
 // BMC secrets and makes (site, bmc address) unique.
 func bindingMigration(t *testing.T) (up, down string) {
 	t.Helper()
-	names, err := fs.Glob(migrate.Files(), "*_metalsec_bmc_binding.sql")
+	names, err := fs.Glob(migrate.Files(), "*_bmc_binding.sql")
 	if err != nil || len(names) != 1 {
 		t.Fatalf("the binding migration: %v %v", names, err)
 	}
