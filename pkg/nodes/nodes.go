@@ -318,6 +318,22 @@ func Lookup(ctx context.Context, q Querier, id string) (Node, error) {
 	return n, nil
 }
 
+// NotInTenant returns the ids among ids that name no node of tenant (a
+// node of another tenant, or none), in the order given.
+func NotInTenant(ctx context.Context, q Querier, tenant string, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, `
+		SELECT w.id FROM unnest($2::text[]) WITH ORDINALITY AS w(id, n)
+		WHERE NOT EXISTS (SELECT 1 FROM nodes WHERE nodes.id = w.id AND nodes.tenant_id = $1)
+		ORDER BY w.n`, tenant, ids)
+	if err != nil {
+		return nil, fmt.Errorf("check nodes of tenant %s: %w", tenant, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // Get reads one node of tenant with its devices; NOT_FOUND on "id"
 // otherwise.
 func Get(ctx context.Context, q Querier, tenant, id string) (Node, error) {

@@ -31,7 +31,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 	"github.com/bettercompute/bettercompute/proto/openapi"
@@ -330,10 +329,7 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		runtime.WithIncomingHeaderMatcher(headerMatcher),
 		runtime.WithOutgoingHeaderMatcher(outgoingHeaderMatcher),
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
-			MarshalOptions:   protojson.MarshalOptions{EmitUnpopulated: true},
-			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, RESTMarshaler()),
 	)
 	for name, register := range map[string]func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
 		"system":       computev1.RegisterSystemServiceHandler,

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -19,12 +17,8 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
 
-// fuzzMarshaler is the REST gateway's marshaler, with the server's options
-// (see [Server.Handler]).
-var fuzzMarshaler = &runtime.JSONPb{
-	MarshalOptions:   protojson.MarshalOptions{EmitUnpopulated: true},
-	UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-}
+// fuzzMarshaler is the REST gateway's marshaler (see [Server.Gateway]).
+var fuzzMarshaler = RESTMarshaler()
 
 // requestTypes are the input messages of every compute.v1 method, by name.
 func requestTypes(tb testing.TB) map[string]protoreflect.MessageType {
@@ -72,6 +66,10 @@ func FuzzRequestBody(f *testing.F) {
 		{"PoolsServiceCreateRequest", `{"tenantId":"root","class":"vps-host","name":"gpus","labels":{"a":"b"}}`},
 		{"PoolsServiceCreateRequest", `{"tenantId":"root","unknownField":1}`},
 		{"PoolsServiceCreateRequest", `{"tenantId":"root"} trailing`},
+		{"PoolsServiceCreateRequest", `{"tenantId":"root","class":"gpu","name":"p"}{"junk"`},
+		{"PoolsServiceCreateRequest", "{\"tenantId\":\"root\"}\n\t "},
+		{"PoolsServiceCreateRequest", `{"tenantId":"root","name":"\u0000","labels":{"a\u001b":"b\r\n"}}`},
+		{"NodesServiceGetRequest", `{"tenantId":"root","nodeId":"\u0000"}`},
 		{"AuditServiceVerifyRequest", `{"tenantId":"root"}`},
 		{"CommandsServiceRunRequest", `{"tenantId":"acme","nodeId":"n1","kind":"logs.collect","payload":{"sources":["agent","agent"]}}`},
 		{"CommandsServiceRunRequest", `{"tenantId":"acme","nodeId":"n1","kind":"inventory.refresh","payload":{"sections":["gpus"]},"notAfter":"2030-01-01T00:00:00Z"}`},

@@ -15,6 +15,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/jointoken"
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
@@ -126,6 +127,15 @@ func (s *joinTokens) Create(ctx context.Context, req *computev1.JoinTokensServic
 				// A concurrent identical request owns this id and its secret;
 				// only it may store the token.
 				return admission.Outcome{}, fault.New(fault.Conflict, "idempotencyKey", "a request under idempotency key %q is still creating this token; retry to read its result", req.GetIdempotencyKey())
+			}
+			// A reclaim token takes back only nodes of its own tenant:
+			// another tenant's node is answered like any id outside the
+			// caller's tenant (after the decision, so it tells nothing to
+			// a caller who may not create tokens).
+			if foreign, err := nodestore.NotInTenant(ctx, tx, req.GetTenantId(), reclaimIDs); err != nil {
+				return admission.Outcome{}, err
+			} else if len(foreign) > 0 {
+				return admission.Outcome{}, fault.New(fault.NotFound, "reclaimNodeIds", "node %q not found in tenant %s", foreign[0], req.GetTenantId())
 			}
 			caller, _ := iam.PrincipalFrom(ctx)
 			t, err := jointoken.Create(ctx, tx, jointoken.Token{

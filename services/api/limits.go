@@ -1,6 +1,9 @@
 package api
 
 import (
+	"strings"
+	"unicode"
+
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -12,12 +15,21 @@ import (
 )
 
 // The one table of how big a request's fields may be, checked in one place
-// (checkLimits, before any handler runs) for every request of every method:
-// every string field, at any depth — google.protobuf.Struct payloads
-// included — has a maximum, and so has every list and map. A field over its
-// maximum is INVALID_INPUT naming it. Handlers may check tighter bounds of
-// their own (a label's 256 characters, a pool's description); nothing the
-// network sends is unbounded.
+// (checkLimits, before any handler runs, before authentication and so
+// before any lookup) for every request of every method: every string field,
+// at any depth — google.protobuf.Struct payloads included — has a maximum,
+// and so has every list and map. A field over its maximum is INVALID_INPUT
+// naming it. Handlers may check tighter bounds of their own (a label's 256
+// characters, a pool's description); nothing the network sends is
+// unbounded.
+//
+// The same pass refuses control characters in every string — field, list
+// element, map key and value (labels), Struct value: NUL, the other C0
+// controls, DEL and the C1 controls (ESC, CR, LF, BEL: terminal and log
+// injection; NUL: PostgreSQL refuses it in text). Only the multi-line text
+// fields of textFields may hold tab, newline and carriage return, and no
+// other control. Ids (fields named id, *_id, *_ids) have a shape: at most
+// maxIDLength of letters, digits and '.', '_', '-', ':', '@'.
 const (
 	// defaultMaxString bounds a string field the table does not name.
 	defaultMaxString = 1024
@@ -49,6 +61,17 @@ var (
 		"bettercompute.compute.v1.ProviderSettings.token":                  providers.MaxTokenLength,
 	}
 )
+
+// textFields may hold tab, newline and carriage return (multi-line text);
+// every other string field is one line of printable text.
+var textFields = map[protoreflect.FullName]bool{
+	"bettercompute.compute.v1.PoliciesServicePutRequest.body":          true,
+	"bettercompute.compute.v1.MetalServiceDeployRequest.cloud_init":    true,
+	"bettercompute.compute.v1.InstancesServiceCreateRequest.user_data": true,
+}
+
+// maxIDLength bounds an id field (a tenant id's 200 characters).
+const maxIDLength = 200
 
 // checkLimits walks req and refuses the first field over its maximum.
 func checkLimits(req any) error {
@@ -94,9 +117,14 @@ func walkLimits(m protoreflect.Message, path string, depth int) error {
 				return false
 			}
 			mp.Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-				if s, ok := k.Interface().(string); ok && len(s) > defaultMaxString {
-					err = fault.New(fault.InvalidInput, p, "a key longer than %d characters", defaultMaxString)
-					return false
+				if s, ok := k.Interface().(string); ok {
+					if len(s) > defaultMaxString {
+						err = fault.New(fault.InvalidInput, p, "a key longer than %d characters", defaultMaxString)
+						return false
+					}
+					if err = checkText(s, false, p, "a key"); err != nil {
+						return false
+					}
 				}
 				vp := p
 				if key, ok := k.Interface().(string); ok && wellKnown {
@@ -126,6 +154,12 @@ func checkValue(fd protoreflect.FieldDescriptor, v protoreflect.Value, path stri
 		if limit := maxString(fd); len(v.String()) > limit {
 			return fault.New(fault.InvalidInput, path, "at most %d characters, got %d", limit, len(v.String()))
 		}
+		if err := checkText(v.String(), textFields[fd.FullName()], path, "the value"); err != nil {
+			return err
+		}
+		if isID(fd) && !validID(v.String()) {
+			return fault.New(fault.InvalidInput, path, "%q is not an id (at most %d letters, digits, '.', '_', '-', ':', '@')", v.String(), maxIDLength)
+		}
 	case protoreflect.BytesKind:
 		if len(v.Bytes()) > defaultMaxBytes {
 			return fault.New(fault.InvalidInput, path, "at most %d bytes, got %d", defaultMaxBytes, len(v.Bytes()))
@@ -144,4 +178,42 @@ func maxString(fd protoreflect.FieldDescriptor) int {
 		return n
 	}
 	return defaultMaxString
+}
+
+// checkText refuses a control character in s: any (C0, DEL, C1), or any
+// but tab, newline and carriage return when multiline.
+func checkText(s string, multiline bool, path, what string) error {
+	for i, r := range s {
+		if !unicode.IsControl(r) || (multiline && (r == '\t' || r == '\n' || r == '\r')) {
+			continue
+		}
+		return fault.New(fault.InvalidInput, path, "%s holds a control character (%U at byte %d); only printable text is accepted", what, r, i)
+	}
+	return nil
+}
+
+// isID reports whether fd holds ids: a field named id or ending in _id or
+// _ids, outside google.protobuf's messages (a Struct's keys are free).
+func isID(fd protoreflect.FieldDescriptor) bool {
+	if fd.ContainingMessage() != nil && fd.ContainingMessage().FullName().Parent() == "google.protobuf" {
+		return false
+	}
+	n := string(fd.Name())
+	return n == "id" || strings.HasSuffix(n, "_id") || strings.HasSuffix(n, "_ids")
+}
+
+// validID reports whether s has an id's shape (empty is for the handler:
+// required or not).
+func validID(s string) bool {
+	if len(s) > maxIDLength {
+		return false
+	}
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-', r == ':', r == '@':
+		default:
+			return false
+		}
+	}
+	return true
 }
