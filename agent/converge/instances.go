@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -36,39 +35,60 @@ func instances(rec *vps.Reconciler) Handler {
 
 // instancesHandler converges the instances section through a
 // vps.Reconciler: Plan validates the section, resolves GPUs and lists the
-// runtime; Apply makes the runtime match. An invalid section changes
-// nothing (FAILED_TERMINAL), so a bad spec never deletes an instance.
+// runtime; Apply makes the runtime match. The section holds instances of
+// several tenants, so one bad instance fails alone: an invalid one (or one
+// whose GPUs are not here, or whose runtime step fails) is reported failed
+// with its reason, is neither applied nor deleted, and the others converge
+// — the section stays CONVERGED and its report complete. Only a problem of
+// the section itself (more instances than a host runs) or of the host (the
+// runtime cannot list) fails the section.
 type instancesHandler struct {
 	rec *vps.Reconciler
 
 	mu       sync.Mutex
 	desired  []vps.Spec
 	failed   map[string]string
+	invalid  map[string]int64 // generation of each invalid instance
 	statuses []*agentv1.InstanceStatus
 }
 
 func (*instancesHandler) Section() string { return "instances" }
 
-// specs translates the section into vps specs.
-func specs(sec *agentv1.Instances) ([]vps.Spec, error) {
-	var errs []error
-	out := make([]vps.Spec, 0, len(sec.GetInstances()))
+// specs translates the section into vps specs: the valid ones, and the
+// invalid ones by id with their problems and generation. err is a problem
+// of the whole section.
+func specs(sec *agentv1.Instances) (valid []vps.Spec, invalid map[string]string, gens map[string]int64, dropped int, err error) {
+	all := make([]vps.Spec, 0, len(sec.GetInstances()))
+	mem := map[string]string{}
+	gens = map[string]int64{}
 	for _, in := range sec.GetInstances() {
 		if in.GetMemoryBytes()%mib != 0 {
-			errs = append(errs, vps.FieldError{Field: fmt.Sprintf("instances[%s].memory_bytes", in.GetId()),
-				Problem: fmt.Sprintf("%d is not a whole number of MiB", in.GetMemoryBytes())})
+			mem[in.GetId()] = vps.FieldError{Field: fmt.Sprintf("instances[%s].memory_bytes", in.GetId()),
+				Problem: fmt.Sprintf("%d is not a whole number of MiB", in.GetMemoryBytes())}.Error()
 		}
-		out = append(out, vps.Spec{
+		gens[in.GetId()] = in.GetGeneration()
+		all = append(all, vps.Spec{
 			ID: in.GetId(), Generation: in.GetGeneration(), Image: in.GetImage(), Power: vps.State(in.GetState()),
 			Size:     vps.Size{VCPUs: in.GetVcpus(), MemoryMiB: in.GetMemoryBytes() / mib, DiskGiB: in.GetDiskGib()},
 			GPUUUIDs: slices.Clone(in.GetGpuUuids()), Hostname: in.GetHostname(), SSHKeys: slices.Clone(in.GetSshAuthorizedKeys()),
 			UserData: in.GetUserData(), NetworkConfig: in.GetNetworkConfig(),
 		})
 	}
-	if err := vps.Validate(out); err != nil {
-		errs = append(errs, err)
+	valid, invalid, dropped, err = vps.ValidateEach(all)
+	if err != nil {
+		return nil, nil, nil, 0, err
 	}
-	return out, errors.Join(errs...)
+	for id, problem := range mem {
+		if _, known := invalid[id]; !known && !slices.ContainsFunc(valid, func(s vps.Spec) bool { return s.ID == id }) {
+			continue // a malformed id: dropped
+		}
+		if prev := invalid[id]; prev != "" {
+			problem = prev + "; " + problem
+		}
+		invalid[id] = problem
+	}
+	valid = slices.DeleteFunc(valid, func(s vps.Spec) bool { return mem[s.ID] != "" })
+	return valid, invalid, gens, dropped, nil
 }
 
 // status translates one observed instance.
@@ -88,8 +108,8 @@ func statuses(obs []vps.Observed) []*agentv1.InstanceStatus {
 func (h *instancesHandler) Plan(_ Current, d *agentv1.NodeSpec) (Plan, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.desired, h.failed = nil, nil
-	want, err := specs(d.GetInstances())
+	h.desired, h.failed, h.invalid = nil, nil, nil
+	want, invalid, gens, dropped, err := specs(d.GetInstances())
 	if err != nil {
 		h.statuses = nil
 		return Plan{Terminal: "invalid instances section: " + strings.ReplaceAll(err.Error(), "\n", "; ")}, nil
@@ -104,6 +124,11 @@ func (h *instancesHandler) Plan(_ Current, d *agentv1.NodeSpec) (Plan, error) {
 	if err != nil {
 		return Plan{}, err
 	}
+	h.invalid = map[string]int64{}
+	for id, problem := range invalid {
+		failed[id] = "invalid: " + problem
+		h.invalid[id] = gens[id]
+	}
 	h.desired, h.failed = resolved, failed
 	// Until Apply runs, report what the runtime has for the instances the
 	// spec names, and the ones that cannot be applied.
@@ -112,16 +137,20 @@ func (h *instancesHandler) Plan(_ Current, d *agentv1.NodeSpec) (Plan, error) {
 		have[o.ID] = o
 	}
 	var report []vps.Observed
-	for _, s := range want {
-		o, ok := have[s.ID]
-		if reason, bad := failed[s.ID]; bad {
-			o.ID, o.State, o.Reason = s.ID, vps.Failed, reason
+	for _, s := range d.GetInstances().GetInstances() {
+		id := s.GetId()
+		o, ok := have[id]
+		if reason, bad := failed[id]; bad {
+			o.ID, o.State, o.Reason = id, vps.Failed, reason
 		} else if !ok {
 			continue
 		}
+		if slices.ContainsFunc(report, func(r vps.Observed) bool { return r.ID == id }) {
+			continue // named twice: reported once
+		}
 		report = append(report, o)
 	}
-	h.statuses = statuses(report)
+	h.statuses = h.withInvalid(statuses(report))
 	p := Plan{}
 	for _, s := range steps {
 		if s.Op == vps.OpDelete && failed[s.ID] != "" {
@@ -129,15 +158,23 @@ func (h *instancesHandler) Plan(_ Current, d *agentv1.NodeSpec) (Plan, error) {
 		}
 		p.Steps = append(p.Steps, s.String())
 	}
-	if len(failed) > 0 {
-		var parts []string
-		for _, id := range slices.Sorted(maps.Keys(failed)) {
-			parts = append(parts, id+": "+failed[id])
-		}
-		p.Failure = "instances not applied: " + strings.Join(parts, "; ")
-	}
 	p.Summary = summary(report)
+	if dropped > 0 {
+		p.Summary += fmt.Sprintf("; %d instances with a malformed id ignored", dropped)
+	}
 	return p, nil
+}
+
+// withInvalid reports each invalid instance at the generation the spec
+// gives it: retrying cannot help, and the control plane records the
+// failure for that generation.
+func (h *instancesHandler) withInvalid(st []*agentv1.InstanceStatus) []*agentv1.InstanceStatus {
+	for _, s := range st {
+		if gen, ok := h.invalid[s.GetId()]; ok {
+			s.Generation = gen
+		}
+	}
+	return st
 }
 
 // summary is the converged section's reason: "runs 2 instances: inst_a
@@ -157,12 +194,13 @@ func (h *instancesHandler) Apply(ctx context.Context, _ Current, _ Plan) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	res := h.rec.Apply(ctx, h.desired, h.failed)
-	if res.Instances != nil || res.Err == nil {
-		h.statuses = statuses(res.Instances)
-	}
-	if res.Err != nil {
+	if res.Instances == nil && res.Err != nil {
+		// The runtime itself failed (it could not list): the section fails.
 		return errors.New(strings.ReplaceAll(res.Err.Error(), "\n", "; "))
 	}
+	// One instance failing fails only that instance: its status says why
+	// (the reconciler logged it), and the next converge retries it.
+	h.statuses = h.withInvalid(statuses(res.Instances))
 	return nil
 }
 

@@ -2,6 +2,7 @@ package converge_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,28 +140,86 @@ func TestInstances_ConvergeReportAndSurviveRestart(t *testing.T) {
 	})
 }
 
-func TestInstances_InvalidSectionChangesNothing(t *testing.T) {
+// TestBadInstanceFailsAloneOnTheHost: the instances section holds
+// instances of several tenants, and one tenant's bad instance (an image
+// like ../../../etc/passwd, an SSH key with a tab, a bad state) failed the
+// whole section, so the host's other instances stopped starting, stopping
+// and being deleted until it was removed. Now the bad instance fails
+// alone: reported failed with its reason at its generation, neither
+// applied nor deleted, while the others converge and the section stays
+// CONVERGED (so the control plane reads its report as complete).
+func TestBadInstanceFailsAloneOnTheHost(t *testing.T) {
 	t.Parallel()
 	n := newVPSNode(t, t.TempDir())
 	ctx := context.Background()
-	if _, obs := n.c.Converge(ctx, instanceSpec(1, inst("inst_a", "running", 1, 1))); obs != 1 {
+	if _, obs := n.c.Converge(ctx, instanceSpec(1, inst("inst_a", "running", 1, 1), inst("inst_old", "running", 1, 1))); obs != 1 {
 		t.Fatal("not converged")
 	}
-	bad := inst("inst_b", "paused", 0, 1)
-	bad.MemoryBytes = 1000
-	ss, obs := n.c.Converge(ctx, instanceSpec(2, bad))
-	s := section(t, ss)
-	if obs != 2 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
-		t.Fatalf("%v", s)
+	gen := int64(1)
+	for name, spoil := range map[string]func(*agentv1.Instance){
+		"an image path":            func(i *agentv1.Instance) { i.Image = "../../../etc/passwd" },
+		"a shell command as image": func(i *agentv1.Instance) { i.Image = "ubuntu; curl http://x | sh" },
+		"a 300-character image":    func(i *agentv1.Instance) { i.Image = strings.Repeat("u", 300) },
+		"an SSH key with a tab":    func(i *agentv1.Instance) { i.SshAuthorizedKeys = []string{"ssh-ed25519\tAAAAkey t@h"} },
+		"an SSH key with ESC":      func(i *agentv1.Instance) { i.SshAuthorizedKeys = []string{"ssh-ed25519 AAAAkey \x1b[2J"} },
+		"a bad state and size":     func(i *agentv1.Instance) { i.State, i.Vcpus, i.MemoryBytes = "paused", 0, 1000 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := inst("inst_bad", "running", 1, 1)
+			spoil(bad)
+			// Another tenant stops inst_a and deletes inst_old while the
+			// bad instance is in the section.
+			gen++
+			ss, obs := n.c.Converge(ctx, instanceSpec(gen, inst("inst_a", "stopped", 1, 2), bad))
+			s := section(t, ss)
+			st := instStatus(s)
+			if obs != gen || s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED {
+				t.Fatalf("observed %d, section %v", obs, s)
+			}
+			if a := st["inst_a"]; a.GetState() != "stopped" || a.GetGeneration() != 2 {
+				t.Errorf("the good instance did not proceed: %v", a)
+			}
+			if b := st["inst_bad"]; b.GetState() != "failed" || !strings.HasPrefix(b.GetReason(), "invalid: instances[inst_bad].") || b.GetGeneration() != 1 {
+				t.Errorf("the bad instance: %v", b)
+			}
+			if _, ok := n.rt.PID("inst_bad"); ok {
+				t.Error("the bad instance was started")
+			}
+			if l, _ := n.rt.List(ctx); len(l) != 1 || l[0].ID != "inst_a" {
+				t.Errorf("runtime has %v, want inst_a alone (inst_old deleted, inst_bad never made)", l)
+			}
+			// Back to where we were, for the next case.
+			gen++
+			if _, obs := n.c.Converge(ctx, instanceSpec(gen, inst("inst_a", "running", 1, 1), inst("inst_old", "running", 1, 1))); obs != gen {
+				t.Fatal("not converged")
+			}
+		})
 	}
-	for _, want := range []string{"instances[inst_b].state", "instances[inst_b].vcpus", "instances[inst_b].memory_bytes"} {
-		if !strings.Contains(s.GetReason(), want) {
-			t.Errorf("reason %q lacks %s", s.GetReason(), want)
+	t.Run("an instance whose spec turns invalid is kept, not deleted", func(t *testing.T) {
+		bad := inst("inst_old", "running", 1, 4)
+		bad.Image = "../x"
+		gen++
+		ss, _ := n.c.Converge(ctx, instanceSpec(gen, inst("inst_a", "running", 1, 1), bad))
+		if st := instStatus(section(t, ss))["inst_old"]; st.GetState() != "failed" {
+			t.Errorf("%v", st)
 		}
-	}
-	if _, ok := n.rt.PID("inst_a"); !ok {
-		t.Error("an invalid section deleted inst_a")
-	}
+		if l, _ := n.rt.List(ctx); len(l) != 2 {
+			t.Errorf("inst_old was deleted for an invalid spec: runtime has %v", l)
+		}
+	})
+	t.Run("a section over the host's bounds fails as a whole and changes nothing", func(t *testing.T) {
+		var many []*agentv1.Instance
+		for i := range vps.MaxInstances + 1 {
+			many = append(many, inst(fmt.Sprintf("inst_m%d", i), "running", 1, 1))
+		}
+		ss, _ := n.c.Converge(ctx, instanceSpec(gen+1, many...))
+		if s := section(t, ss); s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(s.GetReason(), "at most 256") {
+			t.Fatalf("%v", s)
+		}
+		if _, ok := n.rt.PID("inst_a"); !ok {
+			t.Error("an invalid section deleted inst_a")
+		}
+	})
 }
 
 func TestInstances_FailureIsRetriedAndReported(t *testing.T) {
@@ -174,8 +233,10 @@ func TestInstances_FailureIsRetriedAndReported(t *testing.T) {
 	ss, obs := n.c.Converge(ctx, instanceSpec(1, inst("inst_a", "running", 1, 1)))
 	s := section(t, ss)
 	st := instStatus(s)["inst_a"]
-	if obs != 0 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || st.GetState() != "failed" ||
-		st.GetReason() != "image ubuntu-24.04.qcow2 is corrupt" || !strings.Contains(s.GetReason(), "corrupt") {
+	// The instance fails alone (the section converged, its report is
+	// complete); the next converge retries it.
+	if obs != 1 || s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || st.GetState() != "failed" ||
+		st.GetReason() != "image ubuntu-24.04.qcow2 is corrupt" {
 		t.Fatalf("observed %d, %v", obs, s)
 	}
 	_ = os.Remove(filepath.Join(root, "vps", sim.FailFile))
@@ -193,7 +254,7 @@ func TestInstances_MissingGPUFailsThatInstance(t *testing.T) {
 	ss, obs := n.c.Converge(context.Background(), instanceSpec(1, g, inst("inst_ok", "running", 1, 1)))
 	s := section(t, ss)
 	st := instStatus(s)
-	if obs != 0 || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || st["inst_g"].GetState() != "failed" ||
+	if obs != 1 || s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || st["inst_g"].GetState() != "failed" ||
 		!strings.Contains(st["inst_g"].GetReason(), "GPU-nope") || st["inst_ok"].GetState() != "running" {
 		t.Fatalf("%v", s)
 	}

@@ -23,6 +23,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/bettercompute/bettercompute/proto/instancespec"
 )
 
 // State is an instance's power state: desired (Running, Stopped) or
@@ -150,25 +152,23 @@ const (
 	MaxDiskGiB = 65536
 	// MaxGPUs is the most GPUs passed through to one instance.
 	MaxGPUs = 16
-	// MaxSSHKeys is the most SSH keys of one instance.
-	MaxSSHKeys = 32
+	// MaxSSHKeys is the most SSH keys of one instance (instancespec's).
+	MaxSSHKeys = instancespec.MaxSSHKeys
 	// MaxSSHKeyBytes is the longest SSH key.
-	MaxSSHKeyBytes = 16 << 10
+	MaxSSHKeyBytes = instancespec.MaxSSHKeyBytes
 	// MaxUserDataBytes is the largest tenant user data.
-	MaxUserDataBytes = 64 << 10
+	MaxUserDataBytes = instancespec.MaxUserDataBytes
 	// MaxNetworkConfigBytes is the largest network-config.
-	MaxNetworkConfigBytes = 16 << 10
+	MaxNetworkConfigBytes = instancespec.MaxNetworkConfigBytes
 	// MaxImageBytes is the longest image reference.
-	MaxImageBytes = 255
+	MaxImageBytes = instancespec.MaxImageBytes
 	// MaxReasonBytes is the longest reason an Observed carries.
 	MaxReasonBytes = 1024
 )
 
 var (
-	idRE       = regexp.MustCompile(`^inst_[A-Za-z0-9]{1,60}$`)
-	hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
-	imageRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
-	pciRE      = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+	idRE  = regexp.MustCompile(`^inst_[A-Za-z0-9]{1,60}$`)
+	pciRE = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 )
 
 // FieldError is one invalid field of one instance.
@@ -184,95 +184,121 @@ func (e FieldError) Error() string { return e.Field + ": " + e.Problem }
 // Validate checks the desired instances against the section's bounds and
 // returns every problem (a FieldError each, joined), or nil.
 func Validate(specs []Spec) error {
-	var errs []error
-	bad := func(id, field, format string, a ...any) {
-		errs = append(errs, FieldError{Field: fmt.Sprintf("instances[%s].%s", id, field), Problem: fmt.Sprintf(format, a...)})
+	_, errs := check(specs)
+	return errors.Join(errs...)
+}
+
+// ValidateEach sorts the desired instances into the valid ones, in order,
+// and the invalid ones by id with what is wrong (the instance id's shape
+// is checked first; one named twice is invalid as a whole). An invalid
+// instance fails alone: the others stay valid. err is a problem of the
+// section itself (more than MaxInstances), which fails every instance.
+// Specs whose id is malformed cannot be reported by id: they are in
+// neither result, and their count is dropped.
+func ValidateEach(specs []Spec) (valid []Spec, invalid map[string]string, dropped int, err error) {
+	bad, errs := check(specs)
+	if len(specs) > MaxInstances {
+		return nil, nil, 0, errors.Join(errs...)
 	}
+	invalid = map[string]string{}
+	for i, s := range specs {
+		if !idRE.MatchString(s.ID) {
+			dropped++
+			continue
+		}
+		if p := bad[i]; len(p) > 0 {
+			invalid[s.ID] = truncate(strings.Join(p, "; "), MaxReasonBytes)
+		}
+	}
+	for _, s := range specs {
+		if idRE.MatchString(s.ID) && invalid[s.ID] == "" {
+			valid = append(valid, s)
+		}
+	}
+	return valid, invalid, dropped, nil
+}
+
+// check returns the problems of each spec by index (for an id named twice,
+// under both indexes) and all of them as FieldErrors.
+func check(specs []Spec) (map[int][]string, []error) {
+	var errs []error
+	byIndex := map[int][]string{}
 	if len(specs) > MaxInstances {
 		errs = append(errs, FieldError{Field: "instances", Problem: fmt.Sprintf("%d instances, at most %d", len(specs), MaxInstances)})
-		return errors.Join(errs...)
+		return byIndex, errs
 	}
-	seen := map[string]bool{}
+	var i int
+	var id string
+	bad := func(field, format string, a ...any) {
+		e := FieldError{Field: fmt.Sprintf("instances[%s].%s", id, field), Problem: fmt.Sprintf(format, a...)}
+		errs = append(errs, e)
+		byIndex[i] = append(byIndex[i], e.Error())
+	}
+	seen := map[string]int{}
 	gpuOwner := map[string]string{}
-	for i, s := range specs {
-		id := s.ID
+	for i = range specs {
+		s := specs[i]
+		id = s.ID
 		if !idRE.MatchString(id) {
-			bad(fmt.Sprint(i), "id", "%q is not an instance id (inst_ and 1 to 60 letters or digits)", truncate(id, 80))
+			id = fmt.Sprint(i)
+			bad("id", "%q is not an instance id (inst_ and 1 to 60 letters or digits)", truncate(s.ID, 80))
 			continue
 		}
-		if seen[id] {
-			bad(id, "id", "named twice")
+		if first, ok := seen[id]; ok {
+			bad("id", "named twice")
+			byIndex[first] = append(byIndex[first], fmt.Sprintf("instances[%s].id: named twice", id))
 			continue
 		}
-		seen[id] = true
+		seen[id] = i
 		if s.Power != Running && s.Power != Stopped {
-			bad(id, "state", "%q: want running or stopped", truncate(string(s.Power), 40))
+			bad("state", "%q: want running or stopped", truncate(string(s.Power), 40))
 		}
-		if len(s.Image) > MaxImageBytes || !imageRE.MatchString(s.Image) {
-			bad(id, "image", "%q is not an image name (letters, digits, '.', '_', '-'; at most %d)", truncate(s.Image, 80), MaxImageBytes)
+		if err := instancespec.CheckImage(s.Image); err != nil {
+			bad("image", "%v", err)
 		}
 		if s.Size.VCPUs < 1 || s.Size.VCPUs > MaxVCPUs {
-			bad(id, "vcpus", "%d, want 1 to %d", s.Size.VCPUs, MaxVCPUs)
+			bad("vcpus", "%d, want 1 to %d", s.Size.VCPUs, MaxVCPUs)
 		}
 		if s.Size.MemoryMiB < 1 || s.Size.MemoryMiB > MaxMemoryMiB {
-			bad(id, "memory", "%d MiB, want 1 MiB to %d MiB", s.Size.MemoryMiB, MaxMemoryMiB)
+			bad("memory", "%d MiB, want 1 MiB to %d MiB", s.Size.MemoryMiB, MaxMemoryMiB)
 		}
 		if s.Size.DiskGiB < 1 || s.Size.DiskGiB > MaxDiskGiB {
-			bad(id, "disk_gib", "%d, want 1 to %d", s.Size.DiskGiB, MaxDiskGiB)
+			bad("disk_gib", "%d, want 1 to %d", s.Size.DiskGiB, MaxDiskGiB)
 		}
 		if len(s.GPUUUIDs) > MaxGPUs {
-			bad(id, "gpu_uuids", "%d GPUs, at most %d", len(s.GPUUUIDs), MaxGPUs)
+			bad("gpu_uuids", "%d GPUs, at most %d", len(s.GPUUUIDs), MaxGPUs)
 		}
 		for _, u := range s.GPUUUIDs {
 			if other, ok := gpuOwner[u]; ok {
-				bad(id, "gpu_uuids", "GPU %s is also booked by %s", truncate(u, 80), other)
+				bad("gpu_uuids", "GPU %s is also booked by %s", truncate(u, 80), other)
 				continue
 			}
 			gpuOwner[u] = id
 		}
 		for _, a := range s.GPUs {
 			if !pciRE.MatchString(a) {
-				bad(id, "gpus", "%q is not a PCI address (dddd:bb:ss.f)", truncate(a, 40))
+				bad("gpus", "%q is not a PCI address (dddd:bb:ss.f)", truncate(a, 40))
 			}
 		}
-		if s.Hostname != "" && !hostnameRE.MatchString(s.Hostname) {
-			bad(id, "hostname", "%q is not a host name (an RFC 1123 label of at most 63 characters)", truncate(s.Hostname, 80))
+		if err := instancespec.CheckHostname(s.Hostname); err != nil {
+			bad("hostname", "%v", err)
 		}
 		if len(s.SSHKeys) > MaxSSHKeys {
-			bad(id, "ssh_authorized_keys", "%d keys, at most %d", len(s.SSHKeys), MaxSSHKeys)
+			bad("ssh_authorized_keys", "%d keys, at most %d", len(s.SSHKeys), MaxSSHKeys)
 		}
 		for k, key := range s.SSHKeys {
-			if err := checkSSHKey(key); err != nil {
-				bad(id, fmt.Sprintf("ssh_authorized_keys[%d]", k), "%v", err)
+			if err := instancespec.CheckSSHKey(key); err != nil {
+				bad(fmt.Sprintf("ssh_authorized_keys[%d]", k), "%v", err)
 			}
 		}
-		if len(s.UserData) > MaxUserDataBytes {
-			bad(id, "user_data", "%d bytes, at most %d", len(s.UserData), MaxUserDataBytes)
-		} else if !utf8.ValidString(s.UserData) || strings.ContainsRune(s.UserData, 0) {
-			bad(id, "user_data", "not UTF-8 text")
+		if err := instancespec.CheckUserData(s.UserData); err != nil {
+			bad("user_data", "%v", err)
 		}
-		if len(s.NetworkConfig) > MaxNetworkConfigBytes {
-			bad(id, "network_config", "%d bytes, at most %d", len(s.NetworkConfig), MaxNetworkConfigBytes)
-		} else if !utf8.ValidString(s.NetworkConfig) || strings.ContainsRune(s.NetworkConfig, 0) {
-			bad(id, "network_config", "not UTF-8 text")
+		if err := instancespec.CheckNetworkConfig(s.NetworkConfig); err != nil {
+			bad("network_config", "%v", err)
 		}
 	}
-	return errors.Join(errs...)
-}
-
-// checkSSHKey accepts one OpenSSH public key line.
-func checkSSHKey(key string) error {
-	if len(key) > MaxSSHKeyBytes {
-		return fmt.Errorf("%d bytes, at most %d", len(key), MaxSSHKeyBytes)
-	}
-	if strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 || r == 0x7f }) || !utf8.ValidString(key) {
-		return errors.New("not a single line of text")
-	}
-	typ, _, _ := strings.Cut(key, " ")
-	if !strings.HasPrefix(typ, "ssh-") && !strings.HasPrefix(typ, "ecdsa-") && !strings.HasPrefix(typ, "sk-") {
-		return fmt.Errorf("key type %q: want ssh-…, ecdsa-… or sk-…", truncate(typ, 40))
-	}
-	return nil
+	return byIndex, errs
 }
 
 // truncate cuts s to at most n bytes (on a rune boundary) for messages.

@@ -24,6 +24,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bettercompute/bettercompute/proto/instancespec"
+
 	"github.com/bettercompute/bettercompute/pkg/fault"
 )
 
@@ -61,15 +63,17 @@ const (
 
 // Bounds of an instance's size and settings.
 const (
-	MaxVCPUs         = 1024
-	MaxMemoryMiB     = 16 << 20 // 16 TiB
-	MaxDiskGiB       = 64 << 10 // 64 TiB, what the agent's runtime takes
-	MaxGPUs          = 16
-	MaxModelLength   = 128
-	MaxImageLength   = 1024
-	MaxSSHKeys       = 32
-	MaxSSHKeyLength  = 16 << 10
-	MaxUserDataBytes = 64 << 10
+	MaxVCPUs       = 1024
+	MaxMemoryMiB   = 16 << 20 // 16 TiB
+	MaxDiskGiB     = 64 << 10 // 64 TiB, what the agent's runtime takes
+	MaxGPUs        = 16
+	MaxModelLength = 128
+	// The image, SSH keys and user data go to the host verbatim: their
+	// bounds and shape are the host daemon's own (proto/instancespec).
+	MaxImageLength   = instancespec.MaxImageBytes
+	MaxSSHKeys       = instancespec.MaxSSHKeys
+	MaxSSHKeyLength  = instancespec.MaxSSHKeyBytes
+	MaxUserDataBytes = instancespec.MaxUserDataBytes
 )
 
 // DefaultLostAfter is how long a host may go unseen before placement stops
@@ -157,7 +161,9 @@ func ValidSize(s Size) error {
 
 // Validate checks a new instance's size and settings, naming the field of
 // the first bad one (vcpus, memoryMiB, diskGiB, gpuCount, gpuModel, image,
-// sshKeys, userData).
+// sshKeys, userData). The image, SSH keys and user data are held to the
+// host daemon's own rule (proto/instancespec), so an instance the API
+// accepts is one its host accepts.
 func Validate(in Instance) error {
 	if err := ValidSize(in.Size); err != nil {
 		return err
@@ -169,22 +175,15 @@ func Validate(in Instance) error {
 		return fault.New(fault.InvalidInput, "gpuModel", "set only with gpuCount above 0")
 	case strings.TrimSpace(in.Image) == "":
 		return fault.New(fault.InvalidInput, "image", "required: the image to boot")
-	case len(in.Image) > MaxImageLength:
-		return fault.New(fault.InvalidInput, "image", "at most %d characters", MaxImageLength)
-	case len(in.SSHKeys) > MaxSSHKeys:
-		return fault.New(fault.InvalidInput, "sshKeys", "at most %d keys, got %d", MaxSSHKeys, len(in.SSHKeys))
-	case len(in.UserData) > MaxUserDataBytes:
-		return fault.New(fault.InvalidInput, "userData", "at most %d bytes, got %d", MaxUserDataBytes, len(in.UserData))
 	}
-	for i, k := range in.SSHKeys {
-		f := strings.Fields(k)
-		switch {
-		case len(k) > MaxSSHKeyLength:
-			return fault.New(fault.InvalidInput, "sshKeys", "key %d: at most %d characters", i, MaxSSHKeyLength)
-		case len(f) < 2 || (!strings.HasPrefix(f[0], "ssh-") && !strings.HasPrefix(f[0], "ecdsa-") && !strings.HasPrefix(f[0], "sk-")) ||
-			strings.ContainsAny(k, "\r\n"):
-			return fault.New(fault.InvalidInput, "sshKeys", "key %d: expected one OpenSSH public key line (\"ssh-ed25519 AAAA… comment\")", i)
-		}
+	if err := instancespec.CheckImage(in.Image); err != nil {
+		return fault.New(fault.InvalidInput, "image", "%v", err)
+	}
+	if err := instancespec.CheckSSHKeys(in.SSHKeys); err != nil {
+		return fault.New(fault.InvalidInput, "sshKeys", "%v", err)
+	}
+	if err := instancespec.CheckUserData(in.UserData); err != nil {
+		return fault.New(fault.InvalidInput, "userData", "%v", err)
 	}
 	return nil
 }

