@@ -320,8 +320,12 @@ func TestBadInstanceImageRefusedAtAPI(t *testing.T) {
 		{"image", func(r *computev1.InstancesServiceCreateRequest) { r.Image = strings.Repeat("u", 300) }},
 		{"image", func(r *computev1.InstancesServiceCreateRequest) { r.Image = "/var/lib/images/ubuntu.qcow2" }},
 		{"image", func(r *computev1.InstancesServiceCreateRequest) { r.Image = ".hidden" }},
-		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) { r.SshKeys = []string{"ssh-ed25519\tAAAAC3Nz test@example"} }},
-		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) { r.SshKeys = []string{"ssh-ed25519 AAAAC3Nz \x1b[2Jtest"} }},
+		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) {
+			r.SshKeys = []string{"ssh-ed25519\tAAAAC3Nz test@example"}
+		}},
+		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) {
+			r.SshKeys = []string{"ssh-ed25519 AAAAC3Nz \x1b[2Jtest"}
+		}},
 		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) { r.SshKeys = []string{"ssh-ed25519"} }},
 		{"sshKeys", func(r *computev1.InstancesServiceCreateRequest) { r.SshKeys = []string{"rsa AAAAC3Nz"} }},
 	} {

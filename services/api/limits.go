@@ -12,6 +12,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/instances"
 	"github.com/bettercompute/bettercompute/pkg/machines"
 	"github.com/bettercompute/bettercompute/pkg/providers"
+	"github.com/bettercompute/bettercompute/pkg/sitetasks"
 )
 
 // The one table of how big a request's fields may be, checked in one place
@@ -59,6 +60,7 @@ var (
 		"bettercompute.compute.v1.InstancesServiceCreateRequest.ssh_keys":  instances.MaxSSHKeyLength,
 		"bettercompute.compute.v1.ProviderSettings.endpoint":               providers.MaxEndpointLength,
 		"bettercompute.compute.v1.ProviderSettings.token":                  providers.MaxTokenLength,
+		"bettercompute.compute.v1.MachineBMC.ca_pem":                       sitetasks.MaxCAPEM,
 	}
 )
 
@@ -68,6 +70,7 @@ var textFields = map[protoreflect.FullName]bool{
 	"bettercompute.compute.v1.PoliciesServicePutRequest.body":          true,
 	"bettercompute.compute.v1.MetalServiceDeployRequest.cloud_init":    true,
 	"bettercompute.compute.v1.InstancesServiceCreateRequest.user_data": true,
+	"bettercompute.compute.v1.MachineBMC.ca_pem":                       true,
 }
 
 // maxIDLength bounds an id field (a tenant id's 200 characters).
