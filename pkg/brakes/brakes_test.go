@@ -3,6 +3,7 @@ package brakes_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,7 @@ func inTx[T any](t testing.TB, db *pgxpool.Pool, f func(tx pgx.Tx) (T, error)) T
 func evaluate(t testing.TB, db *pgxpool.Pool, threshold float64, now time.Time) []brakes.Transition {
 	t.Helper()
 	return inTx(t, db, func(tx pgx.Tx) ([]brakes.Transition, error) {
-		return brakes.Evaluate(context.Background(), tx, threshold, now)
+		return brakes.Evaluate(context.Background(), tx, brakes.Config{UnhealthyThreshold: threshold}, now)
 	})
 }
 
@@ -83,7 +84,7 @@ func breakers(t testing.TB, db *pgxpool.Pool) map[string]brakes.Breaker {
 func TestAllowRate(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	cfg := brakes.Config{} // 0.1 nodes/s, burst 1
+	cfg := brakes.Config{TenantRate: 0.1} // 0.1 nodes/s, burst 1, for the tenant too
 	s := brakes.Subject{NodeID: "node_1", PoolID: "pool_a"}
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	if d := allow(t, db, cfg, s, t0); !d.Allowed || d.Paused {
@@ -119,7 +120,7 @@ func TestAllowRate(t *testing.T) {
 	}
 
 	// Burst: a long quiet time fills the bucket to Burst, not beyond.
-	burst := brakes.Config{Rate: 0.1, Burst: 3}
+	burst := brakes.Config{Rate: 0.1, Burst: 3, TenantRate: 0.1, TenantBurst: 3}
 	t2 := t1.Add(time.Hour)
 	for i := range 3 {
 		if d := allow(t, db, burst, s, t2); !d.Allowed {
@@ -163,7 +164,7 @@ func TestEvaluate(t *testing.T) {
 		t.Fatalf("transitions: %+v", ts)
 	}
 	want := []brakes.Transition{
-		{Scope: "gateway:gw-0", Kind: "gateway", ID: "gw-0", TenantID: "root", Opened: true, NotReady: 6, Total: 10},
+		{Scope: "gateway:gw-0/tenant:root", Kind: "gateway", ID: "gw-0", TenantID: "root", Opened: true, NotReady: 6, Total: 10},
 		{Scope: "pool:pool_000", Kind: "pool", ID: "pool_000", TenantID: "acme", Opened: true, NotReady: 6, Total: 10},
 	}
 	for i := range want {
@@ -185,7 +186,7 @@ func TestEvaluate(t *testing.T) {
 	}
 	// A node of pool_001 last held by gw-0 is paused by its gateway.
 	d = allow(t, db, brakes.Config{}, brakes.Subject{NodeID: "node_00001", PoolID: "pool_001", GatewayID: "gw-0"}, now)
-	if !d.Paused || !strings.Contains(d.Reason, "gateway:gw-0") {
+	if !d.Paused || !strings.Contains(d.Reason, "gateway:gw-0/tenant:root") {
 		t.Fatalf("allow under a paused gateway: %+v", d)
 	}
 	// …and by nothing when gw-1 held it.
@@ -249,15 +250,15 @@ func TestEvaluate(t *testing.T) {
 	}
 	exec(t, db, `UPDATE nodes SET gateway_id = 'gw-2', ready = 'True' WHERE gateway_id IN ('gw-0', 'gw-1')`)
 	ts = evaluate(t, db, 0, now)
-	if len(ts) != 2 || ts[0].Scope != "gateway:gw-1" || ts[0].Opened || ts[0].Total != 0 || ts[1].Scope != "pool:pool_001" {
+	if len(ts) != 2 || ts[0].Scope != "gateway:gw-1/tenant:root" || ts[0].Opened || ts[0].Total != 0 || ts[1].Scope != "pool:pool_001" {
 		t.Fatalf("gw-1 gone: %+v", ts)
 	}
 	evaluate(t, db, 0, now)
 	bs := breakers(t, db)
-	if _, ok := bs["gateway:gw-1"]; ok {
+	if _, ok := bs["gateway:gw-1/tenant:root"]; ok {
 		t.Fatalf("gone gateways' rows stay: %+v", bs)
 	}
-	if _, ok := bs["gateway:gw-0"]; ok {
+	if _, ok := bs["gateway:gw-0/tenant:root"]; ok {
 		t.Fatalf("gone gateways' rows stay: %+v", bs)
 	}
 	if _, ok := bs["pool:pool_000"]; !ok {
@@ -294,4 +295,116 @@ func BenchmarkEvaluate(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// tenants inserts tenants acme and evil under root, a pool of each
+// (pool_acme, pool_evil) and nodes of each behind the one shared gateway
+// gw-shared: acme's node_acme_<i> and evil's node_evil_<i>, adopted and
+// Ready.
+func tenants(t testing.TB, db *pgxpool.Pool, acme, evil int) {
+	t.Helper()
+	exec(t, db, `INSERT INTO tenants (id, parent_id, name) VALUES ('acme', 'root', 'acme'), ('evil', 'root', 'evil')`)
+	exec(t, db, `INSERT INTO pools (id, tenant_id, name, class) VALUES ('pool_acme', 'acme', 'a', 'gpu'), ('pool_evil', 'evil', 'e', 'gpu')`)
+	exec(t, db, `INSERT INTO nodes (id, tenant_id, pool_id, state, shard, hardware_key, gateway_id, last_seen_at)
+		SELECT format('node_%s_%s', t, i), t, 'pool_' || t, 'adopted', i % 256, format('hw-%s-%s', t, i), 'gw-shared', now()
+		  FROM (VALUES ('acme', $1::int), ('evil', $2::int)) AS v(t, n), generate_series(0, v.n - 1) i`, acme, evil)
+}
+
+// TestOneTenantsLostNodesDoNotTripAnotherTenantsBreaker: tenant evil's 20
+// nodes behind the gateway it shares with acme all go Lost (simulated
+// nodes that simply stop). On the old code that held the gateway's one
+// breaker open (21 of 24 not ready) and acme's lost node was never
+// replaced; now the gateway's breaker is per tenant, so acme's 1 of 4 is
+// acted on. And evil's own pool, paused while its nodes are lost, is not
+// paused for ever: nodes Lost for longer than nodes.longLostAfter leave
+// the ratio.
+func TestOneTenantsLostNodesDoNotTripAnotherTenantsBreaker(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	tenants(t, db, 4, 20)
+	now := time.Now()
+	exec(t, db, `UPDATE nodes SET ready = 'Lost', ready_since = $1 WHERE tenant_id = 'evil' OR id = 'node_acme_0'`, now)
+	ts := evaluate(t, db, 0, now)
+	want := []brakes.Transition{
+		{Scope: "gateway:gw-shared/tenant:evil", Kind: "gateway", ID: "gw-shared", TenantID: "evil", Opened: true, NotReady: 20, Total: 20},
+		{Scope: "pool:pool_evil", Kind: "pool", ID: "pool_evil", TenantID: "evil", Opened: true, NotReady: 20, Total: 20},
+	}
+	if len(ts) != len(want) {
+		t.Fatalf("transitions: %+v, want %+v", ts, want)
+	}
+	for i := range want {
+		if ts[i] != want[i] {
+			t.Fatalf("transition %d: %+v, want %+v", i, ts[i], want[i])
+		}
+	}
+	if d := allow(t, db, brakes.Config{}, brakes.Subject{NodeID: "node_acme_0", PoolID: "pool_acme", GatewayID: "gw-shared"}, now); !d.Allowed {
+		t.Fatalf("acme's lost node behind the shared gateway: %+v", d)
+	}
+	// The gateway and pool of evil are paused for evil.
+	if d := allow(t, db, brakes.Config{}, brakes.Subject{NodeID: "node_evil_0", PoolID: "pool_evil", GatewayID: "gw-shared"}, now); !d.Paused {
+		t.Fatalf("evil's lost node: %+v", d)
+	}
+	// A caller naming another pool for acme's node still gets acme's
+	// gateway scope: the tenant is the node's, read from the database.
+	if d := allow(t, db, brakes.Config{}, brakes.Subject{NodeID: "node_acme_1", PoolID: "pool_acme", GatewayID: "gw-shared"}, now.Add(20*time.Second)); !d.Allowed {
+		t.Fatalf("acme's node: %+v", d)
+	}
+
+	// An hour and a second later evil's nodes are long lost: out of the
+	// ratio, so both of evil's breakers close (0 of 0) and its lost nodes
+	// are acted on, at the rate.
+	later := now.Add(brakes.DefaultLongLostAfter + time.Second)
+	ts = evaluate(t, db, 0, later)
+	if len(ts) != 2 || ts[0].Opened || ts[1].Opened || ts[0].Total != 0 || ts[1].Total != 0 {
+		t.Fatalf("long-lost nodes still hold evil's breakers: %+v", ts)
+	}
+	if d := allow(t, db, brakes.Config{}, brakes.Subject{NodeID: "node_evil_0", PoolID: "pool_evil", GatewayID: "gw-shared"}, later); !d.Allowed {
+		t.Fatalf("evil's long-lost node: %+v", d)
+	}
+	// acme's one lost node is 1 of 3 counted, once it too is long lost 0 of 3.
+	if b := breakers(t, db)["gateway:gw-shared/tenant:acme"]; b.Paused {
+		t.Fatalf("acme's gateway breaker: %+v", b)
+	}
+}
+
+// TestOneTenantCannotDrainFleetRemediationBucket: tenant evil asks the
+// brakes for five of its lost (or remediating: nodes.clearRepair restarts
+// their ladders) nodes every second, always before acme asks for its one.
+// On the old code the one fleet-wide bucket (0.1/s, burst 1) gave every
+// token to evil and acme never got one in 200 s; now evil's own bucket
+// (half the fleet's rate by default) runs dry first, and acme gets the
+// rest of the fleet's.
+func TestOneTenantCannotDrainFleetRemediationBucket(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	tenants(t, db, 1, 5)
+	cfg := brakes.Config{} // the defaults: fleet 0.1/s burst 1, a tenant 0.05/s burst 1
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	var evil, acme int
+	var evilRefusal string
+	for sec := range 200 {
+		now := t0.Add(time.Duration(sec) * time.Second)
+		for i := range 5 {
+			d := allow(t, db, cfg, brakes.Subject{NodeID: fmt.Sprintf("node_evil_%d", i), PoolID: "pool_evil", GatewayID: "gw-shared"}, now)
+			if d.Allowed {
+				evil++
+			} else if strings.Contains(d.Reason, "tenant evil") {
+				evilRefusal = d.Reason
+			}
+		}
+		if d := allow(t, db, cfg, brakes.Subject{NodeID: "node_acme_0", PoolID: "pool_acme", GatewayID: "gw-shared"}, now); d.Allowed {
+			acme++
+		}
+	}
+	// evil: its burst, then one per 20 s; the fleet: one per 10 s.
+	if evil > 11 {
+		t.Fatalf("evil took %d tokens in 200 s, more than its share (11)", evil)
+	}
+	if acme < 9 {
+		t.Fatalf("acme got %d tokens in 200 s (evil %d); want at least 9 of the fleet's 21", acme, evil)
+	}
+	if !strings.Contains(evilRefusal, "nodes.tenantEvictionRate=0.05") {
+		t.Fatalf("evil's refusal names no tenant rate: %q", evilRefusal)
+	}
+	t.Logf("200 s: evil %d tokens, acme %d", evil, acme)
 }

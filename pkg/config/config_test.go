@@ -417,3 +417,24 @@ func TestSecretsKeyFiles(t *testing.T) {
 		t.Fatalf("no key: %v", got)
 	}
 }
+
+// TestTenantEvictionBrakes: the tenants' buckets default to half the
+// fleet's, nodes.longLostAfter to 1h, health.maxRepairClearsPerNode to 3;
+// a tenant's bucket above the fleet's ceiling is refused naming its key.
+func TestTenantEvictionBrakes(t *testing.T) {
+	t.Parallel()
+	c := &config.Config{}
+	c.Defaults()
+	if n := c.Nodes; n.TenantEvictionRate != 0.05 || n.TenantEvictionBurst != 1 || n.LongLostAfter.Std() != time.Hour || c.Health.MaxRepairClearsPerNode != 3 {
+		t.Fatalf("defaults: %+v %+v", n, c.Health)
+	}
+	c, err := config.Load(config.LoadOptions{Path: writeFile(t, "nodes:\n  tenantEvictionRate: 0.5\n  tenantEvictionBurst: 2\n  longLostAfter: 1m\nhealth:\n  maxRepairClearsPerNode: 101\n"), LookupEnv: env(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Defaults()
+	err = c.Validate()
+	if got := fields(t, err); !slices.Equal(got, []string{"nodes.tenantEvictionRate", "nodes.tenantEvictionBurst", "nodes.longLostAfter", "health.maxRepairClearsPerNode"}) {
+		t.Fatalf("fields = %v (%v)", got, err)
+	}
+}

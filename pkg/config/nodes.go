@@ -35,6 +35,18 @@ type Nodes struct {
 	// that scope's lost nodes (fleet.eviction_paused); more than 0, at most
 	// 1; default 0.55.
 	UnhealthyThreshold float64 `yaml:"unhealthyThreshold"`
+	// TenantEvictionRate is how many of one tenant's lost nodes per second
+	// may be acted on (a bucket per tenant under evictionRate, so one
+	// tenant cannot spend the fleet's); more than 0, at most evictionRate;
+	// default half of evictionRate.
+	TenantEvictionRate float64 `yaml:"tenantEvictionRate"`
+	// TenantEvictionBurst is how many of one tenant's at once; at least 1,
+	// at most evictionBurst; default half of evictionBurst, at least 1.
+	TenantEvictionBurst int `yaml:"tenantEvictionBurst"`
+	// LongLostAfter: a node Lost for longer than this leaves the eviction
+	// breakers' counts, so nodes that never return cannot hold a breaker
+	// open for ever; more than lostAfter; default 1h.
+	LongLostAfter Duration `yaml:"longLostAfter"`
 }
 
 // defaults fills Nodes, taking lostAfter from the deprecated
@@ -49,6 +61,13 @@ func (n *Nodes) defaults(c *Capacity) {
 	n.EvictionRate = cmp.Or(n.EvictionRate, brakes.DefaultRate)
 	n.EvictionBurst = cmp.Or(n.EvictionBurst, brakes.DefaultBurst)
 	n.UnhealthyThreshold = cmp.Or(n.UnhealthyThreshold, brakes.DefaultUnhealthyThreshold)
+	if n.TenantEvictionRate == 0 && n.EvictionRate > 0 {
+		n.TenantEvictionRate = n.EvictionRate / 2
+	}
+	if n.TenantEvictionBurst == 0 && n.EvictionBurst > 0 {
+		n.TenantEvictionBurst = max(1, n.EvictionBurst/2)
+	}
+	n.LongLostAfter = cmp.Or(n.LongLostAfter, Duration(brakes.DefaultLongLostAfter))
 }
 
 func (n *Nodes) validate(c *Capacity) []error {
@@ -77,6 +96,15 @@ func (n *Nodes) validate(c *Capacity) []error {
 	if !(n.UnhealthyThreshold >= 0 && n.UnhealthyThreshold <= 1) {
 		bad("nodes.unhealthyThreshold", "expected a fraction of nodes more than 0 and at most 1 (0.55 is 55 %%), got %g", n.UnhealthyThreshold)
 	}
+	if !(n.TenantEvictionRate >= 0) || (n.EvictionRate > 0 && n.TenantEvictionRate > n.EvictionRate) {
+		bad("nodes.tenantEvictionRate", "expected more than 0 and at most nodes.evictionRate (%g) nodes per second, got %g", n.EvictionRate, n.TenantEvictionRate)
+	}
+	if n.TenantEvictionBurst < 0 || (n.EvictionBurst > 0 && n.TenantEvictionBurst > n.EvictionBurst) {
+		bad("nodes.tenantEvictionBurst", "expected at least 1 and at most nodes.evictionBurst (%d) nodes, got %d", n.EvictionBurst, n.TenantEvictionBurst)
+	}
+	if n.LongLostAfter < 0 || (n.LongLostAfter > 0 && n.LostAfter > 0 && n.LongLostAfter <= n.LostAfter) {
+		bad("nodes.longLostAfter", "expected more than nodes.lostAfter (%s), got %s", n.LostAfter.Std(), n.LongLostAfter.Std())
+	}
 	if c.LostAfter > 0 && n.LostAfter > 0 && c.LostAfter != n.LostAfter {
 		bad("capacity.lostAfter", "is a deprecated alias of nodes.lostAfter (%s); set only nodes.lostAfter, got %s", n.LostAfter.Std(), c.LostAfter.Std())
 	}
@@ -84,8 +112,11 @@ func (n *Nodes) validate(c *Capacity) []error {
 }
 
 // Brakes is the eviction brakes' configuration (pkg/brakes) from
-// nodes.evictionRate, nodes.evictionBurst and nodes.unhealthyThreshold:
+// nodes.evictionRate, nodes.evictionBurst, nodes.unhealthyThreshold,
+// nodes.tenantEvictionRate, nodes.tenantEvictionBurst and
+// nodes.longLostAfter:
 // what every actor on lost nodes passes to [brakes.Allow].
 func (n Nodes) Brakes() brakes.Config {
-	return brakes.Config{Rate: n.EvictionRate, Burst: n.EvictionBurst, UnhealthyThreshold: n.UnhealthyThreshold}
+	return brakes.Config{Rate: n.EvictionRate, Burst: n.EvictionBurst, UnhealthyThreshold: n.UnhealthyThreshold,
+		TenantRate: n.TenantEvictionRate, TenantBurst: n.TenantEvictionBurst, LongLostAfter: n.LongLostAfter.Std()}
 }

@@ -202,3 +202,32 @@ func Prune(ctx context.Context, q Querier, before time.Time, limit int) (int, er
 	}
 	return int(tag.RowsAffected()), nil
 }
+
+// RecordClear records a nodes.clearRepair of node at now, for its own
+// budget ([ClearsSince]); nothing resets it.
+func RecordClear(ctx context.Context, q Querier, tenant, node string, now time.Time) error {
+	if _, err := q.Exec(ctx, `INSERT INTO repair_clears (node_id, tenant_id, cleared_at) VALUES ($1, $2, $3)`, node, tenant, now); err != nil {
+		return fmt.Errorf("record the repair clear of %s: %w", node, err)
+	}
+	return nil
+}
+
+// ClearsSince counts node's nodes.clearRepair calls at or after since.
+func ClearsSince(ctx context.Context, q Querier, node string, since time.Time) (int, error) {
+	var n int
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM repair_clears WHERE node_id = $1 AND cleared_at >= $2`, node, since).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count repair clears of %s: %w", node, err)
+	}
+	return n, nil
+}
+
+// PruneClears deletes up to limit recorded clears older than before (now
+// minus [Retention], for the health job) and returns how many.
+func PruneClears(ctx context.Context, q Querier, before time.Time, limit int) (int, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM repair_clears WHERE ctid IN (
+		SELECT ctid FROM repair_clears WHERE cleared_at < $1 ORDER BY cleared_at LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune repair clears: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}

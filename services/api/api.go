@@ -115,6 +115,10 @@ type Config struct {
 	// (secrets.keyFile); nil refuses metal.enroll UNSUPPORTED naming that
 	// setting.
 	Secrets *secrets.Keyring
+	// MaxRepairClearsPerNode is how many times nodes.clearRepair may clear
+	// one node in 7 days (health.maxRepairClearsPerNode); 0 means
+	// [DefaultMaxRepairClearsPerNode].
+	MaxRepairClearsPerNode int
 }
 
 // CapacityOptions tune inline placement.
@@ -180,6 +184,8 @@ type Server struct {
 	auditKey ed25519.PublicKey
 	secrets  *secrets.Keyring
 
+	maxRepairClears int
+
 	nc                    *nats.Conn
 	allowInsecureWebhooks bool
 	allowPrivateWebhooks  bool
@@ -235,8 +241,10 @@ func New(cfg Config) (*Server, error) {
 		capacity: cfg.Capacity,
 		auditKey: cfg.AuditKey,
 		secrets:  cfg.Secrets,
-		nc:       cfg.NATS,
-		closing:  make(chan struct{}),
+
+		maxRepairClears: cmp.Or(cfg.MaxRepairClearsPerNode, DefaultMaxRepairClearsPerNode),
+		nc:              cfg.NATS,
+		closing:         make(chan struct{}),
 
 		allowInsecureWebhooks: cfg.AllowInsecureWebhooks,
 		allowPrivateWebhooks:  cfg.AllowPrivateWebhooks,

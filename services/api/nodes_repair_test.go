@@ -80,3 +80,43 @@ func TestClearRepair(t *testing.T) {
 		t.Fatalf("inventory queued %d, audit rows %d, events %d", queued, audits, events)
 	}
 }
+
+// TestClearRepairCannotResetBudget: a tenant restarting its nodes'
+// remediation ladders with nodes.clearRepair (each ladder takes an
+// eviction token) gets health.maxRepairClearsPerNode (3) clears of a node
+// in 7 days; the fourth is RATE_LIMITED naming the node, and clearing
+// resets the ladders' budget but never its own. Another node still clears.
+func TestClearRepairCannotResetBudget(t *testing.T) {
+	t.Parallel()
+	f := newDrainFixture(t)
+	id := f.ids[0]
+	ctx := context.Background()
+	db := f.h.db
+	clear := func(node string) error {
+		if _, err := remediations.Start(ctx, db, remediations.Remediation{TenantID: "acme", NodeID: node, PoolID: f.pool, Step: remediations.StepGPUReset, State: remediations.Failed}, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nodestore.LatchNeedsRepair(ctx, db, node, "remediation gave up", true, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.nodes.ClearRepair(as(f.acmeKey), &computev1.NodesServiceClearRepairRequest{TenantId: "acme", NodeId: node, Reason: "again"})
+		return err
+	}
+	for i := range 3 {
+		if err := clear(id); err != nil {
+			t.Fatalf("clear %d: %v", i+1, err)
+		}
+	}
+	err := clear(id)
+	wantCode(t, err, fault.RateLimited, "nodeId")
+	if !strings.Contains(err.Error(), id) || !strings.Contains(err.Error(), "health.maxRepairClearsPerNode") {
+		t.Fatalf("the refusal names neither the node nor the setting: %v", err)
+	}
+	// The refused clear changed nothing: the node is still latched.
+	if n, err := nodestore.Lookup(ctx, db, id); err != nil || !n.NeedsRepair {
+		t.Fatalf("after a refused clear: %+v %v", n, err)
+	}
+	if err := clear(f.ids[1]); err != nil {
+		t.Fatalf("another node: %v", err)
+	}
+}

@@ -373,7 +373,7 @@ func (a *App) startRuntime(ctx context.Context) error {
 		n := a.cfg.Nodes
 		if err := rt.Register(lifecycle.Liveness(lifecycle.Config{
 			NotReadyAfter: n.NotReadyAfter.Std(), LostAfter: n.LostAfter.Std(), Every: n.LivenessEvery.Std(),
-			UnhealthyThreshold: n.UnhealthyThreshold,
+			UnhealthyThreshold: n.UnhealthyThreshold, Brakes: n.Brakes(),
 		})); err != nil {
 			return err
 		}
@@ -486,6 +486,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 			Capacity: a.apiCapacity(), NATS: a.nc, AllowInsecureWebhooks: a.cfg.Webhooks.AllowInsecure,
 			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Providers: a.cfg.Providers.Outbound(), Kinds: a.admitKinds,
 			AuditKey: a.auditKey(), Registerer: a.reg, Secrets: keyring,
+			MaxRepairClearsPerNode: a.cfg.Health.MaxRepairClearsPerNode,
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"github.com/bettercompute/bettercompute/pkg/brakes"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/services/lifecycle"
 )
@@ -16,7 +15,7 @@ func (a *App) registerHealth(rt *reconcile.Runtime) error {
 		Kinds:    a.admitKinds,
 		LostNode: a.cfg.Capacity.LostNode, LostAfter: n.LostAfter.Std(),
 		MaxRemediationsPerNode: h.MaxRemediationsPerNode, MaxConcurrentRemediations: h.MaxConcurrentRemediations,
-		Brakes: brakes.Config{Rate: n.EvictionRate, Burst: n.EvictionBurst, UnhealthyThreshold: n.UnhealthyThreshold},
+		Brakes: n.Brakes(),
 	})
 	if err != nil {
 		return err

@@ -46,7 +46,9 @@ func newBraked(t *testing.T, nodes, gpus int, policy string) *braked {
 		t.Fatal(err)
 	}
 	c := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-	recs, err := capacity.Reconcilers(capacity.Config{LostNode: policy, Now: c.Now})
+	// One tenant's fleet: its bucket as large as the fleet's, so these
+	// tests see the fleet's rate (pkg/brakes tests the tenants' share).
+	recs, err := capacity.Reconcilers(capacity.Config{LostNode: policy, Now: c.Now, Brakes: brakes.Config{TenantRate: brakes.DefaultRate}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,12 +190,13 @@ func TestPlacerBrakesPauseGateway(t *testing.T) {
 	b.book(t, "rsv_a", 4, ids(0, 1)...)
 
 	gw1 := ids(0, 1, 5, 6)
+	gw1Scope := brakes.GatewayScope("gw-1", "root") // the nodes' tenant's part of gw-1
 	b.lose(t, gw1...)
-	if !b.paused(t, "gateway:gw-1") || b.paused(t, "pool:pool_p") || b.paused(t, "pool:pool_q") {
+	if !b.paused(t, gw1Scope) || b.paused(t, "pool:pool_p") || b.paused(t, "pool:pool_q") {
 		t.Fatal("gw-1's 4 nodes lost (2 of 5 per pool): only gw-1's breaker must open")
 	}
 	var tenant string
-	if err := b.db.QueryRow(t.Context(), `SELECT tenant_id FROM outbox WHERE type = 'fleet.eviction_paused' AND payload->>'scope' = 'gateway:gw-1'`).Scan(&tenant); err != nil || tenant != "root" {
+	if err := b.db.QueryRow(t.Context(), `SELECT tenant_id FROM outbox WHERE type = 'fleet.eviction_paused' AND payload->>'scope' = $1`, gw1Scope).Scan(&tenant); err != nil || tenant != "root" {
 		t.Fatalf("gw-1's fleet.eviction_paused: tenant %q, %v", tenant, err)
 	}
 	for range 3 {
@@ -205,7 +208,7 @@ func TestPlacerBrakesPauseGateway(t *testing.T) {
 	}
 	// Two of gw-1's nodes (pool_q's) return: 2 of 4, not more than 55 %.
 	b.back(t, ids(5, 6)...)
-	if b.paused(t, "gateway:gw-1") || b.events(t, "fleet.eviction_resumed") != 1 {
+	if b.paused(t, gw1Scope) || b.events(t, "fleet.eviction_resumed") != 1 {
 		t.Fatal("gw-1 at 2 of 4 lost: its breaker must close")
 	}
 	b.pass(t)

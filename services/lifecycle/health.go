@@ -186,6 +186,11 @@ func (h *health) prune(ctx context.Context, rc *reconcile.RunContext, _ string) 
 	err := rc.InTx(ctx, func(tx pgx.Tx, _ *reconcile.Queue) error {
 		var err error
 		n, err = remediations.Prune(ctx, tx, h.cfg.Now().Add(-remediations.Retention), 10000)
+		if err != nil {
+			return err
+		}
+		c, err := remediations.PruneClears(ctx, tx, h.cfg.Now().Add(-remediations.Retention), 10000)
+		n = max(n, c)
 		return err
 	})
 	if err != nil {

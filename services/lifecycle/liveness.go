@@ -46,6 +46,10 @@ type Config struct {
 	// its nodes not ready has its eviction brake on (config
 	// nodes.unhealthyThreshold); 0 means 0.55.
 	UnhealthyThreshold float64
+	// Brakes configures the breakers' evaluation (nodes.longLostAfter; its
+	// UnhealthyThreshold, when set, wins over the field above) and the
+	// tenants' buckets it drops once full.
+	Brakes brakes.Config
 	// Now is the clock of the breakers' since; nil means time.Now.
 	Now func() time.Time
 }
@@ -55,7 +59,7 @@ type Config struct {
 // run, in one transaction, changes every node whose Ready condition no
 // longer matches its last heartbeat ([nodes.UpdateReadiness], one
 // statement), recomputes every pool's and gateway's eviction circuit
-// breaker from Ready ([brakes.Evaluate], one statement), and writes the
+// breaker (per tenant for a gateway) from Ready ([brakes.Evaluate], one statement), and writes the
 // nodes' node.not_ready, node.lost and node.ready events with the
 // breakers' fleet.eviction_paused and fleet.eviction_resumed (one
 // statement): three statements a pass however many nodes. It reads only
@@ -66,7 +70,8 @@ func Liveness(cfg Config) reconcile.Reconciler {
 	cfg.LostAfter = cmp.Or(cfg.LostAfter, DefaultLostAfter)
 	cfg.Every = cmp.Or(cfg.Every, DefaultEvery)
 	cfg.Limit = cmp.Or(cfg.Limit, DefaultLimit)
-	cfg.UnhealthyThreshold = cmp.Or(cfg.UnhealthyThreshold, brakes.DefaultUnhealthyThreshold)
+	cfg.UnhealthyThreshold = cmp.Or(cfg.Brakes.UnhealthyThreshold, cfg.UnhealthyThreshold, brakes.DefaultUnhealthyThreshold)
+	cfg.Brakes.UnhealthyThreshold = cfg.UnhealthyThreshold
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -95,7 +100,7 @@ func (l *liveness) run(ctx context.Context, rc *reconcile.RunContext, _ string) 
 		n = len(changes)
 		// After the Ready changes, in their transaction: the breakers
 		// never disagree with Ready.
-		transitions, err = brakes.Evaluate(ctx, tx, l.cfg.UnhealthyThreshold, l.cfg.Now())
+		transitions, err = brakes.Evaluate(ctx, tx, l.cfg.Brakes, l.cfg.Now())
 		if err != nil {
 			return err
 		}
@@ -156,7 +161,7 @@ func (l *liveness) run(ctx context.Context, rc *reconcile.RunContext, _ string) 
 type BrakesCollector struct{ Pool *pgxpool.Pool }
 
 var pausedDesc = prometheus.NewDesc("bc_eviction_paused",
-	"1 while the eviction brake of a scope (pool:<id>, gateway:<id>) is on: more than nodes.unhealthyThreshold of its nodes are not ready, and nothing acts on its lost nodes; 0 once it resumed.",
+	"1 while the eviction brake of a scope (pool:<id>, gateway:<id>/tenant:<tenant>) is on: more than nodes.unhealthyThreshold of its nodes are not ready, and nothing acts on its lost nodes; 0 once it resumed.",
 	[]string{"scope"}, nil)
 
 // Describe implements prometheus.Collector.

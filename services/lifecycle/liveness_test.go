@@ -279,7 +279,7 @@ func gauge(t *testing.T, pool *pgxpool.Pool) map[string]float64 {
 // TestLivenessEvictionBrakes: when more than nodes.unhealthyThreshold of a
 // pool's nodes, or of one gateway's, go Lost, the liveness pass that marks
 // them opens the scope's breaker with a fleet.eviction_paused event (the
-// pool's tenant; root for a gateway) and the gauge at 1; when they come
+// pool's tenant; a gateway's per tenant, that tenant) and the gauge at 1; when they come
 // back, fleet.eviction_resumed and 0. Each pass is at most three statements
 // on nodes, brakes and outbox (readiness, breakers, events), breakers or not.
 func TestLivenessEvictionBrakes(t *testing.T) {
@@ -297,7 +297,11 @@ func TestLivenessEvictionBrakes(t *testing.T) {
 		{"a1", "pool_a", "gw-1"}, {"a2", "pool_a", "gw-1"}, {"a3", "pool_a", "gw-1"}, {"a4", "pool_a", "gw-2"}, {"a5", "pool_a", "gw-2"},
 		{"b1", "pool_b", "gw-1"}, {"b2", "pool_b", "gw-1"}, {"b3", "pool_b", "gw-1"}, {"b4", "pool_b", "gw-2"}, {"b5", "pool_b", "gw-2"},
 	} {
-		fixture.Node(t, pool, fixture.NodeOpts{ID: "node_" + n.id, Pool: n.pool, Gateway: n.gw})
+		tenant := fixture.DefaultTenant
+		if n.pool == "pool_a" {
+			tenant = "acme"
+		}
+		fixture.Node(t, pool, fixture.NodeOpts{ID: "node_" + n.id, Tenant: tenant, Pool: n.pool, Gateway: n.gw})
 	}
 	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers}, Heartbeat: time.Hour})
 	if err != nil {
@@ -350,15 +354,20 @@ func TestLivenessEvictionBrakes(t *testing.T) {
 	tick()
 	check(nil)
 
-	// 3 of pool_a's 5 go Lost: pool_a is paused (60 %); gw-1 is not (3 of 6).
+	// 3 of pool_a's 5 go Lost: pool_a is paused (60 %), and so is acme's
+	// part of gw-1 (3 of its 3); root's part of gw-1 is not (a gateway's
+	// breaker counts one tenant's nodes).
 	seenAgo(t, pool, 3*time.Minute, "node_a1", "node_a2", "node_a3")
 	tick()
-	want := []fleetEvent{ev("fleet.eviction_paused", "acme", "pool:pool_a", 3, 5)}
+	want := []fleetEvent{
+		ev("fleet.eviction_paused", "acme", "gateway:gw-1/tenant:acme", 3, 3),
+		ev("fleet.eviction_paused", "acme", "pool:pool_a", 3, 5),
+	}
 	check(want)
 	if !paused("pool:pool_a") {
 		t.Fatal("pool_a's breaker is not paused")
 	}
-	if g := gauge(t, pool); len(g) != 1 || g["pool:pool_a"] != 1 {
+	if g := gauge(t, pool); len(g) != 2 || g["pool:pool_a"] != 1 || g["gateway:gw-1/tenant:acme"] != 1 {
 		t.Fatalf("gauge: %v", g)
 	}
 	tick() // still paused: no second event
@@ -368,7 +377,8 @@ func TestLivenessEvictionBrakes(t *testing.T) {
 	heartbeat(t, pool, "node_a1", "node_a2", "node_a3")
 	tick()
 	tick()
-	want = append(want, ev("fleet.eviction_resumed", "acme", "pool:pool_a", 0, 5))
+	want = append(want, ev("fleet.eviction_resumed", "acme", "gateway:gw-1/tenant:acme", 0, 3),
+		ev("fleet.eviction_resumed", "acme", "pool:pool_a", 0, 5))
 	check(want)
 	if paused("pool:pool_a") {
 		t.Fatal("pool_a's breaker is still paused")
@@ -378,16 +388,18 @@ func TestLivenessEvictionBrakes(t *testing.T) {
 	}
 
 	// gw-2's four nodes, spread over both pools, go Lost: gw-2 is paused
-	// (root's event), neither pool is (2 of 5 each).
+	// for each tenant (each its event), neither pool is (2 of 5 each).
 	seenAgo(t, pool, 3*time.Minute, "node_a4", "node_a5", "node_b4", "node_b5")
 	tick()
-	want = append(want, ev("fleet.eviction_paused", "root", "gateway:gw-2", 4, 4))
+	want = append(want, ev("fleet.eviction_paused", "acme", "gateway:gw-2/tenant:acme", 2, 2),
+		ev("fleet.eviction_paused", "root", "gateway:gw-2/tenant:root", 2, 2))
 	check(want)
-	if g := gauge(t, pool); g["gateway:gw-2"] != 1 || g["pool:pool_a"] != 0 || len(g) != 2 {
+	if g := gauge(t, pool); g["gateway:gw-2/tenant:acme"] != 1 || g["gateway:gw-2/tenant:root"] != 1 || g["pool:pool_a"] != 0 || len(g) != 4 {
 		t.Fatalf("gauge with gw-2 down: %v", g)
 	}
 	heartbeat(t, pool, "node_a4", "node_a5", "node_b4", "node_b5")
 	tick()
-	want = append(want, ev("fleet.eviction_resumed", "root", "gateway:gw-2", 0, 4))
+	want = append(want, ev("fleet.eviction_resumed", "acme", "gateway:gw-2/tenant:acme", 0, 2),
+		ev("fleet.eviction_resumed", "root", "gateway:gw-2/tenant:root", 0, 2))
 	check(want)
 }
