@@ -16,7 +16,10 @@
 //     resource carries the key's owner as attribute identity),
 //     { targetIdentity: Identity::"idn_…", self: <the target is the
 //     principal> }, so `when { context.self }` means "for yourself only".
-//     Other actions have an empty context.
+//     Other actions have an empty context. Minting a key for another
+//     identity is also compute:identities:impersonate on that identity
+//     (resource Identity::"idn_…"), so compute:api-keys:create alone is a
+//     key for oneself.
 //   - Tenant::"acme.ml" is in Tenant::"acme", which is in Tenant::"root". So
 //     `resource in Tenant::"acme"` covers acme's whole subtree, and so does
 //     `principal in Tenant::"acme"`; `principal.tenant == Tenant::"acme"`
@@ -51,6 +54,10 @@ const (
 	IdentitiesCreate Action = "compute:identities:create"
 	IdentitiesList   Action = "compute:identities:list"
 	IdentitiesRevoke Action = "compute:identities:revoke"
+	// IdentitiesImpersonate is acting as another identity, decided on that
+	// identity: apiKeys.create of a key for anybody but the caller needs
+	// it as well as compute:api-keys:create (a key acts as its identity).
+	IdentitiesImpersonate Action = "compute:identities:impersonate"
 
 	APIKeysCreate Action = "compute:api-keys:create"
 	APIKeysList   Action = "compute:api-keys:list"
@@ -156,7 +163,7 @@ const (
 var catalog = []Action{
 	SystemVersion, SystemHealth, SystemWhoAmI,
 	TenantsCreate, TenantsGet, TenantsList,
-	IdentitiesCreate, IdentitiesList, IdentitiesRevoke,
+	IdentitiesCreate, IdentitiesList, IdentitiesRevoke, IdentitiesImpersonate,
 	APIKeysCreate, APIKeysList, APIKeysRevoke,
 	PoliciesPut, PoliciesGet, PoliciesList, PoliciesDelete,
 	PoolsCreate, PoolsGet, PoolsList, PoolsUpdate,

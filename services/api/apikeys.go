@@ -8,6 +8,7 @@ import (
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
+	"github.com/bettercompute/bettercompute/pkg/audit"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
@@ -45,6 +46,9 @@ func (s *apiKeys) Create(ctx context.Context, req *computev1.ApiKeysServiceCreat
 		}
 		k.ExpiresAt = &t
 	}
+	if err := s.mayImpersonate(ctx, req.GetTenantId(), req.GetIdentityId()); err != nil {
+		return nil, err
+	}
 	key := iam.NewKey() // its secret is returned only by the call that stores it
 	out := &computev1.ApiKeysServiceCreateResponse{}
 	res, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{
@@ -75,6 +79,35 @@ func (s *apiKeys) Create(ctx context.Context, req *computev1.ApiKeysServiceCreat
 		out.Secret = key.Token
 	}
 	return out, nil
+}
+
+// mayImpersonate decides, for a key for an identity other than the
+// caller, compute:identities:impersonate on that identity (of tenant): a
+// key acts as its identity, so minting one for somebody else is acting as
+// them, and compute:api-keys:create alone is a key for oneself. Service
+// accounts' keys too: whoever the tenant's policies let act as the
+// service identity (an admin whose policy permits every action does)
+// mints them. A denial writes a "deny" audit row naming the action.
+func (s *apiKeys) mayImpersonate(ctx context.Context, tenant, target string) error {
+	c, err := s.call(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	if target == c.Principal.IdentityID {
+		return nil
+	}
+	res := authz.Resource{Type: authz.TypeIdentity, ID: target, TenantID: tenant}
+	err = s.authz.Authorize(ctx, nil, c.Principal, authz.IdentitiesImpersonate, res)
+	if fault.CodeOf(err) == fault.AccessDenied {
+		if werr := audit.Write(context.WithoutCancel(ctx), s.db, audit.Record{
+			TenantID: tenant, Actor: c.Principal.IdentityID, ActorTenantID: c.Principal.TenantID,
+			Action: string(authz.IdentitiesImpersonate), Resource: res.UID(), Decision: audit.Deny,
+			RequestID: c.RequestID, Method: c.Method, Detail: map[string]any{"for": string(authz.APIKeysCreate)},
+		}); werr != nil {
+			s.logger.WarnContext(ctx, "audit a denial", "method", c.Method, "err", werr)
+		}
+	}
+	return err
 }
 
 func (s *apiKeys) List(ctx context.Context, req *computev1.ApiKeysServiceListRequest) (*computev1.ApiKeysServiceListResponse, error) {

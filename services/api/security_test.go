@@ -39,7 +39,7 @@ when { context.self };`)
 	if n := h.count(t, `SELECT count(*) FROM api_keys WHERE identity_id = $1`, admin); n != before {
 		t.Fatalf("the denied calls minted %d keys for the admin", n-before)
 	}
-	if n := h.count(t, `SELECT count(*) FROM audit WHERE action = 'compute:api-keys:create' AND decision = 'deny' AND actor = $1`, ci); n != 2 {
+	if n := h.count(t, `SELECT count(*) FROM audit WHERE action IN ('compute:api-keys:create', 'compute:identities:impersonate') AND decision = 'deny' AND actor = $1`, ci); n != 2 {
 		t.Fatalf("deny audit rows = %d, want 2", n)
 	}
 }
