@@ -233,8 +233,9 @@ type NATS struct {
 type Server struct {
 	// Host to listen on; default 0.0.0.0 (dev: 127.0.0.1).
 	Host string `yaml:"host"`
-	// Port serves gRPC, REST, /healthz, /readyz and /metrics (HTTP/1.1 and
-	// h2c on one port). Default 8080; 0 in a test means any free port.
+	// Port serves gRPC, REST, /healthz and /readyz (HTTP/1.1 and h2c on one
+	// port; /metrics is on AdminAddr). Default 8080; 0 in a test means any
+	// free port.
 	Port *int `yaml:"port"`
 	// ShutdownTimeout bounds a graceful stop on SIGINT/SIGTERM; default 15s.
 	ShutdownTimeout Duration `yaml:"shutdownTimeout"`
@@ -253,12 +254,39 @@ type Server struct {
 	// default 120s. (Headers must arrive within 10 s.)
 	ReadTimeout Duration `yaml:"readTimeout"`
 	IdleTimeout Duration `yaml:"idleTimeout"`
-	// AdminAddr, when set (host:port), serves /metrics, /debug/pprof/ and
-	// gRPC reflection there instead of on the API port, which then serves
-	// none of them. Keep it off the public network.
+	// AdminAddr (host:port) serves /metrics, /debug/pprof/ and gRPC
+	// reflection, none of which the API port serves: nothing anonymous
+	// on the API's listener by default. Unset, it is [DefaultAdminAddr]
+	// (loopback; 127.0.0.1:0, any free port, when server.port is 0); the
+	// value [AdminOnAPIPort] ("api") serves them on the API port instead,
+	// to anyone who reaches it (dev does so on its loopback port). Keep it
+	// off the public network. See [Server.Admin].
 	AdminAddr string `yaml:"adminAddr"`
 	// TLS serves the API port over TLS when CertFile and KeyFile are set.
 	TLS ServerTLS `yaml:"tls"`
+}
+
+// DefaultAdminAddr is server.adminAddr's default: loopback only.
+const DefaultAdminAddr = "127.0.0.1:9090"
+
+// AdminOnAPIPort is the server.adminAddr that serves /metrics, pprof and
+// reflection on the API port (anonymously, to whoever reaches it).
+const AdminOnAPIPort = "api"
+
+// Admin resolves server.adminAddr: the admin listener's address, or
+// onAPI when they are served on the API port ("api"). Unset is
+// [DefaultAdminAddr], or 127.0.0.1:0 when server.port is 0 (tests: any
+// free port).
+func (s Server) Admin() (addr string, onAPI bool) {
+	switch {
+	case s.AdminAddr == AdminOnAPIPort:
+		return "", true
+	case s.AdminAddr != "":
+		return s.AdminAddr, false
+	case s.Port != nil && *s.Port == 0:
+		return "127.0.0.1:0", false
+	}
+	return DefaultAdminAddr, false
 }
 
 // ServerTLS is the API listener's TLS.
@@ -498,9 +526,9 @@ func (c *Config) Validate() error {
 	if c.Server.IdleTimeout <= 0 {
 		bad("server.idleTimeout", "expected a positive duration such as 120s, got %s", c.Server.IdleTimeout.Std())
 	}
-	if a := c.Server.AdminAddr; a != "" {
+	if a := c.Server.AdminAddr; a != "" && a != AdminOnAPIPort {
 		if _, _, err := net.SplitHostPort(a); err != nil {
-			bad("server.adminAddr", "expected host:port, got %q", a)
+			bad("server.adminAddr", "expected host:port (or %q: on the API port), got %q", AdminOnAPIPort, a)
 		}
 	}
 	if t := c.Server.TLS; (t.CertFile == "") != (t.KeyFile == "") {

@@ -66,6 +66,7 @@ func (counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) 
 // database, with a root credential made by bootstrap.
 type harness struct {
 	base    string
+	admin   string // the admin listener (server.adminAddr): /metrics
 	db      *pgxpool.Pool // the test's own view of the database
 	clock   *clock
 	queries *atomic.Int64
@@ -99,6 +100,7 @@ func setupWith(t testing.TB, tune api.Tuning, change func(*config.Config)) *harn
 	}
 	t.Cleanup(func() { a.Stop(context.Background()) })
 	h.base = "http://" + a.Addr()
+	h.admin = "http://" + a.AdminAddr()
 	if h.db, err = pgxpool.New(context.Background(), url); err != nil {
 		t.Fatal(err)
 	}

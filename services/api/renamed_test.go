@@ -49,7 +49,7 @@ func (h *harness) restH(t testing.TB, path, body string) (int, http.Header, map[
 // metric reads one sample of the server's /metrics ("" when absent).
 func (h *harness) metric(t testing.TB, sample string) string {
 	t.Helper()
-	resp, err := http.Get(h.base + "/metrics") //nolint:noctx // a test's one scrape
+	resp, err := http.Get(h.admin + "/metrics") //nolint:noctx // a test's one scrape
 	if err != nil {
 		t.Fatal(err)
 	}

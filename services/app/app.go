@@ -1,7 +1,8 @@
 // Package app is the composition root of every Better Compute process: it
 // turns one configuration and a list of roles into running services on one
-// port (gRPC and REST over HTTP/1.1 and h2c, plus /healthz, /readyz and
-// /metrics), and stops them cleanly.
+// port (gRPC and REST over HTTP/1.1 and h2c, plus /healthz and /readyz;
+// /metrics, pprof and gRPC reflection on the admin listener,
+// server.adminAddr), and stops them cleanly.
 //
 // Only mains (the better-compute CLI and each deployable's thin main) import
 // this package.
@@ -464,7 +465,8 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", a.serveReady)
-	if a.cfg.Server.AdminAddr == "" {
+	_, adminOnAPI := a.cfg.Server.Admin()
+	if adminOnAPI {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	}
 
@@ -472,7 +474,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		az := authz.New(a.pool)
 		var err error
 		tuning := a.opts.API
-		tuning.NoReflection = tuning.NoReflection || a.cfg.Server.AdminAddr != "" // served on the admin listener
+		tuning.NoReflection = tuning.NoReflection || !adminOnAPI // served on the admin listener
 		keyring, err := a.secretsKeyring()
 		if err != nil {
 			return nil, err

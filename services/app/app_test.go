@@ -139,7 +139,7 @@ func TestServeAnswersOverGRPCAndREST(t *testing.T) {
 		if status, _ := get(t, base+"/healthz"); status != http.StatusOK {
 			t.Fatalf("healthz %d", status)
 		}
-		if _, body := get(t, base+"/metrics"); !strings.Contains(string(body), "bettercompute_build_info{") {
+		if _, body := get(t, "http://"+a.AdminAddr()+"/metrics"); !strings.Contains(string(body), "bettercompute_build_info{") {
 			t.Fatalf("metrics lack build info:\n%.500s", body)
 		}
 	})

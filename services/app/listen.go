@@ -83,9 +83,11 @@ func withGRPC(gs *grpc.Server, h http.Handler) http.Handler {
 	})
 }
 
-// adminServer is the optional admin listener (server.adminAddr):
-// /metrics, /debug/pprof/ and gRPC reflection of the API's services, none
-// of which the API port then serves.
+// adminServer is the admin listener (server.adminAddr, loopback by
+// default): /metrics, /debug/pprof/ and gRPC reflection of the API's
+// services, none of which the API port then serves. Only
+// server.adminAddr "api" puts them back on the API port, and there is no
+// admin listener.
 type adminServer struct {
 	srv    *http.Server
 	ln     net.Listener
@@ -94,8 +96,8 @@ type adminServer struct {
 }
 
 func (a *App) startAdmin() error {
-	addr := a.cfg.Server.AdminAddr
-	if addr == "" {
+	addr, onAPI := a.cfg.Server.Admin()
+	if onAPI {
 		return nil
 	}
 	ln, err := net.Listen("tcp", addr)

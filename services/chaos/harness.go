@@ -285,7 +285,7 @@ func Start(t testing.TB, o Options) *Topology {
 	natsURL := "nats://" + Addr(top.NATSPort)
 	// A SIGSTOPped process may be inside a transaction: the server ends
 	// it after 10 s idle, so its row locks block no one for longer.
-	common := append([]string{"BC_CONFIG=", "BC_LOG_LEVEL=warn", "BC_SERVER_HOST=127.0.0.1", "NATS_URL=" + natsURL,
+	common := append([]string{"BC_CONFIG=", "BC_LOG_LEVEL=warn", "BC_SERVER_HOST=127.0.0.1", "BC_SERVER_ADMIN_ADDR=127.0.0.1:0", "NATS_URL=" + natsURL,
 		"BC_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT=10s"}, o.Env...)
 	signing := []string{"BC_JOIN_SERVICE_TRUST_DOMAIN=" + td,
 		"BC_COMMANDS_SIGNING_KEY_FILE=" + filepath.Join(top.PKI, "command-signing.key"),

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -184,6 +185,11 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 		env.stops = append(env.stops, stop)
 	}
 
+	// dev keeps /metrics and reflection on its API port while that is
+	// loopback (its default): one port to remember on a laptop.
+	if cfg.Server.AdminAddr == "" && loopbackHost(cfg.Server.Host) {
+		cfg.Server.AdminAddr = config.AdminOnAPIPort
+	}
 	opts.Logger = logger
 	env.App, err = app.New(cfg, opts)
 	if err != nil {
@@ -327,7 +333,11 @@ func (e *Env) Banner() string {
 	fmt.Fprintf(&b, "  Console  %s/console/   (sign in with an API key, e.g. the root credential below)\n", base)
 	fmt.Fprintf(&b, "  MCP      %s/mcp (streamable HTTP, bearer key) or `better-compute mcp` on stdio\n", base)
 	fmt.Fprintf(&b, "  health   %s/healthz  %s/readyz\n", base, base)
-	fmt.Fprintf(&b, "  metrics  %s/metrics\n", base)
+	if admin := e.App.AdminAddr(); admin != "" {
+		fmt.Fprintf(&b, "  metrics  http://%s/metrics (server.adminAddr)\n", admin)
+	} else {
+		fmt.Fprintf(&b, "  metrics  %s/metrics\n", base)
+	}
 	fmt.Fprintf(&b, "  NATS     %s\n", e.NATSURL)
 	fmt.Fprintf(&b, "  Events   better-compute events watch tenantId=root   (or SSE: curl -N -H 'Authorization: Bearer <key>' '%s%s?tenantId=root')\n", base, api.WatchPath)
 	if gw := e.App.GatewayAddr(); gw != "" {
@@ -398,4 +408,14 @@ func ensureDatabase(ctx context.Context, adminURL, name string) (string, error) 
 		return "", err
 	}
 	return pglocal.DatabaseURL(adminURL, name)
+}
+
+// loopbackHost reports whether host (server.host) listens on loopback
+// only: localhost or a loopback IP.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -124,7 +124,7 @@ func (f *Flags) Register(cmd *cobra.Command, withRoles bool) {
 	if withRoles {
 		cmd.Flags().StringSliceVar(&f.roles, "roles", nil, "roles to run, comma-separated: "+rolesHelp()+" (default all)")
 	}
-	cmd.Flags().IntVar(&f.port, "port", -1, fmt.Sprintf("port for gRPC, REST, /healthz, /readyz and /metrics (default %d)", config.DefaultPort))
+	cmd.Flags().IntVar(&f.port, "port", -1, fmt.Sprintf("port for gRPC, REST, /healthz and /readyz (default %d; /metrics is on server.adminAddr)", config.DefaultPort))
 	cmd.Flags().BoolVar(&f.noMigrate, "no-migrate", false, "do not apply migrations; refuse to start if the schema is behind")
 }
 
