@@ -66,7 +66,7 @@ func (counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) 
 // database, with a root credential made by bootstrap.
 type harness struct {
 	base    string
-	admin   string // the admin listener (server.adminAddr): /metrics
+	admin   string        // the admin listener (server.adminAddr): /metrics
 	db      *pgxpool.Pool // the test's own view of the database
 	clock   *clock
 	queries *atomic.Int64
