@@ -92,7 +92,7 @@ func TestClearRepairCannotResetBudget(t *testing.T) {
 	id := f.ids[0]
 	ctx := context.Background()
 	db := f.h.db
-	clear := func(node string) error {
+	clearOnce := func(node string) error {
 		if _, err := remediations.Start(ctx, db, remediations.Remediation{TenantID: "acme", NodeID: node, PoolID: f.pool, Step: remediations.StepGPUReset, State: remediations.Failed}, time.Now()); err != nil {
 			t.Fatal(err)
 		}
@@ -103,11 +103,11 @@ func TestClearRepairCannotResetBudget(t *testing.T) {
 		return err
 	}
 	for i := range 3 {
-		if err := clear(id); err != nil {
+		if err := clearOnce(id); err != nil {
 			t.Fatalf("clear %d: %v", i+1, err)
 		}
 	}
-	err := clear(id)
+	err := clearOnce(id)
 	wantCode(t, err, fault.RateLimited, "nodeId")
 	if !strings.Contains(err.Error(), id) || !strings.Contains(err.Error(), "health.maxRepairClearsPerNode") {
 		t.Fatalf("the refusal names neither the node nor the setting: %v", err)
@@ -116,7 +116,7 @@ func TestClearRepairCannotResetBudget(t *testing.T) {
 	if n, err := nodestore.Lookup(ctx, db, id); err != nil || !n.NeedsRepair {
 		t.Fatalf("after a refused clear: %+v %v", n, err)
 	}
-	if err := clear(f.ids[1]); err != nil {
+	if err := clearOnce(f.ids[1]); err != nil {
 		t.Fatalf("another node: %v", err)
 	}
 }
