@@ -4,6 +4,12 @@
 -- node's remediation budget (remediations.cleared_at) but never this one:
 -- nothing updates or deletes these rows but the retention (health.prune,
 -- 30 days, like remediations) and the node's deletion.
+--
+-- The brakes table needs no change for the rest of item 7: its scopes now
+-- also hold a token bucket per tenant ('rate:<tenant>', deleted once full
+-- again) and a gateway's breakers per tenant ('gateway:<id>/tenant:<t>');
+-- rows of the old 'gateway:<id>' scopes close and go on the next liveness
+-- pass.
 
 -- +goose Up
 CREATE TABLE repair_clears (
