@@ -44,7 +44,9 @@ import (
 // ladders within the window latches NeedsRepair instead; at most
 // MaxConcurrentRemediations steps run per pool (the others wait, and are
 // woken when one ends); and the fleet's eviction brakes (brakes.Allow:
-// the circuit breaker and the rate) must allow it.
+// the pool's and the tenant's gateway circuit breakers, the tenant's rate
+// under the fleet's) must allow it. nodes.clearRepair, which resets the
+// per-node budget, has its own budget that no clear resets.
 
 // quarantinedGPUs lists the node's quarantined GPUs, in index order.
 func quarantinedGPUs(n nodes.Node, lifted []string) []string {
