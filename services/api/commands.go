@@ -98,6 +98,9 @@ func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRun
 		return nil, fault.New(fault.InvalidInput, "notAfterSeconds", "expected 0 (meaning %d) or %d to %d, got %d",
 			defaultNotAfterSeconds, minNotAfterSeconds, maxNotAfterSeconds, req.GetNotAfterSeconds())
 	}
+	if req.GetMinGeneration() < 0 {
+		return nil, fault.New(fault.InvalidInput, "minGeneration", "minGeneration must not be negative, got %d", req.GetMinGeneration())
+	}
 	var payload json.RawMessage
 	if req.GetPayload() != nil {
 		b, err := protojson.Marshal(req.GetPayload())
@@ -126,7 +129,7 @@ func (s *commandsAPI) Run(ctx context.Context, req *computev1.CommandsServiceRun
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, _ string) (admission.Outcome, error) {
 			c, _, err := s.kinds.Enqueue(ctx, tx, commands.Request{
 				NodeID: req.GetNodeId(), Kind: k.Name, Payload: payload, IdempotencyKey: key,
-				NotAfter: s.now().Add(time.Duration(secs) * time.Second), CreatedBy: p.IdentityID,
+				NotAfter: s.now().Add(time.Duration(secs) * time.Second), MinGeneration: req.GetMinGeneration(), CreatedBy: p.IdentityID,
 			})
 			if err != nil {
 				return admission.Outcome{}, err

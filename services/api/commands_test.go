@@ -209,3 +209,40 @@ func TestCommandsGetListCancel(t *testing.T) {
 	status, body = h.rest(t, acmeKey, "commands/run", `{"tenantId": "acme", "nodeId": "`+node+`", "kind": "agent.upgrade"}`)
 	wantREST(t, status, body, fault.Unsupported, "kind")
 }
+
+// TestCommandsRunMinGeneration: commands.run takes minGeneration, stores
+// it with the command (what the gateway sends the daemon as min_generation)
+// and counts it in the idempotent request; a negative one is INVALID_INPUT
+// naming minGeneration, and nothing is queued.
+func TestCommandsRunMinGeneration(t *testing.T) {
+	t.Parallel()
+	h, acmeKey, _, node := commandNode(t)
+	cmds := computev1.NewCommandsServiceClient(h.conn)
+	ctx := as(acmeKey)
+	_, err := cmds.Run(ctx, &computev1.CommandsServiceRunRequest{TenantId: "acme", NodeId: node, Kind: "diag.nvml", MinGeneration: -1})
+	wantCode(t, err, fault.InvalidInput, "minGeneration")
+	if n := h.count(t, `SELECT count(*) FROM commands WHERE node_id = $1`, node); n != 0 {
+		t.Fatalf("%d commands queued by a negative minGeneration", n)
+	}
+	status, body := h.rest(t, acmeKey, "commands/run", `{"tenantId":"acme","nodeId":"`+node+`","kind":"diag.nvml","minGeneration":"-3"}`)
+	wantREST(t, status, body, fault.InvalidInput, "minGeneration")
+
+	req := &computev1.CommandsServiceRunRequest{TenantId: "acme", NodeId: node, Kind: "diag.nvml", MinGeneration: 42, IdempotencyKey: "gen-1"}
+	run, err := cmds.Run(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.GetCommand().GetMinGeneration() != 42 {
+		t.Fatalf("minGeneration %d, want 42", run.GetCommand().GetMinGeneration())
+	}
+	if n := h.count(t, `SELECT count(*) FROM commands WHERE id = $1 AND min_generation = 42`, run.GetCommand().GetId()); n != 1 {
+		t.Fatal("min_generation not stored with the command")
+	}
+	got, err := cmds.Get(ctx, &computev1.CommandsServiceGetRequest{TenantId: "acme", NodeId: node, CommandId: run.GetCommand().GetId()})
+	if err != nil || got.GetCommand().GetMinGeneration() != 42 {
+		t.Fatalf("get: %v %v", got, err)
+	}
+	// Another minGeneration under the same key is another request.
+	_, err = cmds.Run(ctx, &computev1.CommandsServiceRunRequest{TenantId: "acme", NodeId: node, Kind: "diag.nvml", MinGeneration: 43, IdempotencyKey: "gen-1"})
+	wantCode(t, err, fault.Conflict, "idempotencyKey")
+}

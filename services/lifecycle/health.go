@@ -153,6 +153,10 @@ type pass struct {
 	n     nodes.Node
 	now   time.Time
 	again bool // run again in a second (waiting for a drain, or the rate)
+	// respec: this pass's quarantine moved or ended a booking on the node,
+	// so its spec changes with the quarantine: the generation that carries
+	// it is the node's next one.
+	respec bool
 }
 
 func (h *health) run(ctx context.Context, rc *reconcile.RunContext, nodeID string) (reconcile.Result, error) {
@@ -326,6 +330,7 @@ func (h *health) unhealthyBooking(ctx context.Context, p *pass, r *capstore.Rese
 		if err != nil || k == 0 {
 			return err
 		}
+		p.respec = true
 		placed, err := capstore.Place(ctx, p.tx, r, capstore.PlaceOptions{LostAfter: h.cfg.LostAfter, Count: k})
 		if err == nil {
 			for _, id := range placed {
@@ -347,6 +352,7 @@ func (h *health) unhealthyBooking(ctx context.Context, p *pass, r *capstore.Rese
 		if err := event(actionFailed); err != nil {
 			return err
 		}
+		p.respec = true
 		return h.failReservation(ctx, p, r, fmt.Sprintf("GPU %s of node %s was quarantined (%s; capacity.lostNode is fail)", d.DeviceID, n.ID, d.Reason))
 	default:
 		return event(actionKept)

@@ -607,3 +607,50 @@ func TestCapacityCountsQuarantinedApart(t *testing.T) {
 		t.Fatalf("free %d booked %d unavailable %d quarantined %d", free, bk, unavailable, quarantined)
 	}
 }
+
+// TestRemediationResetPresupposesTheQuarantineSpec: the ladder's gpu.reset
+// carries min_generation, so a node still on a spec older than the
+// quarantine holds it. An unbooked GPU's quarantine leaves the spec as it
+// is (the node's current generation); a booked one's moves the booking off
+// the node, so the spec that carries the quarantine is the next generation.
+// Before, gpu.reset went with min_generation 0 and could reset a GPU the
+// node's applied spec still gave a workload.
+func TestRemediationResetPresupposesTheQuarantineSpec(t *testing.T) {
+	t.Parallel()
+	t.Run("unbooked GPU: the current generation", func(t *testing.T) {
+		t.Parallel()
+		e := newHealthEnv(t, lifecycle.HealthConfig{}, map[string]int{"node_1": 2})
+		if _, err := e.pool.Exec(t.Context(), `UPDATE nodes SET generation = 7 WHERE id = 'node_1'`); err != nil {
+			t.Fatal(err)
+		}
+		e.fault(t, "node_1", 1, "XID 79")
+		e.settle(t)
+		resets := e.commandsOf(t, "node_1", "gpu.reset")
+		if len(resets) != 1 || resets[0].MinGeneration != 7 {
+			t.Fatalf("gpu.reset %+v, want one with min_generation 7", resets)
+		}
+	})
+	t.Run("booked GPU moved off the node: the next generation", func(t *testing.T) {
+		t.Parallel()
+		e := newHealthEnv(t, lifecycle.HealthConfig{LostNode: capstore.LostNodeReplace}, map[string]int{"node_1": 2, "node_2": 2})
+		r := e.reserve(t, "rsv_1", 1)
+		b := r.Bookings[0]
+		i := slices.IndexFunc([]string{uuid(b.NodeID, 0), uuid(b.NodeID, 1)}, func(s string) bool { return s == b.DeviceID })
+		if _, err := e.pool.Exec(t.Context(), `UPDATE nodes SET generation = 4 WHERE id = $1`, b.NodeID); err != nil {
+			t.Fatal(err)
+		}
+		e.fault(t, b.NodeID, i, "XID 79")
+		e.settle(t)
+		if r := e.rsv(t, "rsv_1"); bookedOn(r, b.NodeID, b.DeviceID) {
+			t.Fatalf("the booking stayed on the quarantined GPU: %+v", r.Bookings)
+		}
+		resets := e.commandsOf(t, b.NodeID, "gpu.reset")
+		if len(resets) != 1 || resets[0].MinGeneration != 5 {
+			t.Fatalf("gpu.reset %+v, want one with min_generation 5", resets)
+		}
+		body, err := resets[0].Body()
+		if err != nil || !slices.Equal(body.GetGpuReset().GetGpuUuids(), []string{b.DeviceID}) {
+			t.Fatalf("gpu.reset payload %v %v", body, err)
+		}
+	})
+}

@@ -119,8 +119,16 @@ func (h *health) remediate(ctx context.Context, p *pass) error {
 	if err != nil {
 		return err
 	}
+	// The reset presupposes the spec that carries the quarantine (the
+	// quarantined GPUs' bookings moved off or ended): the daemon holds it
+	// until it has applied that generation, so a GPU is never reset under a
+	// workload the node's applied spec still gives it.
+	minGen := n.Generation
+	if p.respec {
+		minGen++
+	}
 	c, err := h.send(ctx, p, m, commands.KindGPUReset, &agentv1.GpuReset{GpuUuids: gpus, Reason: "remediation " + m.ID + ": quarantined GPUs"},
-		h.cfg.ResetDeadline)
+		h.cfg.ResetDeadline, minGen)
 	if err != nil {
 		return err
 	}
@@ -130,9 +138,10 @@ func (h *health) remediate(ctx context.Context, p *pass) error {
 
 // send queues step m's command (idempotency key per step) owned by the
 // health job, and records it on the row.
-func (h *health) send(ctx context.Context, p *pass, m remediations.Remediation, kind string, payload any, deadline time.Duration) (commands.Command, error) {
+// minGen is the desired-state generation the command presupposes (0: none).
+func (h *health) send(ctx context.Context, p *pass, m remediations.Remediation, kind string, payload any, deadline time.Duration, minGen int64) (commands.Command, error) {
 	c, created, err := h.cfg.Kinds.Enqueue(ctx, p.tx, commands.Request{
-		NodeID: p.n.ID, Kind: kind, Payload: payload, IdempotencyKey: "health:" + m.ID,
+		NodeID: p.n.ID, Kind: kind, Payload: payload, IdempotencyKey: "health:" + m.ID, MinGeneration: minGen,
 		NotAfter: time.Now().Add(deadline), OwnerKind: lifecycle.KindHealth, OwnerKey: p.n.ID, CreatedBy: "health",
 	})
 	if err != nil {
@@ -304,7 +313,7 @@ func (h *health) startReboot(ctx context.Context, p *pass, m remediations.Remedi
 func (h *health) reboot(ctx context.Context, p *pass, m remediations.Remediation) error {
 	switch p.n.State {
 	case nodes.StateDrained:
-		c, err := h.send(ctx, p, m, commands.KindNodeReboot, &agentv1.NodeReboot{Reason: "remediation " + m.ID}, h.cfg.RebootDeadline)
+		c, err := h.send(ctx, p, m, commands.KindNodeReboot, &agentv1.NodeReboot{Reason: "remediation " + m.ID}, h.cfg.RebootDeadline, 0)
 		if err != nil {
 			return err
 		}

@@ -224,8 +224,13 @@ type CommandsServiceRunRequest struct {
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// Seconds from now until the deadline: 0 means 600; from 10 to 3600.
 	NotAfterSeconds int32 `protobuf:"varint,6,opt,name=not_after_seconds,json=notAfterSeconds,proto3" json:"not_after_seconds,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The desired-state generation the command presupposes (0: none). The
+	// node's daemon holds a command whose min_generation is ahead of the spec
+	// it has applied until the spec catches up; still ahead at the deadline,
+	// it fails STALE_GENERATION. Negative is INVALID_INPUT.
+	MinGeneration int64 `protobuf:"varint,7,opt,name=min_generation,json=minGeneration,proto3" json:"min_generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommandsServiceRunRequest) Reset() {
@@ -296,6 +301,13 @@ func (x *CommandsServiceRunRequest) GetIdempotencyKey() string {
 func (x *CommandsServiceRunRequest) GetNotAfterSeconds() int32 {
 	if x != nil {
 		return x.NotAfterSeconds
+	}
+	return 0
+}
+
+func (x *CommandsServiceRunRequest) GetMinGeneration() int64 {
+	if x != nil {
+		return x.MinGeneration
 	}
 	return 0
 }
@@ -727,14 +739,15 @@ const file_bettercompute_compute_v1_commands_proto_rawDesc = "" +
 	"createTime\x12?\n" +
 	"\rdispatch_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\fdispatchTime\x12;\n" +
 	"\vfinish_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"finishTime\"\xed\x01\n" +
+	"finishTime\"\x94\x02\n" +
 	"\x19CommandsServiceRunRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x121\n" +
 	"\apayload\x18\x04 \x01(\v2\x17.google.protobuf.StructR\apayload\x12'\n" +
 	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12*\n" +
-	"\x11not_after_seconds\x18\x06 \x01(\x05R\x0fnotAfterSeconds\"Y\n" +
+	"\x11not_after_seconds\x18\x06 \x01(\x05R\x0fnotAfterSeconds\x12%\n" +
+	"\x0emin_generation\x18\a \x01(\x03R\rminGeneration\"Y\n" +
 	"\x1aCommandsServiceRunResponse\x12;\n" +
 	"\acommand\x18\x01 \x01(\v2!.bettercompute.compute.v1.CommandR\acommand\"p\n" +
 	"\x19CommandsServiceGetRequest\x12\x1b\n" +
