@@ -240,6 +240,8 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	allowReboot := f.boolean("allow-reboot", false, "let node.reboot reboot the machine (systemctl reboot)")
 	vpsRuntime := f.str("vps-runtime", VPSNone, "VPS runtime of a vps-host: sim (a process per instance), libvirt (QEMU domains through libvirtd) or none")
 	vpsDir := f.str("vps-dir", "", "VPS state directory: the sim runtime's instances, libvirt's images/ and seeds/ (default: <root>/vps)")
+	kmsg := f.str("kmsg", "/dev/kmsg", "the kernel's ring buffer logs.collect reads for its kernel and nvidia sources")
+	journalctl := f.str("journalctl", "journalctl", "the journalctl binary logs.collect runs for its journal source (a name is looked up on PATH)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -304,6 +306,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
 		BootID: boot, AgentVersion: version(), Logger: logger,
 		CommandKey: pub, DenyKinds: deny, RebootHook: reboot, VPS: rec,
+		LogSources: command.LogSources{Kmsg: *kmsg, Journalctl: *journalctl},
 	})
 }
 

@@ -139,49 +139,6 @@ func (e *Executor) inventoryRefresh(ctx context.Context, body *agentv1.CommandBo
 	}}}, nil
 }
 
-// logsCollect returns the tail of the daemon's logs, bounded by max_bytes:
-// one byte budget for the whole result, whatever the number of sources
-// (each read once, from its end, with a bounded reader; see tailLogs).
-func (e *Executor) logsCollect(_ context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
-	p := body.GetLogsCollect()
-	limit := int(min(p.GetMaxBytes(), commandkinds.MaxLogsBytes))
-	if limit == 0 {
-		limit = commandkinds.DefaultLogsBytes
-	}
-	sources := p.GetSources()
-	if len(sources) == 0 {
-		sources = []string{commandkinds.LogSourceAgent}
-	}
-	if len(sources) > commandkinds.MaxLogSources {
-		return nil, fmt.Errorf("%d log sources, at most %d", len(sources), commandkinds.MaxLogSources)
-	}
-	var paths []string
-	for i, s := range sources {
-		if slices.Contains(sources[:i], s) {
-			continue // read once
-		}
-		switch s {
-		case commandkinds.LogSourceAgent:
-			paths = append(paths, e.cfg.LogFile+".1", e.cfg.LogFile)
-		default:
-			return nil, fmt.Errorf("unknown log source %q (this daemon collects only %q)", s, commandkinds.LogSourceAgent)
-		}
-	}
-	data, truncated, err := tailLogs(paths, limit)
-	if err != nil {
-		return nil, err
-	}
-	if p.GetSince() != nil {
-		var older bool
-		data, older = since(data, e.cfg.Now().Add(-p.GetSince().AsDuration()))
-		// What was left unread is older still: nothing asked for was cut.
-		truncated = truncated && !older
-	}
-	return &agentv1.CommandResult{Kind: &agentv1.CommandResult_LogsCollect{LogsCollect: &agentv1.LogsCollectResult{
-		Data: data, Truncated: truncated,
-	}}}, nil
-}
-
 // since drops the lines logged before cutoff: lines that start with
 // slog's "time=<RFC 3339>"; lines without a time go with the line before.
 // older reports whether a line before cutoff was dropped.

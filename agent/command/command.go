@@ -104,6 +104,9 @@ type Config struct {
 	// LogFile is the daemon's own log that logs.collect reads for source
 	// "agent" (and its rotated LogFile.1); empty means LogPath(Root).
 	LogFile string
+	// Logs says where logs.collect reads the kernel's ring buffer and the
+	// journal; zero values mean /dev/kmsg and journalctl on PATH.
+	Logs LogSources
 	// CommandKey is the control plane's command-signing public key;
 	// without it every destructive command is BAD_SIGNATURE.
 	CommandKey ed25519.PublicKey
@@ -199,6 +202,7 @@ func New(cfg Config) (*Executor, error) {
 	}
 	cfg.Retention = cmp.Or(cfg.Retention, 7*24*time.Hour)
 	cfg.LogFile = cmp.Or(cfg.LogFile, LogPath(cfg.Root))
+	cfg.Logs = cfg.Logs.withDefaults()
 	j, err := openJournal(filepath.Join(cfg.Root, JournalDir), cfg.Retention, cfg.Now())
 	if err != nil {
 		return nil, err

@@ -119,6 +119,9 @@ type Config struct {
 	// LogFile is the daemon's own log for logs.collect; empty means
 	// command.LogPath(State.Root()).
 	LogFile string
+	// LogSources says where logs.collect reads the kernel's ring buffer and
+	// the journal; zero values mean /dev/kmsg and journalctl on PATH.
+	LogSources command.LogSources
 	// CommandExecutors replace built-in command kinds' executors (tests).
 	CommandExecutors map[string]command.Func
 
@@ -214,7 +217,7 @@ func Run(ctx context.Context, cfg Config) error {
 			r.health.note(rep)
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
 		},
-		LogFile: cfg.LogFile, CommandKey: cfg.CommandKey, TrustDomain: trustDomain(id), DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
+		LogFile: cfg.LogFile, Logs: cfg.LogSources, CommandKey: cfg.CommandKey, TrustDomain: trustDomain(id), DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
 		Executors: cfg.CommandExecutors, Logger: log, Ramdisk: cfg.Ramdisk, ResultKey: cfg.ResultKey, Instances: rebooter,
 	})
 	if err != nil {

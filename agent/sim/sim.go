@@ -218,6 +218,10 @@ func (f *Fleet) run(i int) {
 		BootID: d.boot, AgentVersion: "sim", Logger: logger, OnSession: f.cfg.OnSession,
 		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
 		CommandExecutors: f.cfg.Executors, HealthCheckInterval: f.cfg.HealthCheckInterval,
+		// A simulated node has no kernel or journal of its own: it never
+		// reads the host's. Its kernel, journal and nvidia sources are
+		// "not available" unless a test puts fixtures there.
+		LogSources: command.LogSources{Kmsg: filepath.Join(d.store.Root(), "kmsg"), Journalctl: filepath.Join(d.store.Root(), "journalctl")},
 	}
 	if f.cfg.VPS {
 		rec, err := f.vps(i, logger)

@@ -438,27 +438,48 @@ func checkGpuReset(body *agentv1.CommandBody) error {
 	return nil
 }
 
-// LogSources are the sources logs.collect knows, MaxLogSources how many one
-// command may name (the daemon reads each once, within one byte budget).
-var LogSources = []string{commandkinds.LogSourceAgent}
+// LogSources are the sources logs.collect knows ("agent" is another name
+// for "bcd"), MaxLogSources how many one command may name (the daemon reads
+// each once, within one byte budget).
+var LogSources = commandkinds.LogSources
 
 // MaxLogSources bounds logs.collect's sources (proto/commandkinds).
 const MaxLogSources = commandkinds.MaxLogSources
 
 // checkLogsCollect refuses more than MaxLogSources sources, a source named
-// twice and one not in LogSources: INVALID_INPUT "payload.sources".
+// twice (under either of its names) and one not in LogSources:
+// INVALID_INPUT "payload.sources", naming it; and more than
+// commandkinds.MaxLogUnits units, a unit name journalctl would not take,
+// or units without the journal source: INVALID_INPUT "payload.units".
 func checkLogsCollect(body *agentv1.CommandBody) error {
-	src := body.GetLogsCollect().GetSources()
+	p := body.GetLogsCollect()
+	src := p.GetSources()
 	if len(src) > MaxLogSources {
 		return fault.New(fault.InvalidInput, "payload.sources", "at most %d sources, got %d", MaxLogSources, len(src))
 	}
-	for i, s := range src {
-		if !slices.Contains(LogSources, s) {
+	seen := make([]string, 0, len(src))
+	for _, s := range src {
+		name, ok := commandkinds.LogSource(s)
+		if !ok {
 			return fault.New(fault.InvalidInput, "payload.sources", "unknown log source %q (known: %s)", s, strings.Join(LogSources, ", "))
 		}
-		if slices.Contains(src[:i], s) {
+		if slices.Contains(seen, name) {
 			return fault.New(fault.InvalidInput, "payload.sources", "log source %q named twice", s)
 		}
+		seen = append(seen, name)
+	}
+	units := p.GetUnits()
+	if len(units) > commandkinds.MaxLogUnits {
+		return fault.New(fault.InvalidInput, "payload.units", "at most %d units, got %d", commandkinds.MaxLogUnits, len(units))
+	}
+	for _, u := range units {
+		if !commandkinds.ValidUnit(u) {
+			return fault.New(fault.InvalidInput, "payload.units", "%q is not a systemd unit name (1 to %d of A-Z a-z 0-9 : - _ . \\ @, not starting with -)",
+				u, commandkinds.MaxLogUnit)
+		}
+	}
+	if len(units) > 0 && !slices.Contains(seen, commandkinds.LogSourceJournal) {
+		return fault.New(fault.InvalidInput, "payload.units", "units filter the journal source, which is not asked for")
 	}
 	return nil
 }

@@ -28,6 +28,56 @@ const (
 	MaxLogsBytes = 4 << 20
 )
 
-// LogSourceAgent is logs.collect's source for the daemon's own log, the one
-// source daemons collect today.
-const LogSourceAgent = "agent"
+// logs.collect's sources: the daemon's own log (LogSourceBcd, also named
+// LogSourceAgent), the kernel's ring buffer, the systemd journal and the
+// NVIDIA driver's kernel messages.
+const (
+	LogSourceBcd     = "bcd"
+	LogSourceAgent   = "agent"
+	LogSourceKernel  = "kernel"
+	LogSourceJournal = "journal"
+	LogSourceNvidia  = "nvidia"
+)
+
+// LogSources are the names logs.collect accepts, in the order docs list
+// them.
+var LogSources = []string{LogSourceBcd, LogSourceAgent, LogSourceKernel, LogSourceJournal, LogSourceNvidia}
+
+// LogSource returns the source name, the canonical one for an alias
+// ("agent" is "bcd"), and whether it is known.
+func LogSource(name string) (string, bool) {
+	switch name {
+	case LogSourceBcd, LogSourceAgent:
+		return LogSourceBcd, true
+	case LogSourceKernel, LogSourceJournal, LogSourceNvidia:
+		return name, true
+	}
+	return "", false
+}
+
+const (
+	// MaxLogUnits bounds logs.collect's units (the journal's filter).
+	MaxLogUnits = 16
+	// MaxLogUnit bounds one unit name, in bytes (systemd's own limit).
+	MaxLogUnit = 256
+)
+
+// ValidUnit reports whether u may be passed to journalctl as a unit: 1 to
+// MaxLogUnit bytes of systemd's unit-name characters (ASCII letters,
+// digits, ":", "-", "_", ".", "\\", "@"), not starting with "-" (never an
+// option).
+func ValidUnit(u string) bool {
+	if u == "" || len(u) > MaxLogUnit || u[0] == '-' {
+		return false
+	}
+	for i := range len(u) {
+		c := u[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == ':' || c == '-' || c == '_' || c == '.' || c == '\\' || c == '@':
+		default:
+			return false
+		}
+	}
+	return true
+}

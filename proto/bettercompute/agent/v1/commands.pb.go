@@ -722,16 +722,25 @@ func (x *InventoryRefresh) GetRescan() bool {
 	return false
 }
 
-// LogsCollect collects the daemon's logs, bounded in size.
+// LogsCollect collects the node's logs, bounded in size.
 type LogsCollect struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The sources, e.g. "agent", "journal"; "agent" when empty.
+	// The sources, each at most once (at most 16): "bcd" (the daemon's own
+	// log; "agent" is another name for it), "kernel" (the kernel's ring
+	// buffer, /dev/kmsg), "journal" (the systemd journal, through
+	// journalctl; see units) and "nvidia" (the driver's messages: the
+	// kernel's NVRM and nvidia lines, from /dev/kmsg or else the journal's
+	// kernel messages). "bcd" when empty. Any other is INVALID_INPUT.
 	Sources []string `protobuf:"bytes,1,rep,name=sources,proto3" json:"sources,omitempty"`
-	// At most this many bytes (the tail is kept); 0 means 1 MiB, the most
-	// is 4 MiB.
+	// At most this many bytes in all, shared by the sources (the newest
+	// lines of each are kept); 0 means 1 MiB, the most is 4 MiB.
 	MaxBytes uint64 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
-	// Only lines from this far back; all when unset.
-	Since         *durationpb.Duration `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	// Only lines from this far back; all when unset. The kernel's lines
+	// carry only the time since boot and are not filtered by it.
+	Since *durationpb.Duration `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	// For the journal source: only these systemd units (at most 16, each a
+	// unit name such as "containerd.service"); every unit when empty.
+	Units         []string `protobuf:"bytes,4,rep,name=units,proto3" json:"units,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -783,6 +792,13 @@ func (x *LogsCollect) GetMaxBytes() uint64 {
 func (x *LogsCollect) GetSince() *durationpb.Duration {
 	if x != nil {
 		return x.Since
+	}
+	return nil
+}
+
+func (x *LogsCollect) GetUnits() []string {
+	if x != nil {
+		return x.Units
 	}
 	return nil
 }
@@ -1877,10 +1893,14 @@ func (x *InventoryRefreshResult) GetGpuCount() uint32 {
 // LogsCollectResult is the collected logs.
 type LogsCollectResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The logs (the tail, when truncated).
+	// The logs: each source's lines (its newest, when truncated), one source
+	// after the other in the order asked; sources says where each is.
 	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
-	// Whether older lines were dropped to stay within max_bytes.
-	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// Whether older lines of any source were dropped to stay within
+	// max_bytes.
+	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// What became of each source, in the order asked.
+	Sources       []*LogSourceResult `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1929,6 +1949,95 @@ func (x *LogsCollectResult) GetTruncated() bool {
 	return false
 }
 
+func (x *LogsCollectResult) GetSources() []*LogSourceResult {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+// LogSourceResult is one source of a logs.collect.
+type LogSourceResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The source, e.g. "kernel" ("agent" is reported as "bcd").
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Where its lines are in the result's data: from offset, length bytes.
+	Offset uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length uint64 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	// Whether its older lines were dropped to stay within its share of
+	// max_bytes.
+	Truncated bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// Why it could not be read ("not available: …"); empty when it was.
+	Unavailable   string `protobuf:"bytes,5,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogSourceResult) Reset() {
+	*x = LogSourceResult{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogSourceResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogSourceResult) ProtoMessage() {}
+
+func (x *LogSourceResult) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogSourceResult.ProtoReflect.Descriptor instead.
+func (*LogSourceResult) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *LogSourceResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LogSourceResult) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *LogSourceResult) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *LogSourceResult) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *LogSourceResult) GetUnavailable() string {
+	if x != nil {
+		return x.Unavailable
+	}
+	return ""
+}
+
 // GpuResetResult is what a gpu.reset did to each GPU.
 type GpuResetResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1942,7 +2051,7 @@ type GpuResetResult struct {
 
 func (x *GpuResetResult) Reset() {
 	*x = GpuResetResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2063,7 @@ func (x *GpuResetResult) String() string {
 func (*GpuResetResult) ProtoMessage() {}
 
 func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2076,7 @@ func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuResetResult.ProtoReflect.Descriptor instead.
 func (*GpuResetResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GpuResetResult) GetResetUuids() []string {
@@ -1995,7 +2104,7 @@ type DiskWipeResult struct {
 
 func (x *DiskWipeResult) Reset() {
 	*x = DiskWipeResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2116,7 @@ func (x *DiskWipeResult) String() string {
 func (*DiskWipeResult) ProtoMessage() {}
 
 func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2129,7 @@ func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskWipeResult.ProtoReflect.Descriptor instead.
 func (*DiskWipeResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DiskWipeResult) GetDisks() []*DiskWiped {
@@ -2049,7 +2158,7 @@ type DiskWiped struct {
 
 func (x *DiskWiped) Reset() {
 	*x = DiskWiped{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2061,7 +2170,7 @@ func (x *DiskWiped) String() string {
 func (*DiskWiped) ProtoMessage() {}
 
 func (x *DiskWiped) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2074,7 +2183,7 @@ func (x *DiskWiped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskWiped.ProtoReflect.Descriptor instead.
 func (*DiskWiped) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DiskWiped) GetPath() string {
@@ -2120,7 +2229,7 @@ type ImageDeployResult struct {
 
 func (x *ImageDeployResult) Reset() {
 	*x = ImageDeployResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2132,7 +2241,7 @@ func (x *ImageDeployResult) String() string {
 func (*ImageDeployResult) ProtoMessage() {}
 
 func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2145,7 +2254,7 @@ func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageDeployResult.ProtoReflect.Descriptor instead.
 func (*ImageDeployResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ImageDeployResult) GetDisk() string {
@@ -2206,11 +2315,12 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x10InventoryRefresh\x12\x1a\n" +
 	"\bsections\x18\x01 \x03(\tR\bsections\x12\x16\n" +
 	"\x06rescan\x18\x02 \x01(\bR\x06rescan:\x19\xa2\xbb\x18\x15\n" +
-	"\x11inventory.refresh\x10\x02\"\x8b\x01\n" +
+	"\x11inventory.refresh\x10\x02\"\xa1\x01\n" +
 	"\vLogsCollect\x12\x18\n" +
 	"\asources\x18\x01 \x03(\tR\asources\x12\x1b\n" +
 	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\x12/\n" +
-	"\x05since\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05since:\x14\xa2\xbb\x18\x10\n" +
+	"\x05since\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05since\x12\x14\n" +
+	"\x05units\x18\x04 \x03(\tR\x05units:\x14\xa2\xbb\x18\x10\n" +
 	"\flogs.collect\x10\x02\"=\n" +
 	"\n" +
 	"NodeReboot\x12\x16\n" +
@@ -2292,10 +2402,17 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x18uncorrectable_ecc_errors\x18\x06 \x01(\x04R\x16uncorrectableEccErrors\"Q\n" +
 	"\x16InventoryRefreshResult\x12\x1a\n" +
 	"\bsections\x18\x01 \x03(\tR\bsections\x12\x1b\n" +
-	"\tgpu_count\x18\x02 \x01(\rR\bgpuCount\"E\n" +
+	"\tgpu_count\x18\x02 \x01(\rR\bgpuCount\"\x88\x01\n" +
 	"\x11LogsCollectResult\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"g\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12A\n" +
+	"\asources\x18\x03 \x03(\v2'.bettercompute.agent.v1.LogSourceResultR\asources\"\x95\x01\n" +
+	"\x0fLogSourceResult\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\x12 \n" +
+	"\vunavailable\x18\x05 \x01(\tR\vunavailable\"g\n" +
 	"\x0eGpuResetResult\x12\x1f\n" +
 	"\vreset_uuids\x18\x01 \x03(\tR\n" +
 	"resetUuids\x124\n" +
@@ -2349,7 +2466,7 @@ func file_bettercompute_agent_v1_commands_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(WipeMethod)(0),                // 0: bettercompute.agent.v1.WipeMethod
 	(ImageFormat)(0),               // 1: bettercompute.agent.v1.ImageFormat
@@ -2375,16 +2492,17 @@ var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(*GpuCheck)(nil),               // 21: bettercompute.agent.v1.GpuCheck
 	(*InventoryRefreshResult)(nil), // 22: bettercompute.agent.v1.InventoryRefreshResult
 	(*LogsCollectResult)(nil),      // 23: bettercompute.agent.v1.LogsCollectResult
-	(*GpuResetResult)(nil),         // 24: bettercompute.agent.v1.GpuResetResult
-	(*DiskWipeResult)(nil),         // 25: bettercompute.agent.v1.DiskWipeResult
-	(*DiskWiped)(nil),              // 26: bettercompute.agent.v1.DiskWiped
-	(*ImageDeployResult)(nil),      // 27: bettercompute.agent.v1.ImageDeployResult
-	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 29: google.protobuf.Duration
+	(*LogSourceResult)(nil),        // 24: bettercompute.agent.v1.LogSourceResult
+	(*GpuResetResult)(nil),         // 25: bettercompute.agent.v1.GpuResetResult
+	(*DiskWipeResult)(nil),         // 26: bettercompute.agent.v1.DiskWipeResult
+	(*DiskWiped)(nil),              // 27: bettercompute.agent.v1.DiskWiped
+	(*ImageDeployResult)(nil),      // 28: bettercompute.agent.v1.ImageDeployResult
+	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 30: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
-	28, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
-	29, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
+	29, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
+	30, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
 	6,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
 	7,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
 	8,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
@@ -2394,7 +2512,7 @@ var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
 	12, // 8: bettercompute.agent.v1.CommandBody.image_deploy:type_name -> bettercompute.agent.v1.ImageDeploy
 	13, // 9: bettercompute.agent.v1.CommandBody.node_kexec:type_name -> bettercompute.agent.v1.NodeKexec
 	14, // 10: bettercompute.agent.v1.CommandBody.instance_reboot:type_name -> bettercompute.agent.v1.InstanceReboot
-	29, // 11: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
+	30, // 11: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
 	0,  // 12: bettercompute.agent.v1.DiskWipe.method:type_name -> bettercompute.agent.v1.WipeMethod
 	1,  // 13: bettercompute.agent.v1.ImageDeploy.format:type_name -> bettercompute.agent.v1.ImageFormat
 	2,  // 14: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
@@ -2404,19 +2522,20 @@ var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
 	19, // 18: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
 	22, // 19: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
 	23, // 20: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
-	24, // 21: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
-	25, // 22: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
-	27, // 23: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
+	25, // 21: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
+	26, // 22: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
+	28, // 23: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
 	21, // 24: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
 	20, // 25: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
-	21, // 26: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	26, // 27: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
-	0,  // 28: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	24, // 26: bettercompute.agent.v1.LogsCollectResult.sources:type_name -> bettercompute.agent.v1.LogSourceResult
+	21, // 27: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	27, // 28: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
+	0,  // 29: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
+	30, // [30:30] is the sub-list for method output_type
+	30, // [30:30] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_commands_proto_init() }
@@ -2450,7 +2569,7 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_commands_proto_rawDesc), len(file_bettercompute_agent_v1_commands_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
