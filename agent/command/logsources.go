@@ -230,11 +230,14 @@ func (t *tailLines) bytes() []byte { return bytes.Join(t.lines, nil) }
 // lines (the records' continuation lines left out), only those keep
 // accepts when set, keeping the newest within share bytes.
 func readKmsg(ctx context.Context, path string, share int, keep func([]byte) bool) collected {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	// Not an *os.File: Go's poller would wait on /dev/kmsg's EAGAIN for
+	// the next kernel message; a plain non-blocking read ends there.
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return collected{unavailable: "not available: " + err.Error()}
+		return collected{unavailable: "not available: " + (&os.PathError{Op: "open", Path: path, Err: err}).Error()}
 	}
-	defer func() { _ = f.Close() }()
+	defer func() { _ = syscall.Close(fd) }()
+	f := fdReader(fd)
 	t := &tailLines{max: share}
 	var buf []byte
 	err = eachLine(f, func(line []byte) bool {
@@ -359,3 +362,22 @@ func (c *capped) Write(p []byte) (int, error) {
 }
 
 func (c *capped) String() string { return string(c.b) }
+
+// fdReader reads a file descriptor with read(2) itself: EAGAIN comes back
+// as an error instead of a wait.
+type fdReader int
+
+func (r fdReader) Read(p []byte) (int, error) {
+	for {
+		n, err := syscall.Read(int(r), p)
+		switch {
+		case errors.Is(err, syscall.EINTR):
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0 && len(p) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
@@ -230,5 +231,33 @@ func TestLogsCollectDaemonRefusesUnknownSource(t *testing.T) {
 	r := s.collect(t, 2, &agentv1.LogsCollect{Sources: []string{"agent", "bcd"}})
 	if len(r.GetSources()) != 1 || r.GetSources()[0].GetName() != "bcd" {
 		t.Fatalf("sources %v", r.GetSources())
+	}
+}
+
+// The kernel source reads what the ring buffer holds now and ends: it
+// never waits for the next message. A FIFO with a writer still open
+// stands in for /dev/kmsg (read(2) answers EAGAIN once it is drained);
+// read through Go's *os.File, whose poller waits on EAGAIN, the command
+// would hang here.
+func TestLogsCollectKernelSourceDoesNotWaitForMoreMessages(t *testing.T) {
+	t.Parallel()
+	s := setupLogSources(t, "exit 0")
+	if err := os.Remove(s.kmsg); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(s.kmsg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, err := os.OpenFile(s.kmsg, os.O_RDWR, 0) // a writer that stays open
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	if _, err := w.WriteString("6,1,5000000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n6,2,6000000,-;eth0: up\n"); err != nil {
+		t.Fatal(err)
+	}
+	r := s.collect(t, 1, &agentv1.LogsCollect{Sources: []string{"kernel", "nvidia"}})
+	if got := part(t, r, 0); got != "[    5.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n[    6.000000] eth0: up\n" {
+		t.Fatalf("kernel %q (sources %v)", got, r.GetSources())
 	}
 }
