@@ -1,6 +1,7 @@
 package commands_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -612,16 +613,17 @@ func TestRegistry(t *testing.T) {
 }
 
 // TestPendingCommandsPerNodeAreCapped: a caller queueing without end for a
-// node that never takes them is RATE_LIMITED on nodeId at MaxOpenPerNode
-// open commands — nothing more is stored — and may queue again once some
-// settle; another node is not affected.
+// node that never takes them is RATE_LIMITED on nodeId at MaxOpenPerNode -
+// ReservedForSystem open commands — nothing more is stored — and may queue
+// again once some settle; another node is not affected.
 func TestPendingCommandsPerNodeAreCapped(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	addNode(t, db, "node_a")
 	addNode(t, db, "node_b")
 	soon := time.Now().Add(time.Hour)
-	for range commands.MaxOpenPerNode {
+	callers := commands.MaxOpenPerNode - commands.ReservedForSystem
+	for range callers {
 		enqueue(t, db, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon})
 	}
 	_, err := inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (commands.Command, error) {
@@ -629,7 +631,7 @@ func TestPendingCommandsPerNodeAreCapped(t *testing.T) {
 		return c, err
 	})
 	if fe, ok := fault.As(err); !ok || fe.Code != fault.RateLimited || fe.Field != "nodeId" {
-		t.Fatalf("command %d: %v, want RATE_LIMITED on nodeId", commands.MaxOpenPerNode+1, err)
+		t.Fatalf("command %d: %v, want RATE_LIMITED on nodeId", callers+1, err)
 	}
 	enqueue(t, db, commands.Request{NodeID: "node_b", Kind: "diag.nvml", NotAfter: soon})
 	if _, err := db.Exec(t.Context(), `UPDATE commands SET state = 'succeeded' WHERE id IN (SELECT id FROM commands WHERE node_id = 'node_a' LIMIT 1)`); err != nil {
@@ -638,7 +640,41 @@ func TestPendingCommandsPerNodeAreCapped(t *testing.T) {
 	enqueue(t, db, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon})
 	var n int
 	_ = db.QueryRow(t.Context(), `SELECT count(*) FROM commands WHERE node_id = 'node_a'`).Scan(&n)
-	if n != commands.MaxOpenPerNode+1 {
-		t.Fatalf("%d commands of node_a stored, want %d", n, commands.MaxOpenPerNode+1)
+	if n != callers+1 {
+		t.Fatalf("%d commands of node_a stored, want %d", n, callers+1)
+	}
+}
+
+// TestCallersCannotFillTheSlotsRemediationNeeds: callers who fill a node
+// with commands that wait (minGeneration far ahead, an hour's deadline) stop
+// at MaxOpenPerNode - ReservedForSystem; system-owned commands (the
+// remediation ladder's) still queue, up to MaxOpenPerNode.
+func TestCallersCannotFillTheSlotsRemediationNeeds(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	addNode(t, db, "node_a")
+	soon := time.Now().Add(time.Hour)
+	held := commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon, MinGeneration: 1 << 40}
+	for range commands.MaxOpenPerNode - commands.ReservedForSystem {
+		enqueue(t, db, held)
+	}
+	_, err := inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (commands.Command, error) {
+		c, _, err := kinds.Enqueue(t.Context(), tx, held)
+		return c, err
+	})
+	if fe, ok := fault.As(err); !ok || fe.Code != fault.RateLimited || fe.Field != "nodeId" {
+		t.Fatalf("a caller's command past the callers' share: %v, want RATE_LIMITED on nodeId", err)
+	}
+	for i := range commands.ReservedForSystem {
+		enqueue(t, db, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon,
+			OwnerKind: "remediation", OwnerKey: fmt.Sprintf("rem_%d", i)})
+	}
+	_, err = inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (commands.Command, error) {
+		c, _, err := kinds.Enqueue(t.Context(), tx, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon,
+			OwnerKind: "remediation", OwnerKey: "rem_last"})
+		return c, err
+	})
+	if fe, ok := fault.As(err); !ok || fe.Code != fault.RateLimited {
+		t.Fatalf("a system command past MaxOpenPerNode: %v, want RATE_LIMITED", err)
 	}
 }

@@ -95,6 +95,14 @@ func (k Kind) Encode(payload any) ([]byte, error) {
 // cannot queue without end for a node that is down.
 const MaxOpenPerNode = 256
 
+// ReservedForSystem of a node's MaxOpenPerNode open commands only
+// system-owned commands (those with an owner: the remediation ladder's
+// gpu.reset, the inventory refresh, the metal workflow) may take. A caller
+// who can run commands could otherwise fill every slot with commands that
+// wait (a minGeneration far ahead, a deadline an hour away) and so hold
+// remediation off the node until they expire.
+const ReservedForSystem = 32
+
 // Enqueue writes req as a pending command in tx and returns it, with
 // created false when the node already has a command under the idempotency
 // key (returned unchanged). The seq is the node's next_cmd_seq, taken with an
@@ -104,7 +112,8 @@ const MaxOpenPerNode = 256
 // signature covers the row as the gateway will send it and is stored with
 // it. Wake the node (reconcile.Queue.WakeCommands) in the transaction.
 //
-// Faults: a node with MaxOpenPerNode commands pending or in flight is
+// Faults: a node with MaxOpenPerNode commands pending or in flight
+// (MaxOpenPerNode - ReservedForSystem for a command with no owner) is
 // RATE_LIMITED "nodeId"; an unknown kind is UNSUPPORTED "kind"; a payload that does not fit
 // the kind's message INVALID_INPUT "payload"; a missing or past deadline
 // INVALID_INPUT "notAfter"; a negative minimum generation INVALID_INPUT
@@ -158,8 +167,12 @@ func (r *Registry) Enqueue(ctx context.Context, tx pgx.Tx, req Request) (Command
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM commands WHERE node_id = $1 AND state IN ('pending', 'in_flight')`, req.NodeID).Scan(&open); err != nil {
 		return Command{}, false, fmt.Errorf("enqueue: %w", err)
 	}
-	if open >= MaxOpenPerNode {
-		return Command{}, false, fault.New(fault.RateLimited, "nodeId", "node %s already has %d commands pending or in flight (at most %d); retry when some settle", req.NodeID, open, MaxOpenPerNode)
+	limit := MaxOpenPerNode
+	if req.OwnerKind == "" {
+		limit -= ReservedForSystem
+	}
+	if open >= limit {
+		return Command{}, false, fault.New(fault.RateLimited, "nodeId", "node %s already has %d commands pending or in flight (at most %d); retry when some settle", req.NodeID, open, limit)
 	}
 	id := iam.NewID("cmd")
 	key := req.IdempotencyKey
