@@ -667,11 +667,11 @@ func TestCallersCannotFillTheSlotsRemediationNeeds(t *testing.T) {
 	}
 	for i := range commands.ReservedForSystem {
 		enqueue(t, db, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon,
-			OwnerKind: "remediation", OwnerKey: fmt.Sprintf("rem_%d", i)})
+			OwnerKind: "remediation", OwnerKey: fmt.Sprintf("rem_%d", i), System: true})
 	}
 	_, err = inTx(t, db, func(tx pgx.Tx, _ *reconcile.Queue) (commands.Command, error) {
 		c, _, err := kinds.Enqueue(t.Context(), tx, commands.Request{NodeID: "node_a", Kind: "diag.nvml", NotAfter: soon,
-			OwnerKind: "remediation", OwnerKey: "rem_last"})
+			OwnerKind: "remediation", OwnerKey: "rem_last", System: true})
 		return c, err
 	})
 	if fe, ok := fault.As(err); !ok || fe.Code != fault.RateLimited {

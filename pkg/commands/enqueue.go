@@ -44,6 +44,10 @@ type Request struct {
 	OwnerKind, OwnerKey string
 	// CreatedBy records who asked (an identity id); optional.
 	CreatedBy string
+	// System marks a command the control plane queues on its own (the
+	// health job's, the metal workflow's), not on a caller's behalf: it
+	// may take the slots ReservedForSystem.
+	System bool
 }
 
 // Encode encodes payload into the CommandBody of kind k. A payload that is
@@ -96,8 +100,9 @@ func (k Kind) Encode(payload any) ([]byte, error) {
 const MaxOpenPerNode = 256
 
 // ReservedForSystem of a node's MaxOpenPerNode open commands only
-// system-owned commands (those with an owner: the remediation ladder's
-// gpu.reset, the inventory refresh, the metal workflow) may take. A caller
+// commands the control plane queues on its own (Request.System: the
+// remediation ladder's gpu.reset, its inventory refresh, the metal
+// workflow's) may take. A caller
 // who can run commands could otherwise fill every slot with commands that
 // wait (a minGeneration far ahead, a deadline an hour away) and so hold
 // remediation off the node until they expire.
@@ -113,7 +118,7 @@ const ReservedForSystem = 32
 // it. Wake the node (reconcile.Queue.WakeCommands) in the transaction.
 //
 // Faults: a node with MaxOpenPerNode commands pending or in flight
-// (MaxOpenPerNode - ReservedForSystem for a command with no owner) is
+// (MaxOpenPerNode - ReservedForSystem for a caller's, not System) is
 // RATE_LIMITED "nodeId"; an unknown kind is UNSUPPORTED "kind"; a payload that does not fit
 // the kind's message INVALID_INPUT "payload"; a missing or past deadline
 // INVALID_INPUT "notAfter"; a negative minimum generation INVALID_INPUT
@@ -168,7 +173,7 @@ func (r *Registry) Enqueue(ctx context.Context, tx pgx.Tx, req Request) (Command
 		return Command{}, false, fmt.Errorf("enqueue: %w", err)
 	}
 	limit := MaxOpenPerNode
-	if req.OwnerKind == "" {
+	if !req.System {
 		limit -= ReservedForSystem
 	}
 	if open >= limit {

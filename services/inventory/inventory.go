@@ -189,7 +189,7 @@ func accept(ctx context.Context, tx pgx.Tx, kinds *commands.Registry, nodeID, bo
 	for _, kind := range checks {
 		c, created, err := kinds.Enqueue(ctx, tx, commands.Request{
 			NodeID: nodeID, Kind: kind, IdempotencyKey: "acceptance:" + kind + ":" + bootID,
-			NotAfter: time.Now().Add(AcceptanceTimeout), OwnerKind: lifecycle.KindInventory, OwnerKey: nodeID,
+			NotAfter: time.Now().Add(AcceptanceTimeout), OwnerKind: lifecycle.KindInventory, OwnerKey: nodeID, System: true,
 		})
 		if err != nil {
 			return acceptance{}, fmt.Errorf("queue acceptance check %s: %w", kind, err)

@@ -142,7 +142,7 @@ func (h *health) remediate(ctx context.Context, p *pass) error {
 func (h *health) send(ctx context.Context, p *pass, m remediations.Remediation, kind string, payload any, deadline time.Duration, minGen int64) (commands.Command, error) {
 	c, created, err := h.cfg.Kinds.Enqueue(ctx, p.tx, commands.Request{
 		NodeID: p.n.ID, Kind: kind, Payload: payload, IdempotencyKey: "health:" + m.ID, MinGeneration: minGen,
-		NotAfter: time.Now().Add(deadline), OwnerKind: lifecycle.KindHealth, OwnerKey: p.n.ID, CreatedBy: "health",
+		NotAfter: time.Now().Add(deadline), OwnerKind: lifecycle.KindHealth, OwnerKey: p.n.ID, CreatedBy: "health", System: true,
 	})
 	if err != nil {
 		return commands.Command{}, fmt.Errorf("queue %s for %s: %w", kind, m.ID, err)
@@ -161,7 +161,7 @@ func (h *health) send(ctx context.Context, p *pass, m remediations.Remediation, 
 func (h *health) refresh(ctx context.Context, p *pass, m remediations.Remediation) error {
 	_, created, err := h.cfg.Kinds.Enqueue(ctx, p.tx, commands.Request{
 		NodeID: p.n.ID, Kind: commands.KindInventoryRefresh, Payload: &agentv1.InventoryRefresh{Sections: []string{"gpus"}, Rescan: true},
-		IdempotencyKey: "health:refresh:" + m.ID, NotAfter: time.Now().Add(2 * time.Minute), CreatedBy: "health",
+		IdempotencyKey: "health:refresh:" + m.ID, NotAfter: time.Now().Add(2 * time.Minute), CreatedBy: "health", System: true,
 	})
 	if err != nil {
 		return fmt.Errorf("queue inventory.refresh for %s: %w", m.ID, err)

@@ -37,7 +37,7 @@ func (p *pass) command(ctx context.Context, kind, what string, payload func() (a
 		return nil, err
 	}
 	_, created, err := p.w.cfg.Kinds.Enqueue(ctx, p.tx, commands.Request{NodeID: p.m.NodeID, Kind: kind, Payload: pl,
-		IdempotencyKey: key, NotAfter: p.notAfter(), OwnerKind: Kind, OwnerKey: p.m.ID, CreatedBy: "metal"})
+		IdempotencyKey: key, NotAfter: p.notAfter(), OwnerKind: Kind, OwnerKey: p.m.ID, CreatedBy: "metal", System: true})
 	if err != nil {
 		return nil, fmt.Errorf("queue %s for %s: %w", kind, p.m.ID, err)
 	}
