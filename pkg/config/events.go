@@ -36,6 +36,16 @@ type Events struct {
 	// CertificateGrace is how long past expiry a node certificate's row is
 	// kept before events.prune removes it; default 720h (30 days).
 	CertificateGrace Duration `yaml:"certificateGrace"`
+	// MaxStreamLifetime ends an events.watch stream (gRPC, SSE, the
+	// console's live feed) this long after it opened; the client resumes
+	// after its last cursor (SSE: Last-Event-ID). Default 1h.
+	MaxStreamLifetime Duration `yaml:"maxStreamLifetime"`
+	// MaxWatchesPerIdentity bounds the events.watch streams one identity
+	// holds open in one API process; one more is RATE_LIMITED. Default 16.
+	MaxWatchesPerIdentity int `yaml:"maxWatchesPerIdentity"`
+	// MaxWatches bounds the events.watch streams one API process holds
+	// open; one more is RATE_LIMITED. Default 2048.
+	MaxWatches int `yaml:"maxWatches"`
 }
 
 func (c *Events) defaults() {
@@ -48,6 +58,9 @@ func (c *Events) defaults() {
 	c.Retention = cmp.Or(c.Retention, Duration(7*24*time.Hour))
 	c.PruneEvery = cmp.Or(c.PruneEvery, Duration(time.Minute))
 	c.CertificateGrace = cmp.Or(c.CertificateGrace, Duration(30*24*time.Hour))
+	c.MaxStreamLifetime = cmp.Or(c.MaxStreamLifetime, Duration(time.Hour))
+	c.MaxWatchesPerIdentity = cmp.Or(c.MaxWatchesPerIdentity, 16)
+	c.MaxWatches = cmp.Or(c.MaxWatches, 2048)
 }
 
 func (c *Events) validate() []error {
@@ -64,6 +77,7 @@ func (c *Events) validate() []error {
 	}{
 		{"events.streamMaxAge", c.StreamMaxAge}, {"events.duplicateWindow", c.DuplicateWindow}, {"events.poll", c.Poll},
 		{"events.retention", c.Retention}, {"events.pruneEvery", c.PruneEvery}, {"events.certificateGrace", c.CertificateGrace},
+		{"events.maxStreamLifetime", c.MaxStreamLifetime},
 	} {
 		if d.v <= 0 {
 			bad(d.field, "expected a positive duration, got %s", d.v.Std())
@@ -77,6 +91,15 @@ func (c *Events) validate() []error {
 	}
 	if c.Batch < 1 || c.Batch > 10000 {
 		bad("events.batch", "expected 1 to 10000, got %d", c.Batch)
+	}
+	if c.MaxStreamLifetime > Duration(24*time.Hour) {
+		bad("events.maxStreamLifetime", "expected at most 24h, got %s", c.MaxStreamLifetime.Std())
+	}
+	if c.MaxWatches < 1 || c.MaxWatches > 1_000_000 {
+		bad("events.maxWatches", "expected 1 to 1000000, got %d", c.MaxWatches)
+	}
+	if c.MaxWatchesPerIdentity < 1 || c.MaxWatchesPerIdentity > c.MaxWatches {
+		bad("events.maxWatchesPerIdentity", "expected 1 to events.maxWatches (%d), got %d", c.MaxWatches, c.MaxWatchesPerIdentity)
 	}
 	return errs
 }

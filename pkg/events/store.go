@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -162,8 +163,49 @@ type Filter struct {
 	Limit int
 }
 
+// Matches reports whether f selects e (its tenant, subtree, types and
+// resource; not After or Limit): [List]'s condition, in memory, for the
+// watches' fan-out.
+func (f Filter) Matches(e Event) bool {
+	own := e.TenantID == f.TenantID
+	below := f.Descendants && (f.TenantID == "root" || strings.HasPrefix(e.TenantID, f.TenantID+"."))
+	if !own && !below {
+		return false
+	}
+	if f.Resource != "" && e.Resource != f.Resource {
+		return false
+	}
+	return Match(f.Types, e.Type)
+}
+
+// Scan is [List] over the seqs after f.After up to and including upTo,
+// at most window of them: a replay reads the log in bounded chunks however
+// little of it f selects. It returns the events (at most f.Limit) and the
+// seq the next chunk starts after: the last event's when the chunk was
+// cut by f.Limit, else the end of the scanned window, so a filter that
+// matches nothing still moves forward.
+func Scan(ctx context.Context, q Querier, f Filter, upTo, window int64) ([]Event, int64, error) {
+	end := min(upTo, f.After+window)
+	if end <= f.After {
+		return nil, f.After, nil
+	}
+	evs, err := list(ctx, q, f, end)
+	if err != nil {
+		return nil, f.After, err
+	}
+	if len(evs) == f.Limit {
+		return evs, evs[len(evs)-1].Seq, nil
+	}
+	return evs, end, nil
+}
+
 // List returns the sequenced events f selects, in seq order.
 func List(ctx context.Context, q Querier, f Filter) ([]Event, error) {
+	return list(ctx, q, f, math.MaxInt64)
+}
+
+// list is List up to and including seq upTo.
+func list(ctx context.Context, q Querier, f Filter, upTo int64) ([]Event, error) {
 	exact, prefixes, all := splitPatterns(f.Types)
 	if all {
 		exact, prefixes = nil, nil
@@ -178,12 +220,12 @@ func List(ctx context.Context, q Querier, f Filter) ([]Event, error) {
 	// outbox_tenant_seq serves a tenant's feed, outbox_resource_seq one
 	// resource's; both walk forward from the cursor.
 	evs, err := collect(q.Query(ctx, `SELECT `+columns+` FROM outbox
-		WHERE seq > $1
+		WHERE seq > $1 AND seq <= $8
 		  AND (tenant_id = $2 OR ($3 <> '' AND tenant_id LIKE $3))
 		  AND ($4 = '' OR resource_id = $4)
 		  AND (cardinality($5::text[]) + cardinality($6::text[]) = 0
 		       OR type = ANY($5) OR EXISTS (SELECT 1 FROM unnest($6::text[]) AS p WHERE starts_with(type, p)))
-		ORDER BY seq LIMIT $7`, f.After, f.TenantID, subtree, f.Resource, exact, prefixes, f.Limit))
+		ORDER BY seq LIMIT $7`, f.After, f.TenantID, subtree, f.Resource, exact, prefixes, f.Limit, upTo))
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}

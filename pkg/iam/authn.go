@@ -119,3 +119,17 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (Princip
 	a.mu.Unlock()
 	return p, nil
 }
+
+// Recheck is [Authenticate] without the cache: it looks token up now (and
+// caches the answer), for a long-lived stream that learnt its key or
+// identity may have been revoked.
+func (a *Authenticator) Recheck(ctx context.Context, token string) (Principal, error) {
+	ck := sha256.Sum256([]byte(token))
+	a.mu.Lock()
+	delete(a.cache, ck)
+	a.mu.Unlock()
+	return a.Authenticate(ctx, token)
+}
+
+// TTL is how long an authentication is cached.
+func (a *Authenticator) TTL() time.Duration { return a.ttl }

@@ -90,6 +90,9 @@ type Config struct {
 	// webhooks.test and webhooks.redeliver poke the relays' deliverers. Nil
 	// polls the database.
 	NATS *nats.Conn
+	// Watch bounds events.watch streams (events.maxStreamLifetime,
+	// events.maxWatchesPerIdentity, events.maxWatches).
+	Watch WatchLimits
 	// AllowInsecureWebhooks permits http:// webhook endpoints on loopback
 	// (webhooks.allowInsecure).
 	AllowInsecureWebhooks bool
@@ -191,8 +194,7 @@ type Server struct {
 	allowPrivateWebhooks  bool
 	providers             outbound.Options
 	deprecations          *deprecations
-	watch                 *watchHub
-	watchOnce             sync.Once
+	tail                  *tailer
 	closing               chan struct{}
 	closeOnce             sync.Once
 }
@@ -256,6 +258,8 @@ func New(cfg Config) (*Server, error) {
 		maxDL:                 cmp.Or(cfg.MaxDeadline, 30*time.Second),
 		now:                   now,
 	}
+	s.tail = newTailer(s, cfg.Watch)
+	waker.OnPolicies(s.tail.policiesChanged)
 	var err error
 	if s.deprecations, err = newDeprecations(logger, cfg.Registerer); err != nil {
 		return nil, err
@@ -405,8 +409,7 @@ func AsCaller(ctx context.Context, token, clientHost string) context.Context {
 // closes the gateway's connection. It is safe to call more than once.
 func (s *Server) Stop() {
 	s.CloseStreams()
-	s.watchOnce.Do(func() {}) // no hub after Stop
-	s.watch.stop()
+	s.tail.stop()
 	s.health.Shutdown()
 	s.grpc.Stop()
 	if s.conn != nil {

@@ -2,13 +2,12 @@ package api
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"strings"
-	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
-	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -19,7 +18,6 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
-	"github.com/bettercompute/bettercompute/pkg/wake"
 )
 
 // WatchPath serves events.watch as Server-Sent Events.
@@ -68,6 +66,9 @@ func eventFilter(tenant string, types []string, subject, after string, descendan
 	if len(subject) > maxSubjectLen {
 		return events.Filter{}, fault.New(fault.InvalidInput, "subject", "at most %d characters", maxSubjectLen)
 	}
+	if !utf8.ValidString(subject) || strings.ContainsFunc(subject, unicode.IsControl) {
+		return events.Filter{}, fault.New(fault.InvalidInput, "subject", "expected a resource id: no control characters, valid UTF-8")
+	}
 	seq, err := events.ParseCursor(after)
 	if err != nil {
 		return events.Filter{}, fault.New(fault.InvalidInput, "after", "%v", err)
@@ -92,14 +93,50 @@ func (s *eventsAPI) List(ctx context.Context, req *computev1.EventsServiceListRe
 	if err != nil {
 		return nil, err
 	}
+	p, _ := iam.PrincipalFrom(ctx)
+	visible := s.descendantDecider(p, authz.EventsList, f.TenantID)
 	out := &computev1.EventsServiceListResponse{}
 	for _, e := range evs {
-		out.Events = append(out.Events, eventPB(e))
+		ok, err := visible(ctx, e.TenantID)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out.Events = append(out.Events, eventPB(e))
+		}
 	}
 	if len(evs) == size {
+		// The page is cut by size, whatever a descendant's policies hid.
 		out.NextPageToken = events.Cursor(evs[len(evs)-1].Seq)
 	}
 	return out, nil
+}
+
+// descendantDecider returns a function that says whether p may see the
+// events of a tenant below tenant (whose own decision the caller made):
+// includeDescendants decides action on each descendant included, with its
+// policies, so a descendant's forbid hides its events. Decisions are
+// remembered until reset.
+func (s *Server) descendantDecider(p iam.Principal, action authz.Action, tenant string) func(ctx context.Context, t string) (bool, error) {
+	seen := map[string]bool{}
+	return func(ctx context.Context, t string) (bool, error) {
+		if t == tenant {
+			return true, nil
+		}
+		if ok, done := seen[t]; done {
+			return ok, nil
+		}
+		err := s.authz.Authorize(ctx, nil, p, action, authz.TenantResource(t))
+		switch {
+		case err == nil:
+			seen[t] = true
+		case fault.CodeOf(err) == fault.AccessDenied:
+			seen[t] = false
+		default:
+			return false, err
+		}
+		return seen[t], nil
+	}
 }
 
 func (s *eventsAPI) Watch(req *computev1.EventsServiceWatchRequest, stream computev1.EventsService_WatchServer) error {
@@ -118,201 +155,179 @@ func (s *eventsAPI) Watch(req *computev1.EventsServiceWatchRequest, stream compu
 	if err := s.read(ctx, req.GetTenantId(), authz.TenantResource(req.GetTenantId())); err != nil {
 		return err
 	}
-	return s.watchEvents(ctx, f, req.GetAfter() == "", func(e events.Event) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	token, err := bearer(first(md, "authorization"))
+	if err != nil {
+		return err
+	}
+	w, err := s.tail.admit(p, f)
+	if err != nil {
+		return err
+	}
+	defer s.tail.release(w)
+	return s.runWatch(ctx, w, token, req.GetAfter() == "", func(e events.Event) error {
 		return stream.Send(&computev1.EventsServiceWatchResponse{Event: eventPB(e)})
 	}, nil)
 }
 
-// watchEvents sends the events f selects, in commit order, until ctx ends:
-// first those after f.After (from PostgreSQL, however old, within
-// retention), then each new one as the event stream announces it. With
-// fromNow the watch starts at the newest event instead. idle, when set, is
-// called when nothing happened for a while (SSE keep-alives).
+// runWatch sends the events w's filter selects, in commit order, until ctx
+// ends or the server closes its streams: first those after f.After (from
+// PostgreSQL, however old, within retention, in bounded chunks), then each
+// new one the process's tailer hands it. With fromNow the watch starts at
+// the newest event instead. idle, when set, is called every sseKeepAlive
+// (SSE keep-alives).
 //
-// The stream only wakes the watcher: events are always read from the
-// database after the cursor, so a watcher sees exactly the committed,
-// sequenced events, in order, whatever the bus dropped.
-func (s *Server) watchEvents(ctx context.Context, f events.Filter, fromNow bool, send func(events.Event) error, idle func() error) error {
-	wake := s.watchHub().subscribe()
-	defer s.watchHub().unsubscribe(wake)
-	if fromNow {
-		head, err := events.Head(ctx, s.db)
-		if err != nil {
-			return err
-		}
-		f.After = head
+// A watch is authorized again — token authenticated, the decision made
+// again — every authentication-cache TTL, at once when an event revokes
+// its key or identity (looked up afresh) or policies change, and the
+// stream ends with that error (UNAUTHENTICATED, ACCESS_DENIED) when it no
+// longer is. It ends UNAVAILABLE after events.maxStreamLifetime, naming the
+// cursor to resume after.
+func (s *Server) runWatch(ctx context.Context, w *watch, token string, fromNow bool, send func(events.Event) error, idle func() error) error {
+	lifetime := time.NewTimer(s.tail.limits.MaxLifetime)
+	defer lifetime.Stop()
+	ttl := time.NewTicker(s.authn.TTL())
+	defer ttl.Stop()
+	var keepAlive <-chan time.Time
+	if idle != nil {
+		k := time.NewTicker(sseKeepAlive)
+		defer k.Stop()
+		keepAlive = k.C
 	}
-	f.Limit = watchBatch
-	lastSent := time.Now()
-	for {
-		evs, err := events.List(ctx, s.db, f)
+	tenant := w.f.TenantID
+	visible := s.descendantDecider(w.p, authz.EventsWatch, tenant)
+	reauth := func(fresh bool) error {
+		auth := s.authn.Authenticate
+		if fresh {
+			auth = s.authn.Recheck
+		}
+		p, err := auth(ctx, token)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
 			return err
 		}
-		for _, e := range evs {
-			if err := send(e); err != nil {
-				return err
-			}
-			f.After = e.Seq
-			lastSent = time.Now()
+		if err := precheck(p, tenant); err != nil {
+			return err
 		}
-		if len(evs) == watchBatch {
-			continue
+		if err := s.authz.Authorize(ctx, nil, p, authz.EventsWatch, authz.TenantResource(tenant)); err != nil {
+			return err
 		}
-		poll := watchPoll
-		if s.nc == nil || !s.nc.IsConnected() {
-			poll = watchPollNoBus
+		w.p = p
+		visible = s.descendantDecider(p, authz.EventsWatch, tenant)
+		return nil
+	}
+	cursor := w.f.After
+	emit := func(e events.Event) error {
+		if e.Seq <= cursor {
+			return nil
 		}
-		t := time.NewTimer(poll)
+		cursor = e.Seq
+		ok, err := visible(ctx, e.TenantID)
+		if err != nil || !ok {
+			return err
+		}
+		return send(e)
+	}
+	ended := func() error {
+		return fault.New(fault.Unavailable, "", "this stream reached its lifetime (events.maxStreamLifetime); resume after cursor %d", cursor)
+	}
+	// between handles, without waiting, what may end or re-authorize the
+	// watch during a replay; done says the stream ends.
+	between := func() (done bool, err error) {
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return nil
+			return true, nil
 		case <-s.closing:
-			t.Stop()
-			return nil
-		case <-wake:
-		case <-t.C:
+			return true, nil
+		case <-lifetime.C:
+			return true, ended()
+		case <-w.recheck:
+			err = reauth(true)
+		case <-ttl.C:
+			err = reauth(false)
+		case <-keepAlive:
+			err = idle()
+		default:
 		}
-		t.Stop()
-		if idle != nil && time.Since(lastSent) > sseKeepAlive {
-			if err := idle(); err != nil {
+		return err != nil, err
+	}
+	first := true
+	for {
+		head, err := s.tail.join(ctx, w)
+		if err != nil {
+			return err
+		}
+		if first && fromNow {
+			cursor = head
+		}
+		first = false
+		for cursor < head {
+			f := w.f
+			f.After, f.Limit = cursor, watchBatch
+			evs, next, err := events.Scan(ctx, s.db, f, head, replayWindow)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
 				return err
 			}
-			lastSent = time.Now()
-		}
-	}
-}
-
-// watchHub fans the event stream's messages out to watchers as wake-ups.
-type watchHub struct {
-	mu   sync.Mutex
-	subs map[chan struct{}]bool
-	sub  *nats.Subscription
-}
-
-func (s *Server) watchHub() *watchHub {
-	s.watchOnce.Do(func() {
-		h := &watchHub{subs: map[chan struct{}]bool{}}
-		if s.nc != nil {
-			sub, err := wake.SubscribeEvents(s.nc, h.wake)
-			if err != nil {
-				s.logger.Warn("subscribe to the event stream; watches poll the database", "err", err)
-			} else {
-				h.sub = sub
+			for _, e := range evs {
+				if err := emit(e); err != nil {
+					return err
+				}
+			}
+			cursor = max(cursor, next)
+			if done, err := between(); done {
+				return err
 			}
 		}
-		s.watch = h
-	})
-	return s.watch
-}
-
-func (h *watchHub) subscribe() chan struct{} {
-	c := make(chan struct{}, 1)
-	h.mu.Lock()
-	h.subs[c] = true
-	h.mu.Unlock()
-	return c
-}
-
-func (h *watchHub) unsubscribe(c chan struct{}) {
-	h.mu.Lock()
-	delete(h.subs, c)
-	h.mu.Unlock()
-}
-
-func (h *watchHub) wake() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for c := range h.subs {
+		if err := s.follow(ctx, w, &cursor, emit, lifetime.C, ttl.C, keepAlive, ended, reauth, idle); err != nil || ctx.Err() != nil {
+			return err
+		}
 		select {
-		case c <- struct{}{}:
+		case <-s.closing:
+			return nil
 		default:
 		}
 	}
 }
 
-func (h *watchHub) stop() {
-	if h != nil && h.sub != nil {
-		_ = h.sub.Unsubscribe()
-	}
-}
-
-// ServeWatch serves GET /api/compute/events/watch as Server-Sent Events:
-// query tenantId (required), types (comma-separated or repeated), subject,
-// includeDescendants; the Last-Event-ID header (or the after parameter)
-// resumes after that cursor, else the stream starts with new events. Each
-// event is one SSE message: id is the event's cursor, data its JSON.
-func (s *Server) ServeWatch(w http.ResponseWriter, r *http.Request) {
-	ctx := withRequestID(r.Context(), r.Header.Get(RequestIDHeader))
-	fail := func(err error) { writeEnvelope(w, fault.ToStatus(err)) }
-	p, err := s.authenticate(ctx, s.proxies.FromRequest(r), r.Header.Get("Authorization"))
-	if err != nil {
-		fail(err)
-		return
-	}
-	q := r.URL.Query()
-	tenant := q.Get("tenantId")
-	if err := precheck(p, tenant); err != nil {
-		fail(err)
-		return
-	}
-	var types []string
-	for _, v := range q["types"] {
-		for t := range strings.SplitSeq(v, ",") {
-			if t = strings.TrimSpace(t); t != "" {
-				types = append(types, t)
+// follow sends what the tailer hands w until the stream ends (an error,
+// or nil with ctx done or the server closing) or w is cut loose for
+// lagging (nil, after sending what it had buffered and moving cursor past
+// what the tailer handed over).
+func (s *Server) follow(ctx context.Context, w *watch, cursor *int64, emit func(events.Event) error,
+	lifetime, ttl, keepAlive <-chan time.Time, ended func() error, reauth func(fresh bool) error, idle func() error,
+) error {
+	for {
+		var err error
+		select {
+		case e := <-w.ch:
+			err = emit(e)
+		case <-w.lagged:
+			for len(w.ch) > 0 {
+				if err := emit(<-w.ch); err != nil {
+					return err
+				}
 			}
+			*cursor = max(*cursor, w.lagAt)
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-s.closing:
+			return nil
+		case <-lifetime:
+			return ended()
+		case <-w.recheck:
+			err = reauth(true)
+		case <-ttl:
+			err = reauth(false)
+		case <-keepAlive:
+			err = idle()
 		}
-	}
-	after := r.Header.Get("Last-Event-ID")
-	if after == "" {
-		after = q.Get("after")
-	}
-	f, err := eventFilter(tenant, types, q.Get("subject"), after, q.Get("includeDescendants") == "true")
-	if err != nil {
-		fail(err)
-		return
-	}
-	ctx = iam.WithPrincipal(ctx, p)
-	if err := s.adm.Read(ctx, s.watchCall(ctx, p, tenant), authz.TenantResource(tenant)); err != nil {
-		fail(err)
-		return
-	}
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		fail(fault.New(fault.Unsupported, "", "this connection cannot stream"))
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	_, _ = fmt.Fprint(w, ": better-compute events\n\n")
-	flusher.Flush()
-	rc := http.NewResponseController(w)
-	_ = s.watchEvents(ctx, f, after == "", func(e events.Event) error {
-		b, err := protojson.Marshal(eventPB(e))
 		if err != nil {
 			return err
 		}
-		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		if _, err := fmt.Fprintf(w, "id: %d\ndata: %s\n\n", e.Seq, b); err != nil {
-			return err
-		}
-		flusher.Flush()
-		return nil
-	}, func() error {
-		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil {
-			return err
-		}
-		flusher.Flush()
-		return nil
-	})
+	}
 }
 
 // watchCall is the admission call of an SSE watch, which does not pass

@@ -489,6 +489,9 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Providers: a.cfg.Providers.Outbound(), Kinds: a.admitKinds,
 			AuditKey: a.auditKey(), Registerer: a.reg, Secrets: keyring,
 			MaxRepairClearsPerNode: a.cfg.Health.MaxRepairClearsPerNode,
+			Watch: api.WatchLimits{
+				MaxLifetime: a.cfg.Events.MaxStreamLifetime.Std(), PerIdentity: a.cfg.Events.MaxWatchesPerIdentity, Total: a.cfg.Events.MaxWatches,
+			},
 			System: system.New(system.Deps{
 				SchemaVersion:         func(ctx context.Context) (int64, error) { return migrate.Current(ctx, a.pool) },
 				RequiredSchemaVersion: migrate.Latest(),
