@@ -249,17 +249,28 @@ func TestWebhooksOfAnotherTenantAreNotFound(t *testing.T) {
 	wantREST(t, code, body, fault.AccessDenied, "tenantId")
 }
 
-// sseEvent is one Server-Sent Event.
+// sseEvent is one Server-Sent Event: Event is its type ("" for a
+// message, "error" for the envelope a failed stream ends with).
 type sseEvent struct {
-	ID   string
-	Data map[string]any
+	ID    string
+	Event string
+	Data  map[string]any
 }
 
-// sse opens the watch stream and returns a channel of its events.
+// sse opens the watch stream as root and returns a channel of its events.
 func (h *harness) sse(ctx context.Context, t *testing.T, query, lastID string) (<-chan sseEvent, int) {
 	t.Helper()
+	out, code, _ := h.sseAs(ctx, t, h.root, query, lastID)
+	return out, code
+}
+
+// sseAs opens the watch stream with token and returns a channel of its
+// events, closed when the stream ends; or, when the answer is not 200, its
+// status and decoded body.
+func (h *harness) sseAs(ctx context.Context, t testing.TB, token, query, lastID string) (<-chan sseEvent, int, map[string]any) {
+	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.base+api.WatchPath+"?"+query, nil)
-	req.Header.Set("Authorization", "Bearer "+h.root)
+	req.Header.Set("Authorization", "Bearer "+token)
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}
@@ -269,9 +280,11 @@ func (h *harness) sse(ctx context.Context, t *testing.T, query, lastID string) (
 	}
 	out := make(chan sseEvent, 100)
 	if resp.StatusCode != http.StatusOK {
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
 		_ = resp.Body.Close()
 		close(out)
-		return out, resp.StatusCode
+		return out, resp.StatusCode, body
 	}
 	go func() {
 		defer close(out)
@@ -283,18 +296,20 @@ func (h *harness) sse(ctx context.Context, t *testing.T, query, lastID string) (
 			switch {
 			case strings.HasPrefix(line, "id: "):
 				ev.ID = strings.TrimPrefix(line, "id: ")
+			case strings.HasPrefix(line, "event: "):
+				ev.Event = strings.TrimPrefix(line, "event: ")
 			case strings.HasPrefix(line, "data: "):
 				_ = json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev.Data)
-			case line == "" && ev.ID != "":
+			case line == "" && (ev.ID != "" || ev.Event != ""):
 				out <- ev
 				ev = sseEvent{}
 			}
 		}
 	}()
-	return out, resp.StatusCode
+	return out, resp.StatusCode, nil
 }
 
-func next(t *testing.T, c <-chan sseEvent) sseEvent {
+func next(t testing.TB, c <-chan sseEvent) sseEvent {
 	t.Helper()
 	select {
 	case ev, ok := <-c:
