@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
@@ -23,7 +24,7 @@ import (
 
 // watchSetup is eventsSetup with the bus returned and the configuration
 // changed by change.
-func watchSetup(t *testing.T, change func(*config.Config)) (*harness, *natstest.Server) {
+func watchSetup(t testing.TB, change func(*config.Config)) (*harness, *natstest.Server) {
 	t.Helper()
 	ns := natstest.New(t)
 	h := setupWith(t, api.Tuning{}, func(c *config.Config) {
@@ -297,5 +298,146 @@ func TestIncludeDescendantsHonoursDescendantForbid(t *testing.T) {
 	}
 	if strings.Join(listed, ",") != "acme.open,acme" {
 		t.Fatalf("listed events of %v, want acme.open and acme", listed)
+	}
+}
+
+// openWatches opens n gRPC watches of root's pool.created events as root
+// and returns them once each has received one event (so each is live).
+func openWatches(t testing.TB, h *harness, n int) []computev1.EventsService_WatchClient {
+	t.Helper()
+	ctx, cancel := context.WithCancel(as(h.root))
+	t.Cleanup(cancel)
+	head, err := events.Head(context.Background(), h.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws []computev1.EventsService_WatchClient
+	for range n {
+		w, err := computev1.NewEventsServiceClient(h.conn).Watch(ctx, &computev1.EventsServiceWatchRequest{
+			TenantId: "root", Types: []string{"pool.created"}, After: events.Cursor(head),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	h.rawEvent(t, "root", "pool.created")
+	for _, w := range ws {
+		if _, err := w.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ws
+}
+
+// rawEvent writes an event straight into the outbox (no RPC, so none of
+// the API's statements), for the relay to sequence.
+func (h *harness) rawEvent(t testing.TB, tenant, typ string) {
+	t.Helper()
+	if _, err := h.db.Exec(context.Background(), `INSERT INTO outbox (tenant_id, type, subject) VALUES ($1, $2, $3)`,
+		tenant, typ, "bc.events."+tenant+"."+typ); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatchIdleDoesNotQueryPerWatch(t *testing.T) {
+	t.Parallel()
+	const n = 60
+	h, _ := watchSetup(t, func(c *config.Config) { c.Events.MaxWatchesPerIdentity = n })
+	h.member(t, "beta", "bob")
+	ws := openWatches(t, h, n)
+	before := h.queries.Load()
+	// An event in another tenant, then one every watch selects: each
+	// watch has been woken at least twice when it has the second.
+	h.rawEvent(t, "beta", "pool.created")
+	h.rawEvent(t, "root", "pool.created")
+	for _, w := range ws {
+		if _, err := w.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Before the tailer, every watch read the log on every wake (2n and
+	// more); now none does: the tailer reads once, outside any call.
+	if d := h.queries.Load() - before; d >= n/4 {
+		t.Fatalf("%d statements by %d idle watches for two events, want none per watch", d, n)
+	}
+}
+
+func TestWatchReplayCursorAdvancesPastUnmatched(t *testing.T) {
+	t.Parallel()
+	h, _ := watchSetup(t, nil)
+	h.member(t, "beta", "bob")
+	// A long log of which root's pool.created filter selects nothing.
+	if _, err := h.db.Exec(context.Background(), `INSERT INTO outbox (tenant_id, type, subject, seq, sent_at)
+		SELECT 'beta', 'node.updated', 'bc.events.beta.node.updated', nextval('events_seq'), now() FROM generate_series(1, 25000)`); err != nil {
+		t.Fatal(err)
+	}
+	head, err := events.Head(context.Background(), h.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := events.Filter{TenantID: "root", Types: []string{"pool.created"}, Limit: 100}
+	scans := 0
+	for f.After < head {
+		evs, next, err := events.Scan(context.Background(), h.db, f, head, 10_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if next <= f.After || len(evs) != 0 && next < evs[len(evs)-1].Seq {
+			t.Fatalf("scan after %d moved to %d (%d events)", f.After, next, len(evs))
+		}
+		f.After = next
+		scans++
+	}
+	if want := int((head + 9_999) / 10_000); scans != want {
+		t.Fatalf("%d scans of a %d-event log, want %d windows", scans, head, want)
+	}
+	// A watch from the start replays the log once, then reads nothing of
+	// its own however often it is woken.
+	ctx, cancel := context.WithCancel(as(h.root))
+	defer cancel()
+	w, err := computev1.NewEventsServiceClient(h.conn).Watch(ctx, &computev1.EventsServiceWatchRequest{TenantId: "root", Types: []string{"pool.created"}, After: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.rawEvent(t, "root", "pool.created")
+	if _, err := w.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	before := h.queries.Load()
+	for range 5 {
+		h.rawEvent(t, "beta", "node.updated")
+	}
+	h.rawEvent(t, "root", "pool.created")
+	if _, err := w.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.queries.Load() - before; d > 1 {
+		t.Fatalf("the watch ran %d statements for 6 new events after its replay, want its log read by the tailer", d)
+	}
+}
+
+func TestWatchDeliversWithNATSStoppedAndRestarted(t *testing.T) {
+	t.Parallel()
+	h, ns := watchSetup(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, code := h.sse(ctx, t, "tenantId=root&types=pool.created", "")
+	if code != 200 {
+		t.Fatalf("watch: %d", code)
+	}
+	h.pool(t, h.root, "root", "bus-up")
+	if ev := next(t, stream); ev.Data["type"] != "pool.created" {
+		t.Fatalf("watched %v", ev)
+	}
+	ns.Stop()
+	h.pool(t, h.root, "root", "bus-down")
+	if ev := next(t, stream); ev.Data["data"].(map[string]any)["pool"].(map[string]any)["name"] != "bus-down" {
+		t.Fatalf("watched %v with the bus down", ev)
+	}
+	ns.Restart()
+	h.pool(t, h.root, "root", "bus-back")
+	if ev := next(t, stream); ev.Data["data"].(map[string]any)["pool"].(map[string]any)["name"] != "bus-back" {
+		t.Fatalf("watched %v after the bus came back", ev)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,18 +50,34 @@ func (c *clock) Advance(d time.Duration) {
 }
 
 // counter counts the statements the server runs while serving an RPC.
-type counter struct{ n *atomic.Int64 }
+type counter struct{ n, eventReads, eventReadNanos *atomic.Int64 }
 
-func (c counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+type readStart struct{}
+
+func (c counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	// Only statements made while serving an RPC count: the harness runs every
 	// role, and the runtime's heartbeats and claims are not the API's doing.
-	if _, ok := grpc.Method(ctx); ok {
+	_, rpc := grpc.Method(ctx)
+	if rpc {
 		c.n.Add(1)
+	}
+	// eventReads counts every read of the event log after a cursor, made
+	// by anyone (watches, their tailer, the relay's fan-out);
+	// eventReadNanos times those made in an RPC (a watch's own).
+	if strings.Contains(d.SQL, "FROM outbox") && strings.Contains(d.SQL, "seq > $1") {
+		c.eventReads.Add(1)
+		if rpc {
+			return context.WithValue(ctx, readStart{}, time.Now())
+		}
 	}
 	return ctx
 }
 
-func (counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c counter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if t, ok := ctx.Value(readStart{}).(time.Time); ok {
+		c.eventReadNanos.Add(int64(time.Since(t)))
+	}
+}
 
 // harness is a real server (services/app, the api role, port 0) on its own
 // database, with a root credential made by bootstrap.
@@ -70,8 +87,10 @@ type harness struct {
 	db      *pgxpool.Pool // the test's own view of the database
 	clock   *clock
 	queries *atomic.Int64
-	root    string
-	conn    *grpc.ClientConn
+	// eventReads counts reads of the event log after a cursor.
+	eventReads, eventReadNanos *atomic.Int64
+	root                       string
+	conn                       *grpc.ClientConn
 }
 
 func setup(t testing.TB, tune api.Tuning) *harness {
@@ -83,7 +102,7 @@ func setup(t testing.TB, tune api.Tuning) *harness {
 func setupWith(t testing.TB, tune api.Tuning, change func(*config.Config)) *harness {
 	t.Helper()
 	url := pgtest.NewDB(t)
-	h := &harness{clock: &clock{t: time.Now()}, queries: &atomic.Int64{}}
+	h := &harness{clock: &clock{t: time.Now()}, queries: &atomic.Int64{}, eventReads: &atomic.Int64{}, eventReadNanos: &atomic.Int64{}}
 	tune.Now = h.clock.Now
 	port := 0
 	cfg := &config.Config{Database: config.Database{URL: url}, Server: config.Server{Host: "127.0.0.1", Port: &port, NoMigrate: true}}
@@ -91,7 +110,7 @@ func setupWith(t testing.TB, tune api.Tuning, change func(*config.Config)) *harn
 	if change != nil {
 		change(cfg)
 	}
-	a, err := app.New(cfg, app.Options{API: tune, DBTracer: counter{h.queries}})
+	a, err := app.New(cfg, app.Options{API: tune, DBTracer: counter{h.queries, h.eventReads, h.eventReadNanos}})
 	if err != nil {
 		t.Fatal(err)
 	}
