@@ -135,7 +135,20 @@
       try { e = JSON.parse(m.data); } catch (err) { return; }
       apply(e);
     };
-    es.onerror = function () {
+    es.onerror = function (ev) {
+      // A stream the server ended on purpose sends `event: error` with the
+      // error envelope: reconnect only when the code says retrying helps
+      // (UNAVAILABLE: its lifetime ended; resumes by Last-Event-ID).
+      var env = null;
+      if (ev && typeof ev.data === 'string') {
+        try { env = JSON.parse(ev.data); } catch (err) { env = null; }
+      }
+      if (env && env.code && env.code !== 'UNAVAILABLE') {
+        es.close();
+        document.body.dataset.streamState = 'closed';
+        document.body.dataset.streamError = env.code;
+        return;
+      }
       document.body.dataset.streamState = es.readyState === EventSource.CLOSED ? 'closed' : 'reconnecting';
     };
     es.onopen = function () { document.body.dataset.streamState = 'open'; };
