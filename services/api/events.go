@@ -211,7 +211,6 @@ func (s *Server) runWatch(ctx context.Context, w *watch, token string, fromNow b
 		if err := s.authz.Authorize(ctx, nil, p, authz.EventsWatch, authz.TenantResource(tenant)); err != nil {
 			return err
 		}
-		w.p = p
 		visible = s.descendantDecider(p, authz.EventsWatch, tenant)
 		return nil
 	}

@@ -59,9 +59,10 @@ type tailer struct {
 	limits WatchLimits
 
 	mu sync.Mutex
-	// head is the last seq read; valid once started.
-	head    int64
-	started bool
+	// head is the last seq read; valid once started. stale says the tail
+	// was not read for want of watches, so head may be behind.
+	head           int64
+	started, stale bool
 	// watches are the admitted watches (for caps and rechecks); live those
 	// following the tail, by the tenant of their filter.
 	watches     map[*watch]struct{}
@@ -139,6 +140,20 @@ func (t *tailer) join(ctx context.Context, w *watch) (int64, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.stale && len(t.live) == 0 {
+		// Nothing followed the tail for a while, so the head is old: a
+		// watch from now must not get what came meanwhile.
+		t.mu.Unlock()
+		head, err := events.Head(ctx, t.s.db)
+		t.mu.Lock()
+		if err != nil {
+			return 0, err
+		}
+		if len(t.live) == 0 {
+			t.head = max(t.head, head)
+		}
+		t.stale = false
+	}
 	w.ch = make(chan events.Event, watchBuffer)
 	w.lagged = make(chan struct{})
 	ws := t.live[w.f.TenantID]
@@ -221,6 +236,9 @@ func (t *tailer) run() {
 func (t *tailer) tailOnce(ctx context.Context) bool {
 	t.mu.Lock()
 	head, idle := t.head, len(t.watches) == 0
+	if idle {
+		t.stale = true
+	}
 	t.mu.Unlock()
 	if idle {
 		return false
