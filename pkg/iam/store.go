@@ -146,6 +146,18 @@ func GetIdentity(ctx context.Context, q Querier, tenant, id string) (Identity, e
 	return i, nil
 }
 
+// IdentityByID reads one identity of any tenant; NOT_FOUND otherwise.
+func IdentityByID(ctx context.Context, q Querier, id string) (Identity, error) {
+	i, err := scanIdentity(q.QueryRow(ctx, `SELECT `+identityCols+` FROM identities WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Identity{}, fault.New(fault.NotFound, "identityId", "identity %q not found", id)
+	}
+	if err != nil {
+		return Identity{}, fmt.Errorf("read identity %s: %w", id, err)
+	}
+	return i, nil
+}
+
 // ListIdentities returns up to limit identities of tenant with ids after
 // after, in id order.
 func ListIdentities(ctx context.Context, q Querier, tenant, after string, limit int) ([]Identity, error) {

@@ -441,3 +441,38 @@ func TestWatchDeliversWithNATSStoppedAndRestarted(t *testing.T) {
 		t.Fatalf("watched %v after the bus came back", ev)
 	}
 }
+
+func TestWebhookIncludeDescendantsHonoursDescendantForbid(t *testing.T) {
+	t.Parallel()
+	h := eventsSetup(t)
+	rcv := newHookReceiver(t)
+	_, key := acmeWatcher(t, h)
+	h.member(t, "acme.open", "o")
+	h.member(t, "acme.secret", "s")
+	h.policy(t, "acme.secret", "private", `forbid (principal, action == Action::"compute:events:list", resource in Tenant::"acme.secret");`)
+	code, body := h.rest(t, key, "webhooks/create", `{"tenantId":"acme","url":"`+rcv.srv.URL+`","eventTypes":["pool.created"],"includeDescendants":true}`)
+	if code != 200 {
+		t.Fatalf("create: %d %v", code, body)
+	}
+	h.pool(t, h.root, "acme.secret", "hidden")
+	h.pool(t, h.root, "acme.open", "shown")
+	h.pool(t, h.root, "acme", "own")
+	got := rcv.wait(t, "pool.created", 2)
+	// The fan-out goes in seq order: once acme's own event is delivered,
+	// acme.secret's (older) was passed over.
+	poll.UntilNil(t, 20*time.Second, "acme's own event fanned out", func() error {
+		if n := h.count(t, `SELECT count(*) FROM webhook_deliveries d JOIN outbox o ON o.id = d.event_id WHERE o.tenant_id = 'acme' AND o.type = 'pool.created'`); n != 1 {
+			time.Sleep(20 * time.Millisecond) // between reads
+			return fmt.Errorf("%d deliveries", n)
+		}
+		return nil
+	})
+	if n := h.count(t, `SELECT count(*) FROM webhook_deliveries d JOIN outbox o ON o.id = d.event_id WHERE o.tenant_id = 'acme.secret'`); n != 0 {
+		t.Fatalf("%d deliveries of acme.secret's events, which its policies forbid", n)
+	}
+	for _, g := range got {
+		if strings.Contains(string(g.Body), `"acme.secret"`) {
+			t.Fatalf("delivered %s", g.Body)
+		}
+	}
+}

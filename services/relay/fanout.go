@@ -6,7 +6,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/lease"
 	"github.com/bettercompute/bettercompute/pkg/webhooks"
@@ -81,12 +83,20 @@ func (s *Service) FanoutOnce(ctx context.Context) (bool, error) {
 			byTenant[w.TenantID] = append(byTenant[w.TenantID], w)
 		}
 		var plan []webhooks.Planned
+		allowed := s.descendantDecider()
 		for _, e := range evs {
 			for _, t := range iam.Ancestors(e.TenantID) {
 				for _, w := range byTenant[t] {
-					if Matches(w, e) {
-						plan = append(plan, webhooks.Planned{WebhookID: w.ID, EventID: e.ID, TenantID: w.TenantID})
+					if !Matches(w, e) {
+						continue
 					}
+					if ok, err := allowed(ctx, w, e.TenantID); err != nil || !ok {
+						if err != nil {
+							return err
+						}
+						continue
+					}
+					plan = append(plan, webhooks.Planned{WebhookID: w.ID, EventID: e.ID, TenantID: w.TenantID})
 				}
 			}
 		}
@@ -110,5 +120,48 @@ func (s *Service) FanoutOnce(ctx context.Context) (bool, error) {
 func (s *Service) pokeDeliverers() {
 	if s.nc != nil && s.nc.IsConnected() {
 		_ = s.nc.Publish(DeliverSubject, nil)
+	}
+}
+
+// descendantDecider returns a function that says whether webhook w may
+// receive the events of tenant, one of its descendants
+// (includeDescendants): the identity that created w must be allowed
+// compute:events:list on that tenant by its policies, so a forbid in a
+// descendant's policies (or the creator's revocation) stops that
+// descendant's events. Decisions are remembered for one batch.
+func (s *Service) descendantDecider() func(ctx context.Context, w webhooks.Webhook, tenant string) (bool, error) {
+	type key struct{ creator, tenant string }
+	decided := map[key]bool{}
+	principals := map[string]*iam.Principal{}
+	return func(ctx context.Context, w webhooks.Webhook, tenant string) (bool, error) {
+		if tenant == w.TenantID {
+			return true, nil
+		}
+		k := key{w.CreatedBy, tenant}
+		if ok, done := decided[k]; done {
+			return ok, nil
+		}
+		p, seen := principals[w.CreatedBy]
+		if !seen {
+			i, err := iam.IdentityByID(ctx, s.db, w.CreatedBy)
+			switch {
+			case err == nil && i.RevokedAt == nil:
+				p = &iam.Principal{IdentityID: i.ID, TenantID: i.TenantID, Kind: i.Kind, Name: i.Name}
+			case err == nil || fault.CodeOf(err) == fault.NotFound:
+			default:
+				return false, err
+			}
+			principals[w.CreatedBy] = p
+		}
+		ok := false
+		if p != nil {
+			err := s.authz.Authorize(ctx, nil, *p, authz.EventsList, authz.TenantResource(tenant))
+			if err != nil && fault.CodeOf(err) != fault.AccessDenied {
+				return false, err
+			}
+			ok = err == nil
+		}
+		decided[k] = ok
+		return ok, nil
 	}
 }

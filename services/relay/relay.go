@@ -40,6 +40,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/lease"
@@ -92,6 +93,9 @@ type Service struct {
 	log    *slog.Logger
 	client *outbound.Client
 	m      *metrics
+	// authz decides, for webhooks with includeDescendants, each
+	// descendant's events with its policies.
+	authz *authz.Authorizer
 
 	// leader holds the relay's lease: sequencing, publishing, the fan-out,
 	// the subscribers and pruning run under it.
@@ -132,6 +136,7 @@ func New(cfg Config) (*Service, error) {
 		nc:      cfg.NATS,
 		log:     cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		client:  cfg.Client,
+		authz:   authz.New(cfg.DB),
 		busy:    map[string]int{},
 		slots:   make(chan struct{}, cfg.Webhooks.Concurrency),
 		results: make(chan attemptResult, cfg.Webhooks.Concurrency),

@@ -19,11 +19,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/bus"
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/events"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
@@ -122,8 +124,23 @@ func (e *env) passed(name string, ids []int64) {
 func (e *env) hook(tenant, url string, types []string, descendants bool) (webhooks.Webhook, []byte) {
 	e.t.Helper()
 	_, key := webhooks.NewSecret()
+	// A webhook's descendants' events are decided as its creator: one
+	// allowed to list the subtree's events.
+	var owner string
+	if descendants {
+		i, err := iam.CreateIdentity(e.t.Context(), e.pool, iam.Identity{ID: iam.NewID("idn"), TenantID: tenant, Kind: iam.KindUser, Name: "hook-owner"})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		owner = i.ID
+		if _, err := authz.PutPolicy(e.t.Context(), e.pool, authz.Policy{TenantID: tenant, Name: "hook-owner",
+			Body: `permit (principal == Identity::"` + owner + `", action == Action::"compute:events:list", resource in Tenant::"` + tenant + `");`}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
 	w, err := webhooks.Create(e.t.Context(), e.pool, webhooks.Webhook{
 		ID: webhooks.NewID(), TenantID: tenant, URL: url, EventTypes: types, IncludeDescendants: descendants, Secret: key,
+		CreatedBy: owner,
 	})
 	if err != nil {
 		e.t.Fatal(err)
