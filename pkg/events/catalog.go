@@ -140,7 +140,7 @@ func remediationFields() []Field {
 // fleet.eviction_resumed.
 func brakeFields() []Field {
 	return []Field{
-		{"scope", "string", "The circuit breaker: pool:<poolId> or gateway:<gatewayId>."},
+		{"scope", "string", "The circuit breaker: pool:<poolId> or gateway:<gatewayId>/tenant:<tenantId>."},
 		{"notReady", "integer", "How many of the scope's nodes (retired ones aside) are not ready (Ready Unknown or Lost)."},
 		{"total", "integer", "How many nodes the scope has."},
 		{"threshold", "number", "nodes.unhealthyThreshold: the fraction not ready above which the scope is paused."},
@@ -490,10 +490,10 @@ func catalog() []Type {
 			Name:    "fleet.eviction_paused",
 			Subject: "",
 			Fields:  brakeFields(),
-			Doc: "More than `nodes.unhealthyThreshold` (55 % by default) of a pool's nodes, or of the nodes one gateway last " +
+			Doc: "More than `nodes.unhealthyThreshold` (55 % by default) of a pool's nodes, or of one tenant's nodes one gateway last " +
 				"held, are not ready (the liveness job): the placer's replace and fail and the remediation ladder stop acting on " +
-				"that scope's lost nodes until it recovers. Tenant: the pool's, or root for a gateway. See " +
-				"[lifecycle](lifecycle.md#eviction-brakes).",
+				"that scope's lost nodes until it recovers. Tenant: the pool's, or for a gateway the scope's tenant " +
+				"(scope `gateway:<id>/tenant:<tenant>`). See [lifecycle](lifecycle.md#eviction-brakes).",
 		},
 		{
 			Name:    "fleet.eviction_resumed",
