@@ -91,6 +91,19 @@ func Touch(ctx context.Context, q Querier, idHash []byte, now time.Time, idle ti
 	return s, nil
 }
 
+// Live reports whether the session of idHash is live at now (not signed
+// out, not idle since now-idle, not expired), without marking it seen: an
+// open live feed does not keep an unattended session alive.
+func Live(ctx context.Context, q Querier, idHash []byte, now time.Time, idle time.Duration) (bool, error) {
+	var live bool
+	if err := q.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM console_sessions WHERE id_hash = $1 AND last_seen_at > $3 AND expires_at > $2)`,
+		idHash, now, now.Add(-idle)).Scan(&live); err != nil {
+		return false, fmt.Errorf("check console session: %w", err)
+	}
+	return live, nil
+}
+
 // Delete ends a session (sign-out); deleting one that is gone is no error.
 func Delete(ctx context.Context, q Querier, idHash []byte) error {
 	if _, err := q.Exec(ctx, `DELETE FROM console_sessions WHERE id_hash = $1`, idHash); err != nil {

@@ -29,6 +29,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -93,6 +94,12 @@ type Console struct {
 	pages    map[string]*template.Template
 	login    *template.Template
 	kinds    []string
+
+	// feeds are the open live feeds by session (its id's hash), so that
+	// signing out ends them at once; each also rechecks its session every
+	// feedRecheck (idle, expiry, a sign-out on another replica).
+	feedsMu sync.Mutex
+	feeds   map[string]map[*feed]struct{}
 }
 
 // New returns the console's handler, to mount at [Prefix].

@@ -626,6 +626,39 @@ func TestConsoleHTTP(t *testing.T) {
 		}
 	})
 
+	t.Run("signing out ends the session's open live feed", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		s2 := htLogin(t, f, root)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, f.base+"/console/events/stream?types=node.*", nil)
+		req.AddCookie(&http.Cookie{Name: console.CookieName, Value: s2})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream: %d", resp.StatusCode)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		if !sc.Scan() {
+			t.Fatalf("stream ended before its first line: %v", sc.Err())
+		}
+		out, _ := htDo(t, f, htReq{method: http.MethodPost, path: "/console/logout", session: s2, form: url.Values{"csrf": {htCSRFOf(t, f, s2)}}})
+		if out.StatusCode != http.StatusSeeOther {
+			t.Fatalf("logout: %d", out.StatusCode)
+		}
+		var last []string
+		for sc.Scan() {
+			if line := sc.Text(); line != "" && !strings.HasPrefix(line, ":") {
+				last = append(last, line)
+			}
+		}
+		if n := len(last); n < 2 || last[n-2] != "event: error" || !strings.Contains(last[n-1], `"code":"UNAUTHENTICATED"`) {
+			t.Fatalf("the feed after sign-out ended with %q (%v), want a final UNAUTHENTICATED error event", last, sc.Err())
+		}
+	})
+
 	t.Run("reservations are created and released through the console", func(t *testing.T) {
 		doc, _ := htGet(t, f, s, "/console/reservations", http.StatusOK)
 		htWantNav(t, doc, "root")

@@ -2,6 +2,7 @@ package console
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -499,7 +500,7 @@ func (c *Console) verifyAudit(w http.ResponseWriter, r *http.Request, s *session
 // same request, its cookie swapped for the key as a bearer token, the
 // tenant defaulting to the session's.
 func (c *Console) stream(w http.ResponseWriter, r *http.Request) {
-	_, key, err := c.lookup(r)
+	id, key, err := c.lookup(r)
 	if errors.Is(err, errNoSession) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusUnauthorized)
@@ -529,9 +530,20 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	r2 := r.Clone(r.Context())
+	// The feed ends with its session: signing out (or the session idling
+	// or expiring) ends the stream with a final UNAUTHENTICATED error
+	// event, so the page stops reconnecting.
+	ctx, release := c.openFeed(r.Context(), id)
+	defer release()
+	r2 := r.Clone(ctx)
 	r2.Header.Del("Cookie")
 	r2.Header.Set("Authorization", "Bearer "+key)
 	r2.URL.RawQuery = q.Encode()
 	c.cfg.Watch(w, r2)
+	if errors.Is(context.Cause(ctx), errSessionEnded) {
+		_, _ = w.Write([]byte("event: error\ndata: {\"code\":\"UNAUTHENTICATED\",\"message\":\"the console session ended; sign in again\",\"field\":\"authorization\"}\n\n"))
+		if fl, ok := w.(http.Flusher); ok {
+			fl.Flush()
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 	"github.com/bettercompute/bettercompute/proto/client"
@@ -434,7 +435,76 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 }
 
-// endSession deletes session id's row.
+// endSession deletes session id's row and ends its open live feeds in this
+// process (other replicas' end at their next recheck).
 func (c *Console) endSession(r *http.Request, id string) error {
-	return consolesessions.Delete(context.WithoutCancel(r.Context()), c.cfg.DB, consolesessions.Hash(id))
+	hash := consolesessions.Hash(id)
+	if err := consolesessions.Delete(context.WithoutCancel(r.Context()), c.cfg.DB, hash); err != nil {
+		return err
+	}
+	c.feedsMu.Lock()
+	for f := range c.feeds[string(hash)] {
+		f.end(errSessionEnded)
+	}
+	c.feedsMu.Unlock()
+	return nil
+}
+
+// errSessionEnded ends a live feed whose session ended.
+var errSessionEnded = errors.New("the console session ended")
+
+// feedRecheck is how often an open live feed checks that its session is
+// still live.
+const feedRecheck = 15 * time.Second
+
+// feed is an open live feed.
+type feed struct {
+	end context.CancelCauseFunc
+}
+
+// openFeed registers a live feed of session id and returns its context,
+// which ends when the session ends (signed out here, or found ended by a
+// recheck), and its release.
+func (c *Console) openFeed(ctx context.Context, id string) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	hash := consolesessions.Hash(id)
+	f := &feed{end: cancel}
+	c.feedsMu.Lock()
+	if c.feeds == nil {
+		c.feeds = map[string]map[*feed]struct{}{}
+	}
+	if c.feeds[string(hash)] == nil {
+		c.feeds[string(hash)] = map[*feed]struct{}{}
+	}
+	c.feeds[string(hash)][f] = struct{}{}
+	c.feedsMu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(feedRecheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				live, err := consolesessions.Live(ctx, c.cfg.DB, hash, c.now(), c.idle)
+				if err == nil && !live {
+					cancel(errSessionEnded)
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() {
+		close(done)
+		cancel(nil)
+		c.feedsMu.Lock()
+		delete(c.feeds[string(hash)], f)
+		if len(c.feeds[string(hash)]) == 0 {
+			delete(c.feeds, string(hash))
+		}
+		c.feedsMu.Unlock()
+	}
 }
