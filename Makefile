@@ -50,6 +50,7 @@ FUZZ_TARGETS := \
 	pkg/clientaddr:FuzzResolve \
 	services/api:FuzzRequestBody \
 	services/api:FuzzValidLabels \
+	services/console:FuzzConsoleForms \
 	services/joinservice:FuzzKeyOpen \
 	services/joinservice:FuzzHardwareClaims \
 	services/gateway:FuzzSessionRequest \
