@@ -10,8 +10,9 @@
 // All disk I/O happens under the state root (state.Store.Root()):
 //
 //	observed_generation   the last fully observed generation, decimal
-//	cdi/bettercompute.json CDI-style spec: one device per reservation, with
-//	                      exactly the GPU UUIDs exposed to it (devices)
+//	cdi/bettercompute.io-gpu.json the CDI spec (devices), when Config.CDI is
+//	                      unset; a node's bcd writes it into the engines'
+//	                      CDI directory (/var/run/cdi) instead
 //	site.json             NTP, DNS, proxy, OTLP endpoint, log level (site)
 //	health.json           health-check intervals and thresholds (health)
 //
@@ -34,6 +35,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/vps"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
@@ -59,6 +61,8 @@ type Current struct {
 	NodeID string
 	// GPUs is the set of GPU UUIDs in the node's inventory.
 	GPUs map[string]bool
+	// Minors are the GPUs' minor numbers (/dev/nvidia<minor>) by UUID.
+	Minors map[string]int
 	// Write writes a file atomically; nil means state.WriteAtomic.
 	Write func(path string, data []byte, mode os.FileMode) error
 }
@@ -140,6 +144,12 @@ type Config struct {
 	// GPUs returns the UUIDs of the node's GPUs (from its inventory); it is
 	// called on every Converge. Nil means the node has no GPUs.
 	GPUs func(ctx context.Context) ([]string, error)
+	// Minors returns the GPUs' minor numbers by UUID (NVML's); nil, or a
+	// GPU it leaves out, means the GPU's position in GPUs' list.
+	Minors func(ctx context.Context) (map[string]int, error)
+	// CDI writes the devices section's CDI spec; nil means a writer for
+	// <Root>/cdi (CDISpecFile) with the host's /dev and driver.
+	CDI *cdi.Writer
 	// Logger logs section failures; nil means slog.Default().
 	Logger *slog.Logger
 	// Write writes a file atomically; nil means state.WriteAtomic (the
@@ -170,12 +180,19 @@ func New(cfg Config) (*Converger, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.CDI == nil {
+		w, err := cdi.New(cdi.Config{Dir: filepath.Join(cfg.Root, filepath.Dir(CDISpecFile))})
+		if err != nil {
+			return nil, fmt.Errorf("converge: %w", err)
+		}
+		cfg.CDI = w
+	}
 	c := &Converger{cfg: cfg, health: &healthHandler{}}
 	c.handlers = []Handler{
 		identityHandler{},
 		siteHandler{},
 		unsupported{section: "runtime", would: planRuntime},
-		devicesHandler{},
+		&devicesHandler{w: cfg.CDI},
 		unsupported{section: "mig", would: planMig},
 		instances(cfg.VPS),
 		c.health,
@@ -246,15 +263,26 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 	if spec == nil {
 		spec = &agentv1.NodeSpec{}
 	}
-	cur := Current{Root: c.cfg.Root, NodeID: c.cfg.NodeID, GPUs: map[string]bool{}, Write: c.cfg.Write}
+	cur := Current{Root: c.cfg.Root, NodeID: c.cfg.NodeID, GPUs: map[string]bool{}, Minors: map[string]int{}, Write: c.cfg.Write}
 	var gpuErr error
 	if c.cfg.GPUs != nil {
 		uuids, err := c.cfg.GPUs(ctx)
 		if err != nil {
 			gpuErr = fmt.Errorf("reading the GPU inventory: %w", err)
 		}
-		for _, u := range uuids {
+		var minors map[string]int
+		if c.cfg.Minors != nil && err == nil {
+			if minors, err = c.cfg.Minors(ctx); err != nil {
+				gpuErr = fmt.Errorf("reading the GPUs' minor numbers: %w", err)
+			}
+		}
+		for i, u := range uuids {
 			cur.GPUs[u] = true
+			m, ok := minors[u]
+			if !ok {
+				m = i
+			}
+			cur.Minors[u] = m
 		}
 	}
 

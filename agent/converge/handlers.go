@@ -12,20 +12,22 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
 // Files the handlers keep under the root.
 const (
-	// CDISpecFile is the devices handler's CDI-style spec.
-	CDISpecFile = "cdi/bettercompute.json"
+	// CDISpecFile is the devices handler's CDI spec when Config.CDI is
+	// unset (tests and simulated nodes): <root>/cdi/bettercompute.io-gpu.json.
+	CDISpecFile = "cdi/" + cdi.SpecFile
 	// SiteFile is the site handler's settings.
 	SiteFile = "site.json"
 	// HealthFile is the health handler's settings.
 	HealthFile = "health.json"
 	// CDIKind is the CDI kind of the devices the spec names.
-	CDIKind = "bettercompute.com/gpu"
+	CDIKind = cdi.Kind
 )
 
 // empty reports whether a section is unset or has nothing set.
@@ -55,44 +57,28 @@ func (identityHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 
 func (identityHandler) Apply(context.Context, Current, Plan) error { return nil }
 
-// CDISpec is the devices handler's file: CDI's layout (cdiVersion, kind,
-// devices with containerEdits), one device per reservation, named by the
-// reservation id, exposing its GPUs through NVIDIA_VISIBLE_DEVICES.
-type CDISpec struct {
-	CDIVersion string      `json:"cdiVersion"`
-	Kind       string      `json:"kind"`
-	Devices    []CDIDevice `json:"devices"`
+// devicesHandler keeps the node's CDI spec (package cdi) offering exactly
+// the booked GPUs: one device per GPU (by UUID) and one per reservation
+// (sorted by reservation, UUIDs in spec order), and no spec file when the
+// section is empty. A GPU not in the inventory is left out and makes the
+// section FAILED, so the GPUs that are there, and the removal of GPUs
+// taken away, still take effect; the next converge retries. A spec file
+// that differs from what the handler last wrote was edited or removed by
+// hand: the pass that finds it restores it and says so in the reason
+// ("drifted: …"); the next pass reports plain convergence.
+type devicesHandler struct {
+	w       *cdi.Writer
+	last    []byte   // what the handler last wrote (nil: nothing or removed)
+	pending cdi.Spec // the spec Plan generated, for Apply
 }
 
-// CDIDevice is one reservation's device.
-type CDIDevice struct {
-	Name           string            `json:"name"`
-	ContainerEdits CDIContainerEdits `json:"containerEdits"`
-}
+func (*devicesHandler) Section() string { return "devices" }
 
-// CDIContainerEdits are the edits CDI makes to a container.
-type CDIContainerEdits struct {
-	Env []string `json:"env"`
-}
-
-// devicesHandler writes CDISpecFile with exactly the exposed GPUs per
-// reservation (sorted by reservation, UUIDs in spec order) and removes it
-// when the section is empty. A GPU not in the inventory is left out and
-// makes the section FAILED, so the GPUs that are there, and the removal of
-// GPUs taken away, still take effect; the next converge retries.
-type devicesHandler struct{}
-
-func (devicesHandler) Section() string { return "devices" }
-
-func (devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
+func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	sec := d.GetDevices()
-	if len(sec.GetAssignments()) == 0 {
-		acts, err := fileAction(cur, CDISpecFile, nil)
-		return Plan{Actions: acts, Summary: "exposes no GPUs"}, err
-	}
 	var terminal, missing []string
 	seenRsv, seenGPU := map[string]bool{}, map[string]string{}
-	spec := CDISpec{CDIVersion: "0.6.0", Kind: CDIKind}
+	var rsvs []cdi.Reservation
 	asg := slices.Clone(sec.GetAssignments())
 	slices.SortStableFunc(asg, func(a, b *agentv1.DeviceAssignment) int {
 		return strings.Compare(a.GetReservationId(), b.GetReservationId())
@@ -121,49 +107,70 @@ func (devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 			}
 			uuids = append(uuids, u)
 		}
-		if len(uuids) == 0 {
-			continue
+		if len(uuids) > 0 {
+			rsvs = append(rsvs, cdi.Reservation{ID: rsv, GPUs: uuids})
 		}
-		spec.Devices = append(spec.Devices, CDIDevice{Name: rsv, ContainerEdits: CDIContainerEdits{
-			Env: []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")},
-		}})
 	}
-	var data []byte
-	if len(spec.Devices) > 0 {
-		data = marshal(spec)
+	gpus := make([]cdi.GPU, 0, len(cur.GPUs))
+	for u := range cur.GPUs {
+		gpus = append(gpus, cdi.GPU{UUID: u, Minor: cur.Minors[u]})
 	}
-	acts, err := fileAction(cur, CDISpecFile, data)
-	p := Plan{Actions: acts, Summary: exposure(spec)}
+	p := Plan{}
+	spec, err := h.w.Generate(gpus, rsvs)
+	if err != nil {
+		terminal = append(terminal, err.Error())
+		rsvs, spec = nil, cdi.Spec{}
+	}
 	if len(terminal) > 0 {
 		p.Terminal = "invalid devices section: " + strings.Join(terminal, "; ")
 	}
 	if len(missing) > 0 {
 		p.Failure = "GPUs not in this node's inventory: " + strings.Join(missing, ", ")
 	}
-	return p, err
+	p.Summary = exposure(rsvs)
+	if len(spec.Notes) > 0 {
+		p.Summary += "; " + strings.Join(spec.Notes, "; ")
+	}
+	st, err := h.w.Check(spec, h.last)
+	if err != nil {
+		return Plan{}, err
+	}
+	if st == cdi.Current {
+		return p, nil
+	}
+	h.pending = spec
+	if spec.Raw == nil {
+		p.Steps = []string{"remove " + h.w.Path()}
+	} else {
+		p.Steps = []string{fmt.Sprintf("write %s (%d bytes)", h.w.Path(), len(spec.Data))}
+	}
+	if st == cdi.Drifted {
+		p.Summary = fmt.Sprintf("drifted: %s was edited or removed by hand, restored; %s", h.w.Path(), p.Summary)
+	}
+	return p, nil
 }
 
-// exposure says what spec exposes, for the section's status reason:
+// exposure says what the spec offers, for the section's status reason:
 // "exposes 4 GPUs: rsv_a (GPU-1,GPU-2), rsv_b (…)".
-func exposure(spec CDISpec) string {
-	if len(spec.Devices) == 0 {
+func exposure(rsvs []cdi.Reservation) string {
+	if len(rsvs) == 0 {
 		return "exposes no GPUs"
 	}
 	n := 0
-	parts := make([]string, 0, len(spec.Devices))
-	for _, d := range spec.Devices {
-		for _, e := range d.ContainerEdits.Env {
-			if v, ok := strings.CutPrefix(e, "NVIDIA_VISIBLE_DEVICES="); ok {
-				n += len(strings.Split(v, ","))
-				parts = append(parts, fmt.Sprintf("%s (%s)", d.Name, v))
-			}
-		}
+	parts := make([]string, 0, len(rsvs))
+	for _, r := range rsvs {
+		n += len(r.GPUs)
+		parts = append(parts, fmt.Sprintf("%s (%s)", r.ID, strings.Join(r.GPUs, ",")))
 	}
 	return fmt.Sprintf("exposes %d GPUs: %s", n, strings.Join(parts, ", "))
 }
 
-func (devicesHandler) Apply(_ context.Context, cur Current, p Plan) error {
-	return applyFiles(cur, p.Actions)
+func (h *devicesHandler) Apply(context.Context, Current, Plan) error {
+	if err := h.w.Write(h.pending); err != nil {
+		return err
+	}
+	h.last = h.pending.Data
+	return nil
 }
 
 // SiteFileContent is SiteFile: the section's fields, each left out when
