@@ -34,7 +34,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/command"
+	"github.com/bettercompute/bettercompute/agent/converge"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
@@ -242,6 +244,10 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	vpsDir := f.str("vps-dir", "", "VPS state directory: the sim runtime's instances, libvirt's images/ and seeds/ (default: <root>/vps)")
 	kmsg := f.str("kmsg", "/dev/kmsg", "the kernel's ring buffer logs.collect reads for its kernel and nvidia sources")
 	journalctl := f.str("journalctl", "journalctl", "the journalctl binary logs.collect runs for its journal source (a name is looked up on PATH)")
+	cdiDir := f.str("cdi-dir", "", "the CDI directory the devices section writes "+cdi.SpecFile+" into, the container engines' (default: "+cdi.DefaultDir+"; with --nvml mock, <root>/cdi)")
+	devRoot := f.str("dev-root", "/", "the root the GPUs' device nodes (/dev/nvidia*) are found under, for the CDI spec")
+	driverRoot := f.str("driver-root", "/", "the root the NVIDIA driver's libraries and binaries are found under, for the CDI spec")
+	nvidiaCTK := f.str("nvidia-ctk", "", "the nvidia-ctk binary of the CDI spec's update-ldcache hook (default: looked up on PATH; absent, the spec has no hook)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -302,7 +308,18 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer closeVPS()
+	if *cdiDir == "" {
+		*cdiDir = cdi.DefaultDir
+		if *nvml == inventory.BackendMock {
+			*cdiDir = filepath.Join(store.Root(), filepath.Dir(converge.CDISpecFile))
+		}
+	}
+	cdiW, err := cdi.New(cdi.Config{Dir: *cdiDir, DevRoot: *devRoot, DriverRoot: *driverRoot, NvidiaCTK: *nvidiaCTK})
+	if err != nil {
+		return err
+	}
 	return session.Run(ctx, session.Config{
+		CDI:     cdiW,
 		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
 		BootID: boot, AgentVersion: version(), Logger: logger,
 		CommandKey: pub, DenyKinds: deny, RebootHook: reboot, VPS: rec,

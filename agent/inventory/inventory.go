@@ -323,6 +323,32 @@ func (c *Collector) GPUs(ctx context.Context) ([]*agentv1.GPU, error) {
 	return gpus, nil
 }
 
+// Minors returns each GPU's minor number by UUID (its device node is
+// /dev/nvidia<minor>), for the CDI spec.
+func (c *Collector) Minors(_ context.Context) (map[string]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		return nil, errors.New("inventory: collector closed")
+	}
+	if err := c.prepare(); err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(c.devs))
+	for i, st := range c.devs {
+		u, ret := st.d.GetUUID()
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("inventory: gpu %d: uuid: %s", i, nvml.ErrorString(ret))
+		}
+		m, ret := st.d.GetMinorNumber()
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("inventory: gpu %d: minor number: %s", i, nvml.ErrorString(ret))
+		}
+		out[u] = m
+	}
+	return out, nil
+}
+
 // identity is what names a GPU in the inventory.
 type identity struct {
 	uuid, model, serial, busID string

@@ -204,3 +204,30 @@ func TestMock_GPUsFollowTheMachine(t *testing.T) {
 		t.Fatalf("a machine's GPUs repeat: %v", first)
 	}
 }
+
+// TestMinors_ByUUID: every GPU's minor number (its /dev/nvidia<minor>, for
+// the CDI spec) by UUID; the mock's are 0 to 7.
+func TestMinors_ByUUID(t *testing.T) {
+	t.Parallel()
+	c, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	gpus, err := c.GPUs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Minors(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != len(gpus) {
+		t.Fatalf("minors %v for %d GPUs", m, len(gpus))
+	}
+	for _, g := range gpus {
+		if got, ok := m[g.GetUuid()]; !ok || got != int(g.GetIndex()) {
+			t.Fatalf("GPU %s (index %d): minor %d %v", g.GetUuid(), g.GetIndex(), got, ok)
+		}
+	}
+}

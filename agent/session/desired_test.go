@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/bettercompute/bettercompute/agent/converge"
 	"github.com/bettercompute/bettercompute/agent/session"
@@ -93,18 +95,35 @@ func sectionStates(o *agentv1.Observed) map[string]*agentv1.SectionStatus {
 
 func ptr[T any](v T) *T { return &v }
 
+// cdiJSON is what cdiDevices says of a spec offering each reservation
+// {id, "uuid,uuid"}: its device names, sorted.
 func cdiJSON(devs ...[2]string) string {
-	var b strings.Builder
-	b.WriteString("{\n  \"cdiVersion\": \"0.6.0\",\n  \"kind\": \"bettercompute.com/gpu\",\n  \"devices\": [\n")
-	for i, d := range devs {
-		fmt.Fprintf(&b, "    {\n      \"name\": %q,\n      \"containerEdits\": {\n        \"env\": [\n          \"NVIDIA_VISIBLE_DEVICES=%s\"\n        ]\n      }\n    }", d[0], d[1])
-		if i < len(devs)-1 {
-			b.WriteString(",")
-		}
-		b.WriteString("\n")
+	var names []string
+	for _, d := range devs {
+		names = append(names, d[0])
+		names = append(names, strings.Split(d[1], ",")...)
 	}
-	b.WriteString("  ]\n}\n")
-	return b.String()
+	slices.Sort(names)
+	return strings.Join(names, " ")
+}
+
+// cdiDevices parses a CDI spec with the reference library and returns its
+// device names, sorted.
+func cdiDevices(t *testing.T, content string) string {
+	t.Helper()
+	s, err := cdi.ParseSpec([]byte(content))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Kind != converge.CDIKind {
+		t.Fatalf("kind %q", s.Kind)
+	}
+	var names []string
+	for _, d := range s.Devices {
+		names = append(names, d.Name)
+	}
+	slices.Sort(names)
+	return strings.Join(names, " ")
 }
 
 func TestDesiredState(t *testing.T) {
@@ -141,7 +160,7 @@ func TestDesiredState(t *testing.T) {
 				t.Errorf("section %v", s)
 			}
 		}
-		if got, want := f.file(t, converge.CDISpecFile), cdiJSON([2]string{"rsv_a", g[0]}, [2]string{"rsv_b", g[3] + "," + g[2]}); got != want {
+		if got, want := cdiDevices(t, f.file(t, converge.CDISpecFile)), cdiJSON([2]string{"rsv_a", g[0]}, [2]string{"rsv_b", g[3] + "," + g[2]}); got != want {
 			t.Errorf("CDI spec:\n%s\nwant:\n%s", got, want)
 		}
 		wantSite := `{
@@ -210,7 +229,7 @@ func TestDesiredState(t *testing.T) {
 			t.Errorf("devices section %v", d)
 		}
 		// The GPUs that are there are exposed; the missing one is not.
-		if got, want := f.file(t, converge.CDISpecFile), cdiJSON([2]string{"rsv_a", g[1]}); got != want {
+		if got, want := cdiDevices(t, f.file(t, converge.CDISpecFile)), cdiJSON([2]string{"rsv_a", g[1]}); got != want {
 			t.Errorf("CDI spec:\n%s\nwant:\n%s", got, want)
 		}
 		f.absent(t, converge.ObservedGenerationFile)
@@ -232,7 +251,7 @@ func TestDesiredState(t *testing.T) {
 		if o.GetObservedGeneration() != 3 {
 			t.Errorf("observed_generation %d, want 3", o.GetObservedGeneration())
 		}
-		if got, want := f.file(t, converge.CDISpecFile), cdiJSON([2]string{"rsv_3", g[3]}); got != want {
+		if got, want := cdiDevices(t, f.file(t, converge.CDISpecFile)), cdiJSON([2]string{"rsv_3", g[3]}); got != want {
 			t.Errorf("CDI spec:\n%s\nwant:\n%s", got, want)
 		}
 		if got, want := f.file(t, converge.SiteFile), "{\n  \"log_level\": \"error\"\n}\n"; got != want {
@@ -268,7 +287,7 @@ func TestDesiredState(t *testing.T) {
 			t.Errorf("first Observed after restart: generation %d, observed %d; want 5, 5", o.GetGeneration(), o.GetObservedGeneration())
 		}
 		f.absent(t, converge.SiteFile)
-		if got, want := f.file(t, converge.CDISpecFile), cdiJSON([2]string{"rsv_x", g[7]}); got != want {
+		if got, want := cdiDevices(t, f.file(t, converge.CDISpecFile)), cdiJSON([2]string{"rsv_x", g[7]}); got != want {
 			t.Errorf("CDI spec:\n%s\nwant:\n%s", got, want)
 		}
 	})

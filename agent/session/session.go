@@ -51,6 +51,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
 
+	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/converge"
 	"github.com/bettercompute/bettercompute/agent/internal/retry"
@@ -104,6 +105,9 @@ type Config struct {
 	// with the observed generation it carried (simulators time
 	// convergence with it).
 	OnObserved func(observedGeneration int64)
+	// CDI writes the devices section's CDI spec; nil means one under the
+	// state root (converge.CDISpecFile), as simulated nodes keep it.
+	CDI *cdi.Writer
 	// ReconvergeInterval is how often the newest desired state is converged
 	// again (retrying failed sections); one minute by default.
 	ReconvergeInterval time.Duration
@@ -189,8 +193,14 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := cfg.Logger.With("node", id.NodeID)
-	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Logger: log,
-		Write: cfg.State.WriteAtomic, VPS: cfg.VPS})
+	var minors func(context.Context) (map[string]int, error)
+	if m, ok := cfg.Inventory.(interface {
+		Minors(context.Context) (map[string]int, error)
+	}); ok {
+		minors = m.Minors
+	}
+	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Minors: minors,
+		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}

@@ -86,19 +86,42 @@ func exposed(t testing.TB, dir string) map[string][]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var spec converge.CDISpec
+	// The spec (package agent/cdi) has a device per GPU, named by its UUID,
+	// and one per reservation with exactly its GPUs' device nodes.
+	var spec struct {
+		Kind    string `json:"kind"`
+		Devices []struct {
+			Name           string `json:"name"`
+			ContainerEdits struct {
+				DeviceNodes []struct {
+					Path string `json:"path"`
+				} `json:"deviceNodes"`
+			} `json:"containerEdits"`
+		} `json:"devices"`
+	}
 	if err := json.Unmarshal(b, &spec); err != nil {
 		t.Fatal(err)
 	}
+	if spec.Kind != converge.CDIKind {
+		t.Fatalf("CDI kind %q", spec.Kind)
+	}
+	gpuOf := map[string]string{} // device node → UUID
+	for _, d := range spec.Devices {
+		if strings.HasPrefix(d.Name, "GPU-") && len(d.ContainerEdits.DeviceNodes) == 1 {
+			gpuOf[d.ContainerEdits.DeviceNodes[0].Path] = d.Name
+		}
+	}
 	out := map[string][]string{}
 	for _, d := range spec.Devices {
-		for _, e := range d.ContainerEdits.Env {
-			if v, ok := strings.CutPrefix(e, "NVIDIA_VISIBLE_DEVICES="); ok {
-				gpus := strings.Split(v, ",")
-				slices.Sort(gpus)
-				out[d.Name] = gpus
-			}
+		if strings.HasPrefix(d.Name, "GPU-") {
+			continue
 		}
+		var gpus []string
+		for _, n := range d.ContainerEdits.DeviceNodes {
+			gpus = append(gpus, gpuOf[n.Path])
+		}
+		slices.Sort(gpus)
+		out[d.Name] = gpus
 	}
 	return out
 }
@@ -320,11 +343,8 @@ func TestReservationsEndToEnd(t *testing.T) {
 		a.stop(t)
 		// While it is down its devices file is tampered with: a stale
 		// reservation instead of its booked GPUs.
-		stale := converge.CDISpec{CDIVersion: "0.6.0", Kind: converge.CDIKind, Devices: []converge.CDIDevice{
-			{Name: "rsv_stale", ContainerEdits: converge.CDIContainerEdits{Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-x"}}},
-		}}
-		b, _ := json.Marshal(stale)
-		if err := os.WriteFile(filepath.Join(a.dir, converge.CDISpecFile), b, 0o644); err != nil {
+		stale := `{"cdiVersion":"0.6.0","kind":"` + converge.CDIKind + `","devices":[{"name":"rsv_stale","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia7"}]}}]}`
+		if err := os.WriteFile(filepath.Join(a.dir, converge.CDISpecFile), []byte(stale), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		a.start(env)
