@@ -66,6 +66,10 @@ type GPU struct {
 	Minor int
 }
 
+// ValidName says why CDI does not take name (a reservation id or GPU UUID)
+// as a device name, or nil when it does.
+func ValidName(name string) error { return parser.ValidateDeviceName(name) }
+
 // Reservation is one booking: the GPUs (UUIDs) a reservation holds.
 type Reservation struct {
 	ID   string
@@ -221,7 +225,7 @@ func (w *Writer) Generate(gpus []GPU, rsvs []Reservation) (Spec, error) {
 	if w.hook == "" {
 		out.Notes = append(out.Notes, "nvidia-ctk not installed: the spec has no update-ldcache hook")
 	}
-	v, err := cdi.MinimumRequiredVersion(raw)
+	v, err := specs.MinimumRequiredVersion(raw)
 	if err != nil {
 		return Spec{}, fmt.Errorf("cdi: %w", err)
 	}

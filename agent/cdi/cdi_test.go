@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/bettercompute/bettercompute/agent/cdi"
 	lib "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -254,7 +255,13 @@ func BenchmarkBookingChangeToSpecOnDisk(b *testing.B) {
 		{{ID: "rsv_a", GPUs: []string{u(0), u(1), u(2)}}, {ID: "rsv_b", GPUs: []string{u(3), u(4), u(5), u(6), u(7)}}},
 	}
 	b.ReportAllocs()
+	var took []time.Duration
 	for i := 0; b.Loop(); i++ {
+		start := time.Now()
 		write(b, w, h.gpus, bookings[i%2]...)
+		took = append(took, time.Since(start))
 	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(took[len(took)*99/100].Nanoseconds()), "p99-ns")
 }

@@ -191,3 +191,22 @@ func TestCDISpecRestoredAfterHandEdit(t *testing.T) {
 }
 
 func must(ss []*agentv1.SectionStatus, _ int64) []*agentv1.SectionStatus { return ss }
+
+// TestDevices_BadNameLeavesTheOthers: a reservation id CDI does not take as
+// a device name fails the section terminally, and the other reservation is
+// still offered.
+func TestDevices_BadNameLeavesTheOthers(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	c := newConverger(t, root)
+	ss, _ := c.Converge(context.Background(), booking(1,
+		&agentv1.DeviceAssignment{ReservationId: "rsv/../x", GpuUuids: []string{"GPU-a"}},
+		&agentv1.DeviceAssignment{ReservationId: "rsv_2", GpuUuids: []string{"GPU-b"}}))
+	st := states(ss)["devices"]
+	if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(st.GetReason(), `reservation "rsv/../x" is not a CDI device name`) {
+		t.Fatalf("devices %v", st)
+	}
+	if got := resolves(t, root, "bettercompute.io/gpu=rsv_2"); !slices.Equal(got, []string{"/dev/nvidia1"}) {
+		t.Fatalf("rsv_2 resolves to %v", got)
+	}
+}

@@ -92,10 +92,17 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		case seenRsv[rsv]:
 			terminal = append(terminal, fmt.Sprintf("reservation %s is assigned twice", rsv))
 			continue
+		case cdi.ValidName(rsv) != nil:
+			terminal = append(terminal, fmt.Sprintf("reservation %q is not a CDI device name: %v", rsv, cdi.ValidName(rsv)))
+			continue
 		}
 		seenRsv[rsv] = true
 		var uuids []string
 		for _, u := range a.GetGpuUuids() {
+			if err := cdi.ValidName(u); err != nil {
+				terminal = append(terminal, fmt.Sprintf("GPU %q of %s is not a CDI device name: %v", u, rsv, err))
+				continue
+			}
 			if other, ok := seenGPU[u]; ok {
 				terminal = append(terminal, fmt.Sprintf("GPU %s is assigned to both %s and %s", u, other, rsv))
 				continue
@@ -115,11 +122,10 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	for u := range cur.GPUs {
 		gpus = append(gpus, cdi.GPU{UUID: u, Minor: cur.Minors[u]})
 	}
-	p := Plan{}
+	var p Plan
 	spec, err := h.w.Generate(gpus, rsvs)
 	if err != nil {
-		terminal = append(terminal, err.Error())
-		rsvs, spec = nil, cdi.Spec{}
+		return Plan{}, err // names were checked and GPUs filtered above
 	}
 	if len(terminal) > 0 {
 		p.Terminal = "invalid devices section: " + strings.Join(terminal, "; ")
