@@ -168,6 +168,7 @@ type Converger struct {
 	handlers []Handler
 	observed atomic.Int64
 	health   *healthHandler
+	devices  *devicesHandler
 	mu       sync.Mutex // serialises Converge
 }
 
@@ -187,12 +188,12 @@ func New(cfg Config) (*Converger, error) {
 		}
 		cfg.CDI = w
 	}
-	c := &Converger{cfg: cfg, health: &healthHandler{}}
+	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: &devicesHandler{w: cfg.CDI}}
 	c.handlers = []Handler{
 		identityHandler{},
 		siteHandler{},
 		unsupported{section: "runtime", would: planRuntime},
-		&devicesHandler{w: cfg.CDI},
+		c.devices,
 		unsupported{section: "mig", would: planMig},
 		instances(cfg.VPS),
 		c.health,
@@ -249,6 +250,16 @@ func (c *Converger) ObservedGeneration() int64 { return c.observed.Load() }
 // Health returns the health settings last applied (zero before any); the
 // daemon's health checks read their intervals here.
 func (c *Converger) Health() Health { return c.health.current() }
+
+// DevicesDrifted reports whether the devices section's CDI spec on disk
+// differs from what it last wrote (edited or removed by hand since); the
+// daemon checks it more often than it re-converges, and converges at once
+// when it is. False before the section wrote anything.
+func (c *Converger) DevicesDrifted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.devices.drifted()
+}
 
 // Converge plans and applies every section of ds and returns the status of
 // each section (all with ds's generation) and the observed generation: ds's

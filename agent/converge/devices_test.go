@@ -167,6 +167,9 @@ func TestCDISpecRestoredAfterHandEdit(t *testing.T) {
 	c.Converge(ctx, ds)
 	want := readCDI(t, root)
 	path := filepath.Join(root, converge.CDISpecFile)
+	if c.DevicesDrifted() {
+		t.Fatal("drifted right after writing")
+	}
 	for name, tamper := range map[string]func() error{
 		"edited": func() error { // someone offers an unbooked GPU
 			return os.WriteFile(path, []byte(`{"cdiVersion":"0.6.0","kind":"bettercompute.io/gpu","devices":[{"name":"rsv_1","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia0"},{"path":"/dev/nvidia2"}]}}]}`), 0o644)
@@ -176,7 +179,13 @@ func TestCDISpecRestoredAfterHandEdit(t *testing.T) {
 		if err := tamper(); err != nil {
 			t.Fatal(err)
 		}
+		if !c.DevicesDrifted() {
+			t.Fatalf("%s: DevicesDrifted says no", name)
+		}
 		st := states(must(c.Converge(ctx, ds)))["devices"]
+		if c.DevicesDrifted() {
+			t.Fatalf("%s: still drifted after the repair", name)
+		}
 		if st.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || !strings.HasPrefix(st.GetReason(), "drifted: "+path+" was edited or removed by hand, restored; exposes 1 GPUs: rsv_1 (GPU-a)") {
 			t.Fatalf("%s: devices %v", name, st)
 		}

@@ -68,7 +68,8 @@ func (identityHandler) Apply(context.Context, Current, Plan) error { return nil 
 // ("drifted: …"); the next pass reports plain convergence.
 type devicesHandler struct {
 	w       *cdi.Writer
-	last    []byte   // what the handler last wrote (nil: nothing or removed)
+	last    []byte   // what the file last held by the handler's doing (nil: absent)
+	wrote   bool     // whether last is known yet
 	pending cdi.Spec // the spec Plan generated, for Apply
 }
 
@@ -142,6 +143,8 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		return Plan{}, err
 	}
 	if st == cdi.Current {
+		// The file is what the section wants: watch it from here on.
+		h.last, h.wrote = spec.Data, true
 		return p, nil
 	}
 	h.pending = spec
@@ -171,11 +174,20 @@ func exposure(rsvs []cdi.Reservation) string {
 	return fmt.Sprintf("exposes %d GPUs: %s", n, strings.Join(parts, ", "))
 }
 
+// drifted reports whether the spec file differs from what h last wrote.
+func (h *devicesHandler) drifted() bool {
+	if h.last == nil && !h.wrote {
+		return false
+	}
+	st, err := h.w.Check(cdi.Spec{Data: h.last}, h.last)
+	return err != nil || st != cdi.Current
+}
+
 func (h *devicesHandler) Apply(context.Context, Current, Plan) error {
 	if err := h.w.Write(h.pending); err != nil {
 		return err
 	}
-	h.last = h.pending.Data
+	h.last, h.wrote = h.pending.Data, true
 	return nil
 }
 

@@ -69,12 +69,15 @@ func (r *runner) putBackResult(o *agentv1.Observed) {
 	}
 }
 
-// convergeLoop converges the newest desired state whenever one arrives and
-// every ReconvergeInterval, and publishes each result; a periodic result
-// identical to the last one is not published again.
+// convergeLoop converges the newest desired state whenever one arrives,
+// every ReconvergeInterval, and when a DriftCheckInterval check finds the
+// CDI spec edited or removed by hand, and publishes each result; a periodic
+// result identical to the last one is not published again.
 func (r *runner) convergeLoop(ctx context.Context) {
 	tick := time.NewTicker(r.cfg.ReconvergeInterval)
 	defer tick.Stop()
+	drift := time.NewTicker(r.cfg.DriftCheckInterval)
+	defer drift.Stop()
 	var latest *agentv1.DesiredState
 	var last *agentv1.Observed
 	for {
@@ -93,6 +96,10 @@ func (r *runner) convergeLoop(ctx context.Context) {
 				continue
 			}
 			periodic = true
+		case <-drift.C:
+			if latest == nil || !r.conv.DevicesDrifted() {
+				continue
+			}
 		}
 		sections, observed := r.conv.Converge(ctx, latest)
 		r.cmds.SetApplied(observed)

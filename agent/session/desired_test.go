@@ -292,3 +292,33 @@ func TestDesiredState(t *testing.T) {
 		}
 	})
 }
+
+// TestCDISpecRemovedByHandRestoredWithinTheDriftCheck: with the periodic
+// re-converge an hour away, a CDI spec removed by hand is restored by the
+// drift check, and the node reports the devices section drifted, then
+// converged.
+func TestCDISpecRemovedByHandRestoredWithinTheDriftCheck(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	f.cfg.ReconvergeInterval = time.Hour
+	f.cfg.DriftCheckInterval = 20 * time.Millisecond
+	f.run(t)
+	g := f.gpus(t)
+	recv(t, f.cp.Hellos, "Hello")
+	f.cp.SetDesired(&agentv1.DesiredState{Generation: 1, Spec: &agentv1.NodeSpec{
+		Identity: &agentv1.NodeIdentity{NodeId: f.id.NodeID, PoolId: "pool_1"},
+		Devices:  &agentv1.DeviceAssignments{Assignments: []*agentv1.DeviceAssignment{{ReservationId: "rsv_a", GpuUuids: []string{g[1]}}}},
+	}})
+	f.observed(t, 1)
+	want := f.file(t, converge.CDISpecFile)
+	if err := os.Remove(filepath.Join(f.store.Root(), converge.CDISpecFile)); err != nil {
+		t.Fatal(err)
+	}
+	// Reports for generation 1 sent before the removal may still be queued;
+	// the drift check's report says drifted (recv bounds the wait).
+	for !strings.HasPrefix(sectionStates(f.observed(t, 1))["devices"].GetReason(), "drifted: ") {
+	}
+	if got := f.file(t, converge.CDISpecFile); got != want {
+		t.Fatalf("restored spec\n%s\nwant\n%s", got, want)
+	}
+}

@@ -108,6 +108,10 @@ type Config struct {
 	// CDI writes the devices section's CDI spec; nil means one under the
 	// state root (converge.CDISpecFile), as simulated nodes keep it.
 	CDI *cdi.Writer
+	// DriftCheckInterval is how often the CDI spec is checked for a hand
+	// edit or removal (converge.Converger.DevicesDrifted), which converges
+	// the newest desired state at once; 5 s by default.
+	DriftCheckInterval time.Duration
 	// ReconvergeInterval is how often the newest desired state is converged
 	// again (retrying failed sections); one minute by default.
 	ReconvergeInterval time.Duration
@@ -172,6 +176,7 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.WelcomeTimeout = cmp.Or(cfg.WelcomeTimeout, 30*time.Second)
 	cfg.DefaultHeartbeat = cmp.Or(cfg.DefaultHeartbeat, 10*time.Second)
 	cfg.ReconvergeInterval = cmp.Or(cfg.ReconvergeInterval, time.Minute)
+	cfg.DriftCheckInterval = cmp.Or(cfg.DriftCheckInterval, 5*time.Second)
 
 	key := cfg.Key
 	if key == nil {
