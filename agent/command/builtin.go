@@ -2,6 +2,7 @@ package command
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,18 +14,19 @@ import (
 	"github.com/bettercompute/bettercompute/proto/commandkinds"
 )
 
-// diagNvml checks every GPU asked for through NVML and, on a daemon with
-// a Ramdisk (burn-in), every disk of its inventory; it fails, with the
-// result attached, when any GPU or disk is unhealthy.
+// diagNvml checks every GPU asked for through NVML (and, at a level above
+// quick, DCGM's diagnostics: commandkinds.DiagRunLevel) and, on a daemon
+// with a Ramdisk (burn-in), every disk of its inventory; it fails, with the
+// result attached, when any GPU or disk is unhealthy, and when the level's
+// DCGM run could not run (DCGM not installed) or gave no readable result.
 func (e *Executor) diagNvml(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
 	p := body.GetDiagNvml()
-	switch p.GetLevel() {
-	case "", "quick", "full":
-	default:
-		return nil, fmt.Errorf("unknown diag level %q (quick or full)", p.GetLevel())
+	runLevel, ok := commandkinds.DiagRunLevel(p.GetLevel())
+	if !ok {
+		return nil, fmt.Errorf("unknown diag level %q (%s)", p.GetLevel(), strings.Join(commandkinds.DiagLevels, ", "))
 	}
 	d, ok := e.cfg.Inventory.(interface {
-		Diagnose(ctx context.Context, uuids []string) (*agentv1.DiagNvmlResult, error)
+		DiagnoseAt(ctx context.Context, uuids []string, runLevel int) (*agentv1.DiagNvmlResult, error)
 	})
 	if !ok && e.cfg.Ramdisk == nil {
 		return nil, errors.New("NVML diagnostics are not available on this daemon")
@@ -32,10 +34,11 @@ func (e *Executor) diagNvml(ctx context.Context, body *agentv1.CommandBody) (*ag
 	res := &agentv1.DiagNvmlResult{}
 	if ok {
 		var err error
-		if res, err = d.Diagnose(ctx, p.GetGpuUuids()); err != nil {
+		if res, err = d.DiagnoseAt(ctx, p.GetGpuUuids(), runLevel); err != nil {
 			return nil, err
 		}
 	}
+	res.Level = cmp.Or(p.GetLevel(), commandkinds.DiagLevelQuick)
 	out := &agentv1.CommandResult{Kind: &agentv1.CommandResult_DiagNvml{DiagNvml: res}}
 	var bad []string
 	for _, g := range res.GetGpus() {
@@ -45,6 +48,11 @@ func (e *Executor) diagNvml(ctx context.Context, body *agentv1.CommandBody) (*ag
 	}
 	if len(bad) > 0 {
 		return out, fmt.Errorf("%d of %d GPUs unhealthy: %s", len(bad), len(res.GetGpus()), strings.Join(bad, "; "))
+	}
+	if dc := res.GetDcgm(); dc != nil && dc.GetStatus() != agentv1.DcgmStatus_DCGM_STATUS_PASSED {
+		// NOT_INSTALLED and ERROR: the level asked for did not run; a
+		// failure on no single GPU (a deployment check).
+		return out, fmt.Errorf("diag level %s: %s", res.GetLevel(), dc.GetReason())
 	}
 	if e.cfg.Ramdisk != nil {
 		disks, err := e.cfg.Ramdisk.CheckDisks(ctx)

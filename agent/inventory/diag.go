@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -58,6 +59,39 @@ func (c *Collector) Diagnose(ctx context.Context, uuids []string) (*agentv1.Diag
 		if want[u] {
 			res.Gpus = append(res.Gpus, &agentv1.GpuCheck{Uuid: u, Reason: "no such GPU"})
 			delete(want, u)
+		}
+	}
+	return res, nil
+}
+
+// DiagnoseAt is Diagnose and, at a DCGM run level above zero, DCGM's
+// diagnostics (RunDCGM, the Config.DCGMI binary) on the GPUs found: a GPU
+// a DCGM test failed on is unhealthy, its reason naming the test. The
+// DCGM part runs without holding the collector, so health checks go on.
+func (c *Collector) DiagnoseAt(ctx context.Context, uuids []string, runLevel int) (*agentv1.DiagNvmlResult, error) {
+	res, err := c.Diagnose(ctx, uuids)
+	if err != nil || runLevel <= 0 {
+		return res, err
+	}
+	var ids []uint32
+	byIndex := map[uint32]string{}
+	for _, g := range res.GetGpus() {
+		if g.GetReason() == "no such GPU" {
+			continue
+		}
+		ids = append(ids, g.GetIndex())
+		byIndex[g.GetIndex()] = g.GetUuid()
+	}
+	res.Dcgm = RunDCGM(ctx, c.cfg.DCGMI, runLevel, ids, byIndex)
+	for _, t := range res.GetDcgm().GetTests() {
+		if t.GetResult() != "fail" || t.GetGpuUuid() == "" {
+			continue
+		}
+		for _, g := range res.GetGpus() {
+			if g.GetUuid() == t.GetGpuUuid() {
+				g.Healthy = false
+				g.Reason = strings.TrimPrefix(g.GetReason()+"; DCGM "+t.GetName()+" failed", "; ")
+			}
 		}
 	}
 	return res, nil

@@ -84,6 +84,9 @@ type Config struct {
 	// DiskPath is where the VPS instances' disks live (the state
 	// directory); empty means "/".
 	DiskPath string
+	// DCGMI is the dcgmi binary DiagnoseAt runs for DCGM's diagnostics (a
+	// name is looked up on PATH); empty means DefaultDCGMI.
+	DCGMI string
 }
 
 // A DGX H200's size, as the mock backend reports it: 2 × 56-core Xeon

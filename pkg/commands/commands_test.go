@@ -158,6 +158,8 @@ func TestEnqueueBadInput(t *testing.T) {
 		{"gpu.reset without GPUs", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{}`, NotAfter: soon}, fault.InvalidInput, "payload.gpuUuids"},
 		{"gpu.reset of a non-UUID", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{"gpuUuids": ["0"]}`, NotAfter: soon}, fault.InvalidInput, "payload.gpuUuids"},
 		{"gpu.reset reason too long", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{"gpuUuids": ["GPU-a"], "reason": "` + strings.Repeat("x", 1025) + `"}`, NotAfter: soon}, fault.InvalidInput, "payload.reason"},
+		{"diag.nvml of an unknown level", commands.Request{NodeID: "node_a", Kind: "diag.nvml", Payload: `{"level": "extreme"}`, NotAfter: soon}, fault.InvalidInput, "payload.level"},
+		{"diag.nvml of DCGM's numeric level", commands.Request{NodeID: "node_a", Kind: "diag.nvml", Payload: `{"level": "3"}`, NotAfter: soon}, fault.InvalidInput, "payload.level"},
 		{"payload field of another message", commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `{"level": "full"}`, NotAfter: soon}, fault.InvalidInput, "payload"},
 		{"payload wrong type", commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `{"rescan": "yes"}`, NotAfter: soon}, fault.InvalidInput, "payload"},
 		{"payload not an object", commands.Request{NodeID: "node_a", Kind: "inventory.refresh", Payload: `["gpus"]`, NotAfter: soon}, fault.InvalidInput, "payload"},

@@ -212,7 +212,7 @@ func (r *Registry) timeout(name string) time.Duration {
 func Builtin() *Registry {
 	r := NewRegistry()
 	r.MustRegister(declared(KindDiagNVML, Kind{API: true, RetrySafe: true, Timeout: 10 * time.Minute,
-		Doc: "Runs NVML health checks and a short check per GPU."}))
+		Doc: "Runs NVML health checks and a short check per GPU; level medium, long or full also runs DCGM's diagnostics (dcgmi diag -r 2 or 3) and fails where DCGM is not installed.", Check: checkDiagNvml}))
 	r.MustRegister(declared(KindInventoryRefresh, Kind{API: true, RetrySafe: true, Timeout: 2 * time.Minute,
 		Doc: "Re-collects inventory sections and reports them on the session."}))
 	r.MustRegister(declared(KindLogsCollect, Kind{API: true, RetrySafe: true, Timeout: 10 * time.Minute,
@@ -436,6 +436,24 @@ func checkGpuReset(body *agentv1.CommandBody) error {
 		return fault.New(fault.InvalidInput, "payload.reason", "at most %d characters, got %d", MaxResetReason, n)
 	}
 	return nil
+}
+
+// checkDiagNvml refuses a level diag.nvml does not know: INVALID_INPUT
+// "payload.level", naming the levels.
+func checkDiagNvml(body *agentv1.CommandBody) error {
+	l := body.GetDiagNvml().GetLevel()
+	if _, ok := commandkinds.DiagRunLevel(l); !ok {
+		return fault.New(fault.InvalidInput, "payload.level", "unknown diag level %q (known: %s)", clipRunes(l, 64), strings.Join(commandkinds.DiagLevels, ", "))
+	}
+	return nil
+}
+
+// clipRunes cuts s to at most n characters, for echoing input in an error.
+func clipRunes(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
 }
 
 // LogSources are the sources logs.collect knows ("agent" is another name

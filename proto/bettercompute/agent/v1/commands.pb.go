@@ -263,6 +263,68 @@ func (RejectCode) EnumDescriptor() ([]byte, []int) {
 	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{3}
 }
 
+// DcgmStatus is how a `dcgmi diag` run ended.
+type DcgmStatus int32
+
+const (
+	// DCGM_STATUS_UNSPECIFIED is never sent.
+	DcgmStatus_DCGM_STATUS_UNSPECIFIED DcgmStatus = 0
+	// Every test passed (or was skipped).
+	DcgmStatus_DCGM_STATUS_PASSED DcgmStatus = 1
+	// At least one test failed; reason names them.
+	DcgmStatus_DCGM_STATUS_FAILED DcgmStatus = 2
+	// DCGM is not installed on the node (no dcgmi binary): nothing ran.
+	DcgmStatus_DCGM_STATUS_NOT_INSTALLED DcgmStatus = 3
+	// dcgmi ran but gave no result the daemon could read (e.g. no host
+	// engine); reason says what it printed.
+	DcgmStatus_DCGM_STATUS_ERROR DcgmStatus = 4
+)
+
+// Enum value maps for DcgmStatus.
+var (
+	DcgmStatus_name = map[int32]string{
+		0: "DCGM_STATUS_UNSPECIFIED",
+		1: "DCGM_STATUS_PASSED",
+		2: "DCGM_STATUS_FAILED",
+		3: "DCGM_STATUS_NOT_INSTALLED",
+		4: "DCGM_STATUS_ERROR",
+	}
+	DcgmStatus_value = map[string]int32{
+		"DCGM_STATUS_UNSPECIFIED":   0,
+		"DCGM_STATUS_PASSED":        1,
+		"DCGM_STATUS_FAILED":        2,
+		"DCGM_STATUS_NOT_INSTALLED": 3,
+		"DCGM_STATUS_ERROR":         4,
+	}
+)
+
+func (x DcgmStatus) Enum() *DcgmStatus {
+	p := new(DcgmStatus)
+	*p = x
+	return p
+}
+
+func (x DcgmStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DcgmStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_bettercompute_agent_v1_commands_proto_enumTypes[4].Descriptor()
+}
+
+func (DcgmStatus) Type() protoreflect.EnumType {
+	return &file_bettercompute_agent_v1_commands_proto_enumTypes[4]
+}
+
+func (x DcgmStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DcgmStatus.Descriptor instead.
+func (DcgmStatus) EnumDescriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{4}
+}
+
 // Command is one one-shot action the gateway sends a node over its session:
 // a durable row of the control plane's commands table, with a deadline.
 //
@@ -617,7 +679,11 @@ type DiagNvml struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only these GPUs (UUIDs); all when empty.
 	GpuUuids []string `protobuf:"bytes,1,rep,name=gpu_uuids,json=gpuUuids,proto3" json:"gpu_uuids,omitempty"`
-	// "quick" (default) or "full".
+	// "quick" (the default): the NVML readings only. "medium" and "long"
+	// (and "full", the same as "long") also run DCGM's diagnostics, `dcgmi
+	// diag -r 2` and `-r 3`, on the GPUs asked for; where DCGM is not
+	// installed the result says so (DcgmDiag.status NOT_INSTALLED) and the
+	// command fails. Any other level is refused.
 	Level         string `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1605,7 +1671,11 @@ type DiagNvmlResult struct {
 	// The driver version NVML reported.
 	DriverVersion string `protobuf:"bytes,2,opt,name=driver_version,json=driverVersion,proto3" json:"driver_version,omitempty"`
 	// The burn-in check of each disk (bcd ramdisk); at most 64.
-	Disks         []*DiskCheck `protobuf:"bytes,3,rep,name=disks,proto3" json:"disks,omitempty"`
+	Disks []*DiskCheck `protobuf:"bytes,3,rep,name=disks,proto3" json:"disks,omitempty"`
+	// The level run ("quick" when the payload named none).
+	Level string `protobuf:"bytes,4,opt,name=level,proto3" json:"level,omitempty"`
+	// DCGM's diagnostics, for a level that runs them; unset for "quick".
+	Dcgm          *DcgmDiag `protobuf:"bytes,5,opt,name=dcgm,proto3" json:"dcgm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1661,6 +1731,189 @@ func (x *DiagNvmlResult) GetDisks() []*DiskCheck {
 	return nil
 }
 
+func (x *DiagNvmlResult) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *DiagNvmlResult) GetDcgm() *DcgmDiag {
+	if x != nil {
+		return x.Dcgm
+	}
+	return nil
+}
+
+// DcgmDiag is what `dcgmi diag` found.
+type DcgmDiag struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The DCGM run level (dcgmi diag -r): 1, 2 or 3.
+	RunLevel uint32 `protobuf:"varint,1,opt,name=run_level,json=runLevel,proto3" json:"run_level,omitempty"`
+	// How the run ended.
+	Status DcgmStatus `protobuf:"varint,2,opt,name=status,proto3,enum=bettercompute.agent.v1.DcgmStatus" json:"status,omitempty"`
+	// Each test's result per GPU, in dcgmi's order; at most 256.
+	Tests []*DcgmTest `protobuf:"bytes,3,rep,name=tests,proto3" json:"tests,omitempty"`
+	// Why the run failed or could not run (the failed tests, or dcgmi's
+	// error); at most 1,024 characters.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The DCGM version dcgmi reported, when it did; at most 64 characters.
+	Version       string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DcgmDiag) Reset() {
+	*x = DcgmDiag{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DcgmDiag) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DcgmDiag) ProtoMessage() {}
+
+func (x *DcgmDiag) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DcgmDiag.ProtoReflect.Descriptor instead.
+func (*DcgmDiag) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *DcgmDiag) GetRunLevel() uint32 {
+	if x != nil {
+		return x.RunLevel
+	}
+	return 0
+}
+
+func (x *DcgmDiag) GetStatus() DcgmStatus {
+	if x != nil {
+		return x.Status
+	}
+	return DcgmStatus_DCGM_STATUS_UNSPECIFIED
+}
+
+func (x *DcgmDiag) GetTests() []*DcgmTest {
+	if x != nil {
+		return x.Tests
+	}
+	return nil
+}
+
+func (x *DcgmDiag) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DcgmDiag) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+// DcgmTest is one DCGM test's result on one GPU (or on the node, for the
+// deployment checks).
+type DcgmTest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The test, as dcgmi names it ("PCIe", "Diagnostic", "Memory", …); at
+	// most 128 characters.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Its category ("Deployment", "Integration", "Hardware", "Stress"); at
+	// most 64 characters.
+	Category string `protobuf:"bytes,2,opt,name=category,proto3" json:"category,omitempty"`
+	// The GPU's UUID; empty for a node-wide test.
+	GpuUuid string `protobuf:"bytes,3,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// "pass", "fail", "warn" or "skip" (dcgmi's status, lower case; at most
+	// 32 characters).
+	Result string `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	// dcgmi's warnings and information for it; at most 1,024 characters.
+	Detail        string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DcgmTest) Reset() {
+	*x = DcgmTest{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DcgmTest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DcgmTest) ProtoMessage() {}
+
+func (x *DcgmTest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DcgmTest.ProtoReflect.Descriptor instead.
+func (*DcgmTest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DcgmTest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DcgmTest) GetCategory() string {
+	if x != nil {
+		return x.Category
+	}
+	return ""
+}
+
+func (x *DcgmTest) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *DcgmTest) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *DcgmTest) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 // DiskCheck is one disk's burn-in check: its size, and a sample read.
 type DiskCheck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1680,7 +1933,7 @@ type DiskCheck struct {
 
 func (x *DiskCheck) Reset() {
 	*x = DiskCheck{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1945,7 @@ func (x *DiskCheck) String() string {
 func (*DiskCheck) ProtoMessage() {}
 
 func (x *DiskCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1958,7 @@ func (x *DiskCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskCheck.ProtoReflect.Descriptor instead.
 func (*DiskCheck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DiskCheck) GetPath() string {
@@ -1764,7 +2017,7 @@ type GpuCheck struct {
 
 func (x *GpuCheck) Reset() {
 	*x = GpuCheck{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +2029,7 @@ func (x *GpuCheck) String() string {
 func (*GpuCheck) ProtoMessage() {}
 
 func (x *GpuCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +2042,7 @@ func (x *GpuCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuCheck.ProtoReflect.Descriptor instead.
 func (*GpuCheck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GpuCheck) GetUuid() string {
@@ -1848,7 +2101,7 @@ type InventoryRefreshResult struct {
 
 func (x *InventoryRefreshResult) Reset() {
 	*x = InventoryRefreshResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +2113,7 @@ func (x *InventoryRefreshResult) String() string {
 func (*InventoryRefreshResult) ProtoMessage() {}
 
 func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2126,7 @@ func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRefreshResult.ProtoReflect.Descriptor instead.
 func (*InventoryRefreshResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InventoryRefreshResult) GetSections() []string {
@@ -1907,7 +2160,7 @@ type LogsCollectResult struct {
 
 func (x *LogsCollectResult) Reset() {
 	*x = LogsCollectResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1919,7 +2172,7 @@ func (x *LogsCollectResult) String() string {
 func (*LogsCollectResult) ProtoMessage() {}
 
 func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1932,7 +2185,7 @@ func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsCollectResult.ProtoReflect.Descriptor instead.
 func (*LogsCollectResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LogsCollectResult) GetData() []byte {
@@ -1975,7 +2228,7 @@ type LogSourceResult struct {
 
 func (x *LogSourceResult) Reset() {
 	*x = LogSourceResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2240,7 @@ func (x *LogSourceResult) String() string {
 func (*LogSourceResult) ProtoMessage() {}
 
 func (x *LogSourceResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2253,7 @@ func (x *LogSourceResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogSourceResult.ProtoReflect.Descriptor instead.
 func (*LogSourceResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LogSourceResult) GetName() string {
@@ -2051,7 +2304,7 @@ type GpuResetResult struct {
 
 func (x *GpuResetResult) Reset() {
 	*x = GpuResetResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2316,7 @@ func (x *GpuResetResult) String() string {
 func (*GpuResetResult) ProtoMessage() {}
 
 func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2329,7 @@ func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuResetResult.ProtoReflect.Descriptor instead.
 func (*GpuResetResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GpuResetResult) GetResetUuids() []string {
@@ -2104,7 +2357,7 @@ type DiskWipeResult struct {
 
 func (x *DiskWipeResult) Reset() {
 	*x = DiskWipeResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2369,7 @@ func (x *DiskWipeResult) String() string {
 func (*DiskWipeResult) ProtoMessage() {}
 
 func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2382,7 @@ func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskWipeResult.ProtoReflect.Descriptor instead.
 func (*DiskWipeResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DiskWipeResult) GetDisks() []*DiskWiped {
@@ -2158,7 +2411,7 @@ type DiskWiped struct {
 
 func (x *DiskWiped) Reset() {
 	*x = DiskWiped{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2170,7 +2423,7 @@ func (x *DiskWiped) String() string {
 func (*DiskWiped) ProtoMessage() {}
 
 func (x *DiskWiped) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2183,7 +2436,7 @@ func (x *DiskWiped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskWiped.ProtoReflect.Descriptor instead.
 func (*DiskWiped) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DiskWiped) GetPath() string {
@@ -2229,7 +2482,7 @@ type ImageDeployResult struct {
 
 func (x *ImageDeployResult) Reset() {
 	*x = ImageDeployResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2494,7 @@ func (x *ImageDeployResult) String() string {
 func (*ImageDeployResult) ProtoMessage() {}
 
 func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2507,7 @@ func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageDeployResult.ProtoReflect.Descriptor instead.
 func (*ImageDeployResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ImageDeployResult) GetDisk() string {
@@ -2381,11 +2634,25 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\tgpu_reset\x18\x04 \x01(\v2&.bettercompute.agent.v1.GpuResetResultH\x00R\bgpuReset\x12E\n" +
 	"\tdisk_wipe\x18\x05 \x01(\v2&.bettercompute.agent.v1.DiskWipeResultH\x00R\bdiskWipe\x12N\n" +
 	"\fimage_deploy\x18\x06 \x01(\v2).bettercompute.agent.v1.ImageDeployResultH\x00R\vimageDeployB\x06\n" +
-	"\x04kind\"\xa6\x01\n" +
+	"\x04kind\"\xf2\x01\n" +
 	"\x0eDiagNvmlResult\x124\n" +
 	"\x04gpus\x18\x01 \x03(\v2 .bettercompute.agent.v1.GpuCheckR\x04gpus\x12%\n" +
 	"\x0edriver_version\x18\x02 \x01(\tR\rdriverVersion\x127\n" +
-	"\x05disks\x18\x03 \x03(\v2!.bettercompute.agent.v1.DiskCheckR\x05disks\"\x95\x01\n" +
+	"\x05disks\x18\x03 \x03(\v2!.bettercompute.agent.v1.DiskCheckR\x05disks\x12\x14\n" +
+	"\x05level\x18\x04 \x01(\tR\x05level\x124\n" +
+	"\x04dcgm\x18\x05 \x01(\v2 .bettercompute.agent.v1.DcgmDiagR\x04dcgm\"\xcd\x01\n" +
+	"\bDcgmDiag\x12\x1b\n" +
+	"\trun_level\x18\x01 \x01(\rR\brunLevel\x12:\n" +
+	"\x06status\x18\x02 \x01(\x0e2\".bettercompute.agent.v1.DcgmStatusR\x06status\x126\n" +
+	"\x05tests\x18\x03 \x03(\v2 .bettercompute.agent.v1.DcgmTestR\x05tests\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\"\x85\x01\n" +
+	"\bDcgmTest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bcategory\x18\x02 \x01(\tR\bcategory\x12\x19\n" +
+	"\bgpu_uuid\x18\x03 \x01(\tR\agpuUuid\x12\x16\n" +
+	"\x06result\x18\x04 \x01(\tR\x06result\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x95\x01\n" +
 	"\tDiskCheck\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
 	"\n" +
@@ -2451,7 +2718,14 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x1cREJECT_CODE_STALE_GENERATION\x10\x02\x12\x17\n" +
 	"\x13REJECT_CODE_EXPIRED\x10\x03\x12\x14\n" +
 	"\x10REJECT_CODE_BUSY\x10\x04\x12\x1d\n" +
-	"\x19REJECT_CODE_BAD_SIGNATURE\x10\x05BMZKgithub.com/bettercompute/bettercompute/proto/bettercompute/agent/v1;agentv1b\x06proto3"
+	"\x19REJECT_CODE_BAD_SIGNATURE\x10\x05*\x8f\x01\n" +
+	"\n" +
+	"DcgmStatus\x12\x1b\n" +
+	"\x17DCGM_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12DCGM_STATUS_PASSED\x10\x01\x12\x16\n" +
+	"\x12DCGM_STATUS_FAILED\x10\x02\x12\x1d\n" +
+	"\x19DCGM_STATUS_NOT_INSTALLED\x10\x03\x12\x15\n" +
+	"\x11DCGM_STATUS_ERROR\x10\x04BMZKgithub.com/bettercompute/bettercompute/proto/bettercompute/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_bettercompute_agent_v1_commands_proto_rawDescOnce sync.Once
@@ -2465,77 +2739,83 @@ func file_bettercompute_agent_v1_commands_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_commands_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(WipeMethod)(0),                // 0: bettercompute.agent.v1.WipeMethod
 	(ImageFormat)(0),               // 1: bettercompute.agent.v1.ImageFormat
 	(CommandOutcome)(0),            // 2: bettercompute.agent.v1.CommandOutcome
 	(RejectCode)(0),                // 3: bettercompute.agent.v1.RejectCode
-	(*Command)(nil),                // 4: bettercompute.agent.v1.Command
-	(*CommandBody)(nil),            // 5: bettercompute.agent.v1.CommandBody
-	(*DiagNvml)(nil),               // 6: bettercompute.agent.v1.DiagNvml
-	(*InventoryRefresh)(nil),       // 7: bettercompute.agent.v1.InventoryRefresh
-	(*LogsCollect)(nil),            // 8: bettercompute.agent.v1.LogsCollect
-	(*NodeReboot)(nil),             // 9: bettercompute.agent.v1.NodeReboot
-	(*GpuReset)(nil),               // 10: bettercompute.agent.v1.GpuReset
-	(*DiskWipe)(nil),               // 11: bettercompute.agent.v1.DiskWipe
-	(*ImageDeploy)(nil),            // 12: bettercompute.agent.v1.ImageDeploy
-	(*NodeKexec)(nil),              // 13: bettercompute.agent.v1.NodeKexec
-	(*InstanceReboot)(nil),         // 14: bettercompute.agent.v1.InstanceReboot
-	(*CommandCancel)(nil),          // 15: bettercompute.agent.v1.CommandCancel
-	(*CommandUpdate)(nil),          // 16: bettercompute.agent.v1.CommandUpdate
-	(*NodeSignature)(nil),          // 17: bettercompute.agent.v1.NodeSignature
-	(*CommandResult)(nil),          // 18: bettercompute.agent.v1.CommandResult
-	(*DiagNvmlResult)(nil),         // 19: bettercompute.agent.v1.DiagNvmlResult
-	(*DiskCheck)(nil),              // 20: bettercompute.agent.v1.DiskCheck
-	(*GpuCheck)(nil),               // 21: bettercompute.agent.v1.GpuCheck
-	(*InventoryRefreshResult)(nil), // 22: bettercompute.agent.v1.InventoryRefreshResult
-	(*LogsCollectResult)(nil),      // 23: bettercompute.agent.v1.LogsCollectResult
-	(*LogSourceResult)(nil),        // 24: bettercompute.agent.v1.LogSourceResult
-	(*GpuResetResult)(nil),         // 25: bettercompute.agent.v1.GpuResetResult
-	(*DiskWipeResult)(nil),         // 26: bettercompute.agent.v1.DiskWipeResult
-	(*DiskWiped)(nil),              // 27: bettercompute.agent.v1.DiskWiped
-	(*ImageDeployResult)(nil),      // 28: bettercompute.agent.v1.ImageDeployResult
-	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 30: google.protobuf.Duration
+	(DcgmStatus)(0),                // 4: bettercompute.agent.v1.DcgmStatus
+	(*Command)(nil),                // 5: bettercompute.agent.v1.Command
+	(*CommandBody)(nil),            // 6: bettercompute.agent.v1.CommandBody
+	(*DiagNvml)(nil),               // 7: bettercompute.agent.v1.DiagNvml
+	(*InventoryRefresh)(nil),       // 8: bettercompute.agent.v1.InventoryRefresh
+	(*LogsCollect)(nil),            // 9: bettercompute.agent.v1.LogsCollect
+	(*NodeReboot)(nil),             // 10: bettercompute.agent.v1.NodeReboot
+	(*GpuReset)(nil),               // 11: bettercompute.agent.v1.GpuReset
+	(*DiskWipe)(nil),               // 12: bettercompute.agent.v1.DiskWipe
+	(*ImageDeploy)(nil),            // 13: bettercompute.agent.v1.ImageDeploy
+	(*NodeKexec)(nil),              // 14: bettercompute.agent.v1.NodeKexec
+	(*InstanceReboot)(nil),         // 15: bettercompute.agent.v1.InstanceReboot
+	(*CommandCancel)(nil),          // 16: bettercompute.agent.v1.CommandCancel
+	(*CommandUpdate)(nil),          // 17: bettercompute.agent.v1.CommandUpdate
+	(*NodeSignature)(nil),          // 18: bettercompute.agent.v1.NodeSignature
+	(*CommandResult)(nil),          // 19: bettercompute.agent.v1.CommandResult
+	(*DiagNvmlResult)(nil),         // 20: bettercompute.agent.v1.DiagNvmlResult
+	(*DcgmDiag)(nil),               // 21: bettercompute.agent.v1.DcgmDiag
+	(*DcgmTest)(nil),               // 22: bettercompute.agent.v1.DcgmTest
+	(*DiskCheck)(nil),              // 23: bettercompute.agent.v1.DiskCheck
+	(*GpuCheck)(nil),               // 24: bettercompute.agent.v1.GpuCheck
+	(*InventoryRefreshResult)(nil), // 25: bettercompute.agent.v1.InventoryRefreshResult
+	(*LogsCollectResult)(nil),      // 26: bettercompute.agent.v1.LogsCollectResult
+	(*LogSourceResult)(nil),        // 27: bettercompute.agent.v1.LogSourceResult
+	(*GpuResetResult)(nil),         // 28: bettercompute.agent.v1.GpuResetResult
+	(*DiskWipeResult)(nil),         // 29: bettercompute.agent.v1.DiskWipeResult
+	(*DiskWiped)(nil),              // 30: bettercompute.agent.v1.DiskWiped
+	(*ImageDeployResult)(nil),      // 31: bettercompute.agent.v1.ImageDeployResult
+	(*timestamppb.Timestamp)(nil),  // 32: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 33: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
-	29, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
-	30, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
-	6,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
-	7,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
-	8,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
-	9,  // 5: bettercompute.agent.v1.CommandBody.node_reboot:type_name -> bettercompute.agent.v1.NodeReboot
-	10, // 6: bettercompute.agent.v1.CommandBody.gpu_reset:type_name -> bettercompute.agent.v1.GpuReset
-	11, // 7: bettercompute.agent.v1.CommandBody.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipe
-	12, // 8: bettercompute.agent.v1.CommandBody.image_deploy:type_name -> bettercompute.agent.v1.ImageDeploy
-	13, // 9: bettercompute.agent.v1.CommandBody.node_kexec:type_name -> bettercompute.agent.v1.NodeKexec
-	14, // 10: bettercompute.agent.v1.CommandBody.instance_reboot:type_name -> bettercompute.agent.v1.InstanceReboot
-	30, // 11: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
+	32, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
+	33, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
+	7,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
+	8,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
+	9,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
+	10, // 5: bettercompute.agent.v1.CommandBody.node_reboot:type_name -> bettercompute.agent.v1.NodeReboot
+	11, // 6: bettercompute.agent.v1.CommandBody.gpu_reset:type_name -> bettercompute.agent.v1.GpuReset
+	12, // 7: bettercompute.agent.v1.CommandBody.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipe
+	13, // 8: bettercompute.agent.v1.CommandBody.image_deploy:type_name -> bettercompute.agent.v1.ImageDeploy
+	14, // 9: bettercompute.agent.v1.CommandBody.node_kexec:type_name -> bettercompute.agent.v1.NodeKexec
+	15, // 10: bettercompute.agent.v1.CommandBody.instance_reboot:type_name -> bettercompute.agent.v1.InstanceReboot
+	33, // 11: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
 	0,  // 12: bettercompute.agent.v1.DiskWipe.method:type_name -> bettercompute.agent.v1.WipeMethod
 	1,  // 13: bettercompute.agent.v1.ImageDeploy.format:type_name -> bettercompute.agent.v1.ImageFormat
 	2,  // 14: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
 	3,  // 15: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
-	18, // 16: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
-	17, // 17: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
-	19, // 18: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
-	22, // 19: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
-	23, // 20: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
-	25, // 21: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
-	26, // 22: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
-	28, // 23: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
-	21, // 24: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	20, // 25: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
-	24, // 26: bettercompute.agent.v1.LogsCollectResult.sources:type_name -> bettercompute.agent.v1.LogSourceResult
-	21, // 27: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	27, // 28: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
-	0,  // 29: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
-	30, // [30:30] is the sub-list for method output_type
-	30, // [30:30] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	19, // 16: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
+	18, // 17: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
+	20, // 18: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
+	25, // 19: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
+	26, // 20: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
+	28, // 21: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
+	29, // 22: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
+	31, // 23: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
+	24, // 24: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	23, // 25: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
+	21, // 26: bettercompute.agent.v1.DiagNvmlResult.dcgm:type_name -> bettercompute.agent.v1.DcgmDiag
+	4,  // 27: bettercompute.agent.v1.DcgmDiag.status:type_name -> bettercompute.agent.v1.DcgmStatus
+	22, // 28: bettercompute.agent.v1.DcgmDiag.tests:type_name -> bettercompute.agent.v1.DcgmTest
+	27, // 29: bettercompute.agent.v1.LogsCollectResult.sources:type_name -> bettercompute.agent.v1.LogSourceResult
+	24, // 30: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	30, // 31: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
+	0,  // 32: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
+	33, // [33:33] is the sub-list for method output_type
+	33, // [33:33] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_commands_proto_init() }
@@ -2568,8 +2848,8 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_commands_proto_rawDesc), len(file_bettercompute_agent_v1_commands_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   25,
+			NumEnums:      5,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
