@@ -49,7 +49,8 @@ func (c *Collector) Diagnose(ctx context.Context, uuids []string) (*agentv1.Diag
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if len(want) > 0 && !want[st.uuid] {
+		// Asked for GPUs: only those (want empties as they are found).
+		if len(uuids) > 0 && !want[st.uuid] {
 			continue
 		}
 		delete(want, st.uuid)
