@@ -248,6 +248,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	devRoot := f.str("dev-root", "/", "the root the GPUs' device nodes (/dev/nvidia*) are found under, for the CDI spec")
 	driverRoot := f.str("driver-root", "/", "the root the NVIDIA driver's libraries and binaries are found under, for the CDI spec")
 	nvidiaCTK := f.str("nvidia-ctk", "", "the nvidia-ctk binary of the CDI spec's update-ldcache hook (default: looked up on PATH; absent, the spec has no hook)")
+	dcgmi := f.str("dcgmi", inventory.DefaultDCGMI, "the dcgmi binary diag.nvml (levels medium, long, full) and the health section's background diagnostics run for DCGM's diagnostics (a name is looked up on PATH; absent, they report DCGM not installed)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -293,7 +294,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer func() { _ = logFile.Close() }()
 	logger := slog.New(slog.NewMultiHandler(slog.NewTextHandler(stderr, nil), slog.NewTextHandler(logFile, nil)))
-	invCfg := inventory.Config{Backend: *nvml, Logger: logger, DiskPath: store.Root()}
+	invCfg := inventory.Config{Backend: *nvml, Logger: logger, DiskPath: store.Root(), DCGMI: *dcgmi}
 	if *nvml == inventory.BackendMock {
 		// The mock's GPUs can be broken from outside (see inventory.Faults).
 		invCfg.FaultsFile = filepath.Join(store.Root(), inventory.FaultsFile)

@@ -169,6 +169,7 @@ type Converger struct {
 	observed atomic.Int64
 	health   *healthHandler
 	devices  *devicesHandler
+	booked   bookings
 	mu       sync.Mutex // serialises Converge
 }
 
@@ -274,6 +275,7 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 	if spec == nil {
 		spec = &agentv1.NodeSpec{}
 	}
+	c.booked.set(spec)
 	cur := Current{Root: c.cfg.Root, NodeID: c.cfg.NodeID, GPUs: map[string]bool{}, Minors: map[string]int{}, Write: c.cfg.Write}
 	var gpuErr error
 	if c.cfg.GPUs != nil {

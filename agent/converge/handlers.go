@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -313,15 +314,34 @@ type healthFileContent struct {
 type healthHandler struct {
 	mu  sync.Mutex
 	cur Health
+	// changed is closed and replaced when cur changes.
+	changed chan struct{}
+	// last is the last background diagnostics run (RunDiagnostics),
+	// the section's status reason once converged.
+	last atomic.Pointer[Diagnostics]
+}
+
+// changes returns a channel closed when the applied settings next change.
+func (h *healthHandler) changes() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.changed == nil {
+		h.changed = make(chan struct{})
+	}
+	return h.changed
 }
 
 func (*healthHandler) Section() string { return "health" }
 
-func (*healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
+func (hh *healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	h := d.GetHealth()
+	var summary string
+	if run := hh.last.Load(); run != nil {
+		summary = run.Summary
+	}
 	if empty(h) {
 		acts, err := fileAction(cur, HealthFile, nil)
-		return Plan{Actions: acts}, err
+		return Plan{Actions: acts, Summary: summary}, err
 	}
 	var bad []string
 	for _, f := range []struct {
@@ -383,7 +403,7 @@ func (*healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		c.DiagnosticsInterval = h.GetDiagnosticsInterval().AsDuration().String()
 	}
 	acts, err := fileAction(cur, HealthFile, marshal(c))
-	return Plan{Actions: acts}, err
+	return Plan{Actions: acts, Summary: summary}, err
 }
 
 func (h *healthHandler) Apply(_ context.Context, cur Current, p Plan) error {
@@ -421,6 +441,10 @@ func (h *healthHandler) load(root string) error {
 		}
 	}
 	h.mu.Lock()
+	if !h.cur.Equal(v) && h.changed != nil {
+		close(h.changed)
+		h.changed = nil
+	}
 	h.cur = v
 	h.mu.Unlock()
 	return nil

@@ -248,6 +248,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	wg.Go(func() { r.convergeLoop(ctx) })
 	wg.Go(func() { r.healthLoop(ctx) })
+	if d, ok := cfg.Inventory.(converge.Diagnoser); ok {
+		// The health section's background diagnostics, on unbooked GPUs;
+		// each run is the section's status reason from the next converge.
+		wg.Go(func() {
+			conv.RunDiagnostics(ctx, d, func(run *converge.Diagnostics) {
+				log.InfoContext(ctx, "background GPU diagnostics", "summary", run.Summary)
+			})
+		})
+	}
 	r.sessionLoop(ctx)
 	wg.Wait()
 	return nil

@@ -853,10 +853,11 @@ type HealthSettings struct {
 	// check_interval is how often the quick checks (NVML, XID, ECC) run.
 	CheckInterval *durationpb.Duration `protobuf:"bytes,1,opt,name=check_interval,json=checkInterval,proto3" json:"check_interval,omitempty"`
 	// diagnostics_interval is how often the background diagnostics run; zero
-	// means never.
+	// means never. They run only on GPUs no reservation has booked (the
+	// devices section); the last run is the health section's status reason.
 	DiagnosticsInterval *durationpb.Duration `protobuf:"bytes,2,opt,name=diagnostics_interval,json=diagnosticsInterval,proto3" json:"diagnostics_interval,omitempty"`
-	// diagnostics_level is the DCGM diagnostics level: "quick", "medium" or
-	// "long".
+	// diagnostics_level is the DCGM diagnostics level: "quick" (the default;
+	// dcgmi diag -r 1), "medium" (-r 2) or "long" (-r 3).
 	DiagnosticsLevel string `protobuf:"bytes,3,opt,name=diagnostics_level,json=diagnosticsLevel,proto3" json:"diagnostics_level,omitempty"`
 	// max_gpu_temperature_celsius marks a GPU unhealthy above it; zero means
 	// the driver's own threshold.
