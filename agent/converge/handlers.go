@@ -333,13 +333,13 @@ func (h *healthHandler) changes() <-chan struct{} {
 
 func (*healthHandler) Section() string { return "health" }
 
-func (hh *healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
-	h := d.GetHealth()
+func (h *healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
+	hs := d.GetHealth()
 	var summary string
-	if run := hh.last.Load(); run != nil {
+	if run := h.last.Load(); run != nil {
 		summary = run.Summary
 	}
-	if empty(h) {
+	if empty(hs) {
 		acts, err := fileAction(cur, HealthFile, nil)
 		return Plan{Actions: acts, Summary: summary}, err
 	}
@@ -347,7 +347,7 @@ func (hh *healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	for _, f := range []struct {
 		name string
 		d    *durationpb.Duration
-	}{{"check_interval", h.GetCheckInterval()}, {"diagnostics_interval", h.GetDiagnosticsInterval()}} {
+	}{{"check_interval", hs.GetCheckInterval()}, {"diagnostics_interval", hs.GetDiagnosticsInterval()}} {
 		switch {
 		case f.d == nil:
 		case f.d.CheckValid() != nil:
@@ -356,25 +356,25 @@ func (hh *healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 			bad = append(bad, f.name+" is negative")
 		}
 	}
-	if ci := h.GetCheckInterval(); ci != nil && ci.CheckValid() == nil && ci.AsDuration() > 0 && ci.AsDuration() < MinCheckInterval {
+	if ci := hs.GetCheckInterval(); ci != nil && ci.CheckValid() == nil && ci.AsDuration() > 0 && ci.AsDuration() < MinCheckInterval {
 		bad = append(bad, fmt.Sprintf("check_interval %s is below %s", ci.AsDuration(), MinCheckInterval))
 	}
-	if l := h.GetDiagnosticsLevel(); l != "" && !slices.Contains([]string{"quick", "medium", "long"}, l) {
+	if l := hs.GetDiagnosticsLevel(); l != "" && !slices.Contains([]string{"quick", "medium", "long"}, l) {
 		bad = append(bad, fmt.Sprintf("diagnostics level %q: want quick, medium or long", l))
 	}
-	if n := len(h.GetCriticalXids()); n > MaxCriticalXIDs {
+	if n := len(hs.GetCriticalXids()); n > MaxCriticalXIDs {
 		bad = append(bad, fmt.Sprintf("critical_xids: %d, at most %d", n, MaxCriticalXIDs))
 	}
-	for _, x := range h.GetCriticalXids() {
+	for _, x := range hs.GetCriticalXids() {
 		if x == 0 || x > MaxXID {
 			bad = append(bad, fmt.Sprintf("critical_xids: %d is not an XID (1 to %d)", x, MaxXID))
 			break
 		}
 	}
-	if n := len(h.GetDisabledChecks()); n > len(inventory.Checks) {
+	if n := len(hs.GetDisabledChecks()); n > len(inventory.Checks) {
 		bad = append(bad, fmt.Sprintf("disabled_checks: %d, at most %d", n, len(inventory.Checks)))
 	}
-	for _, c := range h.GetDisabledChecks() {
+	for _, c := range hs.GetDisabledChecks() {
 		switch {
 		case c == inventory.CheckFallenOffBus:
 			bad = append(bad, "disabled_checks: fallen_off_bus cannot be turned off")
@@ -388,19 +388,19 @@ func (hh *healthHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		return Plan{Terminal: "invalid health section: " + strings.Join(bad, "; ")}, nil
 	}
 	c := healthFileContent{
-		DiagnosticsLevel:          h.GetDiagnosticsLevel(),
-		MaxGPUTemperatureCelsius:  h.GetMaxGpuTemperatureCelsius(),
-		MaxUncorrectableECCErrors: h.GetMaxUncorrectableEccErrors(),
-		MaxCorrectableECCErrors:   h.GetMaxCorrectableEccErrors(),
-		CriticalXIDs:              h.GetCriticalXids(),
-		MaxRetiredPages:           h.GetMaxRetiredPages(),
-		DisabledChecks:            h.GetDisabledChecks(),
+		DiagnosticsLevel:          hs.GetDiagnosticsLevel(),
+		MaxGPUTemperatureCelsius:  hs.GetMaxGpuTemperatureCelsius(),
+		MaxUncorrectableECCErrors: hs.GetMaxUncorrectableEccErrors(),
+		MaxCorrectableECCErrors:   hs.GetMaxCorrectableEccErrors(),
+		CriticalXIDs:              hs.GetCriticalXids(),
+		MaxRetiredPages:           hs.GetMaxRetiredPages(),
+		DisabledChecks:            hs.GetDisabledChecks(),
 	}
-	if h.GetCheckInterval() != nil {
-		c.CheckInterval = h.GetCheckInterval().AsDuration().String()
+	if hs.GetCheckInterval() != nil {
+		c.CheckInterval = hs.GetCheckInterval().AsDuration().String()
 	}
-	if h.GetDiagnosticsInterval() != nil {
-		c.DiagnosticsInterval = h.GetDiagnosticsInterval().AsDuration().String()
+	if hs.GetDiagnosticsInterval() != nil {
+		c.DiagnosticsInterval = hs.GetDiagnosticsInterval().AsDuration().String()
 	}
 	acts, err := fileAction(cur, HealthFile, marshal(c))
 	return Plan{Actions: acts, Summary: summary}, err
