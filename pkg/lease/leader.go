@@ -107,7 +107,7 @@ func (l *Leader) Stop() {
 		l.drop(h)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := Release(ctx, l.pool, l.cfg.Holder, []Held{*h}); err != nil {
+		if _, err := Release(ctx, l.pool, l.cfg.Holder, []Held{*h}); err != nil {
 			l.log.Warn("release the lease", "lease", l.cfg.Name, "err", err)
 		}
 	})

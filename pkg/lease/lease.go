@@ -100,12 +100,14 @@ func Renew(ctx context.Context, q Querier, holder string, ttl time.Duration, hel
 // fence stays: the next holder increments it. Like [Renew] and [Acquire] it
 // locks the leases in name order, as a batch's fenced transaction does (FOR
 // SHARE, in name order), so releasing, renewing and running never deadlock.
-func Release(ctx context.Context, q Querier, holder string, held []Held) error {
+// It returns how many of held it released: the others were lost already
+// (taken by another holder, or their fence moved).
+func Release(ctx context.Context, q Querier, holder string, held []Held) (int, error) {
 	if len(held) == 0 {
-		return nil
+		return 0, nil
 	}
 	names, fences := split(held)
-	_, err := q.Exec(ctx, `
+	tag, err := q.Exec(ctx, `
 		WITH k AS MATERIALIZED (
 			SELECT l.name FROM leases l JOIN unnest($1::text[], $2::bigint[]) AS h(name, fence)
 			    ON l.name = h.name AND l.fence = h.fence AND l.holder = $3
@@ -113,9 +115,9 @@ func Release(ctx context.Context, q Querier, holder string, held []Held) error {
 		UPDATE leases AS l SET holder = NULL, expires_at = '-infinity'
 		  FROM k WHERE l.name = k.name AND l.holder = $3`, names, fences, holder)
 	if err != nil {
-		return fmt.Errorf("release leases: %w", err)
+		return 0, fmt.Errorf("release leases: %w", err)
 	}
-	return nil
+	return int(tag.RowsAffected()), nil
 }
 
 func split(held []Held) ([]string, []int64) {

@@ -43,8 +43,10 @@ func TestLeaseLifecycle(t *testing.T) {
 	// takes leases in name order, not the order asked.)
 	first := slices.IndexFunc(a, func(h lease.Held) bool { return h.Name == names[0] })
 	a[0], a[first] = a[first], a[0]
-	if err := lease.Release(ctx, pool, "a", a[:1]); err != nil {
-		t.Fatal(err)
+	if n, err := lease.Release(ctx, pool, "a", a[:1]); err != nil || n != 1 {
+		t.Fatalf("release: %d, %v; want 1 released", n, err)
+	} else if n, err := lease.Release(ctx, pool, "a", a[:1]); err != nil || n != 0 {
+		t.Fatalf("releasing it again: %d, %v; want 0 released", n, err)
 	}
 	b, err := lease.Acquire(ctx, pool, "b", time.Minute, names[:1])
 	if err != nil || len(b) != 1 || b[0].Fence != 2 {
@@ -111,7 +113,8 @@ func TestRenewReleaseAndFencedRunsDoNotDeadlock(t *testing.T) {
 					if _, err := lease.Renew(ctx, tx, "w", time.Minute, shuffled); err != nil {
 						return err
 					}
-					return lease.Release(ctx, tx, "nobody", shuffled) // locks, changes nothing
+					_, err := lease.Release(ctx, tx, "nobody", shuffled) // locks, changes nothing
+					return err
 				})
 				if err != nil {
 					errs <- err

@@ -138,7 +138,8 @@ func (rt *Runtime) heartbeat(ctx context.Context, m *member) error {
 	rt.leaseMu.Unlock()
 	slices.Sort(acquire)
 
-	if err := lease.Release(ctx, rt.pool, m.workerID, release); err != nil {
+	released, err := lease.Release(ctx, rt.pool, m.workerID, release)
+	if err != nil {
 		return err
 	}
 	renewed, err := lease.Renew(ctx, rt.pool, m.workerID, ttl, renew)
@@ -158,7 +159,9 @@ func (rt *Runtime) heartbeat(ctx context.Context, m *member) error {
 	for _, h := range renewed {
 		kept[h.Name] = true
 	}
-	lost := 0
+	// Leases given up that were no longer this worker's (another took
+	// them while it was stopped or cut off) were lost, not released.
+	lost := len(release) - released
 	for _, h := range renew {
 		if !kept[h.Name] {
 			delete(m.held, h.Name)
@@ -336,7 +339,7 @@ func (rt *Runtime) leave(ctx context.Context) {
 		}
 		m.held = map[string]*heldLease{}
 		rt.leaseMu.Unlock()
-		if err := lease.Release(ctx, rt.pool, m.workerID, held); err != nil {
+		if _, err := lease.Release(ctx, rt.pool, m.workerID, held); err != nil {
 			rt.log.Warn("release leases at stop", "err", err)
 		}
 		rt.met.leaseChanges.WithLabelValues(m.role, "released").Add(float64(len(held)))
