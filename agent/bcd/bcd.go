@@ -40,6 +40,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
+	"github.com/bettercompute/bettercompute/agent/siteconf"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/vps"
 	"github.com/bettercompute/bettercompute/agent/vps/libvirt"
@@ -249,11 +250,20 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	driverRoot := f.str("driver-root", "/", "the root the NVIDIA driver's libraries and binaries are found under, for the CDI spec")
 	nvidiaCTK := f.str("nvidia-ctk", "", "the nvidia-ctk binary of the CDI spec's update-ldcache hook (default: looked up on PATH; absent, the spec has no hook)")
 	dcgmi := f.str("dcgmi", inventory.DefaultDCGMI, "the dcgmi binary diag.nvml (levels medium, long, full) and the health section's background diagnostics run for DCGM's diagnostics (a name is looked up on PATH; absent, they report DCGM not installed)")
+	siteRoot := f.str("site-root", "/", "root the site section's NTP, DNS and proxy files are written under (etc/systemd/…, etc/chrony/…, etc/bettercompute/proxy.env); bcd never restarts the services that read them")
+	logLevel := f.str("log-level", "info", "log level until the site section sets one: debug, info, warn or error")
 	if err := f.parse(args); err != nil {
 		return err
 	}
 	if *gateway == "" {
 		return usageError{errors.New("--gateway is required")}
+	}
+	if *siteRoot == "" {
+		return usageError{errors.New("--site-root: want a directory, \"/\" on a real node")}
+	}
+	defLevel := siteconf.Settings{LogLevel: *logLevel}.Level(slog.Level(-100))
+	if defLevel == slog.Level(-100) {
+		return usageError{fmt.Errorf("--log-level: want debug, info, warn or error, got %q", *logLevel)}
 	}
 	switch *vpsRuntime {
 	case VPSNone, VPSSim, VPSLibvirt:
@@ -293,7 +303,14 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer func() { _ = logFile.Close() }()
-	logger := slog.New(slog.NewMultiHandler(slog.NewTextHandler(stderr, nil), slog.NewTextHandler(logFile, nil)))
+	// The site section's log_level switches level live (converge.Site).
+	level := new(slog.LevelVar)
+	level.Set(defLevel)
+	opts := &slog.HandlerOptions{Level: level}
+	logger := slog.New(slog.NewMultiHandler(slog.NewTextHandler(stderr, opts), slog.NewTextHandler(logFile, opts)))
+	// site is the applied site settings; the telemetry exporter follows
+	// OTLPEndpoint with site.Subscribe, HTTP clients take site.Proxy.
+	site := new(siteconf.Live)
 	invCfg := inventory.Config{Backend: *nvml, Logger: logger, DiskPath: store.Root(), DCGMI: *dcgmi}
 	if *nvml == inventory.BackendMock {
 		// The mock's GPUs can be broken from outside (see inventory.Faults).
@@ -325,6 +342,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		BootID: boot, AgentVersion: version(), Logger: logger,
 		CommandKey: pub, DenyKinds: deny, RebootHook: reboot, VPS: rec,
 		LogSources: command.LogSources{Kmsg: *kmsg, Journalctl: *journalctl},
+		Site:       converge.Site{Root: *siteRoot, LogLevel: level, DefaultLogLevel: defLevel, OnChange: site.Set},
 	})
 }
 

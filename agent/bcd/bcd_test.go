@@ -28,6 +28,8 @@ func TestMain_Commands(t *testing.T) {
 		{[]string{"node"}, 2, "", "--gateway is required"},
 		{[]string{"join", "--gateway", "x:1"}, 2, "", "--token and --gateway are required"},
 		{[]string{"node", "--bogus"}, 2, "", "flag provided but not defined"},
+		{[]string{"node", "--gateway", "x:1", "--log-level", "loud"}, 2, "", "--log-level"},
+		{[]string{"node", "--gateway", "x:1", "--site-root", ""}, 2, "", "--site-root"},
 		{[]string{"join", "-h"}, 0, "", "-joinservice-key"},
 		{[]string{"bogus"}, 2, "", `unknown command "bogus"`},
 		{nil, 0, "usage: bcd", ""},

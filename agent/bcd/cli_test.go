@@ -62,7 +62,7 @@ func TestJoinThenNode(t *testing.T) {
 	var nodeErr bytes.Buffer
 	go func() {
 		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-cli",
-			"--command-key", cmdKey, "--deny-kinds", "logs.collect, inventory.refresh"}, &bytes.Buffer{}, &nodeErr)
+			"--command-key", cmdKey, "--deny-kinds", "logs.collect, inventory.refresh", "--site-root", t.TempDir()}, &bytes.Buffer{}, &nodeErr)
 	}()
 	var nodeID string
 	select {

@@ -13,7 +13,9 @@
 //	cdi/bettercompute.io-gpu.json the CDI spec (devices), when Config.CDI is
 //	                      unset; a node's bcd writes it into the engines'
 //	                      CDI directory (/var/run/cdi) instead
-//	site.json             NTP, DNS, proxy, OTLP endpoint, log level (site)
+//	site.json             NTP, DNS, proxy, OTLP endpoint, log level (site);
+//	                      the system files they make are under Config.Site.Root
+//	                      (see package siteconf)
 //	health.json           health-check intervals and thresholds (health)
 //
 // Files are written atomically and only when their content changes, so
@@ -21,6 +23,7 @@
 package converge
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +39,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/bettercompute/bettercompute/agent/cdi"
+	"github.com/bettercompute/bettercompute/agent/siteconf"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/vps"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
@@ -90,6 +94,9 @@ func (c Current) ReadFile(rel string) ([]byte, error) {
 type Action struct {
 	// Path is relative to the root.
 	Path string
+	// Root, when set, is the root Path is under instead of the state root
+	// (the site handler's system files under Config.SiteRoot).
+	Root string
 	// Data is the file's new content.
 	Data []byte
 	// Remove removes the file instead.
@@ -98,10 +105,14 @@ type Action struct {
 
 // String describes the action.
 func (a Action) String() string {
-	if a.Remove {
-		return "remove " + a.Path
+	p := a.Path
+	if a.Root != "" {
+		p = filepath.Join(a.Root, a.Path)
 	}
-	return fmt.Sprintf("write %s (%d bytes)", a.Path, len(a.Data))
+	if a.Remove {
+		return "remove " + p
+	}
+	return fmt.Sprintf("write %s (%d bytes)", p, len(a.Data))
 }
 
 // Plan is what a handler would do to converge its section. An empty plan
@@ -158,6 +169,27 @@ type Config struct {
 	// VPS runs the instances section; nil means this node runs no VPS
 	// runtime (the section is FAILED_TERMINAL unless empty).
 	VPS *vps.Reconciler
+	// Site wires the site section into the node and the daemon.
+	Site Site
+}
+
+// Site says where the site section's settings go.
+type Site struct {
+	// Root is the root the section's system files are written under
+	// (siteconf.Plan): "/" on a real node; "" writes none, the fields are
+	// only recorded in SiteFile (a simulated node).
+	Root string
+	// LogLevel is the daemon's log level, switched live by the section's
+	// log_level; DefaultLogLevel is what it goes back to when the field is
+	// unset. Nil leaves the level alone.
+	LogLevel        *slog.LevelVar
+	DefaultLogLevel slog.Level
+	// OnChange, when set, is called with the settings whenever the applied
+	// ones change, and once from New with those persisted (the telemetry
+	// exporter follows OTLPEndpoint, the daemon's HTTP client Proxy). It
+	// runs on the converging goroutine, must be quick and must not call
+	// Converge.
+	OnChange func(siteconf.Settings)
 }
 
 // Converger runs every section's handler against a desired state. Converge
@@ -170,6 +202,7 @@ type Converger struct {
 	health   *healthHandler
 	devices  *devicesHandler
 	booked   bookings
+	site     *siteHandler
 	mu       sync.Mutex // serialises Converge
 }
 
@@ -189,10 +222,11 @@ func New(cfg Config) (*Converger, error) {
 		}
 		cfg.CDI = w
 	}
-	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: &devicesHandler{w: cfg.CDI}}
+	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: &devicesHandler{w: cfg.CDI}, site: &siteHandler{
+		root: cfg.Site.Root, level: cfg.Site.LogLevel, def: cfg.Site.DefaultLogLevel, onChange: cfg.Site.OnChange}}
 	c.handlers = []Handler{
 		identityHandler{},
-		siteHandler{},
+		c.site,
 		unsupported{section: "runtime", would: planRuntime},
 		c.devices,
 		unsupported{section: "mig", would: planMig},
@@ -213,6 +247,9 @@ func New(cfg Config) (*Converger, error) {
 		c.observed.Store(n)
 	}
 	if err := c.health.load(cfg.Root); err != nil {
+		return nil, err
+	}
+	if err := c.site.load(cfg.Root, true); err != nil {
 		return nil, err
 	}
 	if err := c.resume(); err != nil {
@@ -261,6 +298,9 @@ func (c *Converger) DevicesDrifted() bool {
 	defer c.mu.Unlock()
 	return c.devices.drifted()
 }
+
+// Site returns the site settings last applied (zero before any).
+func (c *Converger) Site() siteconf.Settings { return c.site.current() }
 
 // Converge plans and applies every section of ds and returns the status of
 // each section (all with ds's generation) and the observed generation: ds's
@@ -365,9 +405,8 @@ func (c *Converger) run(ctx context.Context, h Handler, cur Current, spec *agent
 
 // applyFiles carries out file actions under root.
 func applyFiles(cur Current, actions []Action) error {
-	root := cur.Root
 	for _, a := range actions {
-		path := filepath.Join(root, a.Path)
+		path := filepath.Join(cmp.Or(a.Root, cur.Root), a.Path)
 		if a.Remove {
 			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return err

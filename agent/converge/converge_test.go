@@ -154,7 +154,7 @@ func TestConverge_TerminalFailures(t *testing.T) {
 	}
 	want := map[string]string{
 		"identity":  `this node is "node_1"`,
-		"site":      `invalid log level "loud"`,
+		"site":      `invalid site section: log_level: "loud"`,
 		"runtime":   `not built yet: would configure container runtime "containerd" with CDI enabled`,
 		"mig":       "not built yet: would enable MIG on GPU-a with instances [1g.18gb, 1g.18gb]",
 		"instances": "not built yet: would run inst_1",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/inventory"
+	"github.com/bettercompute/bettercompute/agent/siteconf"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
@@ -193,9 +195,8 @@ func (h *devicesHandler) Apply(context.Context, Current, Plan) error {
 }
 
 // SiteFileContent is SiteFile: the section's fields, each left out when
-// unset. Wiring them into chrony, resolv.conf, the proxy environment and the
-// daemon's exporter and logger comes in a later release; today the node
-// records them.
+// unset. It is the record the daemon's in-memory settings (log level, OTLP
+// endpoint, proxy) are loaded from at start.
 type SiteFileContent struct {
 	Gateways     *[]string `json:"gateways,omitempty"`
 	NTPServers   *[]string `json:"ntp_servers,omitempty"`
@@ -206,10 +207,44 @@ type SiteFileContent struct {
 	LogLevel     *string   `json:"log_level,omitempty"`
 }
 
-// siteHandler writes SiteFile, or removes it when the section is empty.
-type siteHandler struct{}
+// settings are the fields the node applies.
+func (c SiteFileContent) settings() siteconf.Settings {
+	deref := func(p *[]string) []string {
+		if p == nil {
+			return nil
+		}
+		return *p
+	}
+	str := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	return siteconf.Settings{
+		NTPServers: deref(c.NTPServers), DNSServers: deref(c.DNSServers), HTTPProxy: str(c.HTTPProxy),
+		NoProxy: deref(c.NoProxy), OTLPEndpoint: str(c.OTLPEndpoint), LogLevel: str(c.LogLevel),
+	}
+}
 
-func (siteHandler) Section() string { return "site" }
+// siteHandler records the section in SiteFile (removed when the section is
+// empty), writes the system files siteconf.Plan names under root (none when
+// root is ""), and keeps the applied settings in memory: it switches the
+// daemon's log level and tells onChange. Its status reason has one entry
+// per field ("ntp_servers: applied (…); dns_servers: unset; …"); a field
+// that cannot be applied here (DNS without systemd-resolved) makes the
+// section FAILED_TERMINAL with the others still applied.
+type siteHandler struct {
+	root     string
+	level    *slog.LevelVar
+	def      slog.Level
+	onChange func(siteconf.Settings)
+
+	mu  sync.Mutex
+	cur siteconf.Settings
+}
+
+func (*siteHandler) Section() string { return "site" }
 
 func list(l *agentv1.StringList) *[]string {
 	if l == nil {
@@ -219,29 +254,105 @@ func list(l *agentv1.StringList) *[]string {
 	return &v
 }
 
-func (siteHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
+func (h *siteHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	s := d.GetSite()
-	if s == nil {
-		acts, err := fileAction(cur, SiteFile, nil)
-		return Plan{Actions: acts}, err
+	var c SiteFileContent
+	if s != nil {
+		c = SiteFileContent{
+			Gateways: list(s.GetGateways()), NTPServers: list(s.GetNtpServers()), DNSServers: list(s.GetDnsServers()),
+			HTTPProxy: s.HttpProxy, NoProxy: list(s.GetNoProxy()), OTLPEndpoint: s.OtlpEndpoint, LogLevel: s.LogLevel,
+		}
 	}
-	if s.LogLevel != nil && !slices.Contains([]string{"debug", "info", "warn", "error"}, s.GetLogLevel()) {
-		return Plan{Terminal: fmt.Sprintf("invalid log level %q: want debug, info, warn or error", s.GetLogLevel())}, nil
-	}
-	c := SiteFileContent{
-		Gateways: list(s.GetGateways()), NTPServers: list(s.GetNtpServers()), DNSServers: list(s.GetDnsServers()),
-		HTTPProxy: s.HttpProxy, NoProxy: list(s.GetNoProxy()), OTLPEndpoint: s.OtlpEndpoint, LogLevel: s.LogLevel,
+	set := c.settings()
+	if bad := siteconf.Validate(set); len(bad) > 0 {
+		return Plan{Terminal: "invalid site section: " + strings.Join(bad, "; ")}, nil
 	}
 	var data []byte
 	if c != (SiteFileContent{}) {
 		data = marshal(c)
 	}
 	acts, err := fileAction(cur, SiteFile, data)
-	return Plan{Actions: acts}, err
+	if err != nil {
+		return Plan{}, err
+	}
+	files, fields := siteconf.Plan(h.root, set)
+	for _, f := range files {
+		a, err := fileAction(Current{Root: h.root}, f.Path, f.Data)
+		if err != nil {
+			return Plan{}, err
+		}
+		for i := range a {
+			a[i].Root = h.root
+		}
+		acts = append(acts, a...)
+	}
+	p := Plan{Actions: acts}
+	var failed []string
+	parts := make([]string, 0, len(fields))
+	for _, f := range fields {
+		parts = append(parts, f.String())
+		if f.State == siteconf.Failed {
+			failed = append(failed, f.Name)
+		}
+	}
+	p.Summary = strings.Join(parts, "; ")
+	if len(failed) > 0 {
+		p.Terminal = "not applied: " + strings.Join(failed, ", ") + "; " + p.Summary
+	}
+	// The in-memory settings follow the spec even when no file changes
+	// (e.g. the daemon started with SiteFile already in place).
+	if !set.Equal(h.current()) {
+		p.Steps = append(p.Steps, "apply the daemon's site settings")
+	}
+	return p, nil
 }
 
-func (siteHandler) Apply(_ context.Context, cur Current, p Plan) error {
-	return applyFiles(cur, p.Actions)
+func (h *siteHandler) Apply(_ context.Context, cur Current, p Plan) error {
+	if err := applyFiles(cur, p.Actions); err != nil {
+		return err
+	}
+	return h.load(cur.Root, false)
+}
+
+// load reads SiteFile (absent: nothing set) and applies its daemon
+// settings: the log level, and onChange when they changed (or always, with
+// initial).
+func (h *siteHandler) load(root string, initial bool) error {
+	b, err := Current{Root: root}.ReadFile(SiteFile)
+	if err != nil {
+		return fmt.Errorf("converge: %w", err)
+	}
+	var c SiteFileContent
+	if b != nil {
+		if err := json.Unmarshal(b, &c); err != nil {
+			return fmt.Errorf("converge: %s: %w", SiteFile, err)
+		}
+	}
+	set := c.settings()
+	if bad := siteconf.Validate(set); len(bad) > 0 {
+		// Written by an older daemon that checked less: nothing of it is
+		// used; the spec's next converge says what is wrong.
+		set = siteconf.Settings{}
+	}
+	h.mu.Lock()
+	changed := !set.Equal(h.cur)
+	h.cur = set
+	h.mu.Unlock()
+	if h.level != nil {
+		h.level.Set(set.Level(h.def))
+	}
+	if h.onChange != nil && (changed || initial) {
+		h.onChange(set)
+	}
+	return nil
+}
+
+func (h *siteHandler) current() siteconf.Settings {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	v := h.cur
+	v.NTPServers, v.DNSServers, v.NoProxy = slices.Clone(v.NTPServers), slices.Clone(v.DNSServers), slices.Clone(v.NoProxy)
+	return v
 }
 
 // Health is the health section as the daemon's checks use it. Zero

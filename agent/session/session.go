@@ -138,6 +138,10 @@ type Config struct {
 	// the node runs no VPS runtime (the section is FAILED_TERMINAL unless
 	// empty, instance.reboot UNSUPPORTED).
 	VPS *vps.Reconciler
+	// Site is where the NodeSpec's site section goes: its system files'
+	// root, the daemon's log level, and who follows the settings (the
+	// telemetry exporter). The zero value only records the section.
+	Site converge.Site
 
 	// Key, when set, is the key the stored identity's certificate binds,
 	// used instead of State's node key: bcd ramdisk's Ed25519 key, held in
@@ -205,7 +209,7 @@ func Run(ctx context.Context, cfg Config) error {
 		minors = m.Minors
 	}
 	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Minors: minors,
-		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI})
+		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI, Site: cfg.Site})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}
