@@ -202,12 +202,17 @@ func host(v string) error {
 			return fmt.Errorf("not a host name or IP address")
 		}
 		for _, r := range l {
-			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+			if !hostRune(r) {
 				return fmt.Errorf("not a host name or IP address")
 			}
 		}
 	}
 	return nil
+}
+
+// hostRune reports whether r may stand in a host name's label.
+func hostRune(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-'
 }
 
 func proxyURL(v string) error {
