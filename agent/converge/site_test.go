@@ -112,7 +112,7 @@ func TestSiteNTPAppliedAndReverted(t *testing.T) {
 	t.Parallel()
 	t.Run("timesyncd", func(t *testing.T) {
 		t.Parallel()
-		n := newSiteNode(t)
+		n := newSiteNode(t, siteconf.TimesyncdConf)
 		st := n.converge(&agentv1.SiteSettings{NtpServers: strs("ntp1.example", "192.0.2.1")})
 		wantConverged(t, st, "ntp_servers: applied ("+siteconf.TimesyncdDropIn, "bcd does not restart it", "dns_servers: unset")
 		if got, want := n.file(siteconf.TimesyncdDropIn), hdr+"[Time]\nNTP=ntp1.example 192.0.2.1\n"; got != want {
@@ -131,7 +131,7 @@ func TestSiteNTPAppliedAndReverted(t *testing.T) {
 	})
 	t.Run("chrony", func(t *testing.T) {
 		t.Parallel()
-		n := newSiteNode(t, siteconf.ChronyConf)
+		n := newSiteNode(t, siteconf.ChronyConf, siteconf.TimesyncdConf)
 		st := n.converge(&agentv1.SiteSettings{NtpServers: strs("ntp1.example", "ntp2.example")})
 		wantConverged(t, st, "ntp_servers: applied ("+siteconf.ChronyDropIn, "chronyd")
 		if got, want := n.file(siteconf.ChronyDropIn), hdr+"server ntp1.example iburst\nserver ntp2.example iburst\n"; got != want {
@@ -142,6 +142,17 @@ func TestSiteNTPAppliedAndReverted(t *testing.T) {
 		n.absent(siteconf.ChronyDropIn, "chrony drop-in left after the section was removed")
 		if got := n.file(siteconf.ChronyConf); got != "# the distribution's file\n" {
 			t.Errorf("chrony.conf touched: %q", got)
+		}
+	})
+	t.Run("neither chrony nor timesyncd: failed, nothing written", func(t *testing.T) {
+		t.Parallel()
+		n := newSiteNode(t)
+		st := n.converge(&agentv1.SiteSettings{NtpServers: strs("ntp1.example")})
+		if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(st.GetReason(), "not applied: ntp_servers") {
+			t.Errorf("site %v, want FAILED_TERMINAL naming ntp_servers", st)
+		}
+		if got := snapshot(t, n.sys); len(got) != 0 {
+			t.Errorf("files written: %v", got)
 		}
 	})
 }
@@ -161,7 +172,7 @@ func TestSiteDNSAppliedAndReverted(t *testing.T) {
 	})
 	t.Run("no resolved: failed, resolv.conf untouched, other fields applied", func(t *testing.T) {
 		t.Parallel()
-		n := newSiteNode(t, "etc/resolv.conf")
+		n := newSiteNode(t, "etc/resolv.conf", siteconf.TimesyncdConf)
 		st := n.converge(&agentv1.SiteSettings{DnsServers: strs("192.0.2.53"), NtpServers: strs("ntp1.example")})
 		if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL ||
 			!strings.Contains(st.GetReason(), "not applied: dns_servers") || !strings.Contains(st.GetReason(), "systemd-resolved is not installed") ||
@@ -237,7 +248,7 @@ func (l *lockedBuffer) String() string {
 
 func TestSiteLogLevelAppliedLive(t *testing.T) {
 	t.Parallel()
-	n := newSiteNode(t)
+	n := newSiteNode(t, siteconf.TimesyncdConf)
 	var sink lockedBuffer
 	log := slog.New(slog.NewTextHandler(&sink, &slog.HandlerOptions{Level: n.level}))
 	var endpoints []string
@@ -301,7 +312,7 @@ func snapshot(t *testing.T, roots ...string) map[string]string {
 
 func TestSiteApplyIsIdempotent(t *testing.T) {
 	t.Parallel()
-	n := newSiteNode(t, siteconf.ResolvedConf)
+	n := newSiteNode(t, siteconf.ResolvedConf, siteconf.TimesyncdConf)
 	site := &agentv1.SiteSettings{
 		Gateways: strs("gw.example:443"), NtpServers: strs("ntp1.example"), DnsServers: strs("192.0.2.53"),
 		HttpProxy: ptr("http://proxy.example:3128"), NoProxy: strs(".internal.example"),
@@ -312,7 +323,7 @@ func TestSiteApplyIsIdempotent(t *testing.T) {
 	// The section's own files only: the generation files change every time.
 	sysBefore := snapshot(t, n.sys)
 	siteBefore := snapshot(t, filepath.Join(n.state, converge.SiteFile))
-	if len(sysBefore) != 4 { // resolved.conf and three drop-ins
+	if len(sysBefore) != 5 { // resolved.conf, timesyncd.conf and three drop-ins
 		t.Fatalf("files under the site root: %v", sysBefore)
 	}
 	second := n.converge(site)

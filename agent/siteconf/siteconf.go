@@ -5,6 +5,7 @@
 //	etc/systemd/timesyncd.conf.d/50-bettercompute.conf  NTP, systemd-timesyncd
 //	etc/chrony/conf.d/bettercompute.conf                NTP, when chrony is the one
 //	                                                    present (etc/chrony/chrony.conf)
+//	                                                    (timesyncd: etc/systemd/timesyncd.conf)
 //	etc/systemd/resolved.conf.d/50-bettercompute.conf   DNS, systemd-resolved
 //	                                                    (etc/systemd/resolved.conf)
 //	etc/bettercompute/proxy.env                         HTTP(S) proxy, an environment
@@ -15,7 +16,8 @@
 // reverts it. bcd never restarts or reloads the services that read these
 // files: a field's status says which service picks the change up at its next
 // restart. resolv.conf is never written: a node without systemd-resolved
-// reports the DNS field failed (see [Fields]).
+// reports the DNS field failed, one with neither chrony nor timesyncd the
+// NTP field (see [Plan]).
 //
 // The daemon's own fields (log level, OTLP endpoint, and the proxy for its
 // outbound HTTP) live in memory: see [Settings].
@@ -41,6 +43,9 @@ import (
 const (
 	// TimesyncdDropIn holds the NTP servers for systemd-timesyncd.
 	TimesyncdDropIn = "etc/systemd/timesyncd.conf.d/50-bettercompute.conf"
+	// TimesyncdConf is systemd-timesyncd's main file: NTP is applied
+	// through TimesyncdDropIn where it exists and chrony is absent.
+	TimesyncdConf = "etc/systemd/timesyncd.conf"
 	// ChronyDropIn holds the NTP servers for chrony.
 	ChronyDropIn = "etc/chrony/conf.d/bettercompute.conf"
 	// ChronyConf is chrony's main file: when it exists, chrony is the NTP
@@ -295,9 +300,11 @@ func Plan(root string, s Settings) ([]File, []Field) {
 		}
 		chrony = []byte(b.String())
 		ntp = Field{Name: ntp.Name, State: Applied, Detail: ChronyDropIn + "; chronyd reads it at its next restart, bcd does not restart it"}
-	default:
+	case exists(root, TimesyncdConf):
 		timesyncd = []byte(header + "[Time]\nNTP=" + strings.Join(s.NTPServers, " ") + "\n")
 		ntp = Field{Name: ntp.Name, State: Applied, Detail: TimesyncdDropIn + "; systemd-timesyncd reads it at its next restart, bcd does not restart it"}
+	default:
+		ntp = Field{Name: ntp.Name, State: Failed, Detail: "neither chrony (" + ChronyConf + ") nor systemd-timesyncd (" + TimesyncdConf + ") is installed"}
 	}
 	switch {
 	case len(s.DNSServers) == 0:
