@@ -17,6 +17,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/agent/bcd"
 	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
+	"github.com/bettercompute/bettercompute/agent/siteconf"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/commandsig"
 )
@@ -57,12 +58,22 @@ func TestJoinThenNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The site section's files go under --site-root: a system root with
+	// systemd-timesyncd installed.
+	siteRoot := filepath.Join(dir, "sys")
+	if err := os.MkdirAll(filepath.Join(siteRoot, "etc/systemd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(siteRoot, siteconf.TimesyncdConf), []byte("[Time]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var nodeErr bytes.Buffer
 	go func() {
 		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-cli",
-			"--command-key", cmdKey, "--deny-kinds", "logs.collect, inventory.refresh", "--site-root", t.TempDir()}, &bytes.Buffer{}, &nodeErr)
+			"--command-key", cmdKey, "--deny-kinds", "logs.collect, inventory.refresh", "--site-root", siteRoot}, &bytes.Buffer{}, &nodeErr)
 	}()
 	var nodeID string
 	select {
@@ -101,6 +112,30 @@ func TestJoinThenNode(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatalf("no answer to %s", kind)
 		}
+	}
+	// The site section is applied under --site-root and reported per field.
+	level := "debug"
+	cp.SetDesired(&agentv1.DesiredState{Generation: 1, Spec: &agentv1.NodeSpec{Identity: &agentv1.NodeIdentity{NodeId: nodeID},
+		Site: &agentv1.SiteSettings{NtpServers: &agentv1.StringList{Values: []string{"ntp1.example"}}, LogLevel: &level}}})
+	var site *agentv1.SectionStatus
+	for site == nil {
+		select {
+		case o := <-cp.Observed:
+			for _, s := range o.GetSections() {
+				if s.GetSection() == "site" && s.GetGeneration() == 1 {
+					site = s
+				}
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("no Observed for the site section")
+		}
+	}
+	if site.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || !strings.Contains(site.GetReason(), "ntp_servers: applied") ||
+		!strings.Contains(site.GetReason(), "log_level: applied (debug, live)") {
+		t.Errorf("site section %v", site)
+	}
+	if b, err := os.ReadFile(filepath.Join(siteRoot, siteconf.TimesyncdDropIn)); err != nil || !strings.Contains(string(b), "NTP=ntp1.example") {
+		t.Errorf("timesyncd drop-in (%v): %q", err, b)
 	}
 	cancel()
 	if code := <-done; code != 0 {
