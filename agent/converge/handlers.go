@@ -198,13 +198,14 @@ func (h *devicesHandler) Apply(context.Context, Current, Plan) error {
 // unset. It is the record the daemon's in-memory settings (log level, OTLP
 // endpoint, proxy) are loaded from at start.
 type SiteFileContent struct {
-	Gateways     *[]string `json:"gateways,omitempty"`
-	NTPServers   *[]string `json:"ntp_servers,omitempty"`
-	DNSServers   *[]string `json:"dns_servers,omitempty"`
-	HTTPProxy    *string   `json:"http_proxy,omitempty"`
-	NoProxy      *[]string `json:"no_proxy,omitempty"`
-	OTLPEndpoint *string   `json:"otlp_endpoint,omitempty"`
-	LogLevel     *string   `json:"log_level,omitempty"`
+	Gateways      *[]string `json:"gateways,omitempty"`
+	NTPServers    *[]string `json:"ntp_servers,omitempty"`
+	DNSServers    *[]string `json:"dns_servers,omitempty"`
+	HTTPProxy     *string   `json:"http_proxy,omitempty"`
+	NoProxy       *[]string `json:"no_proxy,omitempty"`
+	OTLPEndpoint  *string   `json:"otlp_endpoint,omitempty"`
+	LogLevel      *string   `json:"log_level,omitempty"`
+	SearchDomains *[]string `json:"search_domains,omitempty"`
 }
 
 // settings are the fields the node applies.
@@ -222,7 +223,7 @@ func (c SiteFileContent) settings() siteconf.Settings {
 		return *p
 	}
 	return siteconf.Settings{
-		NTPServers: deref(c.NTPServers), DNSServers: deref(c.DNSServers), HTTPProxy: str(c.HTTPProxy),
+		NTPServers: deref(c.NTPServers), DNSServers: deref(c.DNSServers), SearchDomains: deref(c.SearchDomains), HTTPProxy: str(c.HTTPProxy),
 		NoProxy: deref(c.NoProxy), OTLPEndpoint: str(c.OTLPEndpoint), LogLevel: str(c.LogLevel),
 	}
 }
@@ -261,6 +262,7 @@ func (h *siteHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		c = SiteFileContent{
 			Gateways: list(s.GetGateways()), NTPServers: list(s.GetNtpServers()), DNSServers: list(s.GetDnsServers()),
 			HTTPProxy: s.HttpProxy, NoProxy: list(s.GetNoProxy()), OTLPEndpoint: s.OtlpEndpoint, LogLevel: s.LogLevel,
+			SearchDomains: list(s.GetSearchDomains()),
 		}
 	}
 	set := c.settings()
@@ -352,6 +354,7 @@ func (h *siteHandler) current() siteconf.Settings {
 	defer h.mu.Unlock()
 	v := h.cur
 	v.NTPServers, v.DNSServers, v.NoProxy = slices.Clone(v.NTPServers), slices.Clone(v.DNSServers), slices.Clone(v.NoProxy)
+	v.SearchDomains = slices.Clone(v.SearchDomains)
 	return v
 }
 

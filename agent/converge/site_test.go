@@ -162,12 +162,18 @@ func TestSiteDNSAppliedAndReverted(t *testing.T) {
 	t.Run("resolved", func(t *testing.T) {
 		t.Parallel()
 		n := newSiteNode(t, siteconf.ResolvedConf)
-		st := n.converge(&agentv1.SiteSettings{DnsServers: strs("192.0.2.53", "2001:db8::53")})
-		wantConverged(t, st, "dns_servers: applied ("+siteconf.ResolvedDropIn, "systemd-resolved reads it at its next restart")
-		if got, want := n.file(siteconf.ResolvedDropIn), hdr+"[Resolve]\nDNS=192.0.2.53 2001:db8::53\n"; got != want {
+		st := n.converge(&agentv1.SiteSettings{DnsServers: strs("192.0.2.53", "2001:db8::53"), SearchDomains: strs("corp.example", "lab.corp.example")})
+		wantConverged(t, st, "dns_servers: applied ("+siteconf.ResolvedDropIn, "systemd-resolved reads it at its next restart",
+			"search_domains: applied ("+siteconf.ResolvedDropIn)
+		if got, want := n.file(siteconf.ResolvedDropIn), hdr+"[Resolve]\nDNS=192.0.2.53 2001:db8::53\nDomains=corp.example lab.corp.example\n"; got != want {
 			t.Errorf("resolved drop-in %q, want %q", got, want)
 		}
-		wantConverged(t, n.converge(&agentv1.SiteSettings{}), "dns_servers: unset")
+		// Each field reverts on its own.
+		wantConverged(t, n.converge(&agentv1.SiteSettings{SearchDomains: strs("corp.example")}), "dns_servers: unset", "search_domains: applied")
+		if got, want := n.file(siteconf.ResolvedDropIn), hdr+"[Resolve]\nDomains=corp.example\n"; got != want {
+			t.Errorf("resolved drop-in %q, want %q", got, want)
+		}
+		wantConverged(t, n.converge(&agentv1.SiteSettings{}), "dns_servers: unset", "search_domains: unset")
 		n.absent(siteconf.ResolvedDropIn, "drop-in left after the field was removed")
 	})
 	t.Run("no resolved: failed, resolv.conf untouched, other fields applied", func(t *testing.T) {
@@ -314,12 +320,12 @@ func TestSiteApplyIsIdempotent(t *testing.T) {
 	t.Parallel()
 	n := newSiteNode(t, siteconf.ResolvedConf, siteconf.TimesyncdConf)
 	site := &agentv1.SiteSettings{
-		Gateways: strs("gw.example:443"), NtpServers: strs("ntp1.example"), DnsServers: strs("192.0.2.53"),
+		Gateways: strs("gw.example:443"), NtpServers: strs("ntp1.example"), DnsServers: strs("192.0.2.53"), SearchDomains: strs("corp.example"),
 		HttpProxy: ptr("http://proxy.example:3128"), NoProxy: strs(".internal.example"),
 		OtlpEndpoint: ptr("otel.example:4317"), LogLevel: ptr("warn"),
 	}
 	first := n.converge(site)
-	wantConverged(t, first, "ntp_servers: applied", "dns_servers: applied", "http_proxy: applied", "otlp_endpoint: applied", "log_level: applied")
+	wantConverged(t, first, "ntp_servers: applied", "dns_servers: applied", "search_domains: applied", "http_proxy: applied", "otlp_endpoint: applied", "log_level: applied")
 	// The section's own files only: the generation files change every time.
 	sysBefore := snapshot(t, n.sys)
 	siteBefore := snapshot(t, filepath.Join(n.state, converge.SiteFile))
@@ -366,6 +372,7 @@ func TestSiteRefusesConfigInjection(t *testing.T) {
 		"ntp newline":       {&agentv1.SiteSettings{NtpServers: strs("ntp1.example\nserver evil.example")}, "ntp_servers"},
 		"ntp space":         {&agentv1.SiteSettings{NtpServers: strs("ntp1.example iburst maxpoll 1")}, "ntp_servers"},
 		"dns not an IP":     {&agentv1.SiteSettings{DnsServers: strs("192.0.2.1\nDNSSEC=no")}, "dns_servers"},
+		"search newline":    {&agentv1.SiteSettings{SearchDomains: strs("corp.example\nDNSSEC=no")}, "search_domains"},
 		"proxy newline":     {&agentv1.SiteSettings{HttpProxy: ptr("http://p.example:3128\nLD_PRELOAD=/tmp/x.so")}, "http_proxy"},
 		"proxy scheme":      {&agentv1.SiteSettings{HttpProxy: ptr("file:///etc/passwd")}, "http_proxy"},
 		"no_proxy comma":    {&agentv1.SiteSettings{HttpProxy: ptr("http://p.example:3128"), NoProxy: strs("a.example,b.example")}, "no_proxy"},

@@ -6,7 +6,8 @@
 //	etc/chrony/conf.d/bettercompute.conf                NTP, when chrony is the one
 //	                                                    present (etc/chrony/chrony.conf)
 //	                                                    (timesyncd: etc/systemd/timesyncd.conf)
-//	etc/systemd/resolved.conf.d/50-bettercompute.conf   DNS, systemd-resolved
+//	etc/systemd/resolved.conf.d/50-bettercompute.conf   DNS servers and search domains,
+//	                                                    systemd-resolved
 //	                                                    (etc/systemd/resolved.conf)
 //	etc/bettercompute/proxy.env                         HTTP(S) proxy, an environment
 //	                                                    file (KEY=value lines)
@@ -79,17 +80,21 @@ const header = "# Written by bcd from this node's site settings; edits are overw
 // Settings are a node's site settings as the daemon uses them. The zero
 // value is "nothing set".
 type Settings struct {
-	NTPServers   []string
-	DNSServers   []string
-	HTTPProxy    string
-	NoProxy      []string
-	OTLPEndpoint string // host:port, OTLP over gRPC; "" means no export
-	LogLevel     string // one of LogLevels; "" means the daemon's default
+	NTPServers []string
+	DNSServers []string
+	// SearchDomains go with DNSServers into the resolved drop-in
+	// (Domains=).
+	SearchDomains []string
+	HTTPProxy     string
+	NoProxy       []string
+	OTLPEndpoint  string // host:port, OTLP over gRPC; "" means no export
+	LogLevel      string // one of LogLevels; "" means the daemon's default
 }
 
 // Equal reports whether s and o are the same settings.
 func (s Settings) Equal(o Settings) bool {
 	return slices.Equal(s.NTPServers, o.NTPServers) && slices.Equal(s.DNSServers, o.DNSServers) &&
+		slices.Equal(s.SearchDomains, o.SearchDomains) &&
 		s.HTTPProxy == o.HTTPProxy && slices.Equal(s.NoProxy, o.NoProxy) &&
 		s.OTLPEndpoint == o.OTLPEndpoint && s.LogLevel == o.LogLevel
 }
@@ -141,6 +146,12 @@ func Validate(s Settings) []string {
 			return fmt.Errorf("not an IP address")
 		}
 		return nil
+	})
+	list("search_domains", s.SearchDomains, func(v string) error {
+		if _, err := netip.ParseAddr(v); err == nil {
+			return fmt.Errorf("an IP address, not a domain")
+		}
+		return host(v)
 	})
 	list("no_proxy", s.NoProxy, func(v string) error {
 		if err := plain(v); err != nil {
@@ -306,15 +317,33 @@ func Plan(root string, s Settings) ([]File, []Field) {
 	default:
 		ntp = Field{Name: ntp.Name, State: Failed, Detail: "neither chrony (" + ChronyConf + ") nor systemd-timesyncd (" + TimesyncdConf + ") is installed"}
 	}
+	dnsSet := len(s.DNSServers) > 0 || len(s.SearchDomains) > 0
 	switch {
-	case len(s.DNSServers) == 0:
+	case !dnsSet:
 	case root == "":
 		dns = Field{Name: dns.Name, State: Applied, Detail: "recorded only: no system root"}
 	case exists(root, ResolvedConf):
-		resolved = []byte(header + "[Resolve]\nDNS=" + strings.Join(s.DNSServers, " ") + "\n")
+		b := header + "[Resolve]\n"
+		if len(s.DNSServers) > 0 {
+			b += "DNS=" + strings.Join(s.DNSServers, " ") + "\n"
+		}
+		if len(s.SearchDomains) > 0 {
+			b += "Domains=" + strings.Join(s.SearchDomains, " ") + "\n"
+		}
+		resolved = []byte(b)
 		dns = Field{Name: dns.Name, State: Applied, Detail: ResolvedDropIn + "; systemd-resolved reads it at its next restart, bcd does not restart it"}
 	default:
 		dns = Field{Name: dns.Name, State: Failed, Detail: "systemd-resolved is not installed (no " + ResolvedConf + "); bcd does not write resolv.conf"}
+	}
+	// dns_servers and search_domains share the drop-in: each field's
+	// status is the drop-in's, or unset.
+	domains := dns
+	domains.Name = "search_domains"
+	if len(s.SearchDomains) == 0 {
+		domains = Field{Name: "search_domains", State: Unset}
+	}
+	if len(s.DNSServers) == 0 {
+		dns = Field{Name: dns.Name, State: Unset}
 	}
 	switch {
 	case s.HTTPProxy == "" && len(s.NoProxy) == 0:
@@ -347,6 +376,6 @@ func Plan(root string, s Settings) ([]File, []Field) {
 	if s.LogLevel != "" {
 		lvl = Field{Name: "log_level", State: Applied, Detail: s.LogLevel + ", live"}
 	}
-	fields = append(fields, ntp, dns, proxy, otlp, lvl)
+	fields = append(fields, ntp, dns, domains, proxy, otlp, lvl)
 	return files, fields
 }

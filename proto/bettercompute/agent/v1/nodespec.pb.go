@@ -281,7 +281,10 @@ type SiteSettings struct {
 	OtlpEndpoint *string `protobuf:"bytes,6,opt,name=otlp_endpoint,json=otlpEndpoint,proto3,oneof" json:"otlp_endpoint,omitempty"`
 	// log_level is the daemon's log level: "debug", "info", "warn" or
 	// "error".
-	LogLevel      *string `protobuf:"bytes,7,opt,name=log_level,json=logLevel,proto3,oneof" json:"log_level,omitempty"`
+	LogLevel *string `protobuf:"bytes,7,opt,name=log_level,json=logLevel,proto3,oneof" json:"log_level,omitempty"`
+	// search_domains are the DNS search domains the node's resolver appends
+	// to short names (systemd-resolved's Domains=).
+	SearchDomains *StringList `protobuf:"bytes,8,opt,name=search_domains,json=searchDomains,proto3" json:"search_domains,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -363,6 +366,13 @@ func (x *SiteSettings) GetLogLevel() string {
 		return *x.LogLevel
 	}
 	return ""
+}
+
+func (x *SiteSettings) GetSearchDomains() *StringList {
+	if x != nil {
+		return x.SearchDomains
+	}
+	return nil
 }
 
 // RuntimeSettings configure the node's container runtime.
@@ -1055,7 +1065,7 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"$\n" +
 	"\n" +
 	"StringList\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\tR\x06values\"\xb6\x03\n" +
+	"\x06values\x18\x01 \x03(\tR\x06values\"\x81\x04\n" +
 	"\fSiteSettings\x12>\n" +
 	"\bgateways\x18\x01 \x01(\v2\".bettercompute.agent.v1.StringListR\bgateways\x12C\n" +
 	"\vntp_servers\x18\x02 \x01(\v2\".bettercompute.agent.v1.StringListR\n" +
@@ -1066,7 +1076,8 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"http_proxy\x18\x04 \x01(\tH\x00R\thttpProxy\x88\x01\x01\x12=\n" +
 	"\bno_proxy\x18\x05 \x01(\v2\".bettercompute.agent.v1.StringListR\anoProxy\x12(\n" +
 	"\rotlp_endpoint\x18\x06 \x01(\tH\x01R\fotlpEndpoint\x88\x01\x01\x12 \n" +
-	"\tlog_level\x18\a \x01(\tH\x02R\blogLevel\x88\x01\x01B\r\n" +
+	"\tlog_level\x18\a \x01(\tH\x02R\blogLevel\x88\x01\x01\x12I\n" +
+	"\x0esearch_domains\x18\b \x01(\v2\".bettercompute.agent.v1.StringListR\rsearchDomainsB\r\n" +
 	"\v_http_proxyB\x10\n" +
 	"\x0e_otlp_endpointB\f\n" +
 	"\n" +
@@ -1165,16 +1176,17 @@ var file_bettercompute_agent_v1_nodespec_proto_depIdxs = []int32{
 	2,  // 10: bettercompute.agent.v1.SiteSettings.ntp_servers:type_name -> bettercompute.agent.v1.StringList
 	2,  // 11: bettercompute.agent.v1.SiteSettings.dns_servers:type_name -> bettercompute.agent.v1.StringList
 	2,  // 12: bettercompute.agent.v1.SiteSettings.no_proxy:type_name -> bettercompute.agent.v1.StringList
-	6,  // 13: bettercompute.agent.v1.DeviceAssignments.assignments:type_name -> bettercompute.agent.v1.DeviceAssignment
-	8,  // 14: bettercompute.agent.v1.MigLayout.gpus:type_name -> bettercompute.agent.v1.GpuMigLayout
-	10, // 15: bettercompute.agent.v1.Instances.instances:type_name -> bettercompute.agent.v1.Instance
-	14, // 16: bettercompute.agent.v1.HealthSettings.check_interval:type_name -> google.protobuf.Duration
-	14, // 17: bettercompute.agent.v1.HealthSettings.diagnostics_interval:type_name -> google.protobuf.Duration
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	2,  // 13: bettercompute.agent.v1.SiteSettings.search_domains:type_name -> bettercompute.agent.v1.StringList
+	6,  // 14: bettercompute.agent.v1.DeviceAssignments.assignments:type_name -> bettercompute.agent.v1.DeviceAssignment
+	8,  // 15: bettercompute.agent.v1.MigLayout.gpus:type_name -> bettercompute.agent.v1.GpuMigLayout
+	10, // 16: bettercompute.agent.v1.Instances.instances:type_name -> bettercompute.agent.v1.Instance
+	14, // 17: bettercompute.agent.v1.HealthSettings.check_interval:type_name -> google.protobuf.Duration
+	14, // 18: bettercompute.agent.v1.HealthSettings.diagnostics_interval:type_name -> google.protobuf.Duration
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_nodespec_proto_init() }
