@@ -192,6 +192,9 @@ type devState struct {
 	uuid  string
 	xids  []uint32
 	ident *identity
+	// xidEvents counts every XID event NVML delivered for the GPU since
+	// the collector first read it (the telemetry's XID count).
+	xidEvents uint64
 }
 
 // CheckHealth runs the checks on every GPU and returns their health in dst
@@ -329,10 +332,14 @@ func (c *Collector) drainXIDs() {
 		// to XIDs already read.
 		xid := uint32(ev.EventData)
 		for _, st := range c.devs {
-			if st.d == ev.Device && !slices.Contains(st.xids, xid) && len(st.xids) < maxXIDsPerGPU {
-				st.xids = append(st.xids, xid)
-				break
+			if st.d != ev.Device {
+				continue
 			}
+			st.xidEvents++
+			if !slices.Contains(st.xids, xid) && len(st.xids) < maxXIDsPerGPU {
+				st.xids = append(st.xids, xid)
+			}
+			break
 		}
 	}
 }

@@ -231,3 +231,19 @@ func TestMinors_ByUUID(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkMetrics8GPUs is one telemetry collection's NVML side on the
+// mock's eight GPUs (steady state: the buffer is reused).
+func BenchmarkMetrics8GPUs(b *testing.B) {
+	c, err := inventory.New(inventory.NewMock(), inventory.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	var buf []inventory.GPUMetrics
+	for b.Loop() {
+		if buf, err = c.Metrics(b.Context(), buf); err != nil || len(buf) != 8 {
+			b.Fatal(len(buf), err)
+		}
+	}
+}

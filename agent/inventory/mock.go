@@ -74,6 +74,22 @@ func NewMockSeeded(seed string) *server.Server {
 		dev.GetCurrPcieLinkGenerationFunc = func() (int, nvml.Return) { return mockPCIeGen, nvml.SUCCESS }
 		dev.GetMaxPcieLinkGenerationFunc = func() (int, nvml.Return) { return mockPCIeGen, nvml.SUCCESS }
 		dev.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+		// Telemetry readings: an idle H200 (the index shifts them so GPUs
+		// differ).
+		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+			return nvml.Utilization{Gpu: uint32(dev.Index), Memory: 0}, nvml.SUCCESS
+		}
+		dev.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 75_000 + uint32(dev.Index)*1000, nvml.SUCCESS }
+		dev.GetClockInfoFunc = func(t nvml.ClockType) (uint32, nvml.Return) {
+			switch t {
+			case nvml.CLOCK_SM, nvml.CLOCK_GRAPHICS:
+				return 345, nvml.SUCCESS
+			case nvml.CLOCK_MEM:
+				return 2619, nvml.SUCCESS
+			}
+			return 0, nvml.ERROR_NOT_SUPPORTED
+		}
+		dev.GetPcieReplayCounterFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
 	}
 	return s
 }
@@ -310,6 +326,36 @@ func (d *mockDevice) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Retu
 		ps = append(ps, nvml.ProcessInfo{Pid: pid, UsedGpuMemory: 1 << 30})
 	}
 	return ps, nvml.SUCCESS
+}
+
+// reading is a telemetry query: lost with the GPU, unsupported without a
+// mock function.
+func reading[T any](d *mockDevice, fn func() (T, nvml.Return)) (T, nvml.Return) {
+	var zero T
+	if d.fault().lost() {
+		return zero, nvml.ERROR_GPU_IS_LOST
+	}
+	if fn == nil {
+		return zero, nvml.ERROR_NOT_SUPPORTED
+	}
+	return fn()
+}
+
+func (d *mockDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
+	return reading(d, d.GetUtilizationRatesFunc)
+}
+
+func (d *mockDevice) GetPowerUsage() (uint32, nvml.Return) { return reading(d, d.GetPowerUsageFunc) }
+
+func (d *mockDevice) GetPcieReplayCounter() (int, nvml.Return) {
+	return reading(d, d.GetPcieReplayCounterFunc)
+}
+
+func (d *mockDevice) GetClockInfo(t nvml.ClockType) (uint32, nvml.Return) {
+	if d.GetClockInfoFunc == nil {
+		return reading[uint32](d, nil)
+	}
+	return reading(d, func() (uint32, nvml.Return) { return d.GetClockInfoFunc(t) })
 }
 
 func (d *mockDevice) RegisterEvents(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }

@@ -1,0 +1,393 @@
+package telemetry_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	collectorpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/bettercompute/bettercompute/agent/inventory"
+	"github.com/bettercompute/bettercompute/agent/telemetry"
+)
+
+// receiver is a real OTLP/gRPC metrics endpoint on a loopback port: every
+// export request goes to its channel.
+type receiver struct {
+	collectorpb.UnimplementedMetricsServiceServer
+	addr string
+	reqs chan *collectorpb.ExportMetricsServiceRequest
+}
+
+func newReceiver(t testing.TB) *receiver {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &receiver{addr: lis.Addr().String(), reqs: make(chan *collectorpb.ExportMetricsServiceRequest, 64)}
+	srv := grpc.NewServer()
+	collectorpb.RegisterMetricsServiceServer(srv, r)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = srv.Serve(lis) })
+	t.Cleanup(func() { srv.Stop(); wg.Wait() })
+	return r
+}
+
+func (r *receiver) Export(_ context.Context, req *collectorpb.ExportMetricsServiceRequest) (*collectorpb.ExportMetricsServiceResponse, error) {
+	select {
+	case r.reqs <- req:
+	default: // the test stopped reading
+	}
+	return &collectorpb.ExportMetricsServiceResponse{}, nil
+}
+
+// next is the next export request (the test's deadline bounds the wait).
+func (r *receiver) next(t *testing.T) *collectorpb.ExportMetricsServiceRequest {
+	t.Helper()
+	select {
+	case req := <-r.reqs:
+		return req
+	case <-t.Context().Done():
+		t.Fatal("no export arrived")
+		return nil
+	}
+}
+
+// nextWithGPUs waits for an export carrying GPU metrics (the first one of a
+// new exporter always does: the loop collects as it starts).
+func (r *receiver) nextWithGPUs(t *testing.T) *collectorpb.ExportMetricsServiceRequest {
+	t.Helper()
+	for {
+		req := r.next(t)
+		if len(byName(req)["gpu.temperature"]) > 0 {
+			return req
+		}
+	}
+}
+
+// byName maps each metric's name to its data points' attributes (as
+// key=value strings) and int or double values.
+type point struct {
+	attrs map[string]string
+	value float64
+}
+
+func byName(req *collectorpb.ExportMetricsServiceRequest) map[string][]point {
+	out := map[string][]point{}
+	for _, rm := range req.GetResourceMetrics() {
+		for _, sm := range rm.GetScopeMetrics() {
+			for _, m := range sm.GetMetrics() {
+				var dps []*metricspb.NumberDataPoint
+				switch {
+				case m.GetGauge() != nil:
+					dps = m.GetGauge().GetDataPoints()
+				case m.GetSum() != nil:
+					dps = m.GetSum().GetDataPoints()
+				case m.GetHistogram() != nil:
+					for _, h := range m.GetHistogram().GetDataPoints() {
+						out[m.GetName()] = append(out[m.GetName()], point{attrs: attrMap(h.GetAttributes()), value: float64(h.GetCount())})
+					}
+				}
+				for _, dp := range dps {
+					v := dp.GetAsDouble()
+					if _, ok := dp.GetValue().(*metricspb.NumberDataPoint_AsInt); ok {
+						v = float64(dp.GetAsInt())
+					}
+					out[m.GetName()] = append(out[m.GetName()], point{attrs: attrMap(dp.GetAttributes()), value: v})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func attrMap(kvs []*commonpb.KeyValue) map[string]string {
+	m := map[string]string{}
+	for _, kv := range kvs {
+		v := kv.GetValue()
+		switch x := v.GetValue().(type) {
+		case *commonpb.AnyValue_StringValue:
+			m[kv.GetKey()] = x.StringValue
+		case *commonpb.AnyValue_IntValue:
+			m[kv.GetKey()] = strconv.FormatInt(x.IntValue, 10)
+		}
+	}
+	return m
+}
+
+func resourceAttrs(req *collectorpb.ExportMetricsServiceRequest) map[string]string {
+	for _, rm := range req.GetResourceMetrics() {
+		return attrMap(rm.GetResource().GetAttributes())
+	}
+	return nil
+}
+
+// mockGPUs opens the mock NVML (eight H200s).
+func mockGPUs(t testing.TB) *inventory.Collector {
+	t.Helper()
+	inv, err := inventory.New(inventory.NewMock(), inventory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inv.Close() })
+	return inv
+}
+
+func newTelemetry(t testing.TB, cfg telemetry.Config) *telemetry.Telemetry {
+	t.Helper()
+	tel, err := telemetry.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tel.Close(context.Background()) })
+	return tel
+}
+
+// TestNodeMetricsReceivedOverOTLP: the exporter driven by the mock NVML
+// delivers every GPU's readings, each series carrying its GPU's UUID, and
+// the daemon's own metrics, to a real OTLP/gRPC endpoint.
+func TestNodeMetricsReceivedOverOTLP(t *testing.T) {
+	inv := mockGPUs(t)
+	gpus, err := inv.GPUs(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uuids []string
+	for _, g := range gpus {
+		uuids = append(uuids, g.GetUuid())
+	}
+	slices.Sort(uuids)
+	// A fault shows in the readings: GPU 3 runs hot with ECC errors.
+	if err := inv.Faults().Inject(3, inventory.Fault{TemperatureCelsius: 91, CorrectableECC: 7, UncorrectableECC: 2}); err != nil {
+		t.Fatal(err)
+	}
+	rcv := newReceiver(t)
+	tel := newTelemetry(t, telemetry.Config{GPUs: inv, NodeID: "node-1", Hostname: "gpu-a"})
+	tel.SessionUp(true)
+	tel.SessionUp(false)
+	tel.SessionUp(true)
+	tel.SectionConverged("devices", "CONVERGED", 3*time.Millisecond)
+	tel.CommandOutcome("SUCCEEDED", "")
+	if err := tel.Configure("http://"+rcv.addr, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	req := rcv.nextWithGPUs(t)
+	if ra := resourceAttrs(req); ra["service.name"] != "bcd" || ra["bettercompute.node.id"] != "node-1" || ra["host.name"] != "gpu-a" {
+		t.Errorf("resource attributes %v: want service.name bcd, the node id and host name", ra)
+	}
+	got := byName(req)
+	for _, name := range []string{
+		"gpu.utilization", "gpu.memory.utilization", "gpu.memory.used", "gpu.memory.total", "gpu.temperature", "gpu.power",
+		"gpu.clock.sm", "gpu.clock.memory", "gpu.throttle.reasons", "gpu.xid.events", "gpu.pcie.replays",
+	} {
+		var seen []string
+		for _, p := range got[name] {
+			seen = append(seen, p.attrs["gpu.uuid"])
+		}
+		slices.Sort(seen)
+		if !slices.Equal(seen, uuids) {
+			t.Errorf("%s: series for GPUs %v, want one per GPU %v", name, seen, uuids)
+		}
+	}
+	if n := len(got["gpu.ecc.errors"]); n != 2*len(uuids) {
+		t.Errorf("gpu.ecc.errors: %d series, want corrected and uncorrected per GPU (%d)", n, 2*len(uuids))
+	}
+	hot := uuids[0]
+	for _, g := range gpus {
+		if g.GetIndex() == 3 {
+			hot = g.GetUuid()
+		}
+	}
+	for _, p := range got["gpu.temperature"] {
+		if p.attrs["gpu.uuid"] == hot && p.value != 91 {
+			t.Errorf("gpu.temperature of the hot GPU: %v, want 91", p.value)
+		}
+	}
+	for _, p := range got["gpu.ecc.errors"] {
+		if p.attrs["gpu.uuid"] == hot && p.attrs["ecc.type"] == "uncorrected" && p.value != 2 {
+			t.Errorf("uncorrected ECC errors of the faulty GPU: %v, want 2", p.value)
+		}
+	}
+	for _, p := range got["gpu.memory.total"] {
+		if p.value <= 0 {
+			t.Errorf("gpu.memory.total %v for %s", p.value, p.attrs["gpu.uuid"])
+		}
+	}
+	own := map[string]float64{}
+	for _, n := range []string{"bcd.session.up", "bcd.session.reconnects", "bcd.converge.duration", "bcd.commands"} {
+		if len(got[n]) != 1 {
+			t.Errorf("%s: %d series, want 1", n, len(got[n]))
+			continue
+		}
+		own[n] = got[n][0].value
+	}
+	if own["bcd.session.up"] != 1 || own["bcd.session.reconnects"] != 1 || own["bcd.converge.duration"] != 1 || own["bcd.commands"] != 1 {
+		t.Errorf("own metrics %v: want session up, one reconnect, one converge, one command", own)
+	}
+	if a := got["bcd.converge.duration"]; len(a) == 1 && a[0].attrs["section"] != "devices" {
+		t.Errorf("converge duration attributes %v: want section devices", a[0].attrs)
+	}
+}
+
+// TestTelemetryOffWithoutEndpoint: with no endpoint nothing is exported
+// (no loop runs: the goroutine leak check would see it), a bad endpoint or
+// interval is refused naming it, and turning it off stops the export.
+func TestTelemetryOffWithoutEndpoint(t *testing.T) {
+	rcv := newReceiver(t)
+	var mu sync.Mutex
+	exports := 0
+	tel := newTelemetry(t, telemetry.Config{GPUs: mockGPUs(t), OnExport: func(error) { mu.Lock(); exports++; mu.Unlock() }})
+	if err := tel.Configure("", 0); err != nil {
+		t.Fatal(err)
+	}
+	if ep, iv := tel.Settings(); ep != "" || iv != telemetry.DefaultInterval {
+		t.Errorf("settings %q %s: want off at the default interval", ep, iv)
+	}
+	for _, tc := range []struct {
+		endpoint string
+		interval time.Duration
+		want     string
+	}{
+		{"ftp://" + rcv.addr, 0, "endpoint"},
+		{"http://", 0, "endpoint"},
+		{"http://127.0.0.1:99999", 0, "endpoint"},
+		{"http://" + strings.Repeat("a", 3000) + ":1", 0, "endpoint"},
+		{"http://" + rcv.addr, time.Millisecond, "interval"},
+		{"http://" + rcv.addr, 2 * time.Hour, "interval"},
+	} {
+		if err := tel.Configure(tc.endpoint, tc.interval); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Configure(%.40q, %s): %v, want an error naming the %s", tc.endpoint, tc.interval, err, tc.want)
+		}
+	}
+	// On, one export arrives; off again, the loop is gone (Configure
+	// waits for it) and no export is counted after.
+	if err := tel.Configure("http://"+rcv.addr, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rcv.nextWithGPUs(t)
+	if err := tel.Configure("", 0); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	before := exports
+	mu.Unlock()
+	// Nothing runs that could export: the receiver's queue stays as is.
+	if n := len(rcv.reqs); n != 0 {
+		t.Errorf("%d exports queued after the endpoint was removed", n)
+	}
+	if before > 1 {
+		t.Errorf("%d export attempts for one hour-long interval, want at most the first", before)
+	}
+}
+
+// TestTelemetryEndpointChangeSwitchesExporter: a new endpoint at run time
+// moves the export there; the old endpoint hears nothing more.
+func TestTelemetryEndpointChangeSwitchesExporter(t *testing.T) {
+	a, b := newReceiver(t), newReceiver(t)
+	tel := newTelemetry(t, telemetry.Config{GPUs: mockGPUs(t)})
+	if err := tel.Configure("http://"+a.addr, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	a.nextWithGPUs(t)
+	// The same settings again: no new loop, no new export.
+	if err := tel.Configure("http://"+a.addr, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := tel.Configure("http://"+b.addr, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	b.nextWithGPUs(t)
+	if ep, _ := tel.Settings(); ep != "http://"+b.addr {
+		t.Errorf("settings name %q, want the new endpoint", ep)
+	}
+	// Configure returned after the old loop ended, so a's queue is final.
+	if n := len(a.reqs); n != 0 {
+		t.Errorf("the old endpoint got %d more exports after the switch", n)
+	}
+}
+
+// TestPrometheusEndpoint: the local scrape endpoint serves the same
+// metrics, named as Prometheus's OTLP receiver names them.
+func TestPrometheusEndpoint(t *testing.T) {
+	tel := newTelemetry(t, telemetry.Config{GPUs: mockGPUs(t)})
+	tel.SectionConverged("site", "FAILED", 2*time.Second)
+	srv := httptest.NewServer(tel.Handler())
+	defer srv.Close()
+	res, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(b)
+	for _, want := range []string{
+		"# TYPE gpu_temperature_celsius gauge", "gpu_memory_used_bytes{gpu_index=\"0\",gpu_uuid=\"GPU-",
+		"# TYPE gpu_ecc_errors_total counter", "gpu_power_watts{", "gpu_clock_sm_megahertz{", "gpu_utilization_percent{",
+		"gpu_xid_events_total{", "gpu_pcie_replays_total{", "gpu_throttle_reasons{",
+		"bcd_session_up 0", `bcd_converge_duration_seconds_bucket{section="site",state="FAILED",le="5"} 1`,
+		`bcd_converge_duration_seconds_count{section="site",state="FAILED"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("scrape lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("scrape:\n%s", body)
+	}
+}
+
+// BenchmarkExport8GPUs is one node's cost per interval at 8 GPUs: an NVML
+// collection and an OTLP export to a loopback receiver. It reports the
+// bytes of one export request (protobuf, uncompressed).
+func BenchmarkExport8GPUs(b *testing.B) {
+	rcv := newReceiver(b)
+	tel := newTelemetry(b, telemetry.Config{GPUs: mockGPUs(b), OnExport: func(err error) {
+		if err != nil {
+			b.Error(err)
+		}
+	}})
+	// Flush runs the loop's own step (collect, export) on the open
+	// connection.
+	if err := tel.Configure("http://"+rcv.addr, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	size := proto.Size(<-rcv.reqs)
+	cpu0 := cpuTime(b)
+	for b.Loop() {
+		if err := tel.Flush(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+		<-rcv.reqs
+	}
+	// The process's CPU time covers the receiver's decoding too: an upper
+	// bound for the node's side.
+	b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/export")
+	b.ReportMetric(float64(size), "bytes/export")
+	b.ReportMetric(float64(size)/telemetry.DefaultInterval.Seconds(), "bytes/s@10s")
+}
+
+// cpuTime is the process's user and system CPU time.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
