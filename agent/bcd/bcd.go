@@ -42,6 +42,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/session"
 	"github.com/bettercompute/bettercompute/agent/siteconf"
 	"github.com/bettercompute/bettercompute/agent/state"
+	"github.com/bettercompute/bettercompute/agent/telemetry"
 	"github.com/bettercompute/bettercompute/agent/vps"
 	"github.com/bettercompute/bettercompute/agent/vps/libvirt"
 	vpssim "github.com/bettercompute/bettercompute/agent/vps/sim"
@@ -252,6 +253,9 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	dcgmi := f.str("dcgmi", inventory.DefaultDCGMI, "the dcgmi binary diag.nvml (levels medium, long, full) and the health section's background diagnostics run for DCGM's diagnostics (a name is looked up on PATH; absent, they report DCGM not installed)")
 	siteRoot := f.str("site-root", "/", "root the site section's NTP, DNS and proxy files are written under (etc/systemd/…, etc/chrony/…, etc/bettercompute/proxy.env); bcd never restarts the services that read them")
 	logLevel := f.str("log-level", "info", "log level until the site section sets one: debug, info, warn or error")
+	otlpEndpoint := f.str("otlp-endpoint", "", "OTLP/gRPC endpoint the node's metrics go to: http://host:port (plain), https://host:port or host:port (TLS); empty: no export until the site section names one")
+	telemetryInterval := f.str("telemetry-interval", telemetry.DefaultInterval.String(), "how often the metrics are collected and exported (1s to 1h)")
+	promListen := f.str("prometheus-listen", "", "address of a local Prometheus scrape endpoint (/metrics), e.g. 127.0.0.1:9400; empty: off")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -264,6 +268,10 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	defLevel := siteconf.Settings{LogLevel: *logLevel}.Level(slog.Level(-100))
 	if defLevel == slog.Level(-100) {
 		return usageError{fmt.Errorf("--log-level: want debug, info, warn or error, got %q", *logLevel)}
+	}
+	interval, err := time.ParseDuration(*telemetryInterval)
+	if err != nil || interval < telemetry.MinInterval || interval > telemetry.MaxInterval {
+		return usageError{fmt.Errorf("--telemetry-interval: want a duration from %s to %s, got %q", telemetry.MinInterval, telemetry.MaxInterval, *telemetryInterval)}
 	}
 	switch *vpsRuntime {
 	case VPSNone, VPSSim, VPSLibvirt:
@@ -336,8 +344,14 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	tel, stopTel, err := startTelemetry(ctx, store, inv, logger, *otlpEndpoint, interval, *promListen)
+	if err != nil {
+		return err
+	}
+	defer stopTel()
 	return session.Run(ctx, session.Config{
-		CDI:     cdiW,
+		CDI:       cdiW,
+		OnSession: tel.SessionUp, OnSection: tel.SectionConverged, OnCommandUpdate: telemetryCommandUpdate(tel),
 		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
 		BootID: boot, AgentVersion: version(), Logger: logger,
 		CommandKey: pub, DenyKinds: deny, RebootHook: reboot, VPS: rec,

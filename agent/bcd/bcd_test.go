@@ -30,6 +30,7 @@ func TestMain_Commands(t *testing.T) {
 		{[]string{"node", "--bogus"}, 2, "", "flag provided but not defined"},
 		{[]string{"node", "--gateway", "x:1", "--log-level", "loud"}, 2, "", "--log-level"},
 		{[]string{"node", "--gateway", "x:1", "--site-root", ""}, 2, "", "--site-root"},
+		{[]string{"node", "--gateway", "x:1", "--telemetry-interval", "10ms"}, 2, "", "--telemetry-interval"},
 		{[]string{"join", "-h"}, 0, "", "-joinservice-key"},
 		{[]string{"bogus"}, 2, "", `unknown command "bogus"`},
 		{nil, 0, "usage: bcd", ""},

@@ -22,12 +22,10 @@ import (
 	"github.com/bettercompute/bettercompute/proto/commandsig"
 )
 
-// TestJoinThenNode runs `bcd join` and `bcd node` against the fake control
-// plane over real gRPC and TLS.
-func TestJoinThenNode(t *testing.T) {
-	t.Parallel()
-	cp := testcontrol.New(t)
-	dir := t.TempDir()
+// joinMock runs `bcd join` with the mock NVML against cp, state under
+// dir/root, and returns that root.
+func joinMock(t *testing.T, cp *testcontrol.Server, dir string) string {
+	t.Helper()
 	root := filepath.Join(dir, "root")
 	caFile := filepath.Join(dir, "ca.pem")
 	keyFile := filepath.Join(dir, "joinservice.pub")
@@ -37,13 +35,22 @@ func TestJoinThenNode(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(cp.PublicKey)+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-
 	var out, errb bytes.Buffer
 	code := bcd.Run(context.Background(), []string{"join", "--token", cp.Token, "--gateway", cp.Addr, "--root", root,
 		"--joinservice-key", keyFile, "--ca", caFile, "--nvml", "mock"}, &out, &errb)
 	if code != 0 || !strings.Contains(out.String(), "joined as node_") {
 		t.Fatalf("join: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
 	}
+	return root
+}
+
+// TestJoinThenNode runs `bcd join` and `bcd node` against the fake control
+// plane over real gRPC and TLS.
+func TestJoinThenNode(t *testing.T) {
+	t.Parallel()
+	cp := testcontrol.New(t)
+	dir := t.TempDir()
+	root := joinMock(t, cp, dir)
 
 	pub, priv, err := ed25519.GenerateKey(nil)
 	if err != nil {

@@ -35,6 +35,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -169,6 +170,10 @@ type Config struct {
 	// VPS runs the instances section; nil means this node runs no VPS
 	// runtime (the section is FAILED_TERMINAL unless empty).
 	VPS *vps.Reconciler
+	// OnSection, when set, hears how long each section's plan and apply
+	// took and the state it reached (the SectionState's name without its
+	// prefix, e.g. CONVERGED): the daemon's telemetry.
+	OnSection func(section, state string, d time.Duration)
 	// Site wires the site section into the node and the daemon.
 	Site Site
 }
@@ -343,7 +348,11 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 	complete := true
 	for _, h := range c.handlers {
 		st := &agentv1.SectionStatus{Section: h.Section(), Generation: gen}
+		start := time.Now()
 		state, reason := c.run(ctx, h, cur, spec)
+		if c.cfg.OnSection != nil {
+			c.cfg.OnSection(h.Section(), strings.TrimPrefix(state.String(), "SECTION_STATE_"), time.Since(start))
+		}
 		if h.Section() == "devices" && gpuErr != nil && state == agentv1.SectionState_SECTION_STATE_FAILED {
 			reason = reason + " (" + gpuErr.Error() + ")"
 		}

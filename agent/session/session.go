@@ -112,6 +112,13 @@ type Config struct {
 	// edit or removal (converge.Converger.DevicesDrifted), which converges
 	// the newest desired state at once; 5 s by default.
 	DriftCheckInterval time.Duration
+	// OnSection, when set, hears each section's converge duration and
+	// state (converge.Config.OnSection).
+	OnSection func(section, state string, d time.Duration)
+	// OnCommandUpdate, when set, sees every command update as it is queued
+	// for the control plane (the daemon counts outcomes with it). It must
+	// not block.
+	OnCommandUpdate func(*agentv1.CommandUpdate)
 	// ReconvergeInterval is how often the newest desired state is converged
 	// again (retrying failed sections); one minute by default.
 	ReconvergeInterval time.Duration
@@ -209,7 +216,7 @@ func Run(ctx context.Context, cfg Config) error {
 		minors = m.Minors
 	}
 	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Minors: minors,
-		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI, Site: cfg.Site})
+		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI, Site: cfg.Site, OnSection: cfg.OnSection})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}
@@ -228,6 +235,9 @@ func Run(ctx context.Context, cfg Config) error {
 	cmds, err := command.New(command.Config{
 		Root: cfg.State.Root(), NodeID: id.NodeID, BootID: cfg.BootID,
 		Send: func(u *agentv1.CommandUpdate) {
+			if cfg.OnCommandUpdate != nil {
+				cfg.OnCommandUpdate(u)
+			}
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_CommandUpdate{CommandUpdate: u}})
 		},
 		WaitSent:  r.waitSent,

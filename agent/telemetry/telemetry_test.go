@@ -3,11 +3,9 @@ package telemetry_test
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,125 +13,20 @@ import (
 	"time"
 
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
-	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/bettercompute/bettercompute/agent/internal/otlptest"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/telemetry"
 )
 
-// receiver is a real OTLP/gRPC metrics endpoint on a loopback port: every
-// export request goes to its channel.
-type receiver struct {
-	collectorpb.UnimplementedMetricsServiceServer
-	addr string
-	reqs chan *collectorpb.ExportMetricsServiceRequest
-}
-
-func newReceiver(t testing.TB) *receiver {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &receiver{addr: lis.Addr().String(), reqs: make(chan *collectorpb.ExportMetricsServiceRequest, 64)}
-	srv := grpc.NewServer()
-	collectorpb.RegisterMetricsServiceServer(srv, r)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = srv.Serve(lis) })
-	t.Cleanup(func() { srv.Stop(); wg.Wait() })
-	return r
-}
-
-func (r *receiver) Export(_ context.Context, req *collectorpb.ExportMetricsServiceRequest) (*collectorpb.ExportMetricsServiceResponse, error) {
-	select {
-	case r.reqs <- req:
-	default: // the test stopped reading
-	}
-	return &collectorpb.ExportMetricsServiceResponse{}, nil
-}
-
-// next is the next export request (the test's deadline bounds the wait).
-func (r *receiver) next(t *testing.T) *collectorpb.ExportMetricsServiceRequest {
-	t.Helper()
-	select {
-	case req := <-r.reqs:
-		return req
-	case <-t.Context().Done():
-		t.Fatal("no export arrived")
-		return nil
-	}
-}
-
 // nextWithGPUs waits for an export carrying GPU metrics (the first one of a
 // new exporter always does: the loop collects as it starts).
-func (r *receiver) nextWithGPUs(t *testing.T) *collectorpb.ExportMetricsServiceRequest {
+func nextWithGPUs(t *testing.T, r *otlptest.Receiver) *collectorpb.ExportMetricsServiceRequest {
 	t.Helper()
-	for {
-		req := r.next(t)
-		if len(byName(req)["gpu.temperature"]) > 0 {
-			return req
-		}
-	}
-}
-
-// byName maps each metric's name to its data points' attributes (as
-// key=value strings) and int or double values.
-type point struct {
-	attrs map[string]string
-	value float64
-}
-
-func byName(req *collectorpb.ExportMetricsServiceRequest) map[string][]point {
-	out := map[string][]point{}
-	for _, rm := range req.GetResourceMetrics() {
-		for _, sm := range rm.GetScopeMetrics() {
-			for _, m := range sm.GetMetrics() {
-				var dps []*metricspb.NumberDataPoint
-				switch {
-				case m.GetGauge() != nil:
-					dps = m.GetGauge().GetDataPoints()
-				case m.GetSum() != nil:
-					dps = m.GetSum().GetDataPoints()
-				case m.GetHistogram() != nil:
-					for _, h := range m.GetHistogram().GetDataPoints() {
-						out[m.GetName()] = append(out[m.GetName()], point{attrs: attrMap(h.GetAttributes()), value: float64(h.GetCount())})
-					}
-				}
-				for _, dp := range dps {
-					v := dp.GetAsDouble()
-					if _, ok := dp.GetValue().(*metricspb.NumberDataPoint_AsInt); ok {
-						v = float64(dp.GetAsInt())
-					}
-					out[m.GetName()] = append(out[m.GetName()], point{attrs: attrMap(dp.GetAttributes()), value: v})
-				}
-			}
-		}
-	}
-	return out
-}
-
-func attrMap(kvs []*commonpb.KeyValue) map[string]string {
-	m := map[string]string{}
-	for _, kv := range kvs {
-		v := kv.GetValue()
-		switch x := v.GetValue().(type) {
-		case *commonpb.AnyValue_StringValue:
-			m[kv.GetKey()] = x.StringValue
-		case *commonpb.AnyValue_IntValue:
-			m[kv.GetKey()] = strconv.FormatInt(x.IntValue, 10)
-		}
-	}
-	return m
-}
-
-func resourceAttrs(req *collectorpb.ExportMetricsServiceRequest) map[string]string {
-	for _, rm := range req.GetResourceMetrics() {
-		return attrMap(rm.GetResource().GetAttributes())
-	}
-	return nil
+	return r.Until(t, func(req *collectorpb.ExportMetricsServiceRequest) bool {
+		return len(otlptest.ByName(req)["gpu.temperature"]) > 0
+	})
 }
 
 // mockGPUs opens the mock NVML (eight H200s).
@@ -175,28 +68,28 @@ func TestNodeMetricsReceivedOverOTLP(t *testing.T) {
 	if err := inv.Faults().Inject(3, inventory.Fault{TemperatureCelsius: 91, CorrectableECC: 7, UncorrectableECC: 2}); err != nil {
 		t.Fatal(err)
 	}
-	rcv := newReceiver(t)
+	rcv := otlptest.New(t)
 	tel := newTelemetry(t, telemetry.Config{GPUs: inv, NodeID: "node-1", Hostname: "gpu-a"})
 	tel.SessionUp(true)
 	tel.SessionUp(false)
 	tel.SessionUp(true)
 	tel.SectionConverged("devices", "CONVERGED", 3*time.Millisecond)
 	tel.CommandOutcome("SUCCEEDED", "")
-	if err := tel.Configure("http://"+rcv.addr, time.Hour); err != nil {
+	if err := tel.Configure("http://"+rcv.Addr, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	req := rcv.nextWithGPUs(t)
-	if ra := resourceAttrs(req); ra["service.name"] != "bcd" || ra["bettercompute.node.id"] != "node-1" || ra["host.name"] != "gpu-a" {
+	req := nextWithGPUs(t, rcv)
+	if ra := otlptest.Resource(req); ra["service.name"] != "bcd" || ra["bettercompute.node.id"] != "node-1" || ra["host.name"] != "gpu-a" {
 		t.Errorf("resource attributes %v: want service.name bcd, the node id and host name", ra)
 	}
-	got := byName(req)
+	got := otlptest.ByName(req)
 	for _, name := range []string{
 		"gpu.utilization", "gpu.memory.utilization", "gpu.memory.used", "gpu.memory.total", "gpu.temperature", "gpu.power",
 		"gpu.clock.sm", "gpu.clock.memory", "gpu.throttle.reasons", "gpu.xid.events", "gpu.pcie.replays",
 	} {
 		var seen []string
 		for _, p := range got[name] {
-			seen = append(seen, p.attrs["gpu.uuid"])
+			seen = append(seen, p.Attrs["gpu.uuid"])
 		}
 		slices.Sort(seen)
 		if !slices.Equal(seen, uuids) {
@@ -213,18 +106,18 @@ func TestNodeMetricsReceivedOverOTLP(t *testing.T) {
 		}
 	}
 	for _, p := range got["gpu.temperature"] {
-		if p.attrs["gpu.uuid"] == hot && p.value != 91 {
-			t.Errorf("gpu.temperature of the hot GPU: %v, want 91", p.value)
+		if p.Attrs["gpu.uuid"] == hot && p.Value != 91 {
+			t.Errorf("gpu.temperature of the hot GPU: %v, want 91", p.Value)
 		}
 	}
 	for _, p := range got["gpu.ecc.errors"] {
-		if p.attrs["gpu.uuid"] == hot && p.attrs["ecc.type"] == "uncorrected" && p.value != 2 {
-			t.Errorf("uncorrected ECC errors of the faulty GPU: %v, want 2", p.value)
+		if p.Attrs["gpu.uuid"] == hot && p.Attrs["ecc.type"] == "uncorrected" && p.Value != 2 {
+			t.Errorf("uncorrected ECC errors of the faulty GPU: %v, want 2", p.Value)
 		}
 	}
 	for _, p := range got["gpu.memory.total"] {
-		if p.value <= 0 {
-			t.Errorf("gpu.memory.total %v for %s", p.value, p.attrs["gpu.uuid"])
+		if p.Value <= 0 {
+			t.Errorf("gpu.memory.total %v for %s", p.Value, p.Attrs["gpu.uuid"])
 		}
 	}
 	own := map[string]float64{}
@@ -233,13 +126,13 @@ func TestNodeMetricsReceivedOverOTLP(t *testing.T) {
 			t.Errorf("%s: %d series, want 1", n, len(got[n]))
 			continue
 		}
-		own[n] = got[n][0].value
+		own[n] = got[n][0].Value
 	}
 	if own["bcd.session.up"] != 1 || own["bcd.session.reconnects"] != 1 || own["bcd.converge.duration"] != 1 || own["bcd.commands"] != 1 {
 		t.Errorf("own metrics %v: want session up, one reconnect, one converge, one command", own)
 	}
-	if a := got["bcd.converge.duration"]; len(a) == 1 && a[0].attrs["section"] != "devices" {
-		t.Errorf("converge duration attributes %v: want section devices", a[0].attrs)
+	if a := got["bcd.converge.duration"]; len(a) == 1 && a[0].Attrs["section"] != "devices" {
+		t.Errorf("converge duration attributes %v: want section devices", a[0].Attrs)
 	}
 }
 
@@ -247,7 +140,7 @@ func TestNodeMetricsReceivedOverOTLP(t *testing.T) {
 // (no loop runs: the goroutine leak check would see it), a bad endpoint or
 // interval is refused naming it, and turning it off stops the export.
 func TestTelemetryOffWithoutEndpoint(t *testing.T) {
-	rcv := newReceiver(t)
+	rcv := otlptest.New(t)
 	var mu sync.Mutex
 	exports := 0
 	tel := newTelemetry(t, telemetry.Config{GPUs: mockGPUs(t), OnExport: func(error) { mu.Lock(); exports++; mu.Unlock() }})
@@ -262,12 +155,12 @@ func TestTelemetryOffWithoutEndpoint(t *testing.T) {
 		interval time.Duration
 		want     string
 	}{
-		{"ftp://" + rcv.addr, 0, "endpoint"},
+		{"ftp://" + rcv.Addr, 0, "endpoint"},
 		{"http://", 0, "endpoint"},
 		{"http://127.0.0.1:99999", 0, "endpoint"},
 		{"http://" + strings.Repeat("a", 3000) + ":1", 0, "endpoint"},
-		{"http://" + rcv.addr, time.Millisecond, "interval"},
-		{"http://" + rcv.addr, 2 * time.Hour, "interval"},
+		{"http://" + rcv.Addr, time.Millisecond, "interval"},
+		{"http://" + rcv.Addr, 2 * time.Hour, "interval"},
 	} {
 		if err := tel.Configure(tc.endpoint, tc.interval); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Configure(%.40q, %s): %v, want an error naming the %s", tc.endpoint, tc.interval, err, tc.want)
@@ -275,10 +168,10 @@ func TestTelemetryOffWithoutEndpoint(t *testing.T) {
 	}
 	// On, one export arrives; off again, the loop is gone (Configure
 	// waits for it) and no export is counted after.
-	if err := tel.Configure("http://"+rcv.addr, time.Hour); err != nil {
+	if err := tel.Configure("http://"+rcv.Addr, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	rcv.nextWithGPUs(t)
+	nextWithGPUs(t, rcv)
 	if err := tel.Configure("", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +179,7 @@ func TestTelemetryOffWithoutEndpoint(t *testing.T) {
 	before := exports
 	mu.Unlock()
 	// Nothing runs that could export: the receiver's queue stays as is.
-	if n := len(rcv.reqs); n != 0 {
+	if n := len(rcv.Reqs); n != 0 {
 		t.Errorf("%d exports queued after the endpoint was removed", n)
 	}
 	if before > 1 {
@@ -297,25 +190,25 @@ func TestTelemetryOffWithoutEndpoint(t *testing.T) {
 // TestTelemetryEndpointChangeSwitchesExporter: a new endpoint at run time
 // moves the export there; the old endpoint hears nothing more.
 func TestTelemetryEndpointChangeSwitchesExporter(t *testing.T) {
-	a, b := newReceiver(t), newReceiver(t)
+	a, b := otlptest.New(t), otlptest.New(t)
 	tel := newTelemetry(t, telemetry.Config{GPUs: mockGPUs(t)})
-	if err := tel.Configure("http://"+a.addr, time.Hour); err != nil {
+	if err := tel.Configure("http://"+a.Addr, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	a.nextWithGPUs(t)
+	nextWithGPUs(t, a)
 	// The same settings again: no new loop, no new export.
-	if err := tel.Configure("http://"+a.addr, time.Hour); err != nil {
+	if err := tel.Configure("http://"+a.Addr, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if err := tel.Configure("http://"+b.addr, time.Hour); err != nil {
+	if err := tel.Configure("http://"+b.Addr, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	b.nextWithGPUs(t)
-	if ep, _ := tel.Settings(); ep != "http://"+b.addr {
+	nextWithGPUs(t, b)
+	if ep, _ := tel.Settings(); ep != "http://"+b.Addr {
 		t.Errorf("settings name %q, want the new endpoint", ep)
 	}
 	// Configure returned after the old loop ended, so a's queue is final.
-	if n := len(a.reqs); n != 0 {
+	if n := len(a.Reqs); n != 0 {
 		t.Errorf("the old endpoint got %d more exports after the switch", n)
 	}
 }
@@ -357,7 +250,7 @@ func TestPrometheusEndpoint(t *testing.T) {
 // collection and an OTLP export to a loopback receiver. It reports the
 // bytes of one export request (protobuf, uncompressed).
 func BenchmarkExport8GPUs(b *testing.B) {
-	rcv := newReceiver(b)
+	rcv := otlptest.New(b)
 	tel := newTelemetry(b, telemetry.Config{GPUs: mockGPUs(b), OnExport: func(err error) {
 		if err != nil {
 			b.Error(err)
@@ -365,16 +258,16 @@ func BenchmarkExport8GPUs(b *testing.B) {
 	}})
 	// Flush runs the loop's own step (collect, export) on the open
 	// connection.
-	if err := tel.Configure("http://"+rcv.addr, time.Hour); err != nil {
+	if err := tel.Configure("http://"+rcv.Addr, time.Hour); err != nil {
 		b.Fatal(err)
 	}
-	size := proto.Size(<-rcv.reqs)
+	size := proto.Size(<-rcv.Reqs)
 	cpu0 := cpuTime(b)
 	for b.Loop() {
 		if err := tel.Flush(b.Context()); err != nil {
 			b.Fatal(err)
 		}
-		<-rcv.reqs
+		<-rcv.Reqs
 	}
 	// The process's CPU time covers the receiver's decoding too: an upper
 	// bound for the node's side.

@@ -1,0 +1,92 @@
+package bcd_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	collectorpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/bettercompute/bettercompute/agent/bcd"
+	"github.com/bettercompute/bettercompute/agent/internal/otlptest"
+	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+)
+
+// TestNode_ExportsTelemetryOverOTLP: `bcd node --otlp-endpoint` sends its
+// eight mock GPUs' metrics and its own (session up, command outcomes) to a
+// real OTLP receiver, under the node's id, and --prometheus-listen serves
+// them for a scrape.
+func TestNode_ExportsTelemetryOverOTLP(t *testing.T) {
+	t.Parallel()
+	cp := testcontrol.New(t)
+	root := joinMock(t, cp, t.TempDir())
+	rcv := otlptest.New(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	promAddr := lis.Addr().String()
+	_ = lis.Close() // bcd listens there (a loopback port just freed)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var nodeErr bytes.Buffer
+	go func() {
+		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-tel",
+			"--deny-kinds", "logs.collect", "--otlp-endpoint", "http://" + rcv.Addr, "--telemetry-interval", "1s",
+			"--prometheus-listen", promAddr}, &bytes.Buffer{}, &nodeErr)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("node exited %d: %s", code, nodeErr.String())
+		}
+	}()
+	var nodeID string
+	select {
+	case h := <-cp.Hellos:
+		nodeID = h.GetNodeId()
+	case code := <-done:
+		done <- code
+		t.Fatalf("node exited %d: %s", code, nodeErr.String())
+	case <-t.Context().Done():
+		t.Fatal("no Hello from bcd node")
+	}
+	cp.SendCommand(&agentv1.Command{Id: "cmd_t", NodeId: nodeID, Seq: 1, Kind: "logs.collect", NotAfter: timestamppb.New(time.Now().Add(time.Minute))})
+	select {
+	case <-cp.Updates:
+	case <-t.Context().Done():
+		t.Fatal("no answer to the command")
+	}
+	req := rcv.Until(t, func(req *collectorpb.ExportMetricsServiceRequest) bool {
+		got := otlptest.ByName(req)
+		up := got["bcd.session.up"]
+		rejected := false
+		for _, p := range got["bcd.commands"] {
+			rejected = rejected || (p.Attrs["outcome"] == "REJECTED" && p.Attrs["reject"] == "UNSUPPORTED")
+		}
+		return len(got["gpu.utilization"]) == 8 && len(up) == 1 && up[0].Value == 1 && rejected
+	})
+	if res := otlptest.Resource(req); res["bettercompute.node.id"] != nodeID || res["service.name"] != "bcd" {
+		t.Errorf("resource %v: want the node id %s and service bcd", res, nodeID)
+	}
+	res, err := http.Get("http://" + promAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "gpu_temperature_celsius{") || !strings.Contains(string(b), "bcd_session_up 1") {
+		t.Errorf("scrape of --prometheus-listen lacks the GPU and session metrics:\n%s", b)
+	}
+}
