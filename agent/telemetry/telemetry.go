@@ -17,6 +17,7 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -114,6 +115,11 @@ func New(cfg Config) (*Telemetry, error) {
 	}
 	if cfg.NodeID != "" {
 		attrs = append(attrs, attribute.String("bettercompute.node.id", cfg.NodeID))
+	}
+	// Prometheus's OTLP receiver makes job and instance of service.name
+	// and service.instance.id: instance tells the nodes apart.
+	if inst := cmp.Or(cfg.NodeID, cfg.Hostname); inst != "" {
+		attrs = append(attrs, attribute.String("service.instance.id", inst))
 	}
 	if cfg.Hostname != "" {
 		attrs = append(attrs, attribute.String("host.name", cfg.Hostname))

@@ -40,9 +40,10 @@ func TestGrafanaDashboards(t *testing.T) {
 	t.Parallel()
 	files := readDashboards(t, dashboardDir)
 	known := registeredMetrics(t)
+	addAgentMetrics(t, known)
 	// The sanity of the registry itself: a metric of each part the
 	// dashboards cover, a vector with no series yet among them.
-	for _, name := range []string{"bettercompute_gateway_sessions", "bettercompute_reconcile_runs_total", "bc_webhook_attempts_total", "bc_api_deprecated_fields_total", "bettercompute_capacity_atoms", "go_goroutines"} {
+	for _, name := range []string{"gpu_temperature_celsius", "bettercompute_gateway_sessions", "bettercompute_reconcile_runs_total", "bc_webhook_attempts_total", "bc_api_deprecated_fields_total", "bettercompute_capacity_atoms", "go_goroutines"} {
 		if _, ok := known[name]; !ok {
 			t.Errorf("the running app does not register %s: the registry capture is broken", name)
 		}
@@ -233,6 +234,39 @@ func registeredMetrics(t *testing.T) map[string]metricInfo {
 		add(f.GetName(), f.Type, ls...)
 	}
 	return known
+}
+
+// agentMetrics is the list of the metrics bcd (the node agent) exports over
+// OTLP and its local scrape endpoint, kept current by the agent's own test
+// (agent/telemetry's TestMetricsList).
+const agentMetrics = "../../agent/telemetry/metrics.txt"
+
+// addAgentMetrics adds bcd's metrics (name, type, labels per line) to known.
+func addAgentMetrics(t *testing.T, known map[string]metricInfo) {
+	t.Helper()
+	b, err := os.ReadFile(agentMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := map[string]dto.MetricType{"counter": dto.MetricType_COUNTER, "gauge": dto.MetricType_GAUGE, "histogram": dto.MetricType_HISTOGRAM}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		if len(f) < 2 || len(f) > 3 {
+			t.Fatalf("%s: cannot read %q", agentMetrics, line)
+		}
+		typ, ok := types[f[1]]
+		if !ok {
+			t.Fatalf("%s: cannot read %q", agentMetrics, line)
+		}
+		mi := metricInfo{typ: typ.Enum(), labels: set()}
+		if len(f) == 3 {
+			mi.labels = set(strings.Split(f[2], ",")...)
+		}
+		known[f[0]] = mi
+	}
 }
 
 // describe returns what c describes.
