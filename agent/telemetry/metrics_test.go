@@ -3,6 +3,7 @@ package telemetry_test
 import (
 	"bufio"
 	"flag"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"
@@ -30,7 +31,7 @@ func TestMetricsList(t *testing.T) {
 	tel.SectionConverged("devices", "CONVERGED", time.Millisecond)
 	tel.CommandOutcome("REJECTED", "UNSUPPORTED")
 	rec := httptest.NewRecorder()
-	tel.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	tel.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	types := map[string]string{}
 	labels := map[string]map[string]bool{}
 	sc := bufio.NewScanner(rec.Body)

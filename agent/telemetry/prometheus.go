@@ -128,29 +128,35 @@ func header(w *bufio.Writer, name, help, typ string) {
 var labelEscaper = strings.NewReplacer(`\`, `\\`, "\n", `\n`, `"`, `\"`)
 
 func sample(w *bufio.Writer, name string, attrs attribute.Set, extraKey, extraVal string, v float64) {
-	w.WriteString(name)
+	b := make([]byte, 0, 128)
+	b = append(b, name...)
 	kvs := attrs.ToSlice()
 	sort.Slice(kvs, func(i, j int) bool { return kvs[i].Key < kvs[j].Key })
 	if len(kvs) > 0 || extraKey != "" {
-		w.WriteByte('{')
-		sep := ""
-		for _, kv := range kvs {
-			fmt.Fprintf(w, `%s%s="%s"`, sep, sanitize(string(kv.Key)), labelEscaper.Replace(kv.Value.Emit()))
-			sep = ","
+		b = append(b, '{')
+		for i, kv := range kvs {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = fmt.Appendf(b, `%s="%s"`, sanitize(string(kv.Key)), labelEscaper.Replace(kv.Value.String()))
 		}
 		if extraKey != "" {
-			fmt.Fprintf(w, `%s%s="%s"`, sep, extraKey, extraVal)
+			if len(kvs) > 0 {
+				b = append(b, ',')
+			}
+			b = fmt.Appendf(b, `%s="%s"`, extraKey, extraVal)
 		}
-		w.WriteByte('}')
+		b = append(b, '}')
 	}
-	w.WriteByte(' ')
+	b = append(b, ' ')
 	switch {
 	case math.IsInf(v, 1):
-		w.WriteString("+Inf")
+		b = append(b, "+Inf"...)
 	case math.IsInf(v, -1):
-		w.WriteString("-Inf")
+		b = append(b, "-Inf"...)
 	default:
-		w.WriteString(strconv.FormatFloat(v, 'g', -1, 64))
+		b = strconv.AppendFloat(b, v, 'g', -1, 64)
 	}
-	w.WriteByte('\n')
+	b = append(b, '\n')
+	_, _ = w.Write(b)
 }
