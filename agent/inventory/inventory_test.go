@@ -247,3 +247,42 @@ func BenchmarkMetrics8GPUs(b *testing.B) {
 		}
 	}
 }
+
+// TestMetricsReadings: every reading of a healthy mock GPU is there, an
+// injected fault shows in it (temperature, ECC, XID count), and a GPU that
+// fell off the bus reports no readings rather than zeros.
+func TestMetricsReadings(t *testing.T) {
+	c, err := inventory.New(inventory.NewMock(), inventory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	all := inventory.MetricUtilization | inventory.MetricMemory | inventory.MetricTemperature | inventory.MetricPower |
+		inventory.MetricClocks | inventory.MetricThrottle | inventory.MetricECC | inventory.MetricPCIeReplays
+	if err := c.Faults().Inject(1, inventory.Fault{TemperatureCelsius: 88, UncorrectableECC: 3, XIDs: []uint32{48}, ThermalSlowdown: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Faults().Inject(2, inventory.Fault{FallenOffBus: true}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := c.Metrics(t.Context(), nil)
+	if err != nil || len(ms) != 8 {
+		t.Fatalf("%d GPUs, %v", len(ms), err)
+	}
+	for _, m := range ms {
+		switch m.Index {
+		case 1:
+			if m.Has != all || m.TemperatureCelsius != 88 || m.ECCUncorrected != 3 || m.XIDEvents != 1 || m.ThrottleReasons&nvml.ClocksThrottleReasonHwThermalSlowdown == 0 {
+				t.Errorf("faulty GPU: %+v", m)
+			}
+		case 2:
+			if m.Has&(inventory.MetricTemperature|inventory.MetricUtilization|inventory.MetricECC|inventory.MetricClocks|inventory.MetricPower) != 0 {
+				t.Errorf("a GPU off the bus reports readings: %+v", m)
+			}
+		default:
+			if m.Has != all || m.UUID == "" || m.MemoryTotalBytes == 0 || m.PowerWatts <= 0 || m.SMClockMHz == 0 || m.XIDEvents != 0 {
+				t.Errorf("healthy GPU %d: %+v", m.Index, m)
+			}
+		}
+	}
+}
