@@ -144,9 +144,9 @@ func TestNodeMetricsReceivedOverOTLP(t *testing.T) {
 	}
 }
 
-// TestTelemetryOffWithoutEndpoint: with no endpoint nothing is exported
-// (no loop runs: the goroutine leak check would see it), a bad endpoint or
-// interval is refused naming it, and turning it off stops the export.
+// TestTelemetryOffWithoutEndpoint: with no endpoint nothing is exported (no
+// export loop runs: Flush has none to ask), a bad endpoint or interval is
+// refused naming it, and removing the endpoint stops the export.
 func TestTelemetryOffWithoutEndpoint(t *testing.T) {
 	rcv := otlptest.New(t)
 	var mu sync.Mutex
@@ -157,6 +157,9 @@ func TestTelemetryOffWithoutEndpoint(t *testing.T) {
 	}
 	if ep, iv := tel.Settings(); ep != "" || iv != telemetry.DefaultInterval {
 		t.Errorf("settings %q %s: want off at the default interval", ep, iv)
+	}
+	if err := tel.Flush(t.Context()); err == nil {
+		t.Error("Flush without an endpoint exported")
 	}
 	for _, tc := range []struct {
 		endpoint string
@@ -182,6 +185,9 @@ func TestTelemetryOffWithoutEndpoint(t *testing.T) {
 	nextWithGPUs(t, rcv)
 	if err := tel.Configure("", 0); err != nil {
 		t.Fatal(err)
+	}
+	if err := tel.Flush(t.Context()); err == nil {
+		t.Error("Flush after the endpoint was removed exported")
 	}
 	mu.Lock()
 	before := exports
