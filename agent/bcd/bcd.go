@@ -31,6 +31,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -349,6 +350,33 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer stopTel()
+	// The site section's OTLP endpoint, when it names one, wins over
+	// --otlp-endpoint. Configure waits for the old export loop to stop, so
+	// it runs here, not on the converging goroutine the subscription
+	// calls: the latest endpoint wins.
+	endpoints := make(chan string, 1)
+	site.Subscribe(func(s siteconf.Settings) {
+		select {
+		case <-endpoints:
+		default:
+		}
+		endpoints <- cmp.Or(s.OTLPEndpoint, *otlpEndpoint)
+	})
+	siteDone := make(chan struct{})
+	var siteWG sync.WaitGroup
+	defer func() { close(siteDone); siteWG.Wait() }()
+	siteWG.Go(func() {
+		for {
+			select {
+			case <-siteDone:
+				return
+			case ep := <-endpoints:
+				if err := tel.Configure(ep, interval); err != nil {
+					logger.Warn("telemetry: the site's OTLP endpoint", "endpoint", ep, "err", err)
+				}
+			}
+		}
+	})
 	return session.Run(ctx, session.Config{
 		CDI:       cdiW,
 		OnSession: tel.SessionUp, OnSection: tel.SectionConverged, OnCommandUpdate: telemetryCommandUpdate(tel),

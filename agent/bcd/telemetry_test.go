@@ -90,3 +90,45 @@ func TestNode_ExportsTelemetryOverOTLP(t *testing.T) {
 		t.Errorf("scrape of --prometheus-listen lacks the GPU and session metrics:\n%s", b)
 	}
 }
+
+// TestNode_SiteOTLPEndpointMovesTheExport: with no --otlp-endpoint, bcd node
+// exports nothing until its site section names an endpoint; then its GPU
+// metrics reach that receiver.
+func TestNode_SiteOTLPEndpointMovesTheExport(t *testing.T) {
+	t.Parallel()
+	cp := testcontrol.New(t)
+	root := joinMock(t, cp, t.TempDir())
+	rcv := otlptest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var nodeErr bytes.Buffer
+	go func() {
+		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-site-tel",
+			"--telemetry-interval", "1s"}, &bytes.Buffer{}, &nodeErr)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("node exited %d: %s", code, nodeErr.String())
+		}
+	}()
+	var nodeID string
+	select {
+	case h := <-cp.Hellos:
+		nodeID = h.GetNodeId()
+	case code := <-done:
+		done <- code
+		t.Fatalf("node exited %d: %s", code, nodeErr.String())
+	case <-t.Context().Done():
+		t.Fatal("no Hello from bcd node")
+	}
+	endpoint := "http://" + rcv.Addr
+	cp.SetDesired(&agentv1.DesiredState{Generation: 1, Spec: &agentv1.NodeSpec{Identity: &agentv1.NodeIdentity{NodeId: nodeID},
+		Site: &agentv1.SiteSettings{OtlpEndpoint: &endpoint}}})
+	req := rcv.Until(t, func(req *collectorpb.ExportMetricsServiceRequest) bool {
+		return len(otlptest.ByName(req)["gpu.utilization"]) == 8
+	})
+	if res := otlptest.Resource(req); res["bettercompute.node.id"] != nodeID {
+		t.Errorf("resource %v: want the node id %s", res, nodeID)
+	}
+}

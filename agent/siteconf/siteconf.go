@@ -87,7 +87,7 @@ type Settings struct {
 	SearchDomains []string
 	HTTPProxy     string
 	NoProxy       []string
-	OTLPEndpoint  string // host:port, OTLP over gRPC; "" means no export
+	OTLPEndpoint  string // host:port or https://host:port (TLS), http://host:port (plain); OTLP over gRPC; "" means no export
 	LogLevel      string // one of LogLevels; "" means the daemon's default
 }
 
@@ -168,12 +168,20 @@ func Validate(s Settings) []string {
 		}
 	}
 	if s.OTLPEndpoint != "" {
-		h, p, err := net.SplitHostPort(s.OTLPEndpoint)
+		// http://host:port is plain gRPC; https://host:port or a bare
+		// host:port is TLS (the telemetry exporter's forms).
+		hp := s.OTLPEndpoint
+		if rest, ok := strings.CutPrefix(hp, "http://"); ok {
+			hp = rest
+		} else if rest, ok := strings.CutPrefix(hp, "https://"); ok {
+			hp = rest
+		}
+		h, p, err := net.SplitHostPort(hp)
 		if n, perr := strconv.Atoi(p); err == nil && (host(h) != nil || perr != nil || n < 1 || n > 65535) {
 			err = fmt.Errorf("want host:port")
 		}
 		if err != nil {
-			bad = append(bad, fmt.Sprintf("otlp_endpoint: %q: want host:port", clip(s.OTLPEndpoint)))
+			bad = append(bad, fmt.Sprintf("otlp_endpoint: %q: want host:port, http://host:port or https://host:port", clip(s.OTLPEndpoint)))
 		}
 	}
 	if s.LogLevel != "" && !slices.Contains(LogLevels, s.LogLevel) {

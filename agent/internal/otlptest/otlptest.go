@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -58,6 +59,9 @@ func (r *Receiver) Next(t *testing.T) *collectorpb.ExportMetricsServiceRequest {
 	select {
 	case req := <-r.Reqs:
 		return req
+	case <-time.After(time.Minute):
+		t.Fatal("no OTLP export arrived within a minute")
+		return nil
 	case <-t.Context().Done():
 		t.Fatal("no OTLP export arrived")
 		return nil

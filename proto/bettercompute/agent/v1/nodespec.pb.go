@@ -276,8 +276,9 @@ type SiteSettings struct {
 	HttpProxy *string `protobuf:"bytes,4,opt,name=http_proxy,json=httpProxy,proto3,oneof" json:"http_proxy,omitempty"`
 	// no_proxy lists hosts and domains reached without the proxy.
 	NoProxy *StringList `protobuf:"bytes,5,opt,name=no_proxy,json=noProxy,proto3" json:"no_proxy,omitempty"`
-	// otlp_endpoint is where the daemon sends its traces and metrics (OTLP
-	// over gRPC, host:port); empty means none.
+	// otlp_endpoint is where the daemon sends its metrics (OTLP over gRPC):
+	// host:port or https://host:port (TLS), http://host:port (plain); empty
+	// means none (bcd node --otlp-endpoint, if set).
 	OtlpEndpoint *string `protobuf:"bytes,6,opt,name=otlp_endpoint,json=otlpEndpoint,proto3,oneof" json:"otlp_endpoint,omitempty"`
 	// log_level is the daemon's log level: "debug", "info", "warn" or
 	// "error".
