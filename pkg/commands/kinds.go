@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -438,12 +439,19 @@ func checkGpuReset(body *agentv1.CommandBody) error {
 	return nil
 }
 
+// maxDiagLabel bounds diag.nvml's label.
+const maxDiagLabel = 128
+
 // checkDiagNvml refuses a level diag.nvml does not know: INVALID_INPUT
-// "payload.level", naming the levels.
+// "payload.level", naming the levels; and a label over maxDiagLabel
+// characters (INVALID_INPUT "payload.label").
 func checkDiagNvml(body *agentv1.CommandBody) error {
 	l := body.GetDiagNvml().GetLevel()
 	if _, ok := commandkinds.DiagRunLevel(l); !ok {
 		return fault.New(fault.InvalidInput, "payload.level", "unknown diag level %q (known: %s)", clipRunes(l, 64), strings.Join(commandkinds.DiagLevels, ", "))
+	}
+	if n := utf8.RuneCountInString(body.GetDiagNvml().GetLabel()); n > maxDiagLabel {
+		return fault.New(fault.InvalidInput, "payload.label", "at most %d characters, got %d", maxDiagLabel, n)
 	}
 	return nil
 }

@@ -90,7 +90,7 @@ type runs struct {
 }
 
 func (r *runs) diag(_ context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
-	level := body.GetDiagNvml().GetLevel()
+	level := body.GetDiagNvml().GetLabel()
 	r.mu.Lock()
 	r.n[level]++
 	r.mu.Unlock()
@@ -476,7 +476,7 @@ func (s *suite) commands(step string) []string {
 		var out struct{ Command struct{ ID string } }
 		key := step + "/" + node
 		s.call("commands/run", map[string]any{"tenantId": "root", "nodeId": node, "kind": "diag.nvml",
-			"payload": map[string]any{"level": key}, "idempotencyKey": key}, &out)
+			"payload": map[string]any{"label": key}, "idempotencyKey": key}, &out)
 		ids = append(ids, out.Command.ID)
 	}
 	s.cmds = append(s.cmds, ids...)

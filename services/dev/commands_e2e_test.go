@@ -299,7 +299,7 @@ func (h *hooks) gate(level string) chan struct{} {
 }
 
 func (h *hooks) diag(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
-	level := body.GetDiagNvml().GetLevel()
+	level := body.GetDiagNvml().GetLabel()
 	h.mu.Lock()
 	h.runs[level]++
 	g := h.gate(level)
@@ -334,7 +334,7 @@ func (h *hooks) install(c *sim.Config) {
 }
 
 // diagLevel is a diag.nvml payload with a level.
-func diagLevel(level string) map[string]any { return map[string]any{"level": level} }
+func diagLevel(level string) map[string]any { return map[string]any{"label": level} }
 
 // nodeGeneration reads a node's desired-state generation.
 func nodeGeneration(t testing.TB, db *pgxpool.Pool, node string) int64 {

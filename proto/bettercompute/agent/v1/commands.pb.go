@@ -684,7 +684,11 @@ type DiagNvml struct {
 	// diag -r 2` and `-r 3`, on the GPUs asked for; where DCGM is not
 	// installed the result says so (DcgmDiag.status NOT_INSTALLED) and the
 	// command fails. Any other level is refused.
-	Level         string `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`
+	Level string `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`
+	// label is the caller's, at most 128 characters, never interpreted by
+	// the daemon: it tells a caller's runs apart (the simulator's and the
+	// tests' hooks count and gate runs by it).
+	Label         string `protobuf:"bytes,3,opt,name=label,proto3" json:"label,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -729,6 +733,13 @@ func (x *DiagNvml) GetGpuUuids() []string {
 func (x *DiagNvml) GetLevel() string {
 	if x != nil {
 		return x.Level
+	}
+	return ""
+}
+
+func (x *DiagNvml) GetLabel() string {
+	if x != nil {
+		return x.Label
 	}
 	return ""
 }
@@ -2560,10 +2571,11 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\n" +
 	"node_kexec\x18\b \x01(\v2!.bettercompute.agent.v1.NodeKexecH\x00R\tnodeKexec\x12Q\n" +
 	"\x0finstance_reboot\x18\t \x01(\v2&.bettercompute.agent.v1.InstanceRebootH\x00R\x0einstanceRebootB\x06\n" +
-	"\x04kind\"R\n" +
+	"\x04kind\"h\n" +
 	"\bDiagNvml\x12\x1b\n" +
 	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
-	"\x05level\x18\x02 \x01(\tR\x05level:\x13\xa2\xbb\x18\x0f\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level\x12\x14\n" +
+	"\x05label\x18\x03 \x01(\tR\x05label:\x13\xa2\xbb\x18\x0f\n" +
 	"\tdiag.nvml\x10\x01(\x01\"a\n" +
 	"\x10InventoryRefresh\x12\x1a\n" +
 	"\bsections\x18\x01 \x03(\tR\bsections\x12\x16\n" +
