@@ -25,19 +25,17 @@
 package siteconf
 
 import (
-	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"golang.org/x/net/http/httpproxy"
+
+	"github.com/bettercompute/bettercompute/proto/sitespec"
 )
 
 // Paths under the root.
@@ -66,13 +64,13 @@ const (
 // Bounds of the section's fields.
 const (
 	// MaxServers bounds ntp_servers, dns_servers and no_proxy each.
-	MaxServers = 16
+	MaxServers = sitespec.MaxServers
 	// MaxValue bounds one value (a host name, a URL).
-	MaxValue = 253
+	MaxValue = sitespec.MaxValue
 )
 
 // Log levels the section takes.
-var LogLevels = []string{"debug", "info", "warn", "error"}
+var LogLevels = sitespec.LogLevels
 
 // header starts every file this package writes.
 const header = "# Written by bcd from this node's site settings; edits are overwritten.\n"
@@ -122,138 +120,17 @@ func (s Settings) Level(def slog.Level) slog.Level {
 	return def
 }
 
-// Validate returns what is wrong with s, each problem naming its field.
-// Values end up in configuration files, so anything that could carry a
-// second line or directive (whitespace, control characters, '#', ';') is
-// refused.
+// Validate returns what is wrong with s, each problem naming its field
+// ("ntp_servers: ..."): proto/sitespec's rule, the one pools.update
+// applies too.
 func Validate(s Settings) []string {
-	var bad []string
-	list := func(field string, vs []string, check func(string) error) {
-		if len(vs) > MaxServers {
-			bad = append(bad, fmt.Sprintf("%s: %d values, at most %d", field, len(vs), MaxServers))
-			return
-		}
-		for _, v := range vs {
-			if err := check(v); err != nil {
-				bad = append(bad, fmt.Sprintf("%s: %q: %v", field, clip(v), err))
-				return
-			}
-		}
-	}
-	list("ntp_servers", s.NTPServers, host)
-	list("dns_servers", s.DNSServers, func(v string) error {
-		if _, err := netip.ParseAddr(v); err != nil {
-			return fmt.Errorf("not an IP address")
-		}
-		return nil
-	})
-	list("search_domains", s.SearchDomains, func(v string) error {
-		if _, err := netip.ParseAddr(v); err == nil {
-			return fmt.Errorf("an IP address, not a domain")
-		}
-		return host(v)
-	})
-	list("no_proxy", s.NoProxy, func(v string) error {
-		if err := plain(v); err != nil {
-			return err
-		}
-		if strings.Contains(v, ",") {
-			return fmt.Errorf("contains a comma")
-		}
-		return nil
-	})
-	if s.HTTPProxy != "" {
-		if err := proxyURL(s.HTTPProxy); err != nil {
-			bad = append(bad, fmt.Sprintf("http_proxy: %q: %v", clip(s.HTTPProxy), err))
-		}
-	}
-	if s.OTLPEndpoint != "" {
-		// http://host:port is plain gRPC; https://host:port or a bare
-		// host:port is TLS (the telemetry exporter's forms).
-		hp := s.OTLPEndpoint
-		if rest, ok := strings.CutPrefix(hp, "http://"); ok {
-			hp = rest
-		} else if rest, ok := strings.CutPrefix(hp, "https://"); ok {
-			hp = rest
-		}
-		h, p, err := net.SplitHostPort(hp)
-		if n, perr := strconv.Atoi(p); err == nil && (host(h) != nil || perr != nil || n < 1 || n > 65535) {
-			err = fmt.Errorf("want host:port")
-		}
-		if err != nil {
-			bad = append(bad, fmt.Sprintf("otlp_endpoint: %q: want host:port, http://host:port or https://host:port", clip(s.OTLPEndpoint)))
-		}
-	}
-	if s.LogLevel != "" && !slices.Contains(LogLevels, s.LogLevel) {
-		bad = append(bad, fmt.Sprintf("log_level: %q: want debug, info, warn or error", clip(s.LogLevel)))
+	ps := sitespec.Validate(sitespec.Settings{NTPServers: s.NTPServers, DNSServers: s.DNSServers, SearchDomains: s.SearchDomains,
+		HTTPProxy: s.HTTPProxy, NoProxy: s.NoProxy, OTLPEndpoint: s.OTLPEndpoint, LogLevel: s.LogLevel})
+	bad := make([]string, len(ps))
+	for i, p := range ps {
+		bad[i] = p.String()
 	}
 	return bad
-}
-
-func clip(v string) string {
-	if len(v) > 64 {
-		return v[:64] + "…"
-	}
-	return v
-}
-
-// plain refuses empty, overlong and multi-token values.
-func plain(v string) error {
-	switch {
-	case v == "":
-		return fmt.Errorf("empty")
-	case len(v) > MaxValue:
-		return fmt.Errorf("longer than %d bytes", MaxValue)
-	}
-	for _, r := range v {
-		if r <= ' ' || r == 0x7f || r == '#' || r == ';' || r == '"' || r == '\'' || r == '\\' || r > 0x7e {
-			return fmt.Errorf("contains %q", r)
-		}
-	}
-	return nil
-}
-
-// host accepts a host name or an IP address.
-func host(v string) error {
-	if err := plain(v); err != nil {
-		return err
-	}
-	if _, err := netip.ParseAddr(v); err == nil {
-		return nil
-	}
-	for l := range strings.SplitSeq(v, ".") {
-		if l == "" || len(l) > 63 || strings.HasPrefix(l, "-") || strings.HasSuffix(l, "-") {
-			return fmt.Errorf("not a host name or IP address")
-		}
-		for _, r := range l {
-			if !hostRune(r) {
-				return fmt.Errorf("not a host name or IP address")
-			}
-		}
-	}
-	return nil
-}
-
-// hostRune reports whether r may stand in a host name's label.
-func hostRune(r rune) bool {
-	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-'
-}
-
-func proxyURL(v string) error {
-	if err := plain(v); err != nil {
-		return err
-	}
-	u, err := url.Parse(v)
-	if err != nil || u.Host == "" || u.Hostname() == "" {
-		return fmt.Errorf("want a URL such as http://proxy.example:3128")
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("scheme %q: want http or https", u.Scheme)
-	}
-	if u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "" {
-		return fmt.Errorf("want scheme://host:port only")
-	}
-	return nil
 }
 
 // File is one path under the root and what it should hold: Data, or

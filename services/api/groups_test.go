@@ -181,6 +181,24 @@ func TestGroups(t *testing.T) {
 		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Site: bad,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"site"}}})
 		wantCode(t, err, fault.InvalidInput, "site")
+		// What the node's daemon would refuse (proto/sitespec) is refused
+		// here, naming the field: a second directive in a config file, a DNS server that
+		// is no address, a log level the daemon does not know.
+		for field, v := range map[string]any{
+			"site.ntpServers":   map[string]any{"ntpServers": map[string]any{"values": []any{"ntp1 server evil"}}},
+			"site.dnsServers":   map[string]any{"dnsServers": map[string]any{"values": []any{"resolver.example"}}},
+			"site.logLevel":     map[string]any{"logLevel": "loud"},
+			"site.otlpEndpoint": map[string]any{"otlpEndpoint": "collector.example"},
+			"site.httpProxy":    map[string]any{"httpProxy": "socks5://proxy:1080"},
+		} {
+			st, _ := structpb.NewStruct(v.(map[string]any))
+			_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Site: st,
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"site"}}})
+			wantCode(t, err, fault.InvalidInput, field)
+		}
+		if err := h.db.QueryRow(t.Context(), `SELECT site->>'logLevel' FROM pools WHERE id = $1`, id).Scan(&level); err != nil || level != "debug" {
+			t.Fatalf("site after refused updates %q %v, want it unchanged", level, err)
+		}
 		badHealth, _ := structpb.NewStruct(map[string]any{"checkInterval": 5})
 		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Health: badHealth,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"health"}}})

@@ -8,10 +8,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+	"github.com/bettercompute/bettercompute/proto/sitespec"
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
@@ -186,6 +188,14 @@ func specSection(st *structpb.Struct, into proto.Message, field string) ([]byte,
 	return protojson.Marshal(into)
 }
 
+// jsonName is the JSON name of msg's field named (in proto) field.
+func jsonName(msg proto.Message, field string) string {
+	if fd := msg.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(field)); fd != nil {
+		return fd.JSONName()
+	}
+	return field
+}
+
 func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateRequest) (*computev1.PoolsServiceUpdateResponse, error) {
 	if err := required("poolId", req.GetPoolId()); err != nil {
 		return nil, err
@@ -210,9 +220,15 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			u.Labels, u.SetLabels = req.GetLabels(), true
 		case "site":
-			b, err := specSection(req.GetSite(), &agentv1.SiteSettings{}, "site")
+			site := &agentv1.SiteSettings{}
+			b, err := specSection(req.GetSite(), site, "site")
 			if err != nil {
 				return nil, err
+			}
+			// The node's own rule (proto/sitespec): a value its daemon
+			// would refuse never reaches a node.
+			if bad := sitespec.Validate(sitespec.FromProto(site)); len(bad) > 0 {
+				return nil, fault.New(fault.InvalidInput, "site."+jsonName(site, bad[0].Field), "%s", bad[0].Msg)
 			}
 			u.Site = b
 		case "health":
