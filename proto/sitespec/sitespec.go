@@ -192,4 +192,3 @@ func proxyURL(v string) error {
 	}
 	return nil
 }
-

@@ -432,7 +432,7 @@ type explaining struct {
 }
 
 func (e explaining) Fatalf(format string, args ...any) {
-	e.TB.Helper()
+	e.Helper()
 	e.explain(e.TB)
 	e.TB.Fatalf(format, args...)
 }
