@@ -40,8 +40,14 @@ func (f *fixture) update(t *testing.T, seq int64, outcome agentv1.CommandOutcome
 
 func (f *fixture) send(t *testing.T, c *agentv1.Command) {
 	t.Helper()
-	if f.cp.SendCommand(c) != 1 {
-		t.Fatal("no open session to send the command on")
+	// After a restart the old session may still be open on the server for
+	// a moment: wait for the daemon's one session.
+	deadline := time.Now().Add(10 * time.Second)
+	for f.cp.OpenSessions() != 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := f.cp.SendCommand(c); n != 1 {
+		t.Fatalf("sent on %d open sessions, want the daemon's one", n)
 	}
 }
 

@@ -212,6 +212,15 @@ func (s *Server) SetDesired(ds *agentv1.DesiredState) {
 	}
 }
 
+// OpenSessions is how many sessions are open: a daemon that just
+// reconnected may briefly have its old one too, until the server notices
+// that stream's end.
+func (s *Server) OpenSessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
 // SendCommand sends c on every open session (after its Welcome) and
 // reports how many sessions it went to.
 func (s *Server) SendCommand(c *agentv1.Command) int {
