@@ -40,6 +40,10 @@ import (
 	vpssim "github.com/bettercompute/bettercompute/agent/vps/sim"
 )
 
+// SimDriftCheckInterval is a simulated daemon's CDI drift check interval
+// unless Config.DriftCheckInterval says otherwise.
+const SimDriftCheckInterval = time.Minute
+
 // Config describes the fleet.
 type Config struct {
 	// Gateway is the gateway's host:port; ServerName the name its
@@ -91,6 +95,12 @@ type Config struct {
 	// HealthCheckInterval, when set, replaces every daemon's health
 	// section check_interval (see session.Config).
 	HealthCheckInterval time.Duration
+	// DriftCheckInterval is how often each daemon checks its CDI spec for
+	// a hand edit (session.Config.DriftCheckInterval); 0 means
+	// SimDriftCheckInterval, not a real node's 5 s: nobody edits a
+	// simulated node's spec by hand, and 10,000 daemons checking every 5 s
+	// would read 2,000 files a second.
+	DriftCheckInterval time.Duration
 	// VPS runs every daemon's instances section on the simulated VPS
 	// runtime (agent/vps/sim: a `sleep infinity` process per running
 	// instance, under <state>/vps), so the simulated machines can be the
@@ -218,6 +228,7 @@ func (f *Fleet) run(i int) {
 		BootID: d.boot, AgentVersion: "sim", Logger: logger, OnSession: f.cfg.OnSession,
 		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
 		CommandExecutors: f.cfg.Executors, HealthCheckInterval: f.cfg.HealthCheckInterval,
+		DriftCheckInterval: cmp.Or(f.cfg.DriftCheckInterval, SimDriftCheckInterval),
 		// A simulated node has no kernel or journal of its own: it never
 		// reads the host's. Its kernel, journal and nvidia sources are
 		// "not available" unless a test puts fixtures there.
