@@ -35,30 +35,9 @@ func TestNode_ExportsTelemetryOverOTLP(t *testing.T) {
 	promAddr := lis.Addr().String()
 	_ = lis.Close() // bcd listens there (a loopback port just freed)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	var nodeErr bytes.Buffer
-	go func() {
-		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-tel",
-			"--deny-kinds", "logs.collect", "--otlp-endpoint", "http://" + rcv.Addr, "--telemetry-interval", "1s",
-			"--prometheus-listen", promAddr}, &bytes.Buffer{}, &nodeErr)
-	}()
-	defer func() {
-		cancel()
-		if code := <-done; code != 0 {
-			t.Errorf("node exited %d: %s", code, nodeErr.String())
-		}
-	}()
-	var nodeID string
-	select {
-	case h := <-cp.Hellos:
-		nodeID = h.GetNodeId()
-	case code := <-done:
-		done <- code
-		t.Fatalf("node exited %d: %s", code, nodeErr.String())
-	case <-t.Context().Done():
-		t.Fatal("no Hello from bcd node")
-	}
+	nodeID := startNode(t, cp, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-tel",
+		"--deny-kinds", "logs.collect", "--otlp-endpoint", "http://" + rcv.Addr, "--telemetry-interval", "1s",
+		"--prometheus-listen", promAddr})
 	cp.SendCommand(&agentv1.Command{Id: "cmd_t", NodeId: nodeID, Seq: 1, Kind: "logs.collect", NotAfter: timestamppb.New(time.Now().Add(time.Minute))})
 	select {
 	case <-cp.Updates:
@@ -99,29 +78,8 @@ func TestNode_SiteOTLPEndpointMovesTheExport(t *testing.T) {
 	cp := testcontrol.New(t)
 	root := joinMock(t, cp, t.TempDir())
 	rcv := otlptest.New(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	var nodeErr bytes.Buffer
-	go func() {
-		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-site-tel",
-			"--telemetry-interval", "1s"}, &bytes.Buffer{}, &nodeErr)
-	}()
-	defer func() {
-		cancel()
-		if code := <-done; code != 0 {
-			t.Errorf("node exited %d: %s", code, nodeErr.String())
-		}
-	}()
-	var nodeID string
-	select {
-	case h := <-cp.Hellos:
-		nodeID = h.GetNodeId()
-	case code := <-done:
-		done <- code
-		t.Fatalf("node exited %d: %s", code, nodeErr.String())
-	case <-t.Context().Done():
-		t.Fatal("no Hello from bcd node")
-	}
+	nodeID := startNode(t, cp, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-site-tel",
+		"--telemetry-interval", "1s"})
 	endpoint := "http://" + rcv.Addr
 	cp.SetDesired(&agentv1.DesiredState{Generation: 1, Spec: &agentv1.NodeSpec{Identity: &agentv1.NodeIdentity{NodeId: nodeID},
 		Site: &agentv1.SiteSettings{OtlpEndpoint: &endpoint}}})
@@ -131,4 +89,30 @@ func TestNode_SiteOTLPEndpointMovesTheExport(t *testing.T) {
 	if res := otlptest.Resource(req); res["bettercompute.node.id"] != nodeID {
 		t.Errorf("resource %v: want the node id %s", res, nodeID)
 	}
+}
+
+// startNode runs `bcd node` with args until the test ends (then checks it
+// exited 0) and returns the node id of its first Hello.
+func startNode(t *testing.T, cp *testcontrol.Server, args []string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var nodeErr bytes.Buffer
+	go func() { done <- bcd.Run(ctx, args, &bytes.Buffer{}, &nodeErr) }()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("node exited %d: %s", code, nodeErr.String())
+		}
+	})
+	select {
+	case h := <-cp.Hellos:
+		return h.GetNodeId()
+	case code := <-done:
+		done <- code
+		t.Fatalf("node exited %d: %s", code, nodeErr.String())
+	case <-t.Context().Done():
+		t.Fatal("no Hello from bcd node")
+	}
+	return ""
 }
