@@ -593,12 +593,12 @@ func (unsupported) Apply(context.Context, Current, Plan) error { return nil }
 
 func planRuntime(d *agentv1.NodeSpec) (proto.Message, string) {
 	r := d.GetRuntime()
-	dir := r.GetCdiSpecDir()
-	if dir == "" {
-		dir = "the default CDI directory"
+	dirs := r.GetCdiSpecDirs()
+	if len(dirs) == 0 {
+		dirs = []string{"/var/run/cdi"}
 	}
-	return r, fmt.Sprintf("configure container runtime %q with CDI %s (specs in %s)",
-		r.GetContainerRuntime(), map[bool]string{true: "enabled", false: "disabled"}[r.GetCdiEnabled()], dir)
+	return r, fmt.Sprintf("configure container engines [%s] to read CDI specs from %s",
+		strings.Join(r.GetEngines(), ", "), strings.Join(dirs, ", "))
 }
 
 func planMig(d *agentv1.NodeSpec) (proto.Message, string) {

@@ -286,8 +286,11 @@ type SiteSettings struct {
 	// search_domains are the DNS search domains the node's resolver appends
 	// to short names (systemd-resolved's Domains=).
 	SearchDomains *StringList `protobuf:"bytes,8,opt,name=search_domains,json=searchDomains,proto3" json:"search_domains,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// telemetry_interval is how often the daemon exports its metrics (1 s to
+	// 1 h); unset means bcd node --telemetry-interval (10 s by default).
+	TelemetryInterval *durationpb.Duration `protobuf:"bytes,9,opt,name=telemetry_interval,json=telemetryInterval,proto3" json:"telemetry_interval,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SiteSettings) Reset() {
@@ -376,18 +379,34 @@ func (x *SiteSettings) GetSearchDomains() *StringList {
 	return nil
 }
 
-// RuntimeSettings configure the node's container runtime.
+func (x *SiteSettings) GetTelemetryInterval() *durationpb.Duration {
+	if x != nil {
+		return x.TelemetryInterval
+	}
+	return nil
+}
+
+// RuntimeSettings wire the node's container engines to the Container
+// Device Interface (CDI), so a container asks for its booking by name
+// ("bettercompute.io/gpu=<reservation id>" or "...=<GPU UUID>"). The
+// devices section decides what the CDI spec offers; this section decides
+// where it is written and which engines read it. Unset: the spec is written
+// to /var/run/cdi and no engine configuration is touched.
 type RuntimeSettings struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// container_runtime names the runtime, e.g. "containerd".
-	ContainerRuntime string `protobuf:"bytes,1,opt,name=container_runtime,json=containerRuntime,proto3" json:"container_runtime,omitempty"`
-	// cdi_enabled says whether devices are handed to containers through the
-	// Container Device Interface.
-	CdiEnabled bool `protobuf:"varint,2,opt,name=cdi_enabled,json=cdiEnabled,proto3" json:"cdi_enabled,omitempty"`
-	// cdi_spec_dir is where the daemon writes CDI specs, e.g. "/etc/cdi".
-	CdiSpecDir    string `protobuf:"bytes,3,opt,name=cdi_spec_dir,json=cdiSpecDir,proto3" json:"cdi_spec_dir,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// engines are the container engines the daemon configures to read CDI
+	// specs from cdi_spec_dirs: "containerd" (enable_cdi), "cri-o", "docker"
+	// (features.cdi) and "podman", each at most once, at most 4.
+	Engines []string `protobuf:"bytes,4,rep,name=engines,proto3" json:"engines,omitempty"`
+	// cdi_spec_dirs are the absolute directories the CDI spec is written to,
+	// at most 4; empty means "/var/run/cdi".
+	CdiSpecDirs []string `protobuf:"bytes,5,rep,name=cdi_spec_dirs,json=cdiSpecDirs,proto3" json:"cdi_spec_dirs,omitempty"`
+	// min_container_toolkit_version is the lowest NVIDIA Container Toolkit
+	// version ("1.14.0") the node must have (nvidia-ctk --version); empty
+	// means none is required. A node below it reports the section failed.
+	MinContainerToolkitVersion string `protobuf:"bytes,6,opt,name=min_container_toolkit_version,json=minContainerToolkitVersion,proto3" json:"min_container_toolkit_version,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *RuntimeSettings) Reset() {
@@ -420,23 +439,23 @@ func (*RuntimeSettings) Descriptor() ([]byte, []int) {
 	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *RuntimeSettings) GetContainerRuntime() string {
+func (x *RuntimeSettings) GetEngines() []string {
 	if x != nil {
-		return x.ContainerRuntime
+		return x.Engines
 	}
-	return ""
+	return nil
 }
 
-func (x *RuntimeSettings) GetCdiEnabled() bool {
+func (x *RuntimeSettings) GetCdiSpecDirs() []string {
 	if x != nil {
-		return x.CdiEnabled
+		return x.CdiSpecDirs
 	}
-	return false
+	return nil
 }
 
-func (x *RuntimeSettings) GetCdiSpecDir() string {
+func (x *RuntimeSettings) GetMinContainerToolkitVersion() string {
 	if x != nil {
-		return x.CdiSpecDir
+		return x.MinContainerToolkitVersion
 	}
 	return ""
 }
@@ -1066,7 +1085,7 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"$\n" +
 	"\n" +
 	"StringList\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\tR\x06values\"\x81\x04\n" +
+	"\x06values\x18\x01 \x03(\tR\x06values\"\xcb\x04\n" +
 	"\fSiteSettings\x12>\n" +
 	"\bgateways\x18\x01 \x01(\v2\".bettercompute.agent.v1.StringListR\bgateways\x12C\n" +
 	"\vntp_servers\x18\x02 \x01(\v2\".bettercompute.agent.v1.StringListR\n" +
@@ -1078,17 +1097,16 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"\bno_proxy\x18\x05 \x01(\v2\".bettercompute.agent.v1.StringListR\anoProxy\x12(\n" +
 	"\rotlp_endpoint\x18\x06 \x01(\tH\x01R\fotlpEndpoint\x88\x01\x01\x12 \n" +
 	"\tlog_level\x18\a \x01(\tH\x02R\blogLevel\x88\x01\x01\x12I\n" +
-	"\x0esearch_domains\x18\b \x01(\v2\".bettercompute.agent.v1.StringListR\rsearchDomainsB\r\n" +
+	"\x0esearch_domains\x18\b \x01(\v2\".bettercompute.agent.v1.StringListR\rsearchDomains\x12H\n" +
+	"\x12telemetry_interval\x18\t \x01(\v2\x19.google.protobuf.DurationR\x11telemetryIntervalB\r\n" +
 	"\v_http_proxyB\x10\n" +
 	"\x0e_otlp_endpointB\f\n" +
 	"\n" +
-	"_log_level\"\x81\x01\n" +
-	"\x0fRuntimeSettings\x12+\n" +
-	"\x11container_runtime\x18\x01 \x01(\tR\x10containerRuntime\x12\x1f\n" +
-	"\vcdi_enabled\x18\x02 \x01(\bR\n" +
-	"cdiEnabled\x12 \n" +
-	"\fcdi_spec_dir\x18\x03 \x01(\tR\n" +
-	"cdiSpecDir\"_\n" +
+	"_log_level\"\xd2\x01\n" +
+	"\x0fRuntimeSettings\x12\x18\n" +
+	"\aengines\x18\x04 \x03(\tR\aengines\x12\"\n" +
+	"\rcdi_spec_dirs\x18\x05 \x03(\tR\vcdiSpecDirs\x12A\n" +
+	"\x1dmin_container_toolkit_version\x18\x06 \x01(\tR\x1aminContainerToolkitVersionJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04R\x11container_runtimeR\vcdi_enabledR\fcdi_spec_dir\"_\n" +
 	"\x11DeviceAssignments\x12J\n" +
 	"\vassignments\x18\x01 \x03(\v2(.bettercompute.agent.v1.DeviceAssignmentR\vassignments\"V\n" +
 	"\x10DeviceAssignment\x12%\n" +
@@ -1178,16 +1196,17 @@ var file_bettercompute_agent_v1_nodespec_proto_depIdxs = []int32{
 	2,  // 11: bettercompute.agent.v1.SiteSettings.dns_servers:type_name -> bettercompute.agent.v1.StringList
 	2,  // 12: bettercompute.agent.v1.SiteSettings.no_proxy:type_name -> bettercompute.agent.v1.StringList
 	2,  // 13: bettercompute.agent.v1.SiteSettings.search_domains:type_name -> bettercompute.agent.v1.StringList
-	6,  // 14: bettercompute.agent.v1.DeviceAssignments.assignments:type_name -> bettercompute.agent.v1.DeviceAssignment
-	8,  // 15: bettercompute.agent.v1.MigLayout.gpus:type_name -> bettercompute.agent.v1.GpuMigLayout
-	10, // 16: bettercompute.agent.v1.Instances.instances:type_name -> bettercompute.agent.v1.Instance
-	14, // 17: bettercompute.agent.v1.HealthSettings.check_interval:type_name -> google.protobuf.Duration
-	14, // 18: bettercompute.agent.v1.HealthSettings.diagnostics_interval:type_name -> google.protobuf.Duration
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	14, // 14: bettercompute.agent.v1.SiteSettings.telemetry_interval:type_name -> google.protobuf.Duration
+	6,  // 15: bettercompute.agent.v1.DeviceAssignments.assignments:type_name -> bettercompute.agent.v1.DeviceAssignment
+	8,  // 16: bettercompute.agent.v1.MigLayout.gpus:type_name -> bettercompute.agent.v1.GpuMigLayout
+	10, // 17: bettercompute.agent.v1.Instances.instances:type_name -> bettercompute.agent.v1.Instance
+	14, // 18: bettercompute.agent.v1.HealthSettings.check_interval:type_name -> google.protobuf.Duration
+	14, // 19: bettercompute.agent.v1.HealthSettings.diagnostics_interval:type_name -> google.protobuf.Duration
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_nodespec_proto_init() }

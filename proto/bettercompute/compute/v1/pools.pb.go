@@ -598,7 +598,8 @@ type PoolsServiceUpdateRequest struct {
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Which fields to change: "description", "labels", "site", "health",
-	// "acceptance", "sharing", "default_quota", "vps", "provider". Required.
+	// "runtime", "acceptance", "sharing", "default_quota", "vps", "provider".
+	// Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The site settings every node of the pool gets (the NodeSpec "site"
 	// section as JSON: gateways, ntpServers, dnsServers, httpProxy, noProxy,
@@ -628,7 +629,12 @@ type PoolsServiceUpdateRequest struct {
 	// report its own.
 	Vps *VpsSettings `protobuf:"bytes,12,opt,name=vps,proto3" json:"vps,omitempty"`
 	// A provider pool's provider, when update_mask names "provider".
-	Provider      *ProviderSettings `protobuf:"bytes,13,opt,name=provider,proto3" json:"provider,omitempty"`
+	Provider *ProviderSettings `protobuf:"bytes,13,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The container runtime settings every node of the pool gets (the
+	// NodeSpec "runtime" section as JSON: engines, cdiSpecDirs,
+	// minContainerToolkitVersion), when update_mask names "runtime".
+	// Changing it recomputes every node's desired state.
+	Runtime       *structpb.Struct `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -751,6 +757,13 @@ func (x *PoolsServiceUpdateRequest) GetVps() *VpsSettings {
 func (x *PoolsServiceUpdateRequest) GetProvider() *ProviderSettings {
 	if x != nil {
 		return x.Provider
+	}
+	return nil
+}
+
+func (x *PoolsServiceUpdateRequest) GetRuntime() *structpb.Struct {
+	if x != nil {
+		return x.Runtime
 	}
 	return nil
 }
@@ -1047,7 +1060,7 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x96\x05\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc9\x05\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12 \n" +
@@ -1065,7 +1078,8 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	" \x01(\x05R\fdefaultQuota\x12\x12\n" +
 	"\x02id\x18\v \x01(\tB\x02\x18\x01R\x02id\x127\n" +
 	"\x03vps\x18\f \x01(\v2%.bettercompute.compute.v1.VpsSettingsR\x03vps\x12F\n" +
-	"\bprovider\x18\r \x01(\v2*.bettercompute.compute.v1.ProviderSettingsR\bprovider\x1a9\n" +
+	"\bprovider\x18\r \x01(\v2*.bettercompute.compute.v1.ProviderSettingsR\bprovider\x121\n" +
+	"\aruntime\x18\x0e \x01(\v2\x17.google.protobuf.StructR\aruntime\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +
@@ -1136,22 +1150,23 @@ var file_bettercompute_compute_v1_pools_proto_depIdxs = []int32{
 	17, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
 	9,  // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.vps:type_name -> bettercompute.compute.v1.VpsSettings
 	8,  // 12: bettercompute.compute.v1.PoolsServiceUpdateRequest.provider:type_name -> bettercompute.compute.v1.ProviderSettings
-	10, // 13: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
-	10, // 14: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
-	0,  // 15: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
-	1,  // 16: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
-	3,  // 17: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
-	5,  // 18: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
-	7,  // 19: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
-	2,  // 20: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
-	4,  // 21: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
-	6,  // 22: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
-	11, // 23: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
-	20, // [20:24] is the sub-list for method output_type
-	16, // [16:20] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	17, // 13: bettercompute.compute.v1.PoolsServiceUpdateRequest.runtime:type_name -> google.protobuf.Struct
+	10, // 14: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
+	10, // 15: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
+	0,  // 16: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
+	1,  // 17: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
+	3,  // 18: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
+	5,  // 19: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
+	7,  // 20: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
+	2,  // 21: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
+	4,  // 22: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
+	6,  // 23: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
+	11, // 24: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
+	21, // [21:25] is the sub-list for method output_type
+	17, // [17:21] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_pools_proto_init() }
