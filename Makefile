@@ -26,7 +26,7 @@ build: ## build every binary into ./bin
 	cd agent && $(GO) build -o ../bin/ ./cmd/...
 
 .PHONY: test
-test: ## run every module's tests with -race (real PostgreSQL and an embedded NATS server; installs chromium and qemu when missing, TEST_DEPS=0 not)
+test: ## run every module's tests with -race (real PostgreSQL and an embedded NATS server; installs chromium, qemu and podman when missing, TEST_DEPS=0 not)
 	@tools/scripts/test-deps.sh
 	@set -e; for m in $(MODULES); do \
 		echo "== $$m"; (cd $$m && $(GO) test -race $(TESTFLAGS) ./...); \

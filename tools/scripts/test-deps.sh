@@ -4,7 +4,12 @@
 #   - chromium: the console's tests in a real browser (services/console,
 #     chromedp);
 #   - qemu-system-x86 and a distribution kernel: the VPS guest boot under
-#     software emulation (agent/vps/libvirt).
+#     software emulation (agent/vps/libvirt);
+#   - podman, runc and busybox-static: a real container engine given a
+#     reservation's GPUs through the CDI spec bcd writes (agent/bcd
+#     TestPodman_SeesExactlyTheBookedGPUs; runc where Debian's crun cannot
+#     start a container, the image a static busybox; busybox-static
+#     replaces the dynamic busybox package).
 # Best effort, and only where it can: as root with apt-get (Debian). `make
 # test` and .ci/run call it; TEST_DEPS=0 skips it.
 set -uo pipefail
@@ -15,6 +20,9 @@ want=()
 command -v chromium >/dev/null 2>&1 || want+=(chromium)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || want+=(qemu-system-x86)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || want+=(linux-image-amd64)
+command -v podman >/dev/null 2>&1 || want+=(podman)
+command -v runc >/dev/null 2>&1 || [[ -x /usr/sbin/runc ]] || want+=(runc)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || want+=(busybox-static)
 [[ ${#want[@]} -eq 0 ]] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1 || [[ "$(id -u)" != 0 ]]; then
