@@ -38,6 +38,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/converge"
+	"github.com/bettercompute/bettercompute/agent/engines"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
@@ -252,7 +253,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	driverRoot := f.str("driver-root", "/", "the root the NVIDIA driver's libraries and binaries are found under, for the CDI spec")
 	nvidiaCTK := f.str("nvidia-ctk", "", "the nvidia-ctk binary of the CDI spec's update-ldcache hook (default: looked up on PATH; absent, the spec has no hook)")
 	dcgmi := f.str("dcgmi", inventory.DefaultDCGMI, "the dcgmi binary diag.nvml (levels medium, long, full) and the health section's background diagnostics run for DCGM's diagnostics (a name is looked up on PATH; absent, they report DCGM not installed)")
-	siteRoot := f.str("site-root", "/", "root the site section's NTP, DNS and proxy files are written under (etc/systemd/…, etc/chrony/…, etc/bettercompute/proxy.env); bcd never restarts the services that read them")
+	siteRoot := f.str("site-root", "/", "root the site section's NTP, DNS and proxy files and the runtime section's engine configuration and CDI directories are written under (etc/systemd/…, etc/chrony/…, etc/bettercompute/proxy.env, etc/containerd/conf.d/…, etc/docker/daemon.json, var/run/cdi, …); bcd never restarts the services that read them")
 	logLevel := f.str("log-level", "info", "log level until the site section sets one: debug, info, warn or error")
 	otlpEndpoint := f.str("otlp-endpoint", "", "OTLP/gRPC endpoint the node's metrics go to: http://host:port (plain), https://host:port or host:port (TLS); empty: no export until the site section names one")
 	telemetryInterval := f.str("telemetry-interval", telemetry.DefaultInterval.String(), "how often the metrics are collected and exported (1s to 1h)")
@@ -385,6 +386,9 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		CommandKey: pub, DenyKinds: deny, RebootHook: reboot, VPS: rec,
 		LogSources: command.LogSources{Kmsg: *kmsg, Journalctl: *journalctl},
 		Site:       converge.Site{Root: *siteRoot, LogLevel: level, DefaultLogLevel: defLevel, OnChange: site.Set},
+		// The runtime section's engine files and CDI directories are under
+		// the same root as the site section's files.
+		Runtime: converge.Runtime{Root: *siteRoot, Runner: engines.Exec{}, NvidiaCTK: *nvidiaCTK},
 	})
 }
 

@@ -150,6 +150,21 @@ func New(cfg Config) (*Writer, error) {
 // Dir is the CDI directory.
 func (w *Writer) Dir() string { return w.cfg.Dir }
 
+// In returns a Writer like w for another CDI directory (the same device and
+// driver roots and hook).
+func (w *Writer) In(dir string) (*Writer, error) {
+	if dir == w.cfg.Dir {
+		return w, nil
+	}
+	o := &Writer{cfg: w.cfg, hook: w.hook}
+	o.cfg.Dir = dir
+	var err error
+	if o.cache, err = cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false)); err != nil {
+		return nil, fmt.Errorf("cdi: %w", err)
+	}
+	return o, nil
+}
+
 // Path is the spec file's path.
 func (w *Writer) Path() string { return filepath.Join(w.cfg.Dir, SpecFile) }
 

@@ -13,6 +13,10 @@
 //	cdi/bettercompute.io-gpu.json the CDI spec (devices), when Config.CDI is
 //	                      unset; a node's bcd writes it into the engines'
 //	                      CDI directory (/var/run/cdi) instead
+//	runtime.json          what Docker's daemon.json keys held before the
+//	                      runtime section set them (runtime); the engines'
+//	                      files and the section's CDI directories are under
+//	                      Config.Runtime.Root (see package engines)
 //	site.json             NTP, DNS, proxy, OTLP endpoint, log level (site);
 //	                      the system files they make are under Config.Site.Root
 //	                      (see package siteconf)
@@ -29,6 +33,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -40,6 +45,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/bettercompute/bettercompute/agent/cdi"
+	"github.com/bettercompute/bettercompute/agent/engines"
 	"github.com/bettercompute/bettercompute/agent/siteconf"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/vps"
@@ -176,6 +182,13 @@ type Config struct {
 	OnSection func(section, state string, d time.Duration)
 	// Site wires the site section into the node and the daemon.
 	Site Site
+	// Runtime wires the runtime section's engines and CDI directories.
+	Runtime Runtime
+	// Driver returns the NVIDIA driver version (NVML's); nil means none is
+	// known. DevicesStale compares it, and Minors, with what the last
+	// Converge saw: a driver upgrade regenerates the CDI spec at the next
+	// drift check instead of the next periodic converge.
+	Driver func(ctx context.Context) (string, error)
 }
 
 // Site says where the site section's settings go.
@@ -209,6 +222,15 @@ type Converger struct {
 	booked   bookings
 	site     *siteHandler
 	mu       sync.Mutex // serialises Converge
+	// seen is the driver version and minor numbers the last Converge saw
+	// (guarded by mu).
+	seen gpuView
+}
+
+// gpuView is what the CDI spec is generated from besides the bookings.
+type gpuView struct {
+	driver string
+	minors map[string]int
 }
 
 // New returns a Converger for the node, loading the persisted observed
@@ -227,12 +249,15 @@ func New(cfg Config) (*Converger, error) {
 		}
 		cfg.CDI = w
 	}
-	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: &devicesHandler{w: cfg.CDI}, site: &siteHandler{
+	if cfg.Runtime.Root == "" {
+		cfg.Runtime.Root = cfg.Root
+	}
+	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: newDevicesHandler(cfg.CDI, cfg.Runtime.Root), site: &siteHandler{
 		root: cfg.Site.Root, level: cfg.Site.LogLevel, def: cfg.Site.DefaultLogLevel, onChange: cfg.Site.OnChange}}
 	c.handlers = []Handler{
 		identityHandler{},
 		c.site,
-		unsupported{section: "runtime", would: planRuntime},
+		&runtimeHandler{cfg: engines.Config{Root: cfg.Runtime.Root, Runner: cfg.Runtime.Runner, NvidiaCTK: cfg.Runtime.NvidiaCTK}},
 		c.devices,
 		unsupported{section: "mig", would: planMig},
 		instances(cfg.VPS),
@@ -304,6 +329,43 @@ func (c *Converger) DevicesDrifted() bool {
 	return c.devices.drifted()
 }
 
+// DevicesStale reports whether the devices section's CDI spec needs a
+// converge now: a spec file was edited or removed by hand
+// (DevicesDrifted), or the NVIDIA driver version or the GPUs' minor
+// numbers differ from those the last Converge generated it from (a driver
+// upgrade or reload). The daemon calls it every drift check interval.
+func (c *Converger) DevicesStale(ctx context.Context) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.devices.drifted() {
+		return true
+	}
+	if len(c.devices.wrote) == 0 {
+		return false // nothing written yet: the next Converge generates it
+	}
+	v, err := c.view(ctx)
+	return err == nil && !v.equal(c.seen)
+}
+
+// view reads the driver version and minor numbers.
+func (c *Converger) view(ctx context.Context) (gpuView, error) {
+	var v gpuView
+	var err error
+	if c.cfg.Driver != nil {
+		if v.driver, err = c.cfg.Driver(ctx); err != nil {
+			return v, err
+		}
+	}
+	if c.cfg.Minors != nil {
+		if v.minors, err = c.cfg.Minors(ctx); err != nil {
+			return v, err
+		}
+	}
+	return v, nil
+}
+
+func (v gpuView) equal(o gpuView) bool { return v.driver == o.driver && maps.Equal(v.minors, o.minors) }
+
 // Site returns the site settings last applied (zero before any).
 func (c *Converger) Site() siteconf.Settings { return c.site.current() }
 
@@ -334,6 +396,7 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 				gpuErr = fmt.Errorf("reading the GPUs' minor numbers: %w", err)
 			}
 		}
+		c.seen.minors = minors
 		for i, u := range uuids {
 			cur.GPUs[u] = true
 			m, ok := minors[u]
@@ -341,6 +404,12 @@ func (c *Converger) Converge(ctx context.Context, ds *agentv1.DesiredState) ([]*
 				m = i
 			}
 			cur.Minors[u] = m
+		}
+	}
+
+	if c.cfg.Driver != nil {
+		if v, err := c.cfg.Driver(ctx); err == nil {
+			c.seen.driver = v
 		}
 	}
 

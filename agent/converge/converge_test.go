@@ -141,7 +141,7 @@ func TestConverge_TerminalFailures(t *testing.T) {
 	spec := &agentv1.NodeSpec{
 		Identity:  &agentv1.NodeIdentity{NodeId: "node_other"},
 		Site:      &agentv1.SiteSettings{LogLevel: ptr("loud")},
-		Runtime:   &agentv1.RuntimeSettings{Engines: []string{"containerd"}},
+		Runtime:   &agentv1.RuntimeSettings{Engines: []string{"containerd", "lxc"}},
 		Mig:       &agentv1.MigLayout{Gpus: []*agentv1.GpuMigLayout{{GpuUuid: "GPU-a", MigEnabled: true, Profiles: []string{"1g.18gb", "1g.18gb"}}}},
 		Instances: &agentv1.Instances{Instances: []*agentv1.Instance{{Id: "inst_1", Image: "ubuntu", Vcpus: 4, State: "running"}}},
 		Health:    &agentv1.HealthSettings{DiagnosticsLevel: "extreme"},
@@ -155,7 +155,7 @@ func TestConverge_TerminalFailures(t *testing.T) {
 	want := map[string]string{
 		"identity":  `this node is "node_1"`,
 		"site":      `invalid site section: log_level: "loud"`,
-		"runtime":   `not built yet: would configure container engines [containerd] to read CDI specs from /var/run/cdi`,
+		"runtime":   `invalid runtime section: engines: "lxc": want containerd, cri-o, docker or podman`,
 		"mig":       "not built yet: would enable MIG on GPU-a with instances [1g.18gb, 1g.18gb]",
 		"instances": "not built yet: would run inst_1",
 		"health":    `diagnostics level "extreme"`,

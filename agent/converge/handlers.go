@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/siteconf"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/runtimespec"
 )
 
 // Files the handlers keep under the root.
@@ -63,20 +66,56 @@ func (identityHandler) Apply(context.Context, Current, Plan) error { return nil 
 // devicesHandler keeps the node's CDI spec (package cdi) offering exactly
 // the booked GPUs: one device per GPU (by UUID) and one per reservation
 // (sorted by reservation, UUIDs in spec order), and no spec file when the
-// section is empty. A GPU not in the inventory is left out and makes the
-// section FAILED, so the GPUs that are there, and the removal of GPUs
-// taken away, still take effect; the next converge retries. A spec file
-// that differs from what the handler last wrote was edited or removed by
-// hand: the pass that finds it restores it and says so in the reason
-// ("drifted: …"); the next pass reports plain convergence.
+// section is empty. The spec goes into every CDI directory of the runtime
+// section (runtimespec.Dirs, under the runtime root), or, with no valid
+// runtime section, into the default writer's directory (bcd's --cdi-dir);
+// a directory it wrote to and no longer names has the spec removed. A GPU
+// not in the inventory is left out and makes the section FAILED, so the
+// GPUs that are there, and the removal of GPUs taken away, still take
+// effect; the next converge retries. A spec file that differs from what
+// the handler last wrote was edited or removed by hand: the pass that
+// finds it restores it and says so in the reason ("drifted: …"); the next
+// pass reports plain convergence.
 type devicesHandler struct {
-	w       *cdi.Writer
-	last    []byte   // what the file last held by the handler's doing (nil: absent)
-	wrote   bool     // whether last is known yet
-	pending cdi.Spec // the spec Plan generated, for Apply
+	def     *cdi.Writer            // the directory with no runtime section
+	root    string                 // the runtime section's directories are under it
+	writers map[string]*cdi.Writer // by directory
+	last    map[string][]byte      // by directory: what the file last held by the handler's doing (nil: absent)
+	wrote   map[string]bool        // by directory: whether last is known (the handler manages it)
+	pending cdi.Spec               // the spec Plan generated, for Apply
+	write   []*cdi.Writer          // where Apply writes pending
+	drop    []*cdi.Writer          // where Apply removes the spec
+}
+
+func newDevicesHandler(def *cdi.Writer, root string) *devicesHandler {
+	return &devicesHandler{def: def, root: root, writers: map[string]*cdi.Writer{def.Dir(): def},
+		last: map[string][]byte{}, wrote: map[string]bool{}}
 }
 
 func (*devicesHandler) Section() string { return "devices" }
+
+// writersFor are the writers of the directories d's runtime section names
+// (the default one without a valid section).
+func (h *devicesHandler) writersFor(d *agentv1.NodeSpec) ([]*cdi.Writer, error) {
+	r := d.GetRuntime()
+	if empty(r) || len(runtimespec.Validate(r)) > 0 {
+		return []*cdi.Writer{h.def}, nil
+	}
+	var out []*cdi.Writer
+	for _, dir := range runtimespec.Dirs(r) {
+		abs := filepath.Join(h.root, dir)
+		w, ok := h.writers[abs]
+		if !ok {
+			var err error
+			if w, err = h.def.In(abs); err != nil {
+				return nil, err
+			}
+			h.writers[abs] = w
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
 
 func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	sec := d.GetDevices()
@@ -127,7 +166,7 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 		gpus = append(gpus, cdi.GPU{UUID: u, Minor: cur.Minors[u]})
 	}
 	var p Plan
-	spec, err := h.w.Generate(gpus, rsvs)
+	spec, err := h.def.Generate(gpus, rsvs)
 	if err != nil {
 		return Plan{}, err // names were checked and GPUs filtered above
 	}
@@ -137,33 +176,66 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	if len(missing) > 0 {
 		p.Failure = "GPUs not in this node's inventory: " + strings.Join(missing, ", ")
 	}
-	p.Summary = exposure(rsvs)
-	if len(spec.Notes) > 0 {
-		p.Summary += "; " + strings.Join(spec.Notes, "; ")
-	}
-	st, err := h.w.Check(spec, h.last)
+	ws, err := h.writersFor(d)
 	if err != nil {
 		return Plan{}, err
 	}
-	if st == cdi.Current {
-		// The file is what the section wants: watch it from here on.
-		h.last, h.wrote = spec.Data, true
-		return p, nil
+	p.Summary = exposure(rsvs)
+	if spec.Raw != nil {
+		dirs := make([]string, len(ws))
+		for i, w := range ws {
+			dirs[i] = w.Dir()
+		}
+		p.Summary += "; CDI spec in " + strings.Join(dirs, ", ")
 	}
-	h.pending = spec
-	if spec.Raw == nil {
-		p.Steps = []string{"remove " + h.w.Path()}
-	} else {
-		p.Steps = []string{fmt.Sprintf("write %s (%d bytes)", h.w.Path(), len(spec.Data))}
+	if len(spec.Notes) > 0 {
+		p.Summary += "; " + strings.Join(spec.Notes, "; ")
 	}
-	if st == cdi.Drifted {
-		p.Summary = fmt.Sprintf("drifted: %s was edited or removed by hand, restored; %s", h.w.Path(), p.Summary)
+	h.pending, h.write, h.drop = spec, nil, nil
+	var drifted []string
+	wanted := map[string]bool{}
+	for _, w := range ws {
+		wanted[w.Dir()] = true
+		st, err := w.Check(spec, h.last[w.Dir()])
+		if err != nil {
+			return Plan{}, err
+		}
+		if st == cdi.Current {
+			// The file is what the section wants: watch it from here on.
+			h.last[w.Dir()], h.wrote[w.Dir()] = spec.Data, true
+			continue
+		}
+		h.write = append(h.write, w)
+		if spec.Raw == nil {
+			p.Steps = append(p.Steps, "remove "+w.Path())
+		} else {
+			p.Steps = append(p.Steps, fmt.Sprintf("write %s (%d bytes)", w.Path(), len(spec.Data)))
+		}
+		if st == cdi.Drifted {
+			drifted = append(drifted, w.Path())
+		}
+	}
+	for _, dir := range slices.Sorted(maps.Keys(h.wrote)) {
+		if wanted[dir] {
+			continue
+		}
+		w := h.writers[dir]
+		if st, err := w.Check(cdi.Spec{}, nil); err == nil && st == cdi.Current {
+			delete(h.wrote, dir)
+			delete(h.last, dir)
+			continue
+		}
+		h.drop = append(h.drop, w)
+		p.Steps = append(p.Steps, "remove "+w.Path()+" (no longer a CDI directory of the runtime section)")
+	}
+	if len(drifted) > 0 {
+		p.Summary = fmt.Sprintf("drifted: %s was edited or removed by hand, restored; %s", strings.Join(drifted, ", "), p.Summary)
 	}
 	return p, nil
 }
 
 // exposure says what the spec offers, for the section's status reason:
-// "exposes 4 GPUs: rsv_a (GPU-1,GPU-2), rsv_b (…)".
+// "exposes 4 GPUs: rsv_a (GPU-1,GPU-2) as bettercompute.io/gpu=rsv_a, …".
 func exposure(rsvs []cdi.Reservation) string {
 	if len(rsvs) == 0 {
 		return "exposes no GPUs"
@@ -172,25 +244,36 @@ func exposure(rsvs []cdi.Reservation) string {
 	parts := make([]string, 0, len(rsvs))
 	for _, r := range rsvs {
 		n += len(r.GPUs)
-		parts = append(parts, fmt.Sprintf("%s (%s)", r.ID, strings.Join(r.GPUs, ",")))
+		parts = append(parts, fmt.Sprintf("%s (%s) as %s=%s", r.ID, strings.Join(r.GPUs, ","), cdi.Kind, r.ID))
 	}
 	return fmt.Sprintf("exposes %d GPUs: %s", n, strings.Join(parts, ", "))
 }
 
-// drifted reports whether the spec file differs from what h last wrote.
+// drifted reports whether a spec file differs from what h last wrote.
 func (h *devicesHandler) drifted() bool {
-	if h.last == nil && !h.wrote {
-		return false
+	for dir := range h.wrote {
+		st, err := h.writers[dir].Check(cdi.Spec{Data: h.last[dir]}, h.last[dir])
+		if err != nil || st != cdi.Current {
+			return true
+		}
 	}
-	st, err := h.w.Check(cdi.Spec{Data: h.last}, h.last)
-	return err != nil || st != cdi.Current
+	return false
 }
 
 func (h *devicesHandler) Apply(context.Context, Current, Plan) error {
-	if err := h.w.Write(h.pending); err != nil {
-		return err
+	for _, w := range h.write {
+		if err := w.Write(h.pending); err != nil {
+			return err
+		}
+		h.last[w.Dir()], h.wrote[w.Dir()] = h.pending.Data, true
 	}
-	h.last, h.wrote = h.pending.Data, true
+	for _, w := range h.drop {
+		if err := w.Write(cdi.Spec{}); err != nil {
+			return err
+		}
+		delete(h.wrote, w.Dir())
+		delete(h.last, w.Dir())
+	}
 	return nil
 }
 
@@ -590,16 +673,6 @@ func (u unsupported) Plan(_ Current, d *agentv1.NodeSpec) (Plan, error) {
 }
 
 func (unsupported) Apply(context.Context, Current, Plan) error { return nil }
-
-func planRuntime(d *agentv1.NodeSpec) (proto.Message, string) {
-	r := d.GetRuntime()
-	dirs := r.GetCdiSpecDirs()
-	if len(dirs) == 0 {
-		dirs = []string{"/var/run/cdi"}
-	}
-	return r, fmt.Sprintf("configure container engines [%s] to read CDI specs from %s",
-		strings.Join(r.GetEngines(), ", "), strings.Join(dirs, ", "))
-}
 
 func planMig(d *agentv1.NodeSpec) (proto.Message, string) {
 	m := d.GetMig()

@@ -326,6 +326,21 @@ func (c *Collector) GPUs(ctx context.Context) ([]*agentv1.GPU, error) {
 	return gpus, nil
 }
 
+// DriverVersion returns the NVIDIA driver's version (NVML's), which the
+// daemon watches to regenerate the CDI spec after a driver upgrade.
+func (c *Collector) DriverVersion(_ context.Context) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		return "", errors.New("inventory: collector closed")
+	}
+	v, ret := c.lib.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		return "", fmt.Errorf("inventory: driver version: %s", nvml.ErrorString(ret))
+	}
+	return v, nil
+}
+
 // Minors returns each GPU's minor number by UUID (its device node is
 // /dev/nvidia<minor>), for the CDI spec.
 func (c *Collector) Minors(_ context.Context) (map[string]int, error) {

@@ -133,6 +133,12 @@ func (m *mockLib) device(i int) (nvml.Device, nvml.Return) {
 
 func (m *mockLib) DeviceGetCount() (int, nvml.Return) { return len(m.Devices), nvml.SUCCESS }
 
+// SystemGetDriverVersion goes straight to the mock function (the daemon
+// asks at every drift check).
+func (m *mockLib) SystemGetDriverVersion() (string, nvml.Return) {
+	return m.SystemGetDriverVersionFunc()
+}
+
 func (m *mockLib) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) { return m.device(i) }
 
 func (m *mockLib) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
@@ -157,6 +163,8 @@ type mockDevice struct {
 func (d *mockDevice) fault() Fault { return d.faults.Get(d.Index) }
 
 func (d *mockDevice) GetIndex() (int, nvml.Return) { return d.Index, nvml.SUCCESS }
+
+func (d *mockDevice) GetMinorNumber() (int, nvml.Return) { return d.GetMinorNumberFunc() }
 
 func (d *mockDevice) GetUUID() (string, nvml.Return) { return d.GetUUIDFunc() }
 

@@ -71,7 +71,8 @@ func (r *runner) putBackResult(o *agentv1.Observed) {
 
 // convergeLoop converges the newest desired state whenever one arrives,
 // every ReconvergeInterval, and when a DriftCheckInterval check finds the
-// CDI spec edited or removed by hand, and publishes each result; a periodic
+// CDI spec edited or removed by hand or the driver changed
+// (converge.Converger.DevicesStale), and publishes each result; a periodic
 // result identical to the last one is not published again.
 func (r *runner) convergeLoop(ctx context.Context) {
 	tick := time.NewTicker(r.cfg.ReconvergeInterval)
@@ -97,7 +98,7 @@ func (r *runner) convergeLoop(ctx context.Context) {
 			}
 			periodic = true
 		case <-drift.C:
-			if latest == nil || !r.conv.DevicesDrifted() {
+			if latest == nil || !r.conv.DevicesStale(ctx) {
 				continue
 			}
 		}

@@ -109,8 +109,9 @@ type Config struct {
 	// state root (converge.CDISpecFile), as simulated nodes keep it.
 	CDI *cdi.Writer
 	// DriftCheckInterval is how often the CDI spec is checked for a hand
-	// edit or removal (converge.Converger.DevicesDrifted), which converges
-	// the newest desired state at once; 5 s by default.
+	// edit or removal, and the driver version and minor numbers for a
+	// change (converge.Converger.DevicesStale), which converges the newest
+	// desired state at once; 5 s by default.
 	DriftCheckInterval time.Duration
 	// OnSection, when set, hears each section's converge duration and
 	// state (converge.Config.OnSection).
@@ -149,6 +150,11 @@ type Config struct {
 	// root, the daemon's log level, and who follows the settings (the
 	// telemetry exporter). The zero value only records the section.
 	Site converge.Site
+	// Runtime is where the runtime section's engine files and CDI
+	// directories go and how the engines are checked
+	// (converge.Config.Runtime); the zero value puts them under the state
+	// root and checks no engine.
+	Runtime converge.Runtime
 
 	// Key, when set, is the key the stored identity's certificate binds,
 	// used instead of State's node key: bcd ramdisk's Ed25519 key, held in
@@ -215,8 +221,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}); ok {
 		minors = m.Minors
 	}
+	var driver func(context.Context) (string, error)
+	if d, ok := cfg.Inventory.(interface {
+		DriverVersion(context.Context) (string, error)
+	}); ok {
+		driver = d.DriverVersion
+	}
 	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Minors: minors,
-		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI, Site: cfg.Site, OnSection: cfg.OnSection})
+		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI, Site: cfg.Site, OnSection: cfg.OnSection,
+		Runtime: cfg.Runtime, Driver: driver})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}

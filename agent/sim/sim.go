@@ -32,6 +32,8 @@ import (
 	"time"
 
 	"github.com/bettercompute/bettercompute/agent/command"
+	"github.com/bettercompute/bettercompute/agent/converge"
+	"github.com/bettercompute/bettercompute/agent/engines"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
@@ -233,6 +235,10 @@ func (f *Fleet) run(i int) {
 		// reads the host's. Its kernel, journal and nvidia sources are
 		// "not available" unless a test puts fixtures there.
 		LogSources: command.LogSources{Kmsg: filepath.Join(d.store.Root(), "kmsg"), Journalctl: filepath.Join(d.store.Root(), "journalctl")},
+		// The runtime section's engine files and CDI directories go under
+		// the node's own state directory; no engine is installed there, so
+		// each is "not checked".
+		Runtime: converge.Runtime{Root: d.store.Root(), Runner: engines.NoCLI},
 	}
 	if f.cfg.VPS {
 		rec, err := f.vps(i, logger)
