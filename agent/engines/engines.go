@@ -269,16 +269,16 @@ func dropIn(read func(string) ([]byte, error), engine, path string, named bool, 
 	st := Status{Engine: engine, Named: named}
 	if !named {
 		if have != nil {
-			st.Config = "reverted: " + path + " removed"
+			st.Config = "reverted: /" + path + " removed"
 		}
 		return File{Path: path}, st, nil
 	}
 	data := []byte(header + body)
 	switch {
 	case bytes.Equal(have, data):
-		st.Config = path + " in place" + loads
+		st.Config = "/" + path + " in place" + loads
 	default:
-		st.Config = path + " written" + loads
+		st.Config = "/" + path + " written" + loads
 	}
 	return File{Path: path, Data: data}, st, nil
 }
