@@ -534,16 +534,10 @@ func Check(ctx context.Context, r Runner, engine string, dirs []string) string {
 		}
 		have = info.Config.CDISpecDirs
 	case runtimespec.CRIO:
-		// The running daemon's configuration as TOML; cdi_spec_dirs is in
-		// [crio.runtime]: read it as if it were top-level.
-		v := ""
-		if i := bytes.Index(out, []byte("cdi_spec_dirs")); i >= 0 {
-			v = topLevel(out[i:], "cdi_spec_dirs")
-		}
-		if v == "" {
+		var ok bool
+		if have, ok = crioDirs(out); !ok {
 			return "not checked: crio status config shows no cdi_spec_dirs"
 		}
-		have = tomlStrings(v)
 	case runtimespec.Podman:
 		v := strings.TrimSpace(string(out))
 		pv, err := runtimespec.ParseVersion(v)
@@ -566,6 +560,42 @@ func Check(ctx context.Context, r Runner, engine string, dirs []string) string {
 			engine, strings.Join(have, ", "), strings.Join(missing, ", "), service[engine])
 	}
 	return "loaded"
+}
+
+// crioDirs reads cdi_spec_dirs from CRI-O's configuration as `crio status
+// config` prints it (TOML, the key in [crio.runtime]); a key left at its
+// default is printed commented out ("# cdi_spec_dirs = [ …"), which is read
+// when no uncommented one is there.
+func crioDirs(out []byte) ([]string, bool) {
+	lines := strings.Split(string(out), "\n")
+	for _, commented := range []bool{false, true} {
+		for i, l := range lines {
+			t := strings.TrimSpace(l)
+			switch {
+			case commented && !strings.HasPrefix(t, "#"):
+				continue
+			case commented:
+				t = strings.TrimSpace(strings.TrimLeft(t, "#"))
+			case strings.HasPrefix(t, "#"):
+				continue
+			}
+			if !strings.HasPrefix(t, "cdi_spec_dirs") {
+				continue
+			}
+			rest := []string{t}
+			for _, m := range lines[i+1:] {
+				m = strings.TrimSpace(m)
+				if commented {
+					m = strings.TrimSpace(strings.TrimLeft(m, "#"))
+				}
+				rest = append(rest, m)
+			}
+			if v := topLevel([]byte(strings.Join(rest, "\n")), "cdi_spec_dirs"); v != "" {
+				return tomlStrings(v), true
+			}
+		}
+	}
+	return nil, false
 }
 
 // service is each engine's systemd unit.

@@ -106,3 +106,21 @@ func TestToolkit_FindsTheBinary(t *testing.T) {
 		t.Fatalf("%q %q", have, why)
 	}
 }
+
+// TestCheck_CRIODefaultsPrintedCommentedOut: crio prints a key left at its
+// default commented out; that is what the daemon runs with.
+func TestCheck_CRIODefaultsPrintedCommentedOut(t *testing.T) {
+	t.Parallel()
+	bin := t.TempDir()
+	out := "[crio.runtime]\n# Directories to scan for CDI Spec files.\n# cdi_spec_dirs = [\n# \t\"/etc/cdi\",\n# \t\"/var/run/cdi\",\n# ]\n\n[crio.image]\n"
+	if err := os.WriteFile(filepath.Join(bin, "crio"), []byte("#!/bin/sh\nprintf '%s' '"+out+"'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := engines.Exec{Dirs: []string{bin}}
+	if got := engines.Check(context.Background(), r, "cri-o", []string{"/var/run/cdi"}); got != "loaded" {
+		t.Errorf("default dirs: %q", got)
+	}
+	if got := engines.Check(context.Background(), r, "cri-o", []string{"/opt/cdi"}); got != "not loaded: cri-o reads CDI specs from [/etc/cdi, /var/run/cdi], not /opt/cdi, restart crio" {
+		t.Errorf("other dir: %q", got)
+	}
+}
