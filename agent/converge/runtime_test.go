@@ -278,27 +278,28 @@ func TestRuntime_EngineLoadedCheck(t *testing.T) {
 	n.tool(t, "docker", `["/etc/cdi","/var/run/cdi"]`)
 	n.tool(t, "crictl", `{"status":{},"config":{"enableCDI":false,"cdiSpecDirs":["/etc/cdi","/var/run/cdi"]}}`)
 	n.tool(t, "crio", "[crio.runtime]\n  cdi_spec_dirs = [\n    \"/etc/cdi\",\n  ]\n[crio.image]\n")
-	n.tool(t, "podman", "4.9.3")
+	n.tool(t, "podman", "5.5.2")
 	reason := n.converge(t, 1, &agentv1.NodeSpec{Runtime: rt})["runtime"].GetReason()
 	for _, part := range []string{
 		"(bcd does not restart it) (not loaded: containerd runs with enable_cdi = false, restart containerd)",
 		"(bcd does not restart it) (not loaded: cri-o reads CDI specs from [/etc/cdi], not /var/run/cdi, restart crio)",
 		"(bcd does not restart it) (loaded)",
-		"(loaded: podman 4.9.3 reads containers.conf.d at every run)",
+		"(loaded: podman 5.5.2 reads containers.conf.d at every run)",
 	} {
 		if !strings.Contains(reason, part) {
 			t.Errorf("reason %q lacks %q", reason, part)
 		}
 	}
 	n.tool(t, "docker", `[]`)
-	n.tool(t, "podman", "3.4.4")
+	n.tool(t, "podman", "4.9.3")
 	if err := os.WriteFile(filepath.Join(n.bin, "crictl"), []byte("#!/bin/sh\necho 'connect: connection refused' >&2\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	rt.CdiSpecDirs = []string{"/var/run/cdi", "/opt/cdi"}
 	reason = n.converge(t, 2, &agentv1.NodeSpec{Runtime: rt})["runtime"].GetReason()
 	for _, part := range []string{
-		"(not loaded: docker reads CDI specs from [], not /etc/cdi, /var/run/cdi, restart docker)",
-		"(not loaded: podman 3.4.4 predates CDI in containers.conf (4.1))",
+		"(not loaded: docker reads CDI specs from [], not /var/run/cdi, /opt/cdi, restart docker)",
+		"(not loaded: podman 4.9.3 ignores cdi_spec_dirs (read from 5.5) and reads only /etc/cdi, /var/run/cdi, not /opt/cdi)",
 		"(not checked: crictl: exit status 1: connect: connection refused)",
 	} {
 		if !strings.Contains(reason, part) {

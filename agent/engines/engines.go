@@ -27,8 +27,9 @@
 // bcd never restarts an engine. Where the engine's command-line tool is
 // installed, Check asks the running engine whether it reads the
 // directories (docker info, crictl info, crio status config, podman
-// version) and the status says loaded, not loaded (restart needed) or not
-// checked. Commands run through a Runner, so tests use fake binaries.
+// version: podman reads cdi_spec_dirs from 5.5 on, older ones only /etc/cdi
+// and /var/run/cdi) and the status says loaded, not loaded (restart needed)
+// or not checked. Commands run through a Runner, so tests use fake binaries.
 package engines
 
 import (
@@ -539,15 +540,29 @@ func Check(ctx context.Context, r Runner, engine string, dirs []string) string {
 			return "not checked: crio status config shows no cdi_spec_dirs"
 		}
 	case runtimespec.Podman:
+		// Podman has no daemon: it reads containers.conf.d at every run.
+		// It reads [engine] cdi_spec_dirs from 5.5 on (containers/podman
+		// #25717); before, only the CDI library's /etc/cdi and /var/run/cdi.
 		v := strings.TrimSpace(string(out))
 		pv, err := runtimespec.ParseVersion(v)
 		switch {
 		case err != nil:
 			return "not checked: podman version: unexpected output " + clip(firstLine(v))
 		case pv.Less(runtimespec.Version{4, 1, 0}):
-			return "not loaded: podman " + v + " predates CDI in containers.conf (4.1)"
+			return "not loaded: podman " + v + " predates CDI (4.1)"
+		case !pv.Less(runtimespec.Version{5, 5, 0}):
+			return "loaded: podman " + v + " reads containers.conf.d at every run"
 		}
-		return "loaded: podman " + v + " reads containers.conf.d at every run"
+		var unseen []string
+		for _, d := range dirs {
+			if d != "/etc/cdi" && d != "/var/run/cdi" {
+				unseen = append(unseen, d)
+			}
+		}
+		if len(unseen) > 0 {
+			return fmt.Sprintf("not loaded: podman %s ignores cdi_spec_dirs (read from 5.5) and reads only /etc/cdi, /var/run/cdi, not %s", v, strings.Join(unseen, ", "))
+		}
+		return "loaded: podman " + v + " reads /etc/cdi and /var/run/cdi"
 	}
 	var missing []string
 	for _, d := range dirs {

@@ -124,3 +124,28 @@ func TestCheck_CRIODefaultsPrintedCommentedOut(t *testing.T) {
 		t.Errorf("other dir: %q", got)
 	}
 }
+
+// TestCheck_RealTools asks the engines' real tools where they are
+// installed: their output must parse (an engine not running is "not
+// checked" with the tool's error).
+func TestCheck_RealTools(t *testing.T) {
+	t.Parallel()
+	ran := 0
+	for engine, tool := range map[string]string{"podman": "podman", "docker": "docker", "containerd": "crictl", "cri-o": "crio"} {
+		if _, err := (engines.Exec{}).LookPath(tool); err != nil {
+			continue
+		}
+		ran++
+		got := engines.Check(context.Background(), engines.Exec{}, engine, []string{"/var/run/cdi"})
+		switch {
+		case strings.Contains(got, "unexpected output"), strings.Contains(got, "shows no"), strings.Contains(got, "no CRI config"):
+			t.Errorf("%s: %q", tool, got)
+		case engine == "podman" && !strings.HasPrefix(got, "loaded: podman ") && !strings.HasPrefix(got, "not loaded: podman "):
+			t.Errorf("podman: %q", got)
+		}
+		t.Logf("%s: %s", tool, got)
+	}
+	if ran == 0 {
+		t.Skip("no engine tool installed (podman, docker, crictl, crio)")
+	}
+}
