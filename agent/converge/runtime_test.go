@@ -295,11 +295,11 @@ func TestRuntime_EngineLoadedCheck(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(n.bin, "crictl"), []byte("#!/bin/sh\necho 'connect: connection refused' >&2\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	rt.CdiSpecDirs = []string{"/var/run/cdi", "/opt/cdi"}
+	rt.CdiSpecDirs = []string{"/var/run/cdi", "/run/cdi"}
 	reason = n.converge(t, 2, &agentv1.NodeSpec{Runtime: rt})["runtime"].GetReason()
 	for _, part := range []string{
-		"(not loaded: docker reads CDI specs from [], not /var/run/cdi, /opt/cdi, restart docker)",
-		"(not loaded: podman 4.9.3 ignores cdi_spec_dirs (read from 5.5) and reads only /etc/cdi, /var/run/cdi, not /opt/cdi)",
+		"(not loaded: docker reads CDI specs from [], not /var/run/cdi, /run/cdi, restart docker)",
+		"(not loaded: podman 4.9.3 ignores cdi_spec_dirs (read from 5.5) and reads only /etc/cdi, /var/run/cdi, not /run/cdi)",
 		"(not checked: crictl: exit status 1: connect: connection refused)",
 	} {
 		if !strings.Contains(reason, part) {

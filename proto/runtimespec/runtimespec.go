@@ -41,6 +41,12 @@ const (
 // CDI library's and every engine's default dynamic directory.
 const DefaultDir = "/var/run/cdi"
 
+// Roots are the directories a cdi_spec_dirs entry must be or lie under:
+// the places engines read CDI specs from. bcd creates the directory and
+// writes its spec there as root, so the control plane cannot name an
+// arbitrary directory of the node's.
+var Roots = []string{"/etc/cdi", "/var/run/cdi", "/run/cdi"}
+
 // Problem is what is wrong with one field: Field is the section's field
 // name (engines, cdi_spec_dirs, min_container_toolkit_version).
 type Problem struct {
@@ -115,8 +121,8 @@ func dir(d string) error {
 		return fmt.Errorf("not an absolute path")
 	case path.Clean(d) != d:
 		return fmt.Errorf("not a clean path (want %s)", path.Clean(d))
-	case d == "/":
-		return fmt.Errorf("the root directory")
+	case !underRoot(d):
+		return fmt.Errorf("not /etc/cdi, /var/run/cdi, /run/cdi or a directory under one")
 	}
 	for _, r := range d {
 		if r <= ' ' || r == 0x7f || r == '"' || r == '\'' || r == '\\' || r == '#' || r == ';' || r == '$' || r == '`' || r > 0x7e {
@@ -124,6 +130,15 @@ func dir(d string) error {
 		}
 	}
 	return nil
+}
+
+func underRoot(d string) bool {
+	for _, r := range Roots {
+		if d == r || strings.HasPrefix(d, r+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // Version is a toolkit version, major.minor.patch.

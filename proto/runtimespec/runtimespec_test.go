@@ -13,6 +13,7 @@ func TestValidate(t *testing.T) {
 		{},
 		{Engines: []string{"containerd", "docker"}, CdiSpecDirs: []string{"/etc/cdi", "/var/run/cdi"}, MinContainerToolkitVersion: "1.14.0"},
 		{Engines: []string{"podman", "cri-o"}, MinContainerToolkitVersion: "v1.17.3-rc.1"},
+		{CdiSpecDirs: []string{"/run/cdi", "/etc/cdi/tenant-a"}},
 	}
 	for _, r := range ok {
 		if bad := Validate(r); len(bad) > 0 {
@@ -29,10 +30,12 @@ func TestValidate(t *testing.T) {
 		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"etc/cdi"}}, "cdi_spec_dirs"},
 		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/etc/../cdi"}}, "cdi_spec_dirs"},
 		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/"}}, "cdi_spec_dirs"},
-		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{`/etc/cdi"]` + "\nenable_cdi=false"}}, "cdi_spec_dirs"},
-		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/a", "/a"}}, "cdi_spec_dirs"},
-		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/a", "/b", "/c", "/d", "/e"}}, "cdi_spec_dirs"},
-		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/" + strings.Repeat("a", 300)}}, "cdi_spec_dirs"},
+		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/etc/cron.d"}}, "cdi_spec_dirs"},
+		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/etc/cdix"}}, "cdi_spec_dirs"},
+		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{`/etc/cdi/x"]` + "\nenable_cdi=false"}}, "cdi_spec_dirs"},
+		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/etc/cdi", "/etc/cdi"}}, "cdi_spec_dirs"},
+		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/etc/cdi/a", "/etc/cdi/b", "/etc/cdi/c", "/etc/cdi/d", "/etc/cdi/e"}}, "cdi_spec_dirs"},
+		{&agentv1.RuntimeSettings{CdiSpecDirs: []string{"/etc/cdi/" + strings.Repeat("a", 300)}}, "cdi_spec_dirs"},
 		{&agentv1.RuntimeSettings{MinContainerToolkitVersion: "latest"}, "min_container_toolkit_version"},
 		{&agentv1.RuntimeSettings{MinContainerToolkitVersion: "1"}, "min_container_toolkit_version"},
 		{&agentv1.RuntimeSettings{MinContainerToolkitVersion: "1.014.0"}, "min_container_toolkit_version"},
