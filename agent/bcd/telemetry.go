@@ -71,6 +71,9 @@ func startTelemetry(ctx context.Context, store *state.Store, inv *inventory.Coll
 // daemon sends.
 func telemetryCommandUpdate(tel *telemetry.Telemetry) func(*agentv1.CommandUpdate) {
 	return func(u *agentv1.CommandUpdate) {
+		if u.GetOutput() != nil {
+			return // a chunk of a running command's output, not an outcome
+		}
 		outcome := strings.TrimPrefix(u.GetOutcome().String(), "COMMAND_OUTCOME_")
 		var reject string
 		if u.GetOutcome() == agentv1.CommandOutcome_COMMAND_OUTCOME_REJECTED {

@@ -42,6 +42,7 @@
 package command
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/ed25519"
@@ -166,6 +167,9 @@ type Executor struct {
 	applied int64
 	held    map[int64]*held
 	running map[int64]context.CancelCauseFunc
+	// outputs holds the output chunks each running command sent so far,
+	// sent again when the command is delivered again (see Handle).
+	outputs map[int64][]*agentv1.CommandOutput
 	inUse   map[string]int
 	closed  bool
 }
@@ -209,7 +213,7 @@ func New(cfg Config) (*Executor, error) {
 	}
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, journal: j,
-		held: map[int64]*held{}, running: map[int64]context.CancelCauseFunc{}, inUse: map[string]int{},
+		held: map[int64]*held{}, running: map[int64]context.CancelCauseFunc{}, outputs: map[int64][]*agentv1.CommandOutput{}, inUse: map[string]int{},
 	}
 	if cfg.Resetter == nil {
 		cfg.Resetter, _ = cfg.Inventory.(Resetter)
@@ -278,6 +282,13 @@ func (e *Executor) Handle(c *agentv1.Command) {
 	}
 	if en := e.journal.get(c.GetSeq()); en != nil {
 		e.send(en.update())
+		if _, ok := e.running[c.GetSeq()]; ok && !en.final() {
+			// Delivered again while it runs (a new session): the chunks
+			// sent so far may have been lost with the old one.
+			for _, o := range e.outputs[c.GetSeq()] {
+				e.send(outputUpdate(en.ID, en.Seq, o))
+			}
+		}
 		return
 	}
 	if _, ok := e.held[c.GetSeq()]; ok {
@@ -413,7 +424,7 @@ func (e *Executor) proceed(c *agentv1.Command, body *agentv1.CommandBody) {
 	e.send(en.update())
 	e.log.Info("command accepted", "seq", c.GetSeq(), "id", c.GetId(), "kind", c.GetKind())
 	e.wg.Add(1)
-	go e.run(ctx, cancel, c, body, en)
+	go e.run(context.WithValue(ctx, outputKey{}, &outputTo{id: c.GetId(), seq: c.GetSeq()}), cancel, c, body, en)
 }
 
 // run executes an accepted command and journals and answers its outcome.
@@ -447,6 +458,7 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.running, c.GetSeq())
+	delete(e.outputs, c.GetSeq())
 	e.inUse[k.Lane]--
 	final := *en
 	final.At = e.cfg.Now()
@@ -578,3 +590,48 @@ func rejected(c *agentv1.Command, code agentv1.RejectCode, reason string) *agent
 }
 
 func (e *Executor) send(u *agentv1.CommandUpdate) { e.cfg.Send(u) }
+
+// outputKey is the context key of a running command's outputTo.
+type outputKey struct{}
+
+// outputTo is where a running command's output goes: its id and seq, and
+// the bytes and chunks it sent so far.
+type outputTo struct {
+	id     string
+	seq    int64
+	offset uint64
+	next   uint32
+}
+
+// Output sends data, the next stretch of the running command's output
+// (ctx is the one its Func was given), to the control plane now, in
+// chunks of at most commandkinds.MaxOutputChunk bytes (ACCEPTED updates
+// with an output), and keeps them to send again if the command is
+// delivered again while it runs. Outside a command's Func it does nothing.
+// What a command sends this way must be, all together, what its result
+// says its output is (logs.collect: the result's data).
+func (e *Executor) Output(ctx context.Context, data []byte) {
+	to, ok := ctx.Value(outputKey{}).(*outputTo)
+	if !ok || len(data) == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, running := e.running[to.seq]; !running {
+		return
+	}
+	for len(data) > 0 {
+		n := min(len(data), commandkinds.MaxOutputChunk)
+		o := &agentv1.CommandOutput{Seq: to.next, Offset: to.offset, Data: bytes.Clone(data[:n])}
+		to.next++
+		to.offset += uint64(n)
+		data = data[n:]
+		e.outputs[to.seq] = append(e.outputs[to.seq], o)
+		e.send(outputUpdate(to.id, to.seq, o))
+	}
+}
+
+// outputUpdate is the ACCEPTED update that carries chunk o of a command.
+func outputUpdate(id string, seq int64, o *agentv1.CommandOutput) *agentv1.CommandUpdate {
+	return &agentv1.CommandUpdate{Id: id, Seq: seq, Outcome: agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED, Output: o}
+}

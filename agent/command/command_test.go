@@ -39,6 +39,9 @@ type fixture struct {
 	priv    ed25519.PrivateKey
 	mock    *server.Server
 	reboots atomic.Int64
+	// outputs are the output chunks next and none passed over (updates
+	// that carry one), in the order sent.
+	outputs []*agentv1.CommandUpdate
 }
 
 // setup starts an Executor for node_1 over the mock DGX H200, with a
@@ -104,14 +107,22 @@ func logs(maxBytes uint64, sources ...string) *agentv1.CommandBody {
 	return &agentv1.CommandBody{Kind: &agentv1.CommandBody_LogsCollect{LogsCollect: &agentv1.LogsCollect{MaxBytes: maxBytes, Sources: sources}}}
 }
 
+// next returns the next update that is not an output chunk (those it
+// passes over go to f.outputs).
 func (f *fixture) next(t *testing.T) *agentv1.CommandUpdate {
 	t.Helper()
-	select {
-	case u := <-f.updates:
-		return u
-	case <-time.After(wait):
-		t.Fatalf("no CommandUpdate within %s", wait)
-		return nil
+	for {
+		select {
+		case u := <-f.updates:
+			if u.GetOutput() != nil {
+				f.outputs = append(f.outputs, u)
+				continue
+			}
+			return u
+		case <-time.After(wait):
+			t.Fatalf("no CommandUpdate within %s", wait)
+			return nil
+		}
 	}
 }
 
@@ -119,10 +130,17 @@ func (f *fixture) next(t *testing.T) *agentv1.CommandUpdate {
 // an answer it gave would already be here).
 func (f *fixture) none(t *testing.T) {
 	t.Helper()
-	select {
-	case u := <-f.updates:
-		t.Fatalf("unexpected update %v", u)
-	default:
+	for {
+		select {
+		case u := <-f.updates:
+			if u.GetOutput() != nil {
+				f.outputs = append(f.outputs, u)
+				continue
+			}
+			t.Fatalf("unexpected update %v", u)
+		default:
+			return
+		}
 	}
 }
 

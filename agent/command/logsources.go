@@ -69,12 +69,11 @@ type collected struct {
 // goes to the next), and keeps its newest lines within it. Every source is
 // read as a stream through a buffer bounded by its share; a source that
 // cannot be read says why ("not available: …") without failing the others.
+// Each source's lines are streamed (Output) as soon as it is read, before
+// the next source is: the chunks together are the result's data.
 func (e *Executor) logsCollect(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
 	p := body.GetLogsCollect()
-	limit := int(min(p.GetMaxBytes(), commandkinds.MaxLogsBytes))
-	if limit == 0 {
-		limit = commandkinds.DefaultLogsBytes
-	}
+	limit := commandkinds.LogsBudget(p)
 	asked := p.GetSources()
 	if len(asked) == 0 {
 		asked = []string{commandkinds.LogSourceBcd}
@@ -121,6 +120,7 @@ func (e *Executor) logsCollect(ctx context.Context, body *agentv1.CommandBody) (
 		out.Sources = append(out.Sources, &agentv1.LogSourceResult{Name: name, Offset: uint64(len(out.Data)), Length: uint64(len(c.data)),
 			Truncated: c.truncated, Unavailable: c.unavailable})
 		out.Data = append(out.Data, c.data...)
+		e.Output(ctx, c.data) // streamed now: the next source may take long
 		out.Truncated = out.Truncated || c.truncated
 		left -= len(c.data)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/workqueue"
@@ -130,6 +131,14 @@ func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, w Waker, nodeID string,
 	}
 	switch u.GetOutcome() {
 	case agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED:
+		if o := u.GetOutput(); o != nil {
+			if err := appendOutput(ctx, tx, c, o); err != nil {
+				return Applied{Command: c}, err
+			}
+			if c.AcceptedAt != nil {
+				return Applied{Command: c}, nil // no write to the command for each chunk
+			}
+		}
 		c, err = Scan(tx.QueryRow(ctx, `UPDATE commands SET accepted_at = coalesce(accepted_at, now()), updated_at = now() WHERE id = $1 RETURNING `+Columns, c.ID))
 		return Applied{Command: c}, err
 	case agentv1.CommandOutcome_COMMAND_OUTCOME_REJECTED:
@@ -157,6 +166,9 @@ func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, w Waker, nodeID string,
 			result = nil // a signed one keeps what it signed
 		}
 		c, err = finishSigned(ctx, tx, w, c, state, reason, result, sig)
+		if _, whole := commandkinds.ResultOutput(u.GetResult()); err == nil && whole && len(c.Result) > 0 {
+			err = dropOutput(ctx, tx, c.ID) // the result holds it all
+		}
 	default:
 		return Applied{Ignored: true}, nil
 	}

@@ -1368,6 +1368,13 @@ type CommandUpdate struct {
 	// bcd ramdisk on every finished command, so the control plane can tell
 	// that the machine itself, not a gateway, reports a wipe or a deploy.
 	NodeSignature *NodeSignature `protobuf:"bytes,7,opt,name=node_signature,json=nodeSignature,proto3" json:"node_signature,omitempty"`
+	// For COMMAND_OUTCOME_ACCEPTED: one chunk of the running command's output,
+	// sent as the command produces it (logs.collect streams each source's
+	// lines once it has read them). Unset on every other update. A chunk is
+	// sent again, unchanged, when the command is delivered again while it
+	// runs (a new session); the control plane keeps each (id, chunk seq)
+	// once.
+	Output        *CommandOutput `protobuf:"bytes,8,opt,name=output,proto3" json:"output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1451,6 +1458,81 @@ func (x *CommandUpdate) GetNodeSignature() *NodeSignature {
 	return nil
 }
 
+func (x *CommandUpdate) GetOutput() *CommandOutput {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+// CommandOutput is one chunk of a running command's output: its chunks in
+// seq order, each starting where the one before ended, are the output
+// (for logs.collect, the result's data, byte for byte).
+type CommandOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The chunk's number: 0, 1, … in the order the command produced them.
+	Seq uint32 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Where its bytes start in the whole output.
+	Offset uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// The bytes: 1 to 64 KiB (commandkinds.MaxOutputChunk); all the chunks
+	// of a command together at most its kind's output budget
+	// (commandkinds.OutputBudget: logs.collect's max_bytes).
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandOutput) Reset() {
+	*x = CommandOutput{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandOutput) ProtoMessage() {}
+
+func (x *CommandOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandOutput.ProtoReflect.Descriptor instead.
+func (*CommandOutput) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *CommandOutput) GetSeq() uint32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *CommandOutput) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *CommandOutput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 // NodeSignature is a node's signature over a finished command's report:
 // the input of proto/resultsig ("bc-result-v1", the trust domain, key_id,
 // the command id, node id, kind, seq, outcome, reason and the SHA-256 of
@@ -1470,7 +1552,7 @@ type NodeSignature struct {
 
 func (x *NodeSignature) Reset() {
 	*x = NodeSignature{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1564,7 @@ func (x *NodeSignature) String() string {
 func (*NodeSignature) ProtoMessage() {}
 
 func (x *NodeSignature) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1577,7 @@ func (x *NodeSignature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeSignature.ProtoReflect.Descriptor instead.
 func (*NodeSignature) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeSignature) GetKeyId() string {
@@ -1539,7 +1621,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1633,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1646,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CommandResult) GetKind() isCommandResult_Kind {
@@ -1693,7 +1775,7 @@ type DiagNvmlResult struct {
 
 func (x *DiagNvmlResult) Reset() {
 	*x = DiagNvmlResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1787,7 @@ func (x *DiagNvmlResult) String() string {
 func (*DiagNvmlResult) ProtoMessage() {}
 
 func (x *DiagNvmlResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1800,7 @@ func (x *DiagNvmlResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiagNvmlResult.ProtoReflect.Descriptor instead.
 func (*DiagNvmlResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DiagNvmlResult) GetGpus() []*GpuCheck {
@@ -1776,7 +1858,7 @@ type DcgmDiag struct {
 
 func (x *DcgmDiag) Reset() {
 	*x = DcgmDiag{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1788,7 +1870,7 @@ func (x *DcgmDiag) String() string {
 func (*DcgmDiag) ProtoMessage() {}
 
 func (x *DcgmDiag) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1801,7 +1883,7 @@ func (x *DcgmDiag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DcgmDiag.ProtoReflect.Descriptor instead.
 func (*DcgmDiag) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DcgmDiag) GetRunLevel() uint32 {
@@ -1862,7 +1944,7 @@ type DcgmTest struct {
 
 func (x *DcgmTest) Reset() {
 	*x = DcgmTest{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1874,7 +1956,7 @@ func (x *DcgmTest) String() string {
 func (*DcgmTest) ProtoMessage() {}
 
 func (x *DcgmTest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1887,7 +1969,7 @@ func (x *DcgmTest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DcgmTest.ProtoReflect.Descriptor instead.
 func (*DcgmTest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DcgmTest) GetName() string {
@@ -1944,7 +2026,7 @@ type DiskCheck struct {
 
 func (x *DiskCheck) Reset() {
 	*x = DiskCheck{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2038,7 @@ func (x *DiskCheck) String() string {
 func (*DiskCheck) ProtoMessage() {}
 
 func (x *DiskCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2051,7 @@ func (x *DiskCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskCheck.ProtoReflect.Descriptor instead.
 func (*DiskCheck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DiskCheck) GetPath() string {
@@ -2028,7 +2110,7 @@ type GpuCheck struct {
 
 func (x *GpuCheck) Reset() {
 	*x = GpuCheck{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2040,7 +2122,7 @@ func (x *GpuCheck) String() string {
 func (*GpuCheck) ProtoMessage() {}
 
 func (x *GpuCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2053,7 +2135,7 @@ func (x *GpuCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuCheck.ProtoReflect.Descriptor instead.
 func (*GpuCheck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GpuCheck) GetUuid() string {
@@ -2112,7 +2194,7 @@ type InventoryRefreshResult struct {
 
 func (x *InventoryRefreshResult) Reset() {
 	*x = InventoryRefreshResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2206,7 @@ func (x *InventoryRefreshResult) String() string {
 func (*InventoryRefreshResult) ProtoMessage() {}
 
 func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2219,7 @@ func (x *InventoryRefreshResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRefreshResult.ProtoReflect.Descriptor instead.
 func (*InventoryRefreshResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *InventoryRefreshResult) GetSections() []string {
@@ -2171,7 +2253,7 @@ type LogsCollectResult struct {
 
 func (x *LogsCollectResult) Reset() {
 	*x = LogsCollectResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2265,7 @@ func (x *LogsCollectResult) String() string {
 func (*LogsCollectResult) ProtoMessage() {}
 
 func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2278,7 @@ func (x *LogsCollectResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsCollectResult.ProtoReflect.Descriptor instead.
 func (*LogsCollectResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LogsCollectResult) GetData() []byte {
@@ -2239,7 +2321,7 @@ type LogSourceResult struct {
 
 func (x *LogSourceResult) Reset() {
 	*x = LogSourceResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2333,7 @@ func (x *LogSourceResult) String() string {
 func (*LogSourceResult) ProtoMessage() {}
 
 func (x *LogSourceResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2346,7 @@ func (x *LogSourceResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogSourceResult.ProtoReflect.Descriptor instead.
 func (*LogSourceResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LogSourceResult) GetName() string {
@@ -2315,7 +2397,7 @@ type GpuResetResult struct {
 
 func (x *GpuResetResult) Reset() {
 	*x = GpuResetResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2327,7 +2409,7 @@ func (x *GpuResetResult) String() string {
 func (*GpuResetResult) ProtoMessage() {}
 
 func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2340,7 +2422,7 @@ func (x *GpuResetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuResetResult.ProtoReflect.Descriptor instead.
 func (*GpuResetResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GpuResetResult) GetResetUuids() []string {
@@ -2368,7 +2450,7 @@ type DiskWipeResult struct {
 
 func (x *DiskWipeResult) Reset() {
 	*x = DiskWipeResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2462,7 @@ func (x *DiskWipeResult) String() string {
 func (*DiskWipeResult) ProtoMessage() {}
 
 func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2475,7 @@ func (x *DiskWipeResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskWipeResult.ProtoReflect.Descriptor instead.
 func (*DiskWipeResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DiskWipeResult) GetDisks() []*DiskWiped {
@@ -2422,7 +2504,7 @@ type DiskWiped struct {
 
 func (x *DiskWiped) Reset() {
 	*x = DiskWiped{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +2516,7 @@ func (x *DiskWiped) String() string {
 func (*DiskWiped) ProtoMessage() {}
 
 func (x *DiskWiped) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +2529,7 @@ func (x *DiskWiped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiskWiped.ProtoReflect.Descriptor instead.
 func (*DiskWiped) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DiskWiped) GetPath() string {
@@ -2493,7 +2575,7 @@ type ImageDeployResult struct {
 
 func (x *ImageDeployResult) Reset() {
 	*x = ImageDeployResult{}
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +2587,7 @@ func (x *ImageDeployResult) String() string {
 func (*ImageDeployResult) ProtoMessage() {}
 
 func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +2600,7 @@ func (x *ImageDeployResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageDeployResult.ProtoReflect.Descriptor instead.
 func (*ImageDeployResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ImageDeployResult) GetDisk() string {
@@ -2626,7 +2708,7 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x0finstance.reboot\x10\x02\"1\n" +
 	"\rCommandCancel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\xd4\x02\n" +
+	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\x93\x03\n" +
 	"\rCommandUpdate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12@\n" +
@@ -2634,7 +2716,12 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x06reject\x18\x04 \x01(\x0e2\".bettercompute.agent.v1.RejectCodeR\x06reject\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12=\n" +
 	"\x06result\x18\x06 \x01(\v2%.bettercompute.agent.v1.CommandResultR\x06result\x12L\n" +
-	"\x0enode_signature\x18\a \x01(\v2%.bettercompute.agent.v1.NodeSignatureR\rnodeSignature\"b\n" +
+	"\x0enode_signature\x18\a \x01(\v2%.bettercompute.agent.v1.NodeSignatureR\rnodeSignature\x12=\n" +
+	"\x06output\x18\b \x01(\v2%.bettercompute.agent.v1.CommandOutputR\x06output\"M\n" +
+	"\rCommandOutput\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\rR\x03seq\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"b\n" +
 	"\rNodeSignature\x12\x15\n" +
 	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\tR\talgorithm\x12\x1c\n" +
@@ -2752,7 +2839,7 @@ func file_bettercompute_agent_v1_commands_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(WipeMethod)(0),                // 0: bettercompute.agent.v1.WipeMethod
 	(ImageFormat)(0),               // 1: bettercompute.agent.v1.ImageFormat
@@ -2772,26 +2859,27 @@ var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(*InstanceReboot)(nil),         // 15: bettercompute.agent.v1.InstanceReboot
 	(*CommandCancel)(nil),          // 16: bettercompute.agent.v1.CommandCancel
 	(*CommandUpdate)(nil),          // 17: bettercompute.agent.v1.CommandUpdate
-	(*NodeSignature)(nil),          // 18: bettercompute.agent.v1.NodeSignature
-	(*CommandResult)(nil),          // 19: bettercompute.agent.v1.CommandResult
-	(*DiagNvmlResult)(nil),         // 20: bettercompute.agent.v1.DiagNvmlResult
-	(*DcgmDiag)(nil),               // 21: bettercompute.agent.v1.DcgmDiag
-	(*DcgmTest)(nil),               // 22: bettercompute.agent.v1.DcgmTest
-	(*DiskCheck)(nil),              // 23: bettercompute.agent.v1.DiskCheck
-	(*GpuCheck)(nil),               // 24: bettercompute.agent.v1.GpuCheck
-	(*InventoryRefreshResult)(nil), // 25: bettercompute.agent.v1.InventoryRefreshResult
-	(*LogsCollectResult)(nil),      // 26: bettercompute.agent.v1.LogsCollectResult
-	(*LogSourceResult)(nil),        // 27: bettercompute.agent.v1.LogSourceResult
-	(*GpuResetResult)(nil),         // 28: bettercompute.agent.v1.GpuResetResult
-	(*DiskWipeResult)(nil),         // 29: bettercompute.agent.v1.DiskWipeResult
-	(*DiskWiped)(nil),              // 30: bettercompute.agent.v1.DiskWiped
-	(*ImageDeployResult)(nil),      // 31: bettercompute.agent.v1.ImageDeployResult
-	(*timestamppb.Timestamp)(nil),  // 32: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 33: google.protobuf.Duration
+	(*CommandOutput)(nil),          // 18: bettercompute.agent.v1.CommandOutput
+	(*NodeSignature)(nil),          // 19: bettercompute.agent.v1.NodeSignature
+	(*CommandResult)(nil),          // 20: bettercompute.agent.v1.CommandResult
+	(*DiagNvmlResult)(nil),         // 21: bettercompute.agent.v1.DiagNvmlResult
+	(*DcgmDiag)(nil),               // 22: bettercompute.agent.v1.DcgmDiag
+	(*DcgmTest)(nil),               // 23: bettercompute.agent.v1.DcgmTest
+	(*DiskCheck)(nil),              // 24: bettercompute.agent.v1.DiskCheck
+	(*GpuCheck)(nil),               // 25: bettercompute.agent.v1.GpuCheck
+	(*InventoryRefreshResult)(nil), // 26: bettercompute.agent.v1.InventoryRefreshResult
+	(*LogsCollectResult)(nil),      // 27: bettercompute.agent.v1.LogsCollectResult
+	(*LogSourceResult)(nil),        // 28: bettercompute.agent.v1.LogSourceResult
+	(*GpuResetResult)(nil),         // 29: bettercompute.agent.v1.GpuResetResult
+	(*DiskWipeResult)(nil),         // 30: bettercompute.agent.v1.DiskWipeResult
+	(*DiskWiped)(nil),              // 31: bettercompute.agent.v1.DiskWiped
+	(*ImageDeployResult)(nil),      // 32: bettercompute.agent.v1.ImageDeployResult
+	(*timestamppb.Timestamp)(nil),  // 33: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 34: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
-	32, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
-	33, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
+	33, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
+	34, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
 	7,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
 	8,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
 	9,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
@@ -2801,33 +2889,34 @@ var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
 	13, // 8: bettercompute.agent.v1.CommandBody.image_deploy:type_name -> bettercompute.agent.v1.ImageDeploy
 	14, // 9: bettercompute.agent.v1.CommandBody.node_kexec:type_name -> bettercompute.agent.v1.NodeKexec
 	15, // 10: bettercompute.agent.v1.CommandBody.instance_reboot:type_name -> bettercompute.agent.v1.InstanceReboot
-	33, // 11: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
+	34, // 11: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
 	0,  // 12: bettercompute.agent.v1.DiskWipe.method:type_name -> bettercompute.agent.v1.WipeMethod
 	1,  // 13: bettercompute.agent.v1.ImageDeploy.format:type_name -> bettercompute.agent.v1.ImageFormat
 	2,  // 14: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
 	3,  // 15: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
-	19, // 16: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
-	18, // 17: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
-	20, // 18: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
-	25, // 19: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
-	26, // 20: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
-	28, // 21: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
-	29, // 22: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
-	31, // 23: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
-	24, // 24: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	23, // 25: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
-	21, // 26: bettercompute.agent.v1.DiagNvmlResult.dcgm:type_name -> bettercompute.agent.v1.DcgmDiag
-	4,  // 27: bettercompute.agent.v1.DcgmDiag.status:type_name -> bettercompute.agent.v1.DcgmStatus
-	22, // 28: bettercompute.agent.v1.DcgmDiag.tests:type_name -> bettercompute.agent.v1.DcgmTest
-	27, // 29: bettercompute.agent.v1.LogsCollectResult.sources:type_name -> bettercompute.agent.v1.LogSourceResult
-	24, // 30: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	30, // 31: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
-	0,  // 32: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
-	33, // [33:33] is the sub-list for method output_type
-	33, // [33:33] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	20, // 16: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
+	19, // 17: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
+	18, // 18: bettercompute.agent.v1.CommandUpdate.output:type_name -> bettercompute.agent.v1.CommandOutput
+	21, // 19: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
+	26, // 20: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
+	27, // 21: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
+	29, // 22: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
+	30, // 23: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
+	32, // 24: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
+	25, // 25: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	24, // 26: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
+	22, // 27: bettercompute.agent.v1.DiagNvmlResult.dcgm:type_name -> bettercompute.agent.v1.DcgmDiag
+	4,  // 28: bettercompute.agent.v1.DcgmDiag.status:type_name -> bettercompute.agent.v1.DcgmStatus
+	23, // 29: bettercompute.agent.v1.DcgmDiag.tests:type_name -> bettercompute.agent.v1.DcgmTest
+	28, // 30: bettercompute.agent.v1.LogsCollectResult.sources:type_name -> bettercompute.agent.v1.LogSourceResult
+	25, // 31: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	31, // 32: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
+	0,  // 33: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
+	34, // [34:34] is the sub-list for method output_type
+	34, // [34:34] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_commands_proto_init() }
@@ -2847,7 +2936,7 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 		(*CommandBody_NodeKexec)(nil),
 		(*CommandBody_InstanceReboot)(nil),
 	}
-	file_bettercompute_agent_v1_commands_proto_msgTypes[14].OneofWrappers = []any{
+	file_bettercompute_agent_v1_commands_proto_msgTypes[15].OneofWrappers = []any{
 		(*CommandResult_DiagNvml)(nil),
 		(*CommandResult_InventoryRefresh)(nil),
 		(*CommandResult_LogsCollect)(nil),
@@ -2861,7 +2950,7 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_commands_proto_rawDesc), len(file_bettercompute_agent_v1_commands_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

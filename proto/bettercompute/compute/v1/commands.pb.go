@@ -715,6 +715,176 @@ func (x *CommandsServiceCancelResponse) GetCommand() *Command {
 	return nil
 }
 
+// CommandsServiceGetOutputRequest names a command and where to read its
+// output from.
+type CommandsServiceGetOutputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant. Required.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The node. Required.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The command. Required.
+	CommandId string `protobuf:"bytes,3,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// The next_page_token of the previous answer; empty for the start.
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// At most this many bytes per answer; 0 means 256 KiB, the most is
+	// 1 MiB.
+	MaxBytes      int32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandsServiceGetOutputRequest) Reset() {
+	*x = CommandsServiceGetOutputRequest{}
+	mi := &file_bettercompute_compute_v1_commands_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandsServiceGetOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandsServiceGetOutputRequest) ProtoMessage() {}
+
+func (x *CommandsServiceGetOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_commands_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandsServiceGetOutputRequest.ProtoReflect.Descriptor instead.
+func (*CommandsServiceGetOutputRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_commands_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CommandsServiceGetOutputRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *CommandsServiceGetOutputRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *CommandsServiceGetOutputRequest) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *CommandsServiceGetOutputRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *CommandsServiceGetOutputRequest) GetMaxBytes() int32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+// CommandsServiceGetOutputResponse is a stretch of a command's output.
+type CommandsServiceGetOutputResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The bytes, from offset on (empty when nothing new has arrived).
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// Where data starts in the whole output.
+	Offset int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Pass as page_token to read on (also when data is empty: the command
+	// still runs and more may come); empty once the command is finished and
+	// everything was read.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The command's state when this was read: "pending", "in_flight", … (see
+	// Command.state).
+	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	// The output's size so far: what the node has sent (everything, once
+	// the command is finished).
+	TotalBytes    int64 `protobuf:"varint,5,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandsServiceGetOutputResponse) Reset() {
+	*x = CommandsServiceGetOutputResponse{}
+	mi := &file_bettercompute_compute_v1_commands_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandsServiceGetOutputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandsServiceGetOutputResponse) ProtoMessage() {}
+
+func (x *CommandsServiceGetOutputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_commands_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandsServiceGetOutputResponse.ProtoReflect.Descriptor instead.
+func (*CommandsServiceGetOutputResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_commands_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CommandsServiceGetOutputResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *CommandsServiceGetOutputResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *CommandsServiceGetOutputResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *CommandsServiceGetOutputResponse) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *CommandsServiceGetOutputResponse) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
 var File_bettercompute_compute_v1_commands_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_commands_proto_rawDesc = "" +
@@ -773,12 +943,28 @@ const file_bettercompute_compute_v1_commands_proto_rawDesc = "" +
 	"\n" +
 	"command_id\x18\x03 \x01(\tR\tcommandId\"\\\n" +
 	"\x1dCommandsServiceCancelResponse\x12;\n" +
-	"\acommand\x18\x01 \x01(\v2!.bettercompute.compute.v1.CommandR\acommand2\xe5\x03\n" +
+	"\acommand\x18\x01 \x01(\v2!.bettercompute.compute.v1.CommandR\acommand\"\xb2\x01\n" +
+	"\x1fCommandsServiceGetOutputRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x03 \x01(\tR\tcommandId\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12\x1b\n" +
+	"\tmax_bytes\x18\x05 \x01(\x05R\bmaxBytes\"\xad\x01\n" +
+	" CommandsServiceGetOutputResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x1f\n" +
+	"\vtotal_bytes\x18\x05 \x01(\x03R\n" +
+	"totalBytes2\xea\x04\n" +
 	"\x0fCommandsService\x12p\n" +
 	"\x03Run\x123.bettercompute.compute.v1.CommandsServiceRunRequest\x1a4.bettercompute.compute.v1.CommandsServiceRunResponse\x12p\n" +
 	"\x03Get\x123.bettercompute.compute.v1.CommandsServiceGetRequest\x1a4.bettercompute.compute.v1.CommandsServiceGetResponse\x12s\n" +
 	"\x04List\x124.bettercompute.compute.v1.CommandsServiceListRequest\x1a5.bettercompute.compute.v1.CommandsServiceListResponse\x12y\n" +
-	"\x06Cancel\x126.bettercompute.compute.v1.CommandsServiceCancelRequest\x1a7.bettercompute.compute.v1.CommandsServiceCancelResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
+	"\x06Cancel\x126.bettercompute.compute.v1.CommandsServiceCancelRequest\x1a7.bettercompute.compute.v1.CommandsServiceCancelResponse\x12\x82\x01\n" +
+	"\tGetOutput\x129.bettercompute.compute.v1.CommandsServiceGetOutputRequest\x1a:.bettercompute.compute.v1.CommandsServiceGetOutputResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
 
 var (
 	file_bettercompute_compute_v1_commands_proto_rawDescOnce sync.Once
@@ -792,29 +978,31 @@ func file_bettercompute_compute_v1_commands_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_commands_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_bettercompute_compute_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_bettercompute_compute_v1_commands_proto_goTypes = []any{
-	(*Command)(nil),                       // 0: bettercompute.compute.v1.Command
-	(*CommandsServiceRunRequest)(nil),     // 1: bettercompute.compute.v1.CommandsServiceRunRequest
-	(*CommandsServiceRunResponse)(nil),    // 2: bettercompute.compute.v1.CommandsServiceRunResponse
-	(*CommandsServiceGetRequest)(nil),     // 3: bettercompute.compute.v1.CommandsServiceGetRequest
-	(*CommandsServiceGetResponse)(nil),    // 4: bettercompute.compute.v1.CommandsServiceGetResponse
-	(*CommandsServiceListRequest)(nil),    // 5: bettercompute.compute.v1.CommandsServiceListRequest
-	(*CommandsServiceListResponse)(nil),   // 6: bettercompute.compute.v1.CommandsServiceListResponse
-	(*CommandsServiceCancelRequest)(nil),  // 7: bettercompute.compute.v1.CommandsServiceCancelRequest
-	(*CommandsServiceCancelResponse)(nil), // 8: bettercompute.compute.v1.CommandsServiceCancelResponse
-	(*structpb.Struct)(nil),               // 9: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil),         // 10: google.protobuf.Timestamp
+	(*Command)(nil),                          // 0: bettercompute.compute.v1.Command
+	(*CommandsServiceRunRequest)(nil),        // 1: bettercompute.compute.v1.CommandsServiceRunRequest
+	(*CommandsServiceRunResponse)(nil),       // 2: bettercompute.compute.v1.CommandsServiceRunResponse
+	(*CommandsServiceGetRequest)(nil),        // 3: bettercompute.compute.v1.CommandsServiceGetRequest
+	(*CommandsServiceGetResponse)(nil),       // 4: bettercompute.compute.v1.CommandsServiceGetResponse
+	(*CommandsServiceListRequest)(nil),       // 5: bettercompute.compute.v1.CommandsServiceListRequest
+	(*CommandsServiceListResponse)(nil),      // 6: bettercompute.compute.v1.CommandsServiceListResponse
+	(*CommandsServiceCancelRequest)(nil),     // 7: bettercompute.compute.v1.CommandsServiceCancelRequest
+	(*CommandsServiceCancelResponse)(nil),    // 8: bettercompute.compute.v1.CommandsServiceCancelResponse
+	(*CommandsServiceGetOutputRequest)(nil),  // 9: bettercompute.compute.v1.CommandsServiceGetOutputRequest
+	(*CommandsServiceGetOutputResponse)(nil), // 10: bettercompute.compute.v1.CommandsServiceGetOutputResponse
+	(*structpb.Struct)(nil),                  // 11: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),            // 12: google.protobuf.Timestamp
 }
 var file_bettercompute_compute_v1_commands_proto_depIdxs = []int32{
-	9,  // 0: bettercompute.compute.v1.Command.payload:type_name -> google.protobuf.Struct
-	10, // 1: bettercompute.compute.v1.Command.not_after:type_name -> google.protobuf.Timestamp
-	9,  // 2: bettercompute.compute.v1.Command.result:type_name -> google.protobuf.Struct
-	10, // 3: bettercompute.compute.v1.Command.cancel_requested_time:type_name -> google.protobuf.Timestamp
-	10, // 4: bettercompute.compute.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	10, // 5: bettercompute.compute.v1.Command.dispatch_time:type_name -> google.protobuf.Timestamp
-	10, // 6: bettercompute.compute.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
-	9,  // 7: bettercompute.compute.v1.CommandsServiceRunRequest.payload:type_name -> google.protobuf.Struct
+	11, // 0: bettercompute.compute.v1.Command.payload:type_name -> google.protobuf.Struct
+	12, // 1: bettercompute.compute.v1.Command.not_after:type_name -> google.protobuf.Timestamp
+	11, // 2: bettercompute.compute.v1.Command.result:type_name -> google.protobuf.Struct
+	12, // 3: bettercompute.compute.v1.Command.cancel_requested_time:type_name -> google.protobuf.Timestamp
+	12, // 4: bettercompute.compute.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	12, // 5: bettercompute.compute.v1.Command.dispatch_time:type_name -> google.protobuf.Timestamp
+	12, // 6: bettercompute.compute.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	11, // 7: bettercompute.compute.v1.CommandsServiceRunRequest.payload:type_name -> google.protobuf.Struct
 	0,  // 8: bettercompute.compute.v1.CommandsServiceRunResponse.command:type_name -> bettercompute.compute.v1.Command
 	0,  // 9: bettercompute.compute.v1.CommandsServiceGetResponse.command:type_name -> bettercompute.compute.v1.Command
 	0,  // 10: bettercompute.compute.v1.CommandsServiceListResponse.commands:type_name -> bettercompute.compute.v1.Command
@@ -823,12 +1011,14 @@ var file_bettercompute_compute_v1_commands_proto_depIdxs = []int32{
 	3,  // 13: bettercompute.compute.v1.CommandsService.Get:input_type -> bettercompute.compute.v1.CommandsServiceGetRequest
 	5,  // 14: bettercompute.compute.v1.CommandsService.List:input_type -> bettercompute.compute.v1.CommandsServiceListRequest
 	7,  // 15: bettercompute.compute.v1.CommandsService.Cancel:input_type -> bettercompute.compute.v1.CommandsServiceCancelRequest
-	2,  // 16: bettercompute.compute.v1.CommandsService.Run:output_type -> bettercompute.compute.v1.CommandsServiceRunResponse
-	4,  // 17: bettercompute.compute.v1.CommandsService.Get:output_type -> bettercompute.compute.v1.CommandsServiceGetResponse
-	6,  // 18: bettercompute.compute.v1.CommandsService.List:output_type -> bettercompute.compute.v1.CommandsServiceListResponse
-	8,  // 19: bettercompute.compute.v1.CommandsService.Cancel:output_type -> bettercompute.compute.v1.CommandsServiceCancelResponse
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
+	9,  // 16: bettercompute.compute.v1.CommandsService.GetOutput:input_type -> bettercompute.compute.v1.CommandsServiceGetOutputRequest
+	2,  // 17: bettercompute.compute.v1.CommandsService.Run:output_type -> bettercompute.compute.v1.CommandsServiceRunResponse
+	4,  // 18: bettercompute.compute.v1.CommandsService.Get:output_type -> bettercompute.compute.v1.CommandsServiceGetResponse
+	6,  // 19: bettercompute.compute.v1.CommandsService.List:output_type -> bettercompute.compute.v1.CommandsServiceListResponse
+	8,  // 20: bettercompute.compute.v1.CommandsService.Cancel:output_type -> bettercompute.compute.v1.CommandsServiceCancelResponse
+	10, // 21: bettercompute.compute.v1.CommandsService.GetOutput:output_type -> bettercompute.compute.v1.CommandsServiceGetOutputResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -845,7 +1035,7 @@ func file_bettercompute_compute_v1_commands_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_commands_proto_rawDesc), len(file_bettercompute_compute_v1_commands_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

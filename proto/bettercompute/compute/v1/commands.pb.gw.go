@@ -143,6 +143,33 @@ func local_request_CommandsService_Cancel_0(ctx context.Context, marshaler runti
 	return msg, metadata, err
 }
 
+func request_CommandsService_GetOutput_0(ctx context.Context, marshaler runtime.Marshaler, client CommandsServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq CommandsServiceGetOutputRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.GetOutput(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_CommandsService_GetOutput_0(ctx context.Context, marshaler runtime.Marshaler, server CommandsServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq CommandsServiceGetOutputRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.GetOutput(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterCommandsServiceHandlerServer registers the http handlers for service CommandsService to "mux".
 // UnaryRPC     :call CommandsServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -228,6 +255,26 @@ func RegisterCommandsServiceHandlerServer(ctx context.Context, mux *runtime.Serv
 			return
 		}
 		forward_CommandsService_Cancel_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_CommandsService_GetOutput_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/bettercompute.compute.v1.CommandsService/GetOutput", runtime.WithHTTPPathPattern("/api/compute/commands/getOutput"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_CommandsService_GetOutput_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_CommandsService_GetOutput_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -337,19 +384,38 @@ func RegisterCommandsServiceHandlerClient(ctx context.Context, mux *runtime.Serv
 		}
 		forward_CommandsService_Cancel_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_CommandsService_GetOutput_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/bettercompute.compute.v1.CommandsService/GetOutput", runtime.WithHTTPPathPattern("/api/compute/commands/getOutput"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_CommandsService_GetOutput_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_CommandsService_GetOutput_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
 var (
-	pattern_CommandsService_Run_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "run"}, ""))
-	pattern_CommandsService_Get_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "get"}, ""))
-	pattern_CommandsService_List_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "list"}, ""))
-	pattern_CommandsService_Cancel_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "cancel"}, ""))
+	pattern_CommandsService_Run_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "run"}, ""))
+	pattern_CommandsService_Get_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "get"}, ""))
+	pattern_CommandsService_List_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "list"}, ""))
+	pattern_CommandsService_Cancel_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "cancel"}, ""))
+	pattern_CommandsService_GetOutput_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "commands", "getOutput"}, ""))
 )
 
 var (
-	forward_CommandsService_Run_0    = runtime.ForwardResponseMessage
-	forward_CommandsService_Get_0    = runtime.ForwardResponseMessage
-	forward_CommandsService_List_0   = runtime.ForwardResponseMessage
-	forward_CommandsService_Cancel_0 = runtime.ForwardResponseMessage
+	forward_CommandsService_Run_0       = runtime.ForwardResponseMessage
+	forward_CommandsService_Get_0       = runtime.ForwardResponseMessage
+	forward_CommandsService_List_0      = runtime.ForwardResponseMessage
+	forward_CommandsService_Cancel_0    = runtime.ForwardResponseMessage
+	forward_CommandsService_GetOutput_0 = runtime.ForwardResponseMessage
 )

@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	CommandsService_Run_FullMethodName    = "/bettercompute.compute.v1.CommandsService/Run"
-	CommandsService_Get_FullMethodName    = "/bettercompute.compute.v1.CommandsService/Get"
-	CommandsService_List_FullMethodName   = "/bettercompute.compute.v1.CommandsService/List"
-	CommandsService_Cancel_FullMethodName = "/bettercompute.compute.v1.CommandsService/Cancel"
+	CommandsService_Run_FullMethodName       = "/bettercompute.compute.v1.CommandsService/Run"
+	CommandsService_Get_FullMethodName       = "/bettercompute.compute.v1.CommandsService/Get"
+	CommandsService_List_FullMethodName      = "/bettercompute.compute.v1.CommandsService/List"
+	CommandsService_Cancel_FullMethodName    = "/bettercompute.compute.v1.CommandsService/Cancel"
+	CommandsService_GetOutput_FullMethodName = "/bettercompute.compute.v1.CommandsService/GetOutput"
 )
 
 // CommandsServiceClient is the client API for CommandsService service.
@@ -51,6 +52,13 @@ type CommandsServiceClient interface {
 	// finished one is returned unchanged. Action compute:nodes:exec on the
 	// node.
 	Cancel(ctx context.Context, in *CommandsServiceCancelRequest, opts ...grpc.CallOption) (*CommandsServiceCancelResponse, error)
+	// GetOutput reads a command's output from a position on: what the node
+	// has streamed so far while the command runs (logs.collect sends each
+	// source's lines as it reads them), all of it once the command finished.
+	// Pass next_page_token back to read on; it is empty once the command is
+	// finished and everything was read. Action compute:nodes:get on the
+	// node.
+	GetOutput(ctx context.Context, in *CommandsServiceGetOutputRequest, opts ...grpc.CallOption) (*CommandsServiceGetOutputResponse, error)
 }
 
 type commandsServiceClient struct {
@@ -101,6 +109,16 @@ func (c *commandsServiceClient) Cancel(ctx context.Context, in *CommandsServiceC
 	return out, nil
 }
 
+func (c *commandsServiceClient) GetOutput(ctx context.Context, in *CommandsServiceGetOutputRequest, opts ...grpc.CallOption) (*CommandsServiceGetOutputResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommandsServiceGetOutputResponse)
+	err := c.cc.Invoke(ctx, CommandsService_GetOutput_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CommandsServiceServer is the server API for CommandsService service.
 // All implementations must embed UnimplementedCommandsServiceServer
 // for forward compatibility.
@@ -127,6 +145,13 @@ type CommandsServiceServer interface {
 	// finished one is returned unchanged. Action compute:nodes:exec on the
 	// node.
 	Cancel(context.Context, *CommandsServiceCancelRequest) (*CommandsServiceCancelResponse, error)
+	// GetOutput reads a command's output from a position on: what the node
+	// has streamed so far while the command runs (logs.collect sends each
+	// source's lines as it reads them), all of it once the command finished.
+	// Pass next_page_token back to read on; it is empty once the command is
+	// finished and everything was read. Action compute:nodes:get on the
+	// node.
+	GetOutput(context.Context, *CommandsServiceGetOutputRequest) (*CommandsServiceGetOutputResponse, error)
 	mustEmbedUnimplementedCommandsServiceServer()
 }
 
@@ -148,6 +173,9 @@ func (UnimplementedCommandsServiceServer) List(context.Context, *CommandsService
 }
 func (UnimplementedCommandsServiceServer) Cancel(context.Context, *CommandsServiceCancelRequest) (*CommandsServiceCancelResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Cancel not implemented")
+}
+func (UnimplementedCommandsServiceServer) GetOutput(context.Context, *CommandsServiceGetOutputRequest) (*CommandsServiceGetOutputResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetOutput not implemented")
 }
 func (UnimplementedCommandsServiceServer) mustEmbedUnimplementedCommandsServiceServer() {}
 func (UnimplementedCommandsServiceServer) testEmbeddedByValue()                         {}
@@ -242,6 +270,24 @@ func _CommandsService_Cancel_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CommandsService_GetOutput_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommandsServiceGetOutputRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CommandsServiceServer).GetOutput(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CommandsService_GetOutput_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CommandsServiceServer).GetOutput(ctx, req.(*CommandsServiceGetOutputRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CommandsService_ServiceDesc is the grpc.ServiceDesc for CommandsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -264,6 +310,10 @@ var CommandsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Cancel",
 			Handler:    _CommandsService_Cancel_Handler,
+		},
+		{
+			MethodName: "GetOutput",
+			Handler:    _CommandsService_GetOutput_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
