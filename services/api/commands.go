@@ -2,9 +2,11 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -172,6 +174,60 @@ func (s *commandsAPI) Get(ctx context.Context, req *computev1.CommandsServiceGet
 		return nil, err
 	}
 	return &computev1.CommandsServiceGetResponse{Command: pb}, nil
+}
+
+// Bounds of commands.getOutput's answer.
+const (
+	defaultOutputBytes = 256 << 10
+	maxOutputBytes     = 1 << 20
+)
+
+// GetOutput reads a command's output from the page token's position on
+// (compute:nodes:get on the node): the chunks the node streamed while the
+// command runs, the result's whole output once it finished. The token is
+// set while more may come, also when nothing new has arrived.
+func (s *commandsAPI) GetOutput(ctx context.Context, req *computev1.CommandsServiceGetOutputRequest) (*computev1.CommandsServiceGetOutputResponse, error) {
+	if err := required("commandId", req.GetCommandId()); err != nil {
+		return nil, err
+	}
+	limit := int(req.GetMaxBytes())
+	switch {
+	case limit == 0:
+		limit = defaultOutputBytes
+	case limit < 0 || limit > maxOutputBytes:
+		return nil, fault.New(fault.InvalidInput, "maxBytes", "expected 0 (meaning %d) or 1 to %d, got %d", defaultOutputBytes, maxOutputBytes, req.GetMaxBytes())
+	}
+	from, err := decodeCursor(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	var offset int64
+	if from != "" {
+		if offset, err = strconv.ParseInt(from, 10, 64); err != nil || offset < 0 {
+			return nil, fault.New(fault.InvalidInput, "pageToken", "not a page token from this API")
+		}
+	}
+	res, err := s.node(ctx, req.GetTenantId(), req.GetNodeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, req.GetTenantId(), res); err != nil {
+		return nil, err
+	}
+	c, err := commands.Lookup(ctx, s.db, req.GetNodeId(), req.GetCommandId())
+	if err != nil {
+		return nil, err
+	}
+	o, err := commands.ReadOutput(ctx, s.db, c, offset, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := &computev1.CommandsServiceGetOutputResponse{Data: o.Data, Offset: o.Offset, State: string(c.State), TotalBytes: o.Total}
+	if !o.Done {
+		b, _ := json.Marshal(cursor{After: strconv.FormatInt(o.Offset+int64(len(o.Data)), 10)})
+		out.NextPageToken = base64.RawURLEncoding.EncodeToString(b)
+	}
+	return out, nil
 }
 
 // List returns a node's commands, newest first, optionally in one state.

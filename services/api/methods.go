@@ -100,10 +100,11 @@ var methods = map[string]Method{
 	computev1.NodesService_Retire_FullMethodName:      {Action: authz.NodesRetire},
 	computev1.NodesService_ClearRepair_FullMethodName: {Action: authz.NodesRepair},
 
-	computev1.CommandsService_Run_FullMethodName:    {Action: authz.NodesExec},
-	computev1.CommandsService_Get_FullMethodName:    {Action: authz.NodesGet},
-	computev1.CommandsService_List_FullMethodName:   {Action: authz.NodesGet},
-	computev1.CommandsService_Cancel_FullMethodName: {Action: authz.NodesExec},
+	computev1.CommandsService_Run_FullMethodName:       {Action: authz.NodesExec},
+	computev1.CommandsService_Get_FullMethodName:       {Action: authz.NodesGet},
+	computev1.CommandsService_GetOutput_FullMethodName: {Action: authz.NodesGet},
+	computev1.CommandsService_List_FullMethodName:      {Action: authz.NodesGet},
+	computev1.CommandsService_Cancel_FullMethodName:    {Action: authz.NodesExec},
 
 	computev1.ReservationsService_Create_FullMethodName:  {Action: authz.ReservationsCreate},
 	computev1.ReservationsService_Get_FullMethodName:     {Action: authz.ReservationsGet},
