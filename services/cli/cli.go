@@ -47,6 +47,7 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		newAPI(stdout, stderr),
 		newAudit(stdout, stderr),
 		newEvents(stdout, stderr),
+		newCommandsCmd(stdout, stderr),
 		newWebhooks(stdout, stderr),
 		newBootstrap(g, stdout, stderr),
 		newPKI(stdout),
