@@ -217,7 +217,7 @@ func Builtin() *Registry {
 	r.MustRegister(declared(KindInventoryRefresh, Kind{API: true, RetrySafe: true, Timeout: 2 * time.Minute,
 		Doc: "Re-collects inventory sections and reports them on the session."}))
 	r.MustRegister(declared(KindLogsCollect, Kind{API: true, RetrySafe: true, Timeout: 10 * time.Minute,
-		Doc: "Collects the daemon's logs, bounded in size (1 MiB by default, 4 MiB at most), from at most 16 distinct sources (agent).", Check: checkLogsCollect}))
+		Doc: "Collects the daemon's logs, bounded in size (1 MiB by default, 4 MiB at most), from at most 16 distinct sources (agent); streams each source's lines as it reads them (commands.getOutput).", Check: checkLogsCollect}))
 	r.MustRegister(declared(KindNodeReboot, Kind{API: true, Timeout: 15 * time.Minute,
 		Doc: "Reboots the node; succeeds when the node reconnects with a new boot id."}))
 	r.MustRegister(declared(KindGPUReset, Kind{Timeout: 5 * time.Minute,
