@@ -76,8 +76,11 @@ type Server struct {
 	Renewed chan *x509.Certificate
 	// Observed receives every Observed report (buffered).
 	Observed chan *agentv1.Observed
-	// Updates receives every CommandUpdate (buffered).
+	// Updates receives every CommandUpdate but output chunks (buffered).
 	Updates chan *agentv1.CommandUpdate
+	// Outputs receives the CommandUpdates that carry an output chunk
+	// (buffered; dropped when full, as no test reads them all).
+	Outputs chan *agentv1.CommandUpdate
 	// Heartbeats counts heartbeats.
 	Heartbeats atomic.Int64
 	// Joins counts successful joins; JoinAttempts every Join call.
@@ -141,7 +144,8 @@ func New(t testing.TB, opts ...Option) *Server {
 		PublicKey: hk.PublicKey().Bytes(), KeyID: join.KeyID(hk.PublicKey().Bytes()),
 		Hellos: make(chan Hello, 100), Reports: make(chan *agentv1.InventoryReport, 100), Renewed: make(chan *x509.Certificate, 100),
 		Observed: make(chan *agentv1.Observed, 100), Updates: make(chan *agentv1.CommandUpdate, 100),
-		caKey: caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.SessionResponse{},
+		Outputs: make(chan *agentv1.CommandUpdate, 1000),
+		caKey:   caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.SessionResponse{},
 	}
 
 	gwKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -396,6 +400,11 @@ func (s *Server) Session(stream agentv1.NodeService_SessionServer) error {
 				s.Reports <- m.GetInventory()
 			case m.GetObserved() != nil:
 				s.Observed <- m.GetObserved()
+			case m.GetCommandUpdate().GetOutput() != nil:
+				select {
+				case s.Outputs <- m.GetCommandUpdate():
+				default:
+				}
 			case m.GetCommandUpdate() != nil:
 				s.Updates <- m.GetCommandUpdate()
 			}
