@@ -79,7 +79,9 @@ func TestCommandsOutputPrintsAndFollows(t *testing.T) {
 
 	var follow, ferr syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- runCommandsOutput(context.Background(), f, args, true, 20*time.Millisecond, &follow, &ferr) }()
+	go func() {
+		done <- runCommandsOutput(context.Background(), f, args, true, 20*time.Millisecond, &follow, &ferr)
+	}()
 	poll.Until(t, 20*time.Second, "the streamed chunks printed", func() bool { return follow.String() == out.String() })
 	applyUpdate(t, db, n.ID, chunk(2))
 	whole := bytes.Join(parts, nil)
