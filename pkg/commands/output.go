@@ -78,11 +78,11 @@ type Output struct {
 	Done bool
 }
 
-// ReadOutput reads at most max bytes of c's output from offset on: from
+// ReadOutput reads at most limit bytes of c's output from offset on: from
 // the result of a finished command whose result carries its whole output
 // (logs.collect's data), else from the chunks the node streamed, in order,
 // up to the first one not (yet) there.
-func ReadOutput(ctx context.Context, q Querier, c Command, offset int64, max int) (Output, error) {
+func ReadOutput(ctx context.Context, q Querier, c Command, offset int64, limit int) (Output, error) {
 	out := Output{Offset: offset}
 	if c.State.Final() && len(c.Result) > 0 {
 		r := &agentv1.CommandResult{}
@@ -92,7 +92,7 @@ func ReadOutput(ctx context.Context, q Querier, c Command, offset int64, max int
 		if data, ok := commandkinds.ResultOutput(r); ok {
 			out.Total = int64(len(data))
 			if offset < out.Total {
-				out.Data = data[offset:min(offset+int64(max), out.Total)]
+				out.Data = data[offset:min(offset+int64(limit), out.Total)]
 			}
 			out.Done = offset+int64(len(out.Data)) >= out.Total
 			return out, nil
@@ -104,7 +104,7 @@ func ReadOutput(ctx context.Context, q Querier, c Command, offset int64, max int
 	rows, err := q.Query(ctx, `
 		SELECT "offset", data FROM command_output
 		 WHERE command_id = $1 AND "offset" + length(data) > $2 AND "offset" < $2 + $3
-		 ORDER BY "offset", seq`, c.ID, offset, int64(max))
+		 ORDER BY "offset", seq`, c.ID, offset, int64(limit))
 	if err != nil {
 		return Output{}, fmt.Errorf("command %s output: %w", c.ID, err)
 	}
@@ -112,11 +112,11 @@ func ReadOutput(ctx context.Context, q Querier, c Command, offset int64, max int
 	var from int64
 	var data []byte
 	_, err = pgx.ForEachRow(rows, []any{&from, &data}, func() error {
-		if from > pos || len(out.Data) >= max {
+		if from > pos || len(out.Data) >= limit {
 			return nil // a gap: a chunk not there yet
 		}
 		part := data[pos-from:]
-		part = part[:min(len(part), max-len(out.Data))]
+		part = part[:min(len(part), limit-len(out.Data))]
 		out.Data = append(out.Data, part...)
 		pos += int64(len(part))
 		return nil
@@ -124,6 +124,6 @@ func ReadOutput(ctx context.Context, q Querier, c Command, offset int64, max int
 	if err != nil {
 		return Output{}, fmt.Errorf("command %s output: %w", c.ID, err)
 	}
-	out.Done = c.State.Final() && len(out.Data) < max
+	out.Done = c.State.Final() && len(out.Data) < limit
 	return out, nil
 }

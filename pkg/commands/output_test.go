@@ -31,10 +31,10 @@ func applyErr(t *testing.T, db *pgxpool.Pool, u *agentv1.CommandUpdate) error {
 	return err
 }
 
-func readOut(t *testing.T, db *pgxpool.Pool, id string, offset int64, max int) commands.Output {
+func readOut(t *testing.T, db *pgxpool.Pool, id string, offset int64, limit int) commands.Output {
 	t.Helper()
 	c := get(t, db, "node_o", id)
-	o, err := commands.ReadOutput(t.Context(), db, c, offset, max)
+	o, err := commands.ReadOutput(t.Context(), db, c, offset, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
