@@ -446,6 +446,7 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 			// with a new boot id.
 			e.mu.Lock()
 			delete(e.running, c.GetSeq())
+			delete(e.outputs, c.GetSeq())
 			e.inUse[k.Lane]--
 			e.mu.Unlock()
 			e.log.Info("reboot under way", "seq", c.GetSeq(), "kind", c.GetKind())
