@@ -39,6 +39,14 @@
 // at start) with proto/resultsig for its node id and trust domain, and
 // journals the signature with the outcome, so a re-delivery is answered
 // with the same signed report. Rejections are not signed: nothing ran.
+//
+// A running command may stream output before its outcome (Executor.Output:
+// logs.collect sends each source's lines once read): ACCEPTED updates with
+// a CommandOutput chunk of at most 64 KiB, kept in memory while it runs and
+// all sent again when the command is delivered again meanwhile, so a chunk
+// lost with a session arrives with the next (the control plane keeps each
+// chunk seq once). They are never journaled: the outcome's result holds
+// the whole output.
 package command
 
 import (

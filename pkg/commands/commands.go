@@ -15,6 +15,11 @@
 // commands past their deadline and times out in-flight ones. Every state
 // change writes an outbox event command.<state>; a final state also wakes
 // the command's owner (a work-queue key) in the same transaction.
+//
+// Output a running command streams (ACCEPTED updates with a chunk) is kept
+// in command_output by [Registry.Apply], bounded by the kind's budget and
+// once per chunk seq, until a result holding the whole output replaces it;
+// [ReadOutput] reads it, running or finished.
 package commands
 
 import (
