@@ -531,7 +531,7 @@ func catalog() []Type {
 			Name:    "pool.updated",
 			Subject: "pool",
 			Payload: &computev1.PoolsServiceUpdateResponse{},
-			Doc:     "A pool was changed (pools.update); a changed site or health section gives every node of the pool a new desired state.",
+			Doc:     "A pool was changed (pools.update); a changed site, health or runtime section gives every node of the pool a new desired state.",
 		},
 
 		// Capacity.

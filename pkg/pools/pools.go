@@ -138,9 +138,9 @@ type Update struct {
 	Description *string
 	Labels      map[string]string
 	SetLabels   bool
-	// Site and Health, when set, replace the pool's NodeSpec site and health
-	// sections (proto3 JSON, validated by the caller).
-	Site, Health []byte
+	// Site, Health and Runtime, when set, replace the pool's NodeSpec site,
+	// health and runtime sections (proto3 JSON, validated by the caller).
+	Site, Health, Runtime []byte
 	// Acceptance, when not nil, replaces the pool's acceptance checks.
 	Acceptance []string
 	// Sharing and DefaultQuota, when not nil, replace the pool's.
@@ -169,9 +169,10 @@ func Apply(ctx context.Context, q Querier, tenant, id string, u Update) (Pool, e
 			site = coalesce($6::jsonb, site), health = coalesce($7::jsonb, health),
 			acceptance = coalesce($8::text[], acceptance),
 			sharing = coalesce($9, sharing), default_quota = coalesce($10::int, default_quota),
+			runtime = coalesce($11::jsonb, runtime),
 			generation = generation + 1, updated_at = now()
 		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels, nullJSON(u.Site), nullJSON(u.Health), u.Acceptance,
-		u.Sharing, u.DefaultQuota))
+		u.Sharing, u.DefaultQuota, nullJSON(u.Runtime)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Pool{}, fault.New(fault.NotFound, "id", "pool %q not found in tenant %s", id, tenant)
 	}
@@ -196,16 +197,16 @@ func IDsOfClass(ctx context.Context, q Querier, class string) ([]string, error) 
 }
 
 // NodeSettings is the settings a pool gives its nodes' desired state: the
-// proto3 JSON of its site and health sections ("{}" when unset).
+// proto3 JSON of its site, health and runtime sections ("{}" when unset).
 type NodeSettings struct {
-	ID           string
-	Site, Health []byte
+	ID                    string
+	Site, Health, Runtime []byte
 }
 
 // NodeSettingsOf returns the node settings of each pool of ids that exists,
 // in no particular order.
 func NodeSettingsOf(ctx context.Context, q Querier, ids []string) ([]NodeSettings, error) {
-	rows, err := q.Query(ctx, `SELECT id, site::text, health::text FROM pools WHERE id = ANY($1)`, ids)
+	rows, err := q.Query(ctx, `SELECT id, site::text, health::text, runtime::text FROM pools WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read pools: %w", err)
 	}

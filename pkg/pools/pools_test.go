@@ -46,3 +46,54 @@ func TestPoolSharing(t *testing.T) {
 		t.Fatal("stored a negative default quota")
 	}
 }
+
+// TestPoolNodeSettings: the site, health and runtime sections a pool gives
+// its nodes are stored and read back; each is kept by an update that does
+// not name it, and a new pool sets none.
+func TestPoolNodeSettings(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	for _, id := range []string{"pool_a", "pool_b"} {
+		if _, err := pools.Create(ctx, db, pools.Pool{ID: id, TenantID: "root", Name: id[5:], Class: pools.ClassGPU}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settings := func() map[string]pools.NodeSettings {
+		t.Helper()
+		got, err := pools.NodeSettingsOf(ctx, db, []string{"pool_a", "pool_b", "pool_nope"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]pools.NodeSettings{}
+		for _, s := range got {
+			out[s.ID] = s
+		}
+		return out
+	}
+	if s := settings(); len(s) != 2 || string(s["pool_a"].Runtime) != "{}" || string(s["pool_a"].Site) != "{}" {
+		t.Fatalf("a new pool's settings: %+v", s)
+	}
+	rt := []byte(`{"engines": ["containerd"], "cdiSpecDirs": ["/var/run/cdi"]}`)
+	if _, err := pools.Apply(ctx, db, "root", "pool_a", pools.Update{Runtime: rt, Site: []byte(`{"logLevel": "debug"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	d := "changed"
+	if _, err := pools.Apply(ctx, db, "root", "pool_a", pools.Update{Description: &d, Health: []byte(`{"checkInterval": "30s"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	s := settings()
+	if string(s["pool_a"].Runtime) != `{"engines": ["containerd"], "cdiSpecDirs": ["/var/run/cdi"]}` ||
+		string(s["pool_a"].Site) != `{"logLevel": "debug"}` || string(s["pool_a"].Health) != `{"checkInterval": "30s"}` {
+		t.Fatalf("pool_a's settings: runtime %s site %s health %s", s["pool_a"].Runtime, s["pool_a"].Site, s["pool_a"].Health)
+	}
+	if string(s["pool_b"].Runtime) != "{}" {
+		t.Fatalf("pool_b's runtime changed with pool_a's: %s", s["pool_b"].Runtime)
+	}
+	if _, err := pools.Apply(ctx, db, "root", "pool_a", pools.Update{Runtime: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	if s := settings(); string(s["pool_a"].Runtime) != "{}" || string(s["pool_a"].Site) != `{"logLevel": "debug"}` {
+		t.Fatalf("clearing the runtime: runtime %s site %s", s["pool_a"].Runtime, s["pool_a"].Site)
+	}
+}
