@@ -204,6 +204,45 @@ func TestGroups(t *testing.T) {
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"health"}}})
 		wantCode(t, err, fault.InvalidInput, "health")
 
+		// Runtime settings: the engines to wire to CDI, the CDI
+		// directories, a minimum toolkit version; the node's own rule
+		// (proto/runtimespec) refuses what its daemon would, naming the
+		// field.
+		rt, _ := structpb.NewStruct(map[string]any{"engines": []any{"containerd", "docker"}, "cdiSpecDirs": []any{"/etc/cdi", "/var/run/cdi"}, "minContainerToolkitVersion": "1.14.0"})
+		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Runtime: rt,
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"runtime"}}})
+		if err != nil || up.GetPool().GetGeneration() != 4 {
+			t.Fatalf("update runtime %v %v", up, err)
+		}
+		var stored string
+		if err := h.db.QueryRow(t.Context(), `SELECT runtime::text FROM pools WHERE id = $1`, id).Scan(&stored); err != nil ||
+			stored != `{"engines": ["containerd", "docker"], "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "minContainerToolkitVersion": "1.14.0"}` {
+			t.Fatalf("runtime stored %s %v", stored, err)
+		}
+		for field, v := range map[string]any{
+			"runtime":                            map[string]any{"engine": []any{"containerd"}},
+			"runtime.engines":                    map[string]any{"engines": []any{"lxc"}},
+			"runtime.cdiSpecDirs":                map[string]any{"cdiSpecDirs": []any{"var/run/cdi"}},
+			"runtime.minContainerToolkitVersion": map[string]any{"minContainerToolkitVersion": "latest"},
+		} {
+			st, _ := structpb.NewStruct(v.(map[string]any))
+			_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Runtime: st,
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"runtime"}}})
+			wantCode(t, err, fault.InvalidInput, field)
+		}
+		if err := h.db.QueryRow(t.Context(), `SELECT runtime->'engines'->>1 FROM pools WHERE id = $1`, id).Scan(&stored); err != nil || stored != "docker" {
+			t.Fatalf("runtime after refused updates %q %v, want it unchanged", stored, err)
+		}
+		// No runtime in the request clears the section.
+		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id,
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"runtime"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.db.QueryRow(t.Context(), `SELECT runtime::text FROM pools WHERE id = $1`, id).Scan(&stored); err != nil || stored != "{}" {
+			t.Fatalf("runtime after clearing %s %v", stored, err)
+		}
+
 		// Acceptance checks: known command kinds, each once.
 		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Acceptance: []string{"diag.nvml"},
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"acceptance"}}})

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
@@ -97,5 +99,34 @@ func TestNodesGetSpec(t *testing.T) {
 		wantCode(t, err, fault.AccessDenied, "tenantId")
 		code, body := h.rest(t, otherKey, "nodes/getSpec", fmt.Sprintf(`{"tenantId":"other","nodeId":%q}`, "node_x"))
 		wantREST(t, code, body, fault.NotFound, "nodeId")
+	})
+
+	t.Run("the pool's runtime settings reach its nodes' spec", func(t *testing.T) {
+		pools := computev1.NewPoolsServiceClient(h.conn)
+		rt, _ := structpb.NewStruct(map[string]any{"engines": []any{"containerd"}, "cdiSpecDirs": []any{"/var/run/cdi"}})
+		if _, err := pools.Update(as(acmeKey), &computev1.PoolsServiceUpdateRequest{TenantId: "acme", PoolId: poolID, Runtime: rt,
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"runtime"}}}); err != nil {
+			t.Fatal(err)
+		}
+		poll.UntilNil(t, 20*time.Second, "the runtime section in the spec", func() error {
+			code, body := h.rest(t, acmeKey, "nodes/getSpec", `{"tenantId":"acme","nodeId":"node_x"}`)
+			spec, _ := body["spec"].(map[string]any)
+			runtime, _ := spec["runtime"].(map[string]any)
+			site, _ := spec["site"].(map[string]any)
+			if code == http.StatusOK && body["generation"] == "2" && fmt.Sprint(runtime["engines"]) == "[containerd]" &&
+				fmt.Sprint(runtime["cdiSpecDirs"]) == "[/var/run/cdi]" && site["logLevel"] == "debug" {
+				return nil
+			}
+			return fmt.Errorf("%d %v", code, body)
+		})
+		// A refused value changes nothing: the generation stays.
+		bad, _ := structpb.NewStruct(map[string]any{"engines": []any{"containerd", "containerd"}})
+		_, err := pools.Update(as(acmeKey), &computev1.PoolsServiceUpdateRequest{TenantId: "acme", PoolId: poolID, Runtime: bad,
+			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"runtime"}}})
+		wantCode(t, err, fault.InvalidInput, "runtime.engines")
+		got, err := c.GetSpec(as(acmeKey), &computev1.NodesServiceGetSpecRequest{TenantId: "acme", NodeId: "node_x"})
+		if err != nil || got.GetGeneration() != 2 {
+			t.Fatalf("getSpec after a refused update %v %v", got, err)
+		}
 	})
 }

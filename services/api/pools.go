@@ -13,6 +13,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+	"github.com/bettercompute/bettercompute/proto/runtimespec"
 	"github.com/bettercompute/bettercompute/proto/sitespec"
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
@@ -201,7 +202,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, acceptance, sharing, defaultQuota, vps, provider)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, runtime, acceptance, sharing, defaultQuota, vps, provider)")
 	}
 	var u poolstore.Update
 	var vps *instances.Settings
@@ -237,6 +238,17 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				return nil, err
 			}
 			u.Health = b
+		case "runtime":
+			rt := &agentv1.RuntimeSettings{}
+			b, err := specSection(req.GetRuntime(), rt, "runtime")
+			if err != nil {
+				return nil, err
+			}
+			// The node's own rule (proto/runtimespec), as for site.
+			if bad := runtimespec.Validate(rt); len(bad) > 0 {
+				return nil, fault.New(fault.InvalidInput, "runtime."+jsonName(rt, bad[0].Field), "%s", bad[0].Msg)
+			}
+			u.Runtime = b
 		case "acceptance":
 			a, err := validAcceptance(req.GetAcceptance())
 			if err != nil {
@@ -271,7 +283,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			u.DefaultQuota = &n
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, acceptance, sharing, defaultQuota, vps, provider can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, runtime, acceptance, sharing, defaultQuota, vps, provider can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
@@ -301,7 +313,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 					return admission.Outcome{}, err
 				}
 			}
-			if u.Site != nil || u.Health != nil {
+			if u.Site != nil || u.Health != nil || u.Runtime != nil {
 				// Every node of the pool gets a new desired state, in this
 				// transaction.
 				if err := nodespec.InvalidatePool(ctx, tx, q, p.ID); err != nil {

@@ -43,8 +43,8 @@ type Config struct {
 }
 
 // Builtin returns a registry with the system's contributors: "system"
-// (identity, from the nodes row) and "pool" (site and health, from the
-// pool's settings). Modules register theirs after.
+// (identity, from the nodes row) and "pool" (site, health and runtime, from
+// the pool's settings). Modules register theirs after.
 func Builtin() *desired.Registry {
 	r := &desired.Registry{}
 	_ = r.Register(ModuleSystem, identity)
@@ -195,9 +195,9 @@ func identity(_ context.Context, _ reconcile.Querier, n desired.Node) (*agentv1.
 	}}, nil
 }
 
-// poolSettings is the pool's part: the site and health settings of each
-// node's pool (pools.site, pools.health), each only when set; every pool
-// of the batch is read once.
+// poolSettings is the pool's part: the site, health and runtime settings of
+// each node's pool (pools.site, pools.health, pools.runtime), each only when
+// set; every pool of the batch is read once.
 func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node) ([]*agentv1.NodeSpec, error) {
 	var ids []string
 	for _, n := range nodes {
@@ -211,7 +211,7 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node
 	}
 	parts := map[string]*agentv1.NodeSpec{}
 	for _, ps := range settings {
-		out := &agentv1.NodeSpec{Site: &agentv1.SiteSettings{}, Health: &agentv1.HealthSettings{}}
+		out := &agentv1.NodeSpec{Site: &agentv1.SiteSettings{}, Health: &agentv1.HealthSettings{}, Runtime: &agentv1.RuntimeSettings{}}
 		opts := protojson.UnmarshalOptions{DiscardUnknown: true}
 		if err := opts.Unmarshal(ps.Site, out.Site); err != nil {
 			return nil, fmt.Errorf("pool %s site settings: %w", ps.ID, err)
@@ -219,11 +219,17 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node
 		if err := opts.Unmarshal(ps.Health, out.Health); err != nil {
 			return nil, fmt.Errorf("pool %s health settings: %w", ps.ID, err)
 		}
+		if err := opts.Unmarshal(ps.Runtime, out.Runtime); err != nil {
+			return nil, fmt.Errorf("pool %s runtime settings: %w", ps.ID, err)
+		}
 		if proto.Size(out.Site) == 0 {
 			out.Site = nil
 		}
 		if proto.Size(out.Health) == 0 {
 			out.Health = nil
+		}
+		if proto.Size(out.Runtime) == 0 {
+			out.Runtime = nil
 		}
 		parts[ps.ID] = out
 	}

@@ -211,9 +211,9 @@ func TestGenerationMovesOnlyOnChange(t *testing.T) {
 	e := setup(t, nil, "adopted")
 	e.change(t, "")
 	e.tick(t, desired.Kind)
-	_, gen, _ := e.spec(t)
-	if gen != 1 {
-		t.Fatalf("first spec: generation %d", gen)
+	first, gen, _ := e.spec(t)
+	if gen != 1 || first.GetRuntime() != nil {
+		t.Fatalf("first spec: generation %d, runtime %v (a pool without runtime settings gives none)", gen, first.GetRuntime())
 	}
 
 	steps := []struct {
@@ -230,10 +230,18 @@ func TestGenerationMovesOnlyOnChange(t *testing.T) {
 		{"the same setting written again does not bump", `UPDATE pools SET site = '{"logLevel": "debug", "ntpServers": {"values": ["ntp1"]}}' WHERE id = 'pool_a'`, 2, nil},
 		{"a pool health setting bumps once", `UPDATE pools SET health = '{"checkInterval": "30s", "diagnosticsLevel": "quick"}' WHERE id = 'pool_a'`, 3,
 			func(s *agentv1.NodeSpec) bool { return s.GetHealth().GetCheckInterval().AsDuration() == 30*time.Second }},
-		{"a node label bumps once", `UPDATE nodes SET labels = '{"rack":"r2"}' WHERE id = 'node_1'`, 4,
+		{"a pool runtime setting bumps once", `UPDATE pools SET runtime = '{"engines": ["containerd", "podman"], "cdiSpecDirs": ["/var/run/cdi"]}' WHERE id = 'pool_a'`, 4,
+			func(s *agentv1.NodeSpec) bool {
+				return slices.Equal(s.GetRuntime().GetEngines(), []string{"containerd", "podman"}) &&
+					slices.Equal(s.GetRuntime().GetCdiSpecDirs(), []string{"/var/run/cdi"}) && s.GetSite().GetLogLevel() == "debug"
+			}},
+		{"the same runtime written in another key order does not bump", `UPDATE pools SET runtime = '{"cdiSpecDirs": ["/var/run/cdi"], "engines": ["containerd", "podman"]}' WHERE id = 'pool_a'`, 4, nil},
+		{"clearing the runtime bumps once and the section goes", `UPDATE pools SET runtime = '{}' WHERE id = 'pool_a'`, 5,
+			func(s *agentv1.NodeSpec) bool { return s.GetRuntime() == nil && s.GetHealth() != nil }},
+		{"a node label bumps once", `UPDATE nodes SET labels = '{"rack":"r2"}' WHERE id = 'node_1'`, 6,
 			func(s *agentv1.NodeSpec) bool { return s.GetIdentity().GetLabels()["rack"] == "r2" }},
-		{"replacing the labels bumps once", `UPDATE nodes SET labels = '{"b":"2","a":"1"}' WHERE id = 'node_1'`, 5, nil},
-		{"the same labels written in another order do not bump", `UPDATE nodes SET labels = '{"a":"1","b":"2"}' WHERE id = 'node_1'`, 5, nil},
+		{"replacing the labels bumps once", `UPDATE nodes SET labels = '{"b":"2","a":"1"}' WHERE id = 'node_1'`, 7, nil},
+		{"the same labels written in another order do not bump", `UPDATE nodes SET labels = '{"a":"1","b":"2"}' WHERE id = 'node_1'`, 7, nil},
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
@@ -254,7 +262,7 @@ func TestGenerationMovesOnlyOnChange(t *testing.T) {
 		})
 	}
 	var want []int64
-	for g := int64(1); g <= 5; g++ {
+	for g := int64(1); g <= 7; g++ {
 		want = append(want, g)
 	}
 	e.deliveries(t, "node_1", len(want)) // one per generation
