@@ -118,6 +118,35 @@ func TestDevBootsAndAnswers(t *testing.T) {
 		}
 		return fmt.Errorf("%+v", list)
 	})
+
+	// The pool wires a container runtime (set before the fleet joins, so
+	// from generation 1): every simulated node's spec has the runtime
+	// section, and each node applies it (its observed generation reaches
+	// the spec's, whatever the section's own state).
+	for _, node := range env.Fleet.Nodes() {
+		poll.UntilNil(t, 30*time.Second, "node "+node+" applying the pool's runtime settings", func() error {
+			var got struct {
+				Node struct {
+					Generation, ObservedGeneration string
+				}
+			}
+			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "nodeId": node}, &got)
+			n := got.Node
+			if n.Generation == "0" || n.ObservedGeneration != n.Generation {
+				return fmt.Errorf("%+v", n)
+			}
+			return nil
+		})
+		var spec struct {
+			Spec struct {
+				Runtime struct{ Engines, CdiSpecDirs []string }
+			}
+		}
+		call(t, env, "nodes/getSpec", map[string]any{"tenantId": "root", "nodeId": node}, &spec)
+		if rt := spec.Spec.Runtime; !slices.Equal(rt.Engines, []string{"containerd"}) || !slices.Equal(rt.CdiSpecDirs, []string{"/var/run/cdi"}) {
+			t.Fatalf("node %s's runtime section %+v", node, rt)
+		}
+	}
 }
 
 // TestDevBinary runs the real better-compute binary: `dev` prints its URLs,

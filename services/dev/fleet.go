@@ -17,6 +17,10 @@ import (
 	"github.com/bettercompute/bettercompute/agent/sim"
 )
 
+// simRuntime is the runtime section of dev's pool "sim": containerd reading
+// CDI specs from /var/run/cdi.
+var simRuntime = map[string]any{"engines": []any{"containerd"}, "cdiSpecDirs": []any{"/var/run/cdi"}}
+
 // startFleet joins n simulated nodes to the pool "sim" of the root tenant,
 // through the API as an operator would: create the pool (idempotent), mint a
 // token for the nodes that have not joined yet, and run them.
@@ -26,6 +30,14 @@ func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.
 		"tenantId": "root", "name": "sim", "class": "gpu", "idempotencyKey": "dev-sim-pool",
 		"description": "simulated nodes started by better-compute dev",
 	}, &pool); err != nil {
+		return nil, err
+	}
+	// The pool wires a container runtime to CDI, so its nodes' spec has a
+	// runtime section (a simulated node keeps the CDI directory under its
+	// own state root). Set on every start: dev's pool is dev's.
+	if err := env.call(ctx, "pools/update", map[string]any{
+		"tenantId": "root", "poolId": pool.Pool.ID, "updateMask": "runtime", "runtime": simRuntime,
+	}, &struct{}{}); err != nil {
 		return nil, err
 	}
 	// Simulated machines whose state directory was lost join again and take
