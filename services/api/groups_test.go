@@ -219,13 +219,19 @@ func TestGroups(t *testing.T) {
 			stored != `{"engines": ["containerd", "docker"], "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "minContainerToolkitVersion": "1.14.0"}` {
 			t.Fatalf("runtime stored %s %v", stored, err)
 		}
-		for field, v := range map[string]any{
-			"runtime":                            map[string]any{"engine": []any{"containerd"}},
-			"runtime.engines":                    map[string]any{"engines": []any{"lxc"}},
-			"runtime.cdiSpecDirs":                map[string]any{"cdiSpecDirs": []any{"var/run/cdi"}},
-			"runtime.minContainerToolkitVersion": map[string]any{"minContainerToolkitVersion": "latest"},
+		for _, c := range []struct {
+			field string
+			v     map[string]any
+		}{
+			{"runtime", map[string]any{"engine": []any{"containerd"}}},
+			{"runtime.engines", map[string]any{"engines": []any{"lxc"}}},
+			{"runtime.cdiSpecDirs", map[string]any{"cdiSpecDirs": []any{"var/run/cdi"}}},
+			// bcd writes there as root: only the CDI directories.
+			{"runtime.cdiSpecDirs", map[string]any{"cdiSpecDirs": []any{"/etc/cron.d"}}},
+			{"runtime.minContainerToolkitVersion", map[string]any{"minContainerToolkitVersion": "latest"}},
 		} {
-			st, _ := structpb.NewStruct(v.(map[string]any))
+			field := c.field
+			st, _ := structpb.NewStruct(c.v)
 			_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Runtime: st,
 				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"runtime"}}})
 			wantCode(t, err, fault.InvalidInput, field)
