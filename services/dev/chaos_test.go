@@ -3,6 +3,9 @@ package dev_test
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -167,10 +170,25 @@ func TestChaosGatewayRestartAndLostBus(t *testing.T) {
 		// A desired-state change still reaches every node without the bus.
 		setSite(t, first, poolID, "debug")
 		waitConverged(t, db, n, 2, "debug", "a change without the bus")
+		// The runtime section too: each node's engine configuration
+		// follows without the bus.
+		var out struct{}
+		call(t, first, "pools/update", map[string]any{"tenantId": "root", "poolId": poolID,
+			"runtime": map[string]any{"engines": []any{"podman"}, "cdiSpecDirs": []any{"/etc/cdi"}}, "updateMask": "runtime"}, &out)
+		waitConverged(t, db, n, 3, "debug", "a runtime change without the bus")
+		dropIns, err := filepath.Glob(filepath.Join(fleetRoot, "*", "etc", "containers", "containers.conf.d", "*.conf"))
+		if err != nil || len(dropIns) != n {
+			t.Fatalf("podman drop-ins %v (%v), want one per node (%d)", dropIns, err, n)
+		}
+		for _, p := range dropIns {
+			if b, err := os.ReadFile(p); err != nil || !strings.Contains(string(b), `"/etc/cdi"`) {
+				t.Fatalf("%s: %q %v, want it to name /etc/cdi", p, b, err)
+			}
+		}
 		ns.RestartEmpty()
 		// And after the bus comes back empty.
 		setSite(t, first, poolID, "warn")
-		waitConverged(t, db, n, 3, "warn", "a change after the bus restarted empty")
+		waitConverged(t, db, n, 4, "warn", "a change after the bus restarted empty")
 	})
 
 	t.Run("nodes offline during three changes converge on the latest when they return", func(t *testing.T) {
