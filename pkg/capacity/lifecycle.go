@@ -140,3 +140,25 @@ func Bind(ctx context.Context, q Querier, node string) ([][2]string, error) {
 		return v, r.Scan(&v[0], &v[1])
 	})
 }
+
+// ReservationTenants returns the tenant of each of ids that exists, in one
+// statement.
+func ReservationTenants(ctx context.Context, q Querier, ids []string) (map[string]string, error) {
+	out := map[string]string{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, `SELECT id, tenant_id FROM reservations WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read reservations' tenants: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, tenant string
+		if err := rows.Scan(&id, &tenant); err != nil {
+			return nil, fmt.Errorf("read reservations' tenants: %w", err)
+		}
+		out[id] = tenant
+	}
+	return out, rows.Err()
+}

@@ -395,6 +395,16 @@ func catalog() []Type {
 				"bookings are handled by capacity.lostNode (replace re-places them, fail ends the reservation, wait keeps them).",
 		},
 		{
+			Name:    "reservation.device_draining",
+			Subject: "reservation",
+			Fields: reservationFields(
+				Field{"nodeId", "string", "The node of the GPU."},
+				Field{"gpuUuid", "string", "The GPU (GPU-…) whose MIG layout waits."},
+				Field{"reason", "string", "Why the GPU is drained."}),
+			Doc: "A new MIG layout for a GPU the reservation has booked waits for the booking to end (capacity.mig): the GPU " +
+				"keeps its current layout and the rest of the node is not touched; the layout applies once the booking is gone.",
+		},
+		{
 			Name:    "node.drained",
 			Subject: "node",
 			Fields: []Field{

@@ -111,6 +111,44 @@ func ByPCIDeviceID(id uint32) (*Model, bool) {
 	return nil, false
 }
 
+// ByProductName finds the model of a GPU by the product name NVML reports
+// ("NVIDIA H200 141GB HBM3e", "NVIDIA A100-SXM4-40GB") and its memory: what
+// the control plane's inventory stores, which has no PCI device id. An A100
+// whose name does not say its size is told by its memory (80 GB models have
+// more than 60 GiB).
+func ByProductName(name string, memoryBytes uint64) (*Model, bool) {
+	n := strings.ToUpper(name)
+	pick := func(model string) (*Model, bool) { return ByName(model) }
+	switch {
+	case strings.Contains(n, "B200"):
+		return pick("B200")
+	case strings.Contains(n, "H200"):
+		return pick("H200 141GB")
+	case strings.Contains(n, "H100") && strings.Contains(n, "NVL"):
+		return pick("H100 NVL")
+	case strings.Contains(n, "H100"):
+		return pick("H100 80GB")
+	case strings.Contains(n, "A100") && strings.Contains(n, "80GB"):
+		return pick("A100 80GB")
+	case strings.Contains(n, "A100") && strings.Contains(n, "40GB"):
+		return pick("A100 40GB")
+	case strings.Contains(n, "A100") && memoryBytes > 60<<30:
+		return pick("A100 80GB")
+	case strings.Contains(n, "A100") && memoryBytes > 0:
+		return pick("A100 40GB")
+	}
+	return nil, false
+}
+
+// ModelNames are the catalog's models' names, in catalog order.
+func ModelNames() []string {
+	out := make([]string, len(Models))
+	for i, m := range Models {
+		out[i] = m.Name
+	}
+	return out
+}
+
 // ByName finds a model by its catalog name (case-insensitive).
 func ByName(name string) (*Model, bool) {
 	for i := range Models {

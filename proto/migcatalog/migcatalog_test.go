@@ -161,3 +161,31 @@ func checkNoOverlap(t *testing.T, m *Model, ps []Placement) {
 		t.Fatalf("%s: placements %v use %d compute slices", m.Name, ps, compute)
 	}
 }
+
+func TestByProductName(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mem  uint64
+		want string
+	}{
+		{"NVIDIA H200 141GB HBM3e", 144384 << 20, "H200 141GB"}, // go-nvml's dgxh200 mock
+		{"NVIDIA H200", 150_000_000_000, "H200 141GB"},
+		{"NVIDIA H100 80GB HBM3", 80 << 30, "H100 80GB"},
+		{"NVIDIA H100 NVL", 94 << 30, "H100 NVL"},
+		{"NVIDIA A100-SXM4-40GB", 40 << 30, "A100 40GB"},
+		{"NVIDIA A100-SXM4-80GB", 80 << 30, "A100 80GB"},
+		{"NVIDIA A100 PCIe", 80 << 30, "A100 80GB"},
+		{"NVIDIA A100 PCIe", 40 << 30, "A100 40GB"},
+		{"NVIDIA B200", 180 << 30, "B200"},
+	} {
+		m, ok := ByProductName(c.name, c.mem)
+		if !ok || m.Name != c.want {
+			t.Errorf("ByProductName(%q, %d) = %v, %v; want %s", c.name, c.mem, m, ok, c.want)
+		}
+	}
+	for _, name := range []string{"NVIDIA L40S", "Tesla V100-SXM2-32GB", "", "NVIDIA A100"} {
+		if m, ok := ByProductName(name, 0); ok {
+			t.Errorf("ByProductName(%q) = %s; want no MIG model", name, m.Name)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/lifecycle"
+	"github.com/bettercompute/bettercompute/pkg/miglayouts"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
@@ -188,15 +189,26 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 	}
 	paths := req.GetUpdateMask().GetPaths()
 	if len(paths) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (labels)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (labels, mig)")
 	}
+	var setLabels bool
+	var mig *[]miglayouts.Layout
 	for _, p := range paths {
-		if p != "labels" {
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (labels can)", p)
+		switch p {
+		case "labels":
+			if err := validLabels(req.GetLabels()); err != nil {
+				return nil, err
+			}
+			setLabels = true
+		case "mig":
+			l, err := migLayouts(req.GetMig())
+			if err != nil {
+				return nil, err
+			}
+			mig = &l
+		default:
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (labels, mig can)", p)
 		}
-	}
-	if err := validLabels(req.GetLabels()); err != nil {
-		return nil, err
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetNodeId(), "nodeId")
 	if err != nil {
@@ -211,8 +223,15 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 		Call:     admission.Call{TenantID: req.GetTenantId()},
 		Resource: res,
 		Work: func(ctx context.Context, tx pgx.Tx, q *reconcile.Queue) (admission.Outcome, error) {
-			if err := nodestore.SetLabels(ctx, tx, req.GetTenantId(), req.GetNodeId(), labels); err != nil {
-				return admission.Outcome{}, err
+			if setLabels {
+				if err := nodestore.SetLabels(ctx, tx, req.GetTenantId(), req.GetNodeId(), labels); err != nil {
+					return admission.Outcome{}, err
+				}
+			}
+			if mig != nil {
+				if err := setNodeMig(ctx, tx, q, req.GetTenantId(), req.GetNodeId(), *mig); err != nil {
+					return admission.Outcome{}, err
+				}
 			}
 			if err := nodespec.Invalidate(ctx, q, req.GetNodeId()); err != nil {
 				return admission.Outcome{}, err

@@ -21,6 +21,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/instances"
+	"github.com/bettercompute/bettercompute/pkg/miglayouts"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -202,11 +203,12 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, runtime, acceptance, sharing, defaultQuota, vps, provider)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, runtime, mig, acceptance, sharing, defaultQuota, vps, provider)")
 	}
 	var u poolstore.Update
 	var vps *instances.Settings
 	var provider *providerUpdate
+	var mig *[]miglayouts.Layout
 	for _, path := range req.GetUpdateMask().GetPaths() {
 		switch path {
 		case "description":
@@ -276,6 +278,12 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				return nil, err
 			}
 			provider = pu
+		case "mig":
+			l, err := migLayouts(req.GetMig())
+			if err != nil {
+				return nil, err
+			}
+			mig = &l
 		case "default_quota", "defaultQuota":
 			n, err := validDefaultQuota(req.GetDefaultQuota())
 			if err != nil {
@@ -283,7 +291,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			u.DefaultQuota = &n
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, runtime, acceptance, sharing, defaultQuota, vps, provider can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, runtime, mig, acceptance, sharing, defaultQuota, vps, provider can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
@@ -310,6 +318,11 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			if provider != nil {
 				if err := s.setProvider(ctx, tx, p.ID, p.Class, p.TenantID, provider); err != nil {
+					return admission.Outcome{}, err
+				}
+			}
+			if mig != nil {
+				if err := setPoolMig(ctx, tx, q, p, *mig); err != nil {
 					return admission.Outcome{}, err
 				}
 			}

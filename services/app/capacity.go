@@ -16,10 +16,13 @@ import (
 
 // nodeSpecRegistry is the contributors of every node's desired state, in
 // merge order: the built-in system and pool parts, then capacity's devices
-// section, then vps's instances section.
+// section, capacity.mig's mig section, then vps's instances section.
 func nodeSpecRegistry() (*desired.Registry, error) {
 	reg := nodespec.Builtin()
 	if err := capacity.Register(reg); err != nil {
+		return nil, err
+	}
+	if err := capacity.RegisterMig(reg); err != nil {
 		return nil, err
 	}
 	if err := vps.Register(reg); err != nil {

@@ -614,11 +614,18 @@ type GpuMigLayout struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// gpu_uuid is the GPU (GPU-…).
 	GpuUuid string `protobuf:"bytes,1,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
-	// mig_enabled says whether MIG mode is on.
+	// mig_enabled says whether MIG mode is on. When false, profiles and
+	// instances are empty and the GPU is a whole GPU.
 	MigEnabled bool `protobuf:"varint,2,opt,name=mig_enabled,json=migEnabled,proto3" json:"mig_enabled,omitempty"`
 	// profiles are the GPU instances to create, by profile name, e.g.
-	// "1g.18gb"; one entry per instance.
-	Profiles      []string `protobuf:"bytes,3,rep,name=profiles,proto3" json:"profiles,omitempty"`
+	// "1g.18gb"; one entry per instance, at most 7 (proto/migcatalog's
+	// profiles of the GPU's model).
+	Profiles []string `protobuf:"bytes,3,rep,name=profiles,proto3" json:"profiles,omitempty"`
+	// instances are the same GPU instances placed: instances[i] is
+	// profiles[i] at its memory slice. The control plane places them
+	// (proto/migcatalog's Place, keeping the GPU's current instances where
+	// it can); the node creates exactly these and destroys any other.
+	Instances     []*MigInstance `protobuf:"bytes,4,rep,name=instances,proto3" json:"instances,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -674,6 +681,70 @@ func (x *GpuMigLayout) GetProfiles() []string {
 	return nil
 }
 
+func (x *GpuMigLayout) GetInstances() []*MigInstance {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+// MigInstance is one GPU instance at its placement.
+type MigInstance struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// profile is the profile's name, e.g. "3g.71gb".
+	Profile string `protobuf:"bytes,1,opt,name=profile,proto3" json:"profile,omitempty"`
+	// start is the first memory slice the instance takes (0 to 7, as NVML's
+	// GPU instance placements count them); it takes the profile's size in
+	// slices from there.
+	Start         uint32 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigInstance) Reset() {
+	*x = MigInstance{}
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigInstance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigInstance) ProtoMessage() {}
+
+func (x *MigInstance) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
+func (*MigInstance) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MigInstance) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *MigInstance) GetStart() uint32 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
 // Instances are the VPS instances a host must run.
 type Instances struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -688,7 +759,7 @@ type Instances struct {
 
 func (x *Instances) Reset() {
 	*x = Instances{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +771,7 @@ func (x *Instances) String() string {
 func (*Instances) ProtoMessage() {}
 
 func (x *Instances) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +784,7 @@ func (x *Instances) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instances.ProtoReflect.Descriptor instead.
 func (*Instances) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Instances) GetInstances() []*Instance {
@@ -765,7 +836,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +848,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +861,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Instance) GetId() string {
@@ -914,7 +985,7 @@ type HealthSettings struct {
 
 func (x *HealthSettings) Reset() {
 	*x = HealthSettings{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +997,7 @@ func (x *HealthSettings) String() string {
 func (*HealthSettings) ProtoMessage() {}
 
 func (x *HealthSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1010,7 @@ func (x *HealthSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthSettings.ProtoReflect.Descriptor instead.
 func (*HealthSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HealthSettings) GetCheckInterval() *durationpb.Duration {
@@ -1019,7 +1090,7 @@ type AgentSettings struct {
 
 func (x *AgentSettings) Reset() {
 	*x = AgentSettings{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1102,7 @@ func (x *AgentSettings) String() string {
 func (*AgentSettings) ProtoMessage() {}
 
 func (x *AgentSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1115,7 @@ func (x *AgentSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentSettings.ProtoReflect.Descriptor instead.
 func (*AgentSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AgentSettings) GetDesiredVersion() string {
@@ -1113,12 +1184,16 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x1b\n" +
 	"\tgpu_uuids\x18\x02 \x03(\tR\bgpuUuids\"E\n" +
 	"\tMigLayout\x128\n" +
-	"\x04gpus\x18\x01 \x03(\v2$.bettercompute.agent.v1.GpuMigLayoutR\x04gpus\"f\n" +
+	"\x04gpus\x18\x01 \x03(\v2$.bettercompute.agent.v1.GpuMigLayoutR\x04gpus\"\xa9\x01\n" +
 	"\fGpuMigLayout\x12\x19\n" +
 	"\bgpu_uuid\x18\x01 \x01(\tR\agpuUuid\x12\x1f\n" +
 	"\vmig_enabled\x18\x02 \x01(\bR\n" +
 	"migEnabled\x12\x1a\n" +
-	"\bprofiles\x18\x03 \x03(\tR\bprofiles\"K\n" +
+	"\bprofiles\x18\x03 \x03(\tR\bprofiles\x12A\n" +
+	"\tinstances\x18\x04 \x03(\v2#.bettercompute.agent.v1.MigInstanceR\tinstances\"=\n" +
+	"\vMigInstance\x12\x18\n" +
+	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\rR\x05start\"K\n" +
 	"\tInstances\x12>\n" +
 	"\tinstances\x18\x01 \x03(\v2 .bettercompute.agent.v1.InstanceR\tinstances\"\xe7\x02\n" +
 	"\bInstance\x12\x0e\n" +
@@ -1163,7 +1238,7 @@ func file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_nodespec_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_nodespec_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_bettercompute_agent_v1_nodespec_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_bettercompute_agent_v1_nodespec_proto_goTypes = []any{
 	(*NodeSpec)(nil),            // 0: bettercompute.agent.v1.NodeSpec
 	(*NodeIdentity)(nil),        // 1: bettercompute.agent.v1.NodeIdentity
@@ -1174,12 +1249,13 @@ var file_bettercompute_agent_v1_nodespec_proto_goTypes = []any{
 	(*DeviceAssignment)(nil),    // 6: bettercompute.agent.v1.DeviceAssignment
 	(*MigLayout)(nil),           // 7: bettercompute.agent.v1.MigLayout
 	(*GpuMigLayout)(nil),        // 8: bettercompute.agent.v1.GpuMigLayout
-	(*Instances)(nil),           // 9: bettercompute.agent.v1.Instances
-	(*Instance)(nil),            // 10: bettercompute.agent.v1.Instance
-	(*HealthSettings)(nil),      // 11: bettercompute.agent.v1.HealthSettings
-	(*AgentSettings)(nil),       // 12: bettercompute.agent.v1.AgentSettings
-	nil,                         // 13: bettercompute.agent.v1.NodeIdentity.LabelsEntry
-	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
+	(*MigInstance)(nil),         // 9: bettercompute.agent.v1.MigInstance
+	(*Instances)(nil),           // 10: bettercompute.agent.v1.Instances
+	(*Instance)(nil),            // 11: bettercompute.agent.v1.Instance
+	(*HealthSettings)(nil),      // 12: bettercompute.agent.v1.HealthSettings
+	(*AgentSettings)(nil),       // 13: bettercompute.agent.v1.AgentSettings
+	nil,                         // 14: bettercompute.agent.v1.NodeIdentity.LabelsEntry
+	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_nodespec_proto_depIdxs = []int32{
 	1,  // 0: bettercompute.agent.v1.NodeSpec.identity:type_name -> bettercompute.agent.v1.NodeIdentity
@@ -1187,26 +1263,27 @@ var file_bettercompute_agent_v1_nodespec_proto_depIdxs = []int32{
 	4,  // 2: bettercompute.agent.v1.NodeSpec.runtime:type_name -> bettercompute.agent.v1.RuntimeSettings
 	5,  // 3: bettercompute.agent.v1.NodeSpec.devices:type_name -> bettercompute.agent.v1.DeviceAssignments
 	7,  // 4: bettercompute.agent.v1.NodeSpec.mig:type_name -> bettercompute.agent.v1.MigLayout
-	9,  // 5: bettercompute.agent.v1.NodeSpec.instances:type_name -> bettercompute.agent.v1.Instances
-	11, // 6: bettercompute.agent.v1.NodeSpec.health:type_name -> bettercompute.agent.v1.HealthSettings
-	12, // 7: bettercompute.agent.v1.NodeSpec.agent:type_name -> bettercompute.agent.v1.AgentSettings
-	13, // 8: bettercompute.agent.v1.NodeIdentity.labels:type_name -> bettercompute.agent.v1.NodeIdentity.LabelsEntry
+	10, // 5: bettercompute.agent.v1.NodeSpec.instances:type_name -> bettercompute.agent.v1.Instances
+	12, // 6: bettercompute.agent.v1.NodeSpec.health:type_name -> bettercompute.agent.v1.HealthSettings
+	13, // 7: bettercompute.agent.v1.NodeSpec.agent:type_name -> bettercompute.agent.v1.AgentSettings
+	14, // 8: bettercompute.agent.v1.NodeIdentity.labels:type_name -> bettercompute.agent.v1.NodeIdentity.LabelsEntry
 	2,  // 9: bettercompute.agent.v1.SiteSettings.gateways:type_name -> bettercompute.agent.v1.StringList
 	2,  // 10: bettercompute.agent.v1.SiteSettings.ntp_servers:type_name -> bettercompute.agent.v1.StringList
 	2,  // 11: bettercompute.agent.v1.SiteSettings.dns_servers:type_name -> bettercompute.agent.v1.StringList
 	2,  // 12: bettercompute.agent.v1.SiteSettings.no_proxy:type_name -> bettercompute.agent.v1.StringList
 	2,  // 13: bettercompute.agent.v1.SiteSettings.search_domains:type_name -> bettercompute.agent.v1.StringList
-	14, // 14: bettercompute.agent.v1.SiteSettings.telemetry_interval:type_name -> google.protobuf.Duration
+	15, // 14: bettercompute.agent.v1.SiteSettings.telemetry_interval:type_name -> google.protobuf.Duration
 	6,  // 15: bettercompute.agent.v1.DeviceAssignments.assignments:type_name -> bettercompute.agent.v1.DeviceAssignment
 	8,  // 16: bettercompute.agent.v1.MigLayout.gpus:type_name -> bettercompute.agent.v1.GpuMigLayout
-	10, // 17: bettercompute.agent.v1.Instances.instances:type_name -> bettercompute.agent.v1.Instance
-	14, // 18: bettercompute.agent.v1.HealthSettings.check_interval:type_name -> google.protobuf.Duration
-	14, // 19: bettercompute.agent.v1.HealthSettings.diagnostics_interval:type_name -> google.protobuf.Duration
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	9,  // 17: bettercompute.agent.v1.GpuMigLayout.instances:type_name -> bettercompute.agent.v1.MigInstance
+	11, // 18: bettercompute.agent.v1.Instances.instances:type_name -> bettercompute.agent.v1.Instance
+	15, // 19: bettercompute.agent.v1.HealthSettings.check_interval:type_name -> google.protobuf.Duration
+	15, // 20: bettercompute.agent.v1.HealthSettings.diagnostics_interval:type_name -> google.protobuf.Duration
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_nodespec_proto_init() }
@@ -1221,7 +1298,7 @@ func file_bettercompute_agent_v1_nodespec_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_nodespec_proto_rawDesc), len(file_bettercompute_agent_v1_nodespec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

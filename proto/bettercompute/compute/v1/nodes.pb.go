@@ -615,12 +615,19 @@ type NodesServiceUpdateRequest struct {
 	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Which fields to change: "labels". Required.
+	// Which fields to change: "labels", "mig". Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,4,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// Deprecated: accepted for one release; use node_id.
 	//
 	// Deprecated: Marked as deprecated in bettercompute/compute/v1/nodes.proto.
-	Id            string `protobuf:"bytes,5,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,5,opt,name=id,proto3" json:"id,omitempty"`
+	// The node's own MIG layouts, when update_mask names "mig": they apply to
+	// its GPUs before its pool's layouts (a GPU one of them matches gets it,
+	// whatever the pool says). Index selectors are checked against the
+	// node's inventory, and each layout against the catalog for the models
+	// of the GPUs it matches (or, before the node reported any, of its
+	// selector). Empty clears them: the pool's layouts apply again.
+	Mig           *MigSettings `protobuf:"bytes,6,opt,name=mig,proto3" json:"mig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -689,6 +696,13 @@ func (x *NodesServiceUpdateRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *NodesServiceUpdateRequest) GetMig() *MigSettings {
+	if x != nil {
+		return x.Mig
+	}
+	return nil
 }
 
 // NodesServiceUpdateResponse is the changed node.
@@ -1718,7 +1732,7 @@ var File_bettercompute_compute_v1_nodes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n" +
+	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a$bettercompute/compute/v1/pools.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n" +
 	"\x18NodesServiceDrainRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12)\n" +
@@ -1751,14 +1765,15 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x02id\x18\x04 \x01(\tB\x02\x18\x01R\x02id\"\x83\x01\n" +
 	"\x1aNodesServiceRevokeResponse\x122\n" +
 	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\x121\n" +
-	"\x14revoked_certificates\x18\x02 \x01(\x03R\x13revokedCertificates\"\xb6\x02\n" +
+	"\x14revoked_certificates\x18\x02 \x01(\x03R\x13revokedCertificates\"\xef\x02\n" +
 	"\x19NodesServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12W\n" +
 	"\x06labels\x18\x03 \x03(\v2?.bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntryR\x06labels\x12;\n" +
 	"\vupdate_mask\x18\x04 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
 	"updateMask\x12\x12\n" +
-	"\x02id\x18\x05 \x01(\tB\x02\x18\x01R\x02id\x1a9\n" +
+	"\x02id\x18\x05 \x01(\tB\x02\x18\x01R\x02id\x127\n" +
+	"\x03mig\x18\x06 \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
@@ -1914,8 +1929,9 @@ var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
 	nil,                                     // 23: bettercompute.compute.v1.Node.LabelsEntry
 	nil,                                     // 24: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
 	(*fieldmaskpb.FieldMask)(nil),           // 25: google.protobuf.FieldMask
-	(*timestamppb.Timestamp)(nil),           // 26: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                 // 27: google.protobuf.Struct
+	(*MigSettings)(nil),                     // 26: bettercompute.compute.v1.MigSettings
+	(*timestamppb.Timestamp)(nil),           // 27: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                 // 28: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
 	12, // 0: bettercompute.compute.v1.NodesServiceDrainResponse.node:type_name -> bettercompute.compute.v1.Node
@@ -1925,45 +1941,46 @@ var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
 	12, // 4: bettercompute.compute.v1.NodesServiceRevokeResponse.node:type_name -> bettercompute.compute.v1.Node
 	22, // 5: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
 	25, // 6: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	12, // 7: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
-	23, // 8: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
-	15, // 9: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	26, // 10: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	26, // 11: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	26, // 12: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
-	14, // 13: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
-	13, // 14: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
-	26, // 15: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
-	26, // 16: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
-	26, // 17: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
-	26, // 18: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
-	12, // 19: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	24, // 20: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	12, // 21: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	27, // 22: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
-	16, // 23: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	18, // 24: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	20, // 25: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
-	10, // 26: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
-	8,  // 27: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
-	0,  // 28: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
-	2,  // 29: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
-	4,  // 30: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
-	6,  // 31: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
-	17, // 32: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	19, // 33: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	21, // 34: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
-	11, // 35: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
-	9,  // 36: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
-	1,  // 37: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
-	3,  // 38: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
-	5,  // 39: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
-	7,  // 40: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
-	32, // [32:41] is the sub-list for method output_type
-	23, // [23:32] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	26, // 7: bettercompute.compute.v1.NodesServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
+	12, // 8: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
+	23, // 9: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	15, // 10: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
+	27, // 11: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	27, // 12: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	27, // 13: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	14, // 14: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
+	13, // 15: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
+	27, // 16: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	27, // 17: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
+	27, // 18: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	27, // 19: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
+	12, // 20: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
+	24, // 21: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	12, // 22: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
+	28, // 23: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	16, // 24: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	18, // 25: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	20, // 26: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	10, // 27: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
+	8,  // 28: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
+	0,  // 29: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
+	2,  // 30: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
+	4,  // 31: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
+	6,  // 32: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
+	17, // 33: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	19, // 34: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	21, // 35: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	11, // 36: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
+	9,  // 37: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
+	1,  // 38: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
+	3,  // 39: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
+	5,  // 40: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
+	7,  // 41: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
+	33, // [33:42] is the sub-list for method output_type
+	24, // [24:33] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }
@@ -1971,6 +1988,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 	if File_bettercompute_compute_v1_nodes_proto != nil {
 		return
 	}
+	file_bettercompute_compute_v1_pools_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

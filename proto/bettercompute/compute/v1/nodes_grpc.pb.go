@@ -46,7 +46,8 @@ type NodesServiceClient interface {
 	// nodespec controller computed, its generation and how far the node has
 	// applied it. Action compute:nodes:get on the node.
 	GetSpec(ctx context.Context, in *NodesServiceGetSpecRequest, opts ...grpc.CallOption) (*NodesServiceGetSpecResponse, error)
-	// Update changes a node's labels, which recomputes its desired state.
+	// Update changes a node's labels or its MIG layouts, which recomputes
+	// its desired state.
 	// Action compute:nodes:update on the node.
 	Update(ctx context.Context, in *NodesServiceUpdateRequest, opts ...grpc.CallOption) (*NodesServiceUpdateResponse, error)
 	// Revoke revokes every certificate of a node: its open session is closed
@@ -190,7 +191,8 @@ type NodesServiceServer interface {
 	// nodespec controller computed, its generation and how far the node has
 	// applied it. Action compute:nodes:get on the node.
 	GetSpec(context.Context, *NodesServiceGetSpecRequest) (*NodesServiceGetSpecResponse, error)
-	// Update changes a node's labels, which recomputes its desired state.
+	// Update changes a node's labels or its MIG layouts, which recomputes
+	// its desired state.
 	// Action compute:nodes:update on the node.
 	Update(context.Context, *NodesServiceUpdateRequest) (*NodesServiceUpdateResponse, error)
 	// Revoke revokes every certificate of a node: its open session is closed

@@ -598,7 +598,8 @@ type PoolsServiceUpdateRequest struct {
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Which fields to change: "description", "labels", "site", "health",
-	// "runtime", "acceptance", "sharing", "default_quota", "vps", "provider".
+	// "runtime", "acceptance", "sharing", "default_quota", "vps", "provider",
+	// "mig".
 	// Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The site settings every node of the pool gets (the NodeSpec "site"
@@ -634,7 +635,13 @@ type PoolsServiceUpdateRequest struct {
 	// NodeSpec "runtime" section as JSON: engines, cdiSpecDirs,
 	// minContainerToolkitVersion), when update_mask names "runtime".
 	// Changing it recomputes every node's desired state.
-	Runtime       *structpb.Struct `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Runtime *structpb.Struct `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// The pool's MIG layouts, when update_mask names "mig": which GPUs of the
+	// pool's nodes are partitioned, and how (docs/mig.md). Every layout is
+	// checked against the MIG profile catalog for the GPU models its
+	// selector can match. Changing them recomputes every node's desired
+	// state (its "mig" section).
+	Mig           *MigSettings `protobuf:"bytes,15,opt,name=mig,proto3" json:"mig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -768,6 +775,201 @@ func (x *PoolsServiceUpdateRequest) GetRuntime() *structpb.Struct {
 	return nil
 }
 
+func (x *PoolsServiceUpdateRequest) GetMig() *MigSettings {
+	if x != nil {
+		return x.Mig
+	}
+	return nil
+}
+
+// MigSettings are MIG layouts: the pool's, or one node's overrides.
+type MigSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The layouts, at most 16, names unique. For each GPU the first layout
+	// whose selector matches it applies; a GPU no layout matches is left as
+	// it is. Empty clears them. A node's layouts (nodes.update, mask "mig")
+	// apply to its GPUs before the pool's.
+	Layouts       []*MigLayoutSpec `protobuf:"bytes,1,rep,name=layouts,proto3" json:"layouts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigSettings) Reset() {
+	*x = MigSettings{}
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigSettings) ProtoMessage() {}
+
+func (x *MigSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigSettings.ProtoReflect.Descriptor instead.
+func (*MigSettings) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *MigSettings) GetLayouts() []*MigLayoutSpec {
+	if x != nil {
+		return x.Layouts
+	}
+	return nil
+}
+
+// MigLayoutSpec is one named MIG layout and the GPUs it is for.
+type MigLayoutSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The layout's name: lowercase letters, digits and inner hyphens, at most
+	// 64 characters. Required.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Which GPUs it applies to. Required.
+	GpuSelector *MigGpuSelector `protobuf:"bytes,2,opt,name=gpu_selector,json=gpuSelector,proto3" json:"gpu_selector,omitempty"`
+	// The GPU instances each matching GPU is partitioned into, by profile
+	// name ("3g.71gb", "2g.35gb", "1g.18gb"), one entry per instance, 1 to 7
+	// entries; every profile must be one of the catalog's for each model the
+	// selector can match, and the set must fit one GPU. Empty only with
+	// disabled.
+	Profiles []string `protobuf:"bytes,3,rep,name=profiles,proto3" json:"profiles,omitempty"`
+	// Turn MIG mode off on the matching GPUs (whole GPUs again); profiles
+	// must then be empty.
+	Disabled      bool `protobuf:"varint,4,opt,name=disabled,proto3" json:"disabled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigLayoutSpec) Reset() {
+	*x = MigLayoutSpec{}
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigLayoutSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigLayoutSpec) ProtoMessage() {}
+
+func (x *MigLayoutSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigLayoutSpec.ProtoReflect.Descriptor instead.
+func (*MigLayoutSpec) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MigLayoutSpec) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MigLayoutSpec) GetGpuSelector() *MigGpuSelector {
+	if x != nil {
+		return x.GpuSelector
+	}
+	return nil
+}
+
+func (x *MigLayoutSpec) GetProfiles() []string {
+	if x != nil {
+		return x.Profiles
+	}
+	return nil
+}
+
+func (x *MigLayoutSpec) GetDisabled() bool {
+	if x != nil {
+		return x.Disabled
+	}
+	return false
+}
+
+// MigGpuSelector picks GPUs: by model, or by the driver's index on the
+// node. Exactly one is set.
+type MigGpuSelector struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A catalog model's name: "A100 40GB", "A100 80GB", "H100 80GB",
+	// "H100 NVL", "H200 141GB" or "B200" (case-insensitive). Matches every
+	// GPU of that model.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// GPU indices, 0 to 7, each at most once, at most 8. On a node, indices
+	// its inventory does not report are refused; in a pool's layout they
+	// match on every node that has them.
+	Indices       []uint32 `protobuf:"varint,2,rep,packed,name=indices,proto3" json:"indices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigGpuSelector) Reset() {
+	*x = MigGpuSelector{}
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigGpuSelector) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigGpuSelector) ProtoMessage() {}
+
+func (x *MigGpuSelector) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigGpuSelector.ProtoReflect.Descriptor instead.
+func (*MigGpuSelector) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *MigGpuSelector) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *MigGpuSelector) GetIndices() []uint32 {
+	if x != nil {
+		return x.Indices
+	}
+	return nil
+}
+
 // ProviderSettings are a provider pool's (class "provider") settings: the
 // provider API the vps.provider workflow calls, and its credentials.
 type ProviderSettings struct {
@@ -787,7 +989,7 @@ type ProviderSettings struct {
 
 func (x *ProviderSettings) Reset() {
 	*x = ProviderSettings{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +1001,7 @@ func (x *ProviderSettings) String() string {
 func (*ProviderSettings) ProtoMessage() {}
 
 func (x *ProviderSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +1014,7 @@ func (x *ProviderSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderSettings.ProtoReflect.Descriptor instead.
 func (*ProviderSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProviderSettings) GetEndpoint() string {
@@ -849,7 +1051,7 @@ type VpsSettings struct {
 
 func (x *VpsSettings) Reset() {
 	*x = VpsSettings{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +1063,7 @@ func (x *VpsSettings) String() string {
 func (*VpsSettings) ProtoMessage() {}
 
 func (x *VpsSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +1076,7 @@ func (x *VpsSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VpsSettings.ProtoReflect.Descriptor instead.
 func (*VpsSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *VpsSettings) GetHost() *VpsSize {
@@ -906,7 +1108,7 @@ type VpsSize struct {
 
 func (x *VpsSize) Reset() {
 	*x = VpsSize{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1120,7 @@ func (x *VpsSize) String() string {
 func (*VpsSize) ProtoMessage() {}
 
 func (x *VpsSize) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1133,7 @@ func (x *VpsSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VpsSize.ProtoReflect.Descriptor instead.
 func (*VpsSize) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *VpsSize) GetVcpus() int32 {
@@ -966,7 +1168,7 @@ type PoolsServiceUpdateResponse struct {
 
 func (x *PoolsServiceUpdateResponse) Reset() {
 	*x = PoolsServiceUpdateResponse{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1180,7 @@ func (x *PoolsServiceUpdateResponse) String() string {
 func (*PoolsServiceUpdateResponse) ProtoMessage() {}
 
 func (x *PoolsServiceUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1193,7 @@ func (x *PoolsServiceUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolsServiceUpdateResponse.ProtoReflect.Descriptor instead.
 func (*PoolsServiceUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PoolsServiceUpdateResponse) GetPool() *Pool {
@@ -1060,7 +1262,7 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc9\x05\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x82\x06\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12 \n" +
@@ -1079,10 +1281,21 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\x02id\x18\v \x01(\tB\x02\x18\x01R\x02id\x127\n" +
 	"\x03vps\x18\f \x01(\v2%.bettercompute.compute.v1.VpsSettingsR\x03vps\x12F\n" +
 	"\bprovider\x18\r \x01(\v2*.bettercompute.compute.v1.ProviderSettingsR\bprovider\x121\n" +
-	"\aruntime\x18\x0e \x01(\v2\x17.google.protobuf.StructR\aruntime\x1a9\n" +
+	"\aruntime\x18\x0e \x01(\v2\x17.google.protobuf.StructR\aruntime\x127\n" +
+	"\x03mig\x18\x0f \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"m\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
+	"\vMigSettings\x12A\n" +
+	"\alayouts\x18\x01 \x03(\v2'.bettercompute.compute.v1.MigLayoutSpecR\alayouts\"\xa8\x01\n" +
+	"\rMigLayoutSpec\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12K\n" +
+	"\fgpu_selector\x18\x02 \x01(\v2(.bettercompute.compute.v1.MigGpuSelectorR\vgpuSelector\x12\x1a\n" +
+	"\bprofiles\x18\x03 \x03(\tR\bprofiles\x12\x1a\n" +
+	"\bdisabled\x18\x04 \x01(\bR\bdisabled\"@\n" +
+	"\x0eMigGpuSelector\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\aindices\x18\x02 \x03(\rR\aindices\"m\n" +
 	"\x10ProviderSettings\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12'\n" +
 	"\x0fcredentials_ref\x18\x02 \x01(\tR\x0ecredentialsRef\x12\x14\n" +
@@ -1115,7 +1328,7 @@ func file_bettercompute_compute_v1_pools_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_pools_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_pools_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_bettercompute_compute_v1_pools_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	(*Pool)(nil),                       // 0: bettercompute.compute.v1.Pool
 	(*PoolsServiceCreateRequest)(nil),  // 1: bettercompute.compute.v1.PoolsServiceCreateRequest
@@ -1125,48 +1338,54 @@ var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	(*PoolsServiceListRequest)(nil),    // 5: bettercompute.compute.v1.PoolsServiceListRequest
 	(*PoolsServiceListResponse)(nil),   // 6: bettercompute.compute.v1.PoolsServiceListResponse
 	(*PoolsServiceUpdateRequest)(nil),  // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest
-	(*ProviderSettings)(nil),           // 8: bettercompute.compute.v1.ProviderSettings
-	(*VpsSettings)(nil),                // 9: bettercompute.compute.v1.VpsSettings
-	(*VpsSize)(nil),                    // 10: bettercompute.compute.v1.VpsSize
-	(*PoolsServiceUpdateResponse)(nil), // 11: bettercompute.compute.v1.PoolsServiceUpdateResponse
-	nil,                                // 12: bettercompute.compute.v1.Pool.LabelsEntry
-	nil,                                // 13: bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
-	nil,                                // 14: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 15: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),      // 16: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),            // 17: google.protobuf.Struct
+	(*MigSettings)(nil),                // 8: bettercompute.compute.v1.MigSettings
+	(*MigLayoutSpec)(nil),              // 9: bettercompute.compute.v1.MigLayoutSpec
+	(*MigGpuSelector)(nil),             // 10: bettercompute.compute.v1.MigGpuSelector
+	(*ProviderSettings)(nil),           // 11: bettercompute.compute.v1.ProviderSettings
+	(*VpsSettings)(nil),                // 12: bettercompute.compute.v1.VpsSettings
+	(*VpsSize)(nil),                    // 13: bettercompute.compute.v1.VpsSize
+	(*PoolsServiceUpdateResponse)(nil), // 14: bettercompute.compute.v1.PoolsServiceUpdateResponse
+	nil,                                // 15: bettercompute.compute.v1.Pool.LabelsEntry
+	nil,                                // 16: bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
+	nil,                                // 17: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 18: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),      // 19: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),            // 20: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_pools_proto_depIdxs = []int32{
-	12, // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
-	15, // 1: bettercompute.compute.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	15, // 2: bettercompute.compute.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
-	13, // 3: bettercompute.compute.v1.PoolsServiceCreateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
+	15, // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
+	18, // 1: bettercompute.compute.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	18, // 2: bettercompute.compute.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
+	16, // 3: bettercompute.compute.v1.PoolsServiceCreateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
 	0,  // 4: bettercompute.compute.v1.PoolsServiceCreateResponse.pool:type_name -> bettercompute.compute.v1.Pool
 	0,  // 5: bettercompute.compute.v1.PoolsServiceGetResponse.pool:type_name -> bettercompute.compute.v1.Pool
 	0,  // 6: bettercompute.compute.v1.PoolsServiceListResponse.pools:type_name -> bettercompute.compute.v1.Pool
-	14, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
-	16, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	17, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
-	17, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
-	9,  // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.vps:type_name -> bettercompute.compute.v1.VpsSettings
-	8,  // 12: bettercompute.compute.v1.PoolsServiceUpdateRequest.provider:type_name -> bettercompute.compute.v1.ProviderSettings
-	17, // 13: bettercompute.compute.v1.PoolsServiceUpdateRequest.runtime:type_name -> google.protobuf.Struct
-	10, // 14: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
-	10, // 15: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
-	0,  // 16: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
-	1,  // 17: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
-	3,  // 18: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
-	5,  // 19: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
-	7,  // 20: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
-	2,  // 21: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
-	4,  // 22: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
-	6,  // 23: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
-	11, // 24: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
-	21, // [21:25] is the sub-list for method output_type
-	17, // [17:21] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	17, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
+	19, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	20, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
+	20, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
+	12, // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.vps:type_name -> bettercompute.compute.v1.VpsSettings
+	11, // 12: bettercompute.compute.v1.PoolsServiceUpdateRequest.provider:type_name -> bettercompute.compute.v1.ProviderSettings
+	20, // 13: bettercompute.compute.v1.PoolsServiceUpdateRequest.runtime:type_name -> google.protobuf.Struct
+	8,  // 14: bettercompute.compute.v1.PoolsServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
+	9,  // 15: bettercompute.compute.v1.MigSettings.layouts:type_name -> bettercompute.compute.v1.MigLayoutSpec
+	10, // 16: bettercompute.compute.v1.MigLayoutSpec.gpu_selector:type_name -> bettercompute.compute.v1.MigGpuSelector
+	13, // 17: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
+	13, // 18: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
+	0,  // 19: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
+	1,  // 20: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
+	3,  // 21: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
+	5,  // 22: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
+	7,  // 23: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
+	2,  // 24: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
+	4,  // 25: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
+	6,  // 26: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
+	14, // 27: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
+	24, // [24:28] is the sub-list for method output_type
+	20, // [20:24] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_pools_proto_init() }
@@ -1180,7 +1399,7 @@ func file_bettercompute_compute_v1_pools_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_pools_proto_rawDesc), len(file_bettercompute_compute_v1_pools_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,70 @@
+package api
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/miglayouts"
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
+	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+)
+
+// migLayouts converts the mig field of pools.update or nodes.update and
+// checks what needs no GPU: bounds, names, selectors, and every layout
+// against each catalog model its selector can match (field "mig"). A
+// node's index selectors are checked again against its inventory
+// ([checkNodeMig]).
+func migLayouts(m *computev1.MigSettings) ([]miglayouts.Layout, error) {
+	if len(m.GetLayouts()) > miglayouts.MaxLayouts {
+		return nil, fault.New(fault.InvalidInput, "mig.layouts", "at most %d layouts, got %d", miglayouts.MaxLayouts, len(m.GetLayouts()))
+	}
+	out := make([]miglayouts.Layout, len(m.GetLayouts()))
+	for i, l := range m.GetLayouts() {
+		out[i] = miglayouts.Layout{Name: l.GetName(), Profiles: l.GetProfiles(), Disabled: l.GetDisabled(),
+			Selector: miglayouts.Selector{Model: l.GetGpuSelector().GetModel()}}
+		for _, ix := range l.GetGpuSelector().GetIndices() {
+			out[i].Selector.Indices = append(out[i].Selector.Indices, int(min(ix, 1<<16)))
+		}
+	}
+	if err := miglayouts.Validate(out, "mig", nil); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// setPoolMig stores pool p's layouts and invalidates its nodes' desired
+// state in tx: capacity.mig recomputes each one's mig section.
+func setPoolMig(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, p poolstore.Pool, layouts []miglayouts.Layout) error {
+	if p.Class != poolstore.ClassGPU && len(layouts) > 0 {
+		return fault.New(fault.InvalidInput, "mig", "pool %s is a %s pool; MIG layouts apply to gpu pools", p.ID, p.Class)
+	}
+	if err := miglayouts.SetPool(ctx, tx, p.ID, layouts); err != nil {
+		return err
+	}
+	return nodespec.InvalidatePool(ctx, tx, q, p.ID)
+}
+
+// setNodeMig checks node's layouts against its inventory (index selectors
+// name GPUs it reports; each layout fits the models of the GPUs it
+// matches), stores them and invalidates its desired state in tx.
+func setNodeMig(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, tenant, node string, layouts []miglayouts.Layout) error {
+	n, err := nodestore.Get(ctx, tx, tenant, node)
+	if err != nil {
+		return err
+	}
+	if gpus := miglayouts.GPUsOf(n.Devices); gpus != nil {
+		if err := miglayouts.Validate(layouts, "mig", gpus); err != nil {
+			return err
+		}
+	}
+	if err := miglayouts.SetNode(ctx, tx, node, layouts); err != nil {
+		return err
+	}
+	return nodespec.Invalidate(ctx, q, node)
+}
