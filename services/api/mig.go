@@ -15,12 +15,12 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
 
-// migLayouts converts the mig field of pools.update or nodes.update and
-// checks what needs no GPU: bounds, names, selectors, and every layout
-// against each catalog model its selector can match (field "mig"). A
-// node's index selectors are checked again against its inventory
-// ([checkNodeMig]).
-func migLayouts(m *computev1.MigSettings) ([]miglayouts.Layout, error) {
+// migLayouts converts the mig field of pools.update or nodes.update; with
+// check, it validates them as a pool's (miglayouts.Validate: bounds,
+// names, selectors, and every layout against each catalog model its
+// selector can match). A node's are validated against its inventory
+// ([setNodeMig]).
+func migLayouts(m *computev1.MigSettings, check bool) ([]miglayouts.Layout, error) {
 	if len(m.GetLayouts()) > miglayouts.MaxLayouts {
 		return nil, fault.New(fault.InvalidInput, "mig.layouts", "at most %d layouts, got %d", miglayouts.MaxLayouts, len(m.GetLayouts()))
 	}
@@ -32,8 +32,10 @@ func migLayouts(m *computev1.MigSettings) ([]miglayouts.Layout, error) {
 			out[i].Selector.Indices = append(out[i].Selector.Indices, int(min(ix, 1<<16)))
 		}
 	}
-	if err := miglayouts.Validate(out, "mig", nil); err != nil {
-		return nil, err
+	if check {
+		if err := miglayouts.Validate(out, "mig", nil); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -50,18 +52,17 @@ func setPoolMig(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, p poolstore.
 	return nodespec.InvalidatePool(ctx, tx, q, p.ID)
 }
 
-// setNodeMig checks node's layouts against its inventory (index selectors
-// name GPUs it reports; each layout fits the models of the GPUs it
-// matches), stores them and invalidates its desired state in tx.
+// setNodeMig validates node's layouts against its inventory (index
+// selectors name GPUs it reports; each layout fits the models of the GPUs
+// it matches; before it reported any, as a pool's), stores them and
+// invalidates its desired state in tx.
 func setNodeMig(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, tenant, node string, layouts []miglayouts.Layout) error {
 	n, err := nodestore.Get(ctx, tx, tenant, node)
 	if err != nil {
 		return err
 	}
-	if gpus := miglayouts.GPUsOf(n.Devices); gpus != nil {
-		if err := miglayouts.Validate(layouts, "mig", gpus); err != nil {
-			return err
-		}
+	if err := miglayouts.Validate(layouts, "mig", miglayouts.GPUsOf(n.Devices)); err != nil {
+		return err
 	}
 	if err := miglayouts.SetNode(ctx, tx, node, layouts); err != nil {
 		return err

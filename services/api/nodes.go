@@ -201,7 +201,7 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 			}
 			setLabels = true
 		case "mig":
-			l, err := migLayouts(req.GetMig())
+			l, err := migLayouts(req.GetMig(), false)
 			if err != nil {
 				return nil, err
 			}

@@ -279,7 +279,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			provider = pu
 		case "mig":
-			l, err := migLayouts(req.GetMig())
+			l, err := migLayouts(req.GetMig(), true)
 			if err != nil {
 				return nil, err
 			}
