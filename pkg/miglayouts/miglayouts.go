@@ -295,6 +295,9 @@ func Of(ctx context.Context, q Querier, pools, nodes []string) (Layouts, error) 
 		for _, ix := range indices {
 			l.Selector.Indices = append(l.Selector.Indices, int(ix))
 		}
+		if len(l.Profiles) == 0 {
+			l.Profiles = nil
+		}
 		if pool != "" {
 			out.Pools[pool] = append(out.Pools[pool], l)
 		} else {
