@@ -274,23 +274,37 @@ func arrayLiteral(v []string) string {
 type Layouts struct {
 	Pools map[string][]Layout
 	Nodes map[string][]Layout
+	// Draining are the nodes with a GPU marked draining ([MarkDraining]).
+	Draining map[string]bool
 }
 
-// Of reads the layouts of pools and nodes in one statement.
+// Of reads the layouts of pools and nodes, and which of nodes have
+// draining marks, in one statement.
 func Of(ctx context.Context, q Querier, pools, nodes []string) (Layouts, error) {
-	out := Layouts{Pools: map[string][]Layout{}, Nodes: map[string][]Layout{}}
-	rows, err := q.Query(ctx, `SELECT coalesce(pool_id, ''), coalesce(node_id, ''), name, model, indices, profiles, disabled
-		FROM mig_layouts WHERE pool_id = ANY($1) OR node_id = ANY($2) ORDER BY pool_id, node_id, position`, pools, nodes)
+	out := Layouts{Pools: map[string][]Layout{}, Nodes: map[string][]Layout{}, Draining: map[string]bool{}}
+	rows, err := q.Query(ctx, `SELECT * FROM (
+		SELECT false AS mark, coalesce(pool_id, '') AS pool_id, coalesce(node_id, '') AS node_id, position, name, model, indices, profiles, disabled
+		FROM mig_layouts WHERE pool_id = ANY($1) OR node_id = ANY($2)
+		UNION ALL
+		SELECT DISTINCT true, '', node_id, 0, '', '', '{}'::integer[], '{}'::text[], false
+		FROM mig_layouts_draining WHERE node_id = ANY($2)) l
+		ORDER BY pool_id, node_id, position`, pools, nodes)
 	if err != nil {
 		return out, fmt.Errorf("read MIG layouts: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
+		var mark bool
 		var pool, node string
+		var pos int
 		var l Layout
 		var indices []int32
-		if err := rows.Scan(&pool, &node, &l.Name, &l.Selector.Model, &indices, &l.Profiles, &l.Disabled); err != nil {
+		if err := rows.Scan(&mark, &pool, &node, &pos, &l.Name, &l.Selector.Model, &indices, &l.Profiles, &l.Disabled); err != nil {
 			return out, fmt.Errorf("read MIG layouts: %w", err)
+		}
+		if mark {
+			out.Draining[node] = true
+			continue
 		}
 		for _, ix := range indices {
 			l.Selector.Indices = append(l.Selector.Indices, int(ix))

@@ -77,6 +77,16 @@ func TestStoreRoundTrip(t *testing.T) {
 	if err != nil || !slices.Equal(fresh, []string{"GPU-a"}) {
 		t.Fatalf("marks after clearing all but GPU-c: %v %v", fresh, err)
 	}
+	got, err = miglayouts.Of(ctx, pool, nil, []string{"node_1"})
+	if err != nil || !got.Draining["node_1"] || len(got.Nodes) != 0 {
+		t.Fatalf("a node with marks and no layouts: %+v %v", got, err)
+	}
+	if err := miglayouts.ClearDraining(ctx, pool, []string{"node_1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = miglayouts.Of(ctx, pool, nil, []string{"node_1"}); err != nil || got.Draining["node_1"] {
+		t.Fatalf("marks after clearing them all: %+v %v", got, err)
+	}
 }
 
 // TestResolveAndValidate: a node's layout wins over its pool's for the

@@ -46,7 +46,7 @@ func RegisterMig(reg *nodespec.Registry) error { return reg.RegisterBatch(Module
 // layout cannot be placed on it (an index selector on a model it does not
 // fit) keeps its current entry.
 func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.Node) ([]*agentv1.NodeSpec, error) {
-	var poolIDs, nodeIDs []string
+	var poolIDs, nodeIDs []string // nodeIDs: every node of the batch
 	for _, n := range nodes {
 		nodeIDs = append(nodeIDs, n.ID)
 		if !slices.Contains(poolIDs, n.PoolID) {
@@ -57,10 +57,13 @@ func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.No
 	if err != nil {
 		return nil, err
 	}
-	var managed []string
+	var managed, marked []string
 	for _, n := range nodes {
 		if len(layouts.Nodes[n.ID]) > 0 || len(layouts.Pools[n.PoolID]) > 0 {
 			managed = append(managed, n.ID)
+			marked = append(marked, n.ID)
+		} else if layouts.Draining[n.ID] {
+			marked = append(marked, n.ID)
 		}
 	}
 	out := make([]*agentv1.NodeSpec, len(nodes))
@@ -94,8 +97,13 @@ func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.No
 			return nil, err
 		}
 	}
-	if err := miglayouts.ClearDraining(ctx, q, nodeIDs, draining); err != nil {
-		return nil, err
+	// Marks of GPUs no longer waiting go (one statement, only where a
+	// node has a layout or a mark: a fleet without MIG pays only the read
+	// of layouts).
+	if len(marked) > 0 {
+		if err := miglayouts.ClearDraining(ctx, q, marked, draining); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
