@@ -61,6 +61,15 @@ func setNodeMig(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, tenant, node
 	if err != nil {
 		return err
 	}
+	if len(layouts) > 0 {
+		class, err := poolstore.ClassOf(ctx, tx, n.PoolID)
+		if err != nil {
+			return err
+		}
+		if class != poolstore.ClassGPU {
+			return fault.New(fault.InvalidInput, "mig", "node %s is in a %s pool; MIG layouts apply to nodes of gpu pools", node, class)
+		}
+	}
 	if err := miglayouts.Validate(layouts, "mig", miglayouts.GPUsOf(n.Devices)); err != nil {
 		return err
 	}

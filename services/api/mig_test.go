@@ -131,6 +131,13 @@ func TestMigLayoutsAdmission(t *testing.T) {
 		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "root", PoolId: vp.GetPool().GetId(), UpdateMask: migMask(),
 			Mig: &computev1.MigSettings{Layouts: []*computev1.MigLayoutSpec{byModel("H200 141GB", "7g.141gb")}}})
 		refused(t, err, "mig", "gpu pools")
+		fixture.Node(t, h.db, fixture.NodeOpts{ID: "node_host", Pool: vp.GetPool().GetId(), State: nodes.StateAdopted, GPUs: 1})
+		if err := authz.Put(t.Context(), h.db, authz.Resource{Type: authz.TypeNode, ID: "node_host", TenantID: "root", PoolID: vp.GetPool().GetId()}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = computev1.NewNodesServiceClient(h.conn).Update(ctx, &computev1.NodesServiceUpdateRequest{TenantId: "root", NodeId: "node_host",
+			UpdateMask: migMask(), Mig: &computev1.MigSettings{Layouts: []*computev1.MigLayoutSpec{byModel("H200 141GB", "7g.141gb")}}})
+		refused(t, err, "mig", "gpu pools")
 	})
 
 	t.Run("nodes.update checks the node's inventory", func(t *testing.T) {
