@@ -31,7 +31,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -319,7 +318,8 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	opts := &slog.HandlerOptions{Level: level}
 	logger := slog.New(slog.NewMultiHandler(slog.NewTextHandler(stderr, opts), slog.NewTextHandler(logFile, opts)))
 	// site is the applied site settings; the telemetry exporter follows
-	// OTLPEndpoint with site.Subscribe, HTTP clients take site.Proxy.
+	// OTLPEndpoint and TelemetryInterval with site.Subscribe, HTTP clients
+	// take site.Proxy.
 	site := new(siteconf.Live)
 	invCfg := inventory.Config{Backend: *nvml, Logger: logger, DiskPath: store.Root(), DCGMI: *dcgmi}
 	if *nvml == inventory.BackendMock {
@@ -351,33 +351,13 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer stopTel()
-	// The site section's OTLP endpoint, when it names one, wins over
-	// --otlp-endpoint. Configure waits for the old export loop to stop, so
-	// it runs here, not on the converging goroutine the subscription
-	// calls: the latest endpoint wins.
-	endpoints := make(chan string, 1)
-	site.Subscribe(func(s siteconf.Settings) {
-		select {
-		case <-endpoints:
-		default:
-		}
-		endpoints <- cmp.Or(s.OTLPEndpoint, *otlpEndpoint)
-	})
-	siteDone := make(chan struct{})
-	var siteWG sync.WaitGroup
-	defer func() { close(siteDone); siteWG.Wait() }()
-	siteWG.Go(func() {
-		for {
-			select {
-			case <-siteDone:
-				return
-			case ep := <-endpoints:
-				if err := tel.Configure(ep, interval); err != nil {
-					logger.Warn("telemetry: the site's OTLP endpoint", "endpoint", ep, "err", err)
-				}
-			}
-		}
-	})
+	// The site section's OTLP endpoint and telemetry interval, when it
+	// sets them, win over --otlp-endpoint and --telemetry-interval;
+	// removed, the flags' return. The Follower configures the exporter on
+	// its own goroutine, not the converging one the subscription runs on.
+	follow := tel.Follow(*otlpEndpoint, interval)
+	defer follow.Stop()
+	site.Subscribe(func(s siteconf.Settings) { follow.Set(s.OTLPEndpoint, s.TelemetryInterval) })
 	return session.Run(ctx, session.Config{
 		CDI:       cdiW,
 		OnSession: tel.SessionUp, OnSection: tel.SectionConverged, OnCommandUpdate: telemetryCommandUpdate(tel),

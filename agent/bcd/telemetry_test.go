@@ -11,6 +11,7 @@ import (
 	"time"
 
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/bettercompute/bettercompute/agent/bcd"
@@ -89,6 +90,59 @@ func TestNode_SiteOTLPEndpointMovesTheExport(t *testing.T) {
 	if res := otlptest.Resource(req); res["bettercompute.node.id"] != nodeID {
 		t.Errorf("resource %v: want the node id %s", res, nodeID)
 	}
+}
+
+// TestNode_SiteTelemetryInterval: the site section's telemetry_interval
+// replaces --telemetry-interval live: with the flag at an hour (one export
+// per loop start), three exports arrive saying the site's second; a value
+// out of bounds is refused naming the field; removed, the export starts
+// again at the flag's hour. The site section's status says each.
+func TestNode_SiteTelemetryInterval(t *testing.T) {
+	t.Parallel()
+	cp := testcontrol.New(t)
+	root := joinMock(t, cp, t.TempDir())
+	rcv := otlptest.New(t)
+	nodeID := startNode(t, cp, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-interval",
+		"--otlp-endpoint", "http://" + rcv.Addr, "--telemetry-interval", "1h"})
+	interval := func(req *collectorpb.ExportMetricsServiceRequest) float64 {
+		if p := otlptest.ByName(req)["bcd.telemetry.interval"]; len(p) == 1 {
+			return p[0].Value
+		}
+		return -1
+	}
+	desire := func(gen int64, site *agentv1.SiteSettings) *agentv1.SectionStatus {
+		t.Helper()
+		cp.SetDesired(&agentv1.DesiredState{Generation: gen, Spec: &agentv1.NodeSpec{Identity: &agentv1.NodeIdentity{NodeId: nodeID}, Site: site}})
+		for {
+			select {
+			case o := <-cp.Observed:
+				for _, s := range o.GetSections() {
+					if s.GetSection() == "site" && o.GetGeneration() == gen {
+						return s
+					}
+				}
+			case <-t.Context().Done():
+				t.Fatalf("no site status for generation %d", gen)
+			}
+		}
+	}
+
+	if st := desire(1, &agentv1.SiteSettings{TelemetryInterval: durationpb.New(time.Second)}); !strings.Contains(st.GetReason(), "telemetry_interval: applied (1s, live)") {
+		t.Errorf("site status %v, want telemetry_interval applied", st)
+	}
+	for n := 0; n < 3; {
+		if interval(rcv.Next(t)) == 1 {
+			n++
+		}
+	}
+	st := desire(2, &agentv1.SiteSettings{TelemetryInterval: durationpb.New(500 * time.Millisecond)})
+	if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(st.GetReason(), "telemetry_interval") {
+		t.Errorf("site status %v for 500ms, want FAILED_TERMINAL naming telemetry_interval", st)
+	}
+	if st := desire(3, &agentv1.SiteSettings{}); !strings.Contains(st.GetReason(), "telemetry_interval: unset") {
+		t.Errorf("site status %v, want telemetry_interval unset", st)
+	}
+	rcv.Until(t, func(req *collectorpb.ExportMetricsServiceRequest) bool { return interval(req) == 3600 })
 }
 
 // startNode runs `bcd node` with args until the test ends (then checks it

@@ -21,6 +21,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/siteconf"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/runtimespec"
+	"github.com/bettercompute/bettercompute/proto/sitespec"
 )
 
 // Files the handlers keep under the root.
@@ -289,6 +290,8 @@ type SiteFileContent struct {
 	OTLPEndpoint  *string   `json:"otlp_endpoint,omitempty"`
 	LogLevel      *string   `json:"log_level,omitempty"`
 	SearchDomains *[]string `json:"search_domains,omitempty"`
+	// TelemetryInterval is a Go duration ("10s").
+	TelemetryInterval *string `json:"telemetry_interval,omitempty"`
 }
 
 // settings are the fields the node applies.
@@ -305,10 +308,18 @@ func (c SiteFileContent) settings() siteconf.Settings {
 		}
 		return *p
 	}
-	return siteconf.Settings{
+	set := siteconf.Settings{
 		NTPServers: deref(c.NTPServers), DNSServers: deref(c.DNSServers), SearchDomains: deref(c.SearchDomains), HTTPProxy: str(c.HTTPProxy),
 		NoProxy: deref(c.NoProxy), OTLPEndpoint: str(c.OTLPEndpoint), LogLevel: str(c.LogLevel),
 	}
+	if c.TelemetryInterval != nil {
+		// Unparsable or zero: -1, which Validate refuses.
+		set.TelemetryInterval = -1
+		if d, err := time.ParseDuration(*c.TelemetryInterval); err == nil && d != 0 {
+			set.TelemetryInterval = d
+		}
+	}
+	return set
 }
 
 // siteHandler records the section in SiteFile (removed when the section is
@@ -347,9 +358,22 @@ func (h *siteHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 			HTTPProxy: s.HttpProxy, NoProxy: list(s.GetNoProxy()), OTLPEndpoint: s.OtlpEndpoint, LogLevel: s.LogLevel,
 			SearchDomains: list(s.GetSearchDomains()),
 		}
+		if d := s.GetTelemetryInterval(); d != nil {
+			v := d.AsDuration().String()
+			c.TelemetryInterval = &v
+		}
+	}
+	// The section is checked as it came, by the rule pools.update applies
+	// (proto/sitespec), then as the daemon will read it.
+	var bad []string
+	for _, p := range sitespec.Validate(sitespec.FromProto(s)) {
+		bad = append(bad, p.String())
 	}
 	set := c.settings()
-	if bad := siteconf.Validate(set); len(bad) > 0 {
+	if len(bad) == 0 {
+		bad = siteconf.Validate(set)
+	}
+	if len(bad) > 0 {
 		return Plan{Terminal: "invalid site section: " + strings.Join(bad, "; ")}, nil
 	}
 	var data []byte

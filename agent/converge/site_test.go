@@ -8,10 +8,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bettercompute/bettercompute/agent/converge"
 	"github.com/bettercompute/bettercompute/agent/siteconf"
@@ -289,6 +292,33 @@ func TestSiteLogLevelAppliedLive(t *testing.T) {
 	}
 }
 
+// TestSiteTelemetryIntervalAppliedLive: the section's telemetry_interval
+// reaches the daemon's subscribers (the exporter) with its status, survives a
+// restart, and removed it is 0 again (the daemon's --telemetry-interval).
+func TestSiteTelemetryIntervalAppliedLive(t *testing.T) {
+	t.Parallel()
+	n := newSiteNode(t)
+	var mu sync.Mutex
+	var seen []time.Duration
+	n.live.Subscribe(func(s siteconf.Settings) { mu.Lock(); seen = append(seen, s.TelemetryInterval); mu.Unlock() })
+
+	st := n.converge(&agentv1.SiteSettings{TelemetryInterval: durationpb.New(90 * time.Second)})
+	wantConverged(t, st, "telemetry_interval: applied (1m30s, live)")
+	if got := n.c.Site().TelemetryInterval; got != 90*time.Second {
+		t.Errorf("Site().TelemetryInterval %s, want 1m30s", got)
+	}
+	n.start() // a restarted daemon reads it back from site.json
+	if got := n.c.Site().TelemetryInterval; got != 90*time.Second {
+		t.Errorf("after a restart Site().TelemetryInterval %s, want 1m30s", got)
+	}
+	wantConverged(t, n.converge(&agentv1.SiteSettings{LogLevel: ptr("warn")}), "telemetry_interval: unset (bcd's --telemetry-interval)")
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []time.Duration{0, 90 * time.Second, 90 * time.Second, 0}; !slices.Equal(seen, want) {
+		t.Errorf("subscribers saw %v, want %v (initial, applied, restart, removed)", seen, want)
+	}
+}
+
 // snapshot is every file under roots with its content and modification time.
 func snapshot(t *testing.T, roots ...string) map[string]string {
 	t.Helper()
@@ -369,15 +399,18 @@ func TestSiteRefusesConfigInjection(t *testing.T) {
 		site  *agentv1.SiteSettings
 		field string
 	}{
-		"ntp newline":       {&agentv1.SiteSettings{NtpServers: strs("ntp1.example\nserver evil.example")}, "ntp_servers"},
-		"ntp space":         {&agentv1.SiteSettings{NtpServers: strs("ntp1.example iburst maxpoll 1")}, "ntp_servers"},
-		"dns not an IP":     {&agentv1.SiteSettings{DnsServers: strs("192.0.2.1\nDNSSEC=no")}, "dns_servers"},
-		"search newline":    {&agentv1.SiteSettings{SearchDomains: strs("corp.example\nDNSSEC=no")}, "search_domains"},
-		"proxy newline":     {&agentv1.SiteSettings{HttpProxy: ptr("http://p.example:3128\nLD_PRELOAD=/tmp/x.so")}, "http_proxy"},
-		"proxy scheme":      {&agentv1.SiteSettings{HttpProxy: ptr("file:///etc/passwd")}, "http_proxy"},
-		"no_proxy comma":    {&agentv1.SiteSettings{HttpProxy: ptr("http://p.example:3128"), NoProxy: strs("a.example,b.example")}, "no_proxy"},
-		"too many servers":  {&agentv1.SiteSettings{NtpServers: strs(strings.Split(strings.Repeat("n.example,", siteconf.MaxServers+1), ",")[:siteconf.MaxServers+1]...)}, "ntp_servers"},
-		"otlp not hostport": {&agentv1.SiteSettings{OtlpEndpoint: ptr("http://otel.example")}, "otlp_endpoint"},
+		"ntp newline":        {&agentv1.SiteSettings{NtpServers: strs("ntp1.example\nserver evil.example")}, "ntp_servers"},
+		"ntp space":          {&agentv1.SiteSettings{NtpServers: strs("ntp1.example iburst maxpoll 1")}, "ntp_servers"},
+		"dns not an IP":      {&agentv1.SiteSettings{DnsServers: strs("192.0.2.1\nDNSSEC=no")}, "dns_servers"},
+		"search newline":     {&agentv1.SiteSettings{SearchDomains: strs("corp.example\nDNSSEC=no")}, "search_domains"},
+		"proxy newline":      {&agentv1.SiteSettings{HttpProxy: ptr("http://p.example:3128\nLD_PRELOAD=/tmp/x.so")}, "http_proxy"},
+		"proxy scheme":       {&agentv1.SiteSettings{HttpProxy: ptr("file:///etc/passwd")}, "http_proxy"},
+		"no_proxy comma":     {&agentv1.SiteSettings{HttpProxy: ptr("http://p.example:3128"), NoProxy: strs("a.example,b.example")}, "no_proxy"},
+		"too many servers":   {&agentv1.SiteSettings{NtpServers: strs(strings.Split(strings.Repeat("n.example,", siteconf.MaxServers+1), ",")[:siteconf.MaxServers+1]...)}, "ntp_servers"},
+		"otlp not hostport":  {&agentv1.SiteSettings{OtlpEndpoint: ptr("http://otel.example")}, "otlp_endpoint"},
+		"interval zero":      {&agentv1.SiteSettings{TelemetryInterval: durationpb.New(0)}, "telemetry_interval"},
+		"interval too short": {&agentv1.SiteSettings{TelemetryInterval: durationpb.New(500 * time.Millisecond)}, "telemetry_interval"},
+		"interval too long":  {&agentv1.SiteSettings{TelemetryInterval: durationpb.New(2 * time.Hour)}, "telemetry_interval"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

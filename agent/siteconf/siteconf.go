@@ -20,8 +20,8 @@
 // reports the DNS field failed, one with neither chrony nor timesyncd the
 // NTP field (see [Plan]).
 //
-// The daemon's own fields (log level, OTLP endpoint, and the proxy for its
-// outbound HTTP) live in memory: see [Settings].
+// The daemon's own fields (log level, OTLP endpoint, telemetry interval, and
+// the proxy for its outbound HTTP) live in memory: see [Settings].
 package siteconf
 
 import (
@@ -32,6 +32,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/net/http/httpproxy"
 
@@ -87,6 +88,10 @@ type Settings struct {
 	NoProxy       []string
 	OTLPEndpoint  string // host:port or https://host:port (TLS), http://host:port (plain); OTLP over gRPC; "" means no export
 	LogLevel      string // one of LogLevels; "" means the daemon's default
+	// TelemetryInterval is how often the daemon exports its metrics
+	// (sitespec.MinTelemetryInterval to MaxTelemetryInterval); 0 means
+	// unset: the daemon's --telemetry-interval.
+	TelemetryInterval time.Duration
 }
 
 // Equal reports whether s and o are the same settings.
@@ -94,7 +99,7 @@ func (s Settings) Equal(o Settings) bool {
 	return slices.Equal(s.NTPServers, o.NTPServers) && slices.Equal(s.DNSServers, o.DNSServers) &&
 		slices.Equal(s.SearchDomains, o.SearchDomains) &&
 		s.HTTPProxy == o.HTTPProxy && slices.Equal(s.NoProxy, o.NoProxy) &&
-		s.OTLPEndpoint == o.OTLPEndpoint && s.LogLevel == o.LogLevel
+		s.OTLPEndpoint == o.OTLPEndpoint && s.LogLevel == o.LogLevel && s.TelemetryInterval == o.TelemetryInterval
 }
 
 // Proxy is the proxy function for the daemon's own outbound HTTP
@@ -124,8 +129,12 @@ func (s Settings) Level(def slog.Level) slog.Level {
 // ("ntp_servers: ..."): proto/sitespec's rule, the one pools.update
 // applies too.
 func Validate(s Settings) []string {
-	ps := sitespec.Validate(sitespec.Settings{NTPServers: s.NTPServers, DNSServers: s.DNSServers, SearchDomains: s.SearchDomains,
-		HTTPProxy: s.HTTPProxy, NoProxy: s.NoProxy, OTLPEndpoint: s.OTLPEndpoint, LogLevel: s.LogLevel})
+	spec := sitespec.Settings{NTPServers: s.NTPServers, DNSServers: s.DNSServers, SearchDomains: s.SearchDomains,
+		HTTPProxy: s.HTTPProxy, NoProxy: s.NoProxy, OTLPEndpoint: s.OTLPEndpoint, LogLevel: s.LogLevel}
+	if s.TelemetryInterval != 0 {
+		spec.TelemetryInterval = &s.TelemetryInterval
+	}
+	ps := sitespec.Validate(spec)
 	bad := make([]string, len(ps))
 	for i, p := range ps {
 		bad[i] = p.String()
@@ -261,6 +270,10 @@ func Plan(root string, s Settings) ([]File, []Field) {
 	if s.LogLevel != "" {
 		lvl = Field{Name: "log_level", State: Applied, Detail: s.LogLevel + ", live"}
 	}
-	fields = append(fields, ntp, dns, domains, proxy, otlp, lvl)
+	interval := Field{Name: "telemetry_interval", State: Unset, Detail: "bcd's --telemetry-interval"}
+	if s.TelemetryInterval != 0 {
+		interval = Field{Name: interval.Name, State: Applied, Detail: s.TelemetryInterval.String() + ", live"}
+	}
+	fields = append(fields, ntp, dns, domains, proxy, otlp, lvl, interval)
 	return files, fields
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bettercompute/bettercompute/agent/internal/otlptest"
 	"github.com/bettercompute/bettercompute/agent/telemetry"
 )
 
@@ -27,6 +28,10 @@ const metricsHeader = `# The metrics bcd exports, named as Prometheus names them
 // checked against, equal to what a scrape of every instrument shows.
 func TestMetricsList(t *testing.T) {
 	tel := newTelemetry(t, telemetry.Config{GPUs: mockGPUs(t)})
+	// The export on, so bcd.telemetry.interval is observed.
+	if err := tel.Configure("http://"+otlptest.New(t).Addr, time.Hour); err != nil {
+		t.Fatal(err)
+	}
 	tel.SessionUp(false)
 	tel.SectionConverged("devices", "CONVERGED", time.Millisecond)
 	tel.CommandOutcome("REJECTED", "UNSUPPORTED")

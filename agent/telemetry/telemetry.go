@@ -80,10 +80,11 @@ type Telemetry struct {
 	prom     *sdkmetric.ManualReader // the scrape endpoint's reader
 
 	// Own instruments.
-	sessionUp  atomic.Int64
-	reconnects metric.Int64Counter
-	converge   metric.Float64Histogram
-	commands   metric.Int64Counter
+	exportEvery atomic.Int64 // the OTLP export interval in force (ns), 0 while off
+	sessionUp   atomic.Int64
+	reconnects  metric.Int64Counter
+	converge    metric.Float64Histogram
+	commands    metric.Int64Counter
 
 	gpuMu   sync.Mutex // the GPU callback's buffer and attribute cache
 	gpuBuf  []inventory.GPUMetrics
@@ -167,6 +168,9 @@ func (t *Telemetry) instruments(m metric.Meter) error {
 	replays := counter("gpu.pcie.replays", "{replay}", "PCIe replays.")
 	up, err := m.Int64ObservableGauge("bcd.session.up", metric.WithDescription("1 while the control plane's gateway has welcomed the node's session."))
 	errs = append(errs, err)
+	every, err := m.Float64ObservableGauge("bcd.telemetry.interval", metric.WithUnit("s"),
+		metric.WithDescription("The OTLP export interval in force (the site section's or --telemetry-interval); absent while the export is off."))
+	errs = append(errs, err)
 	t.reconnects, err = m.Int64Counter("bcd.session.reconnects", metric.WithUnit("{reconnect}"), metric.WithDescription("Sessions that ended and were dialled again."))
 	errs = append(errs, err)
 	t.converge, err = m.Float64Histogram("bcd.converge.duration", metric.WithUnit("s"),
@@ -180,8 +184,11 @@ func (t *Telemetry) instruments(m metric.Meter) error {
 	}
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(up, t.sessionUp.Load())
+		if d := time.Duration(t.exportEvery.Load()); d > 0 {
+			o.ObserveFloat64(every, d.Seconds())
+		}
 		return nil
-	}, up)
+	}, up, every)
 	if err != nil {
 		return fmt.Errorf("telemetry: callback: %w", err)
 	}
@@ -314,6 +321,7 @@ func (t *Telemetry) Configure(endpoint string, interval time.Duration) error {
 	}
 	t.stopLoop()
 	t.endpoint, t.interval = endpoint, interval
+	t.exportEvery.Store(0)
 	if endpoint == "" {
 		return nil
 	}
@@ -321,11 +329,71 @@ func (t *Telemetry) Configure(endpoint string, interval time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("telemetry: exporter for %s: %w", endpoint, err)
 	}
+	t.exportEvery.Store(int64(interval))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.stop, t.done, t.flush = cancel, make(chan struct{}), make(chan chan error)
 	go t.loop(ctx, exp, interval, t.done, t.flush)
 	t.cfg.Logger.Info("telemetry: exporting over OTLP", "endpoint", endpoint, "interval", interval)
 	return nil
+}
+
+// Follower keeps a Telemetry's export on the site section's endpoint and
+// interval, each falling back to the daemon's own (its flags) when the
+// site sets none. See [Telemetry.Follow].
+type Follower struct {
+	t        *Telemetry
+	endpoint string
+	interval time.Duration
+	next     chan exportSettings // the latest not yet configured
+	quit     chan struct{}
+	wg       sync.WaitGroup
+}
+
+type exportSettings struct {
+	endpoint string
+	interval time.Duration
+}
+
+// Follow starts a Follower whose fallbacks are endpoint and interval (the
+// daemon's --otlp-endpoint and --telemetry-interval). Stop it before
+// closing t.
+func (t *Telemetry) Follow(endpoint string, interval time.Duration) *Follower {
+	f := &Follower{t: t, endpoint: endpoint, interval: interval, next: make(chan exportSettings, 1), quit: make(chan struct{})}
+	f.wg.Go(func() {
+		for {
+			select {
+			case <-f.quit:
+				return
+			case v := <-f.next:
+				if err := t.Configure(v.endpoint, v.interval); err != nil {
+					t.cfg.Logger.Warn("telemetry: the site's settings", "endpoint", v.endpoint, "interval", v.interval, "err", err)
+				}
+			}
+		}
+	})
+	return f
+}
+
+// Set applies the site's endpoint and interval ("" and 0: the fallbacks).
+// It returns at once, so it may run on the converging goroutine
+// (siteconf.Live.Subscribe): Configure, which waits for the old export
+// loop to stop, runs on the Follower's goroutine, the latest settings
+// winning.
+func (f *Follower) Set(endpoint string, interval time.Duration) {
+	v := exportSettings{cmp.Or(endpoint, f.endpoint), cmp.Or(interval, f.interval)}
+	for {
+		select {
+		case f.next <- v:
+			return
+		case <-f.next: // drop the one not yet applied
+		}
+	}
+}
+
+// Stop ends the Follower; settings Set but not yet applied are dropped.
+func (f *Follower) Stop() {
+	close(f.quit)
+	f.wg.Wait()
 }
 
 // Settings are the endpoint and interval in force ("" when off).

@@ -227,6 +227,67 @@ func TestTelemetryEndpointChangeSwitchesExporter(t *testing.T) {
 	}
 }
 
+// intervalOf is the bcd.telemetry.interval req carries, in seconds (-1
+// when absent).
+func intervalOf(req *collectorpb.ExportMetricsServiceRequest) float64 {
+	if p := otlptest.ByName(req)["bcd.telemetry.interval"]; len(p) == 1 {
+		return p[0].Value
+	}
+	return -1
+}
+
+// TestFollowerSiteIntervalAndBack: the site's interval replaces the daemon's
+// (an hour here, so only the first export of a loop would come without it):
+// three exports arrive at the site's second, each saying so; removed, the
+// export loop starts again at the daemon's hour. The same for the
+// endpoint: the site's wins, removed the daemon's returns.
+func TestFollowerSiteIntervalAndBack(t *testing.T) {
+	own, site := otlptest.New(t), otlptest.New(t)
+	tel := newTelemetry(t, telemetry.Config{GPUs: mockGPUs(t)})
+	f := tel.Follow("http://"+own.Addr, time.Hour)
+	t.Cleanup(f.Stop)
+	f.Set("", 0)
+	if got := intervalOf(nextWithGPUs(t, own)); got != 3600 {
+		t.Errorf("first export says interval %v s, want the daemon's 3600", got)
+	}
+	f.Set("", time.Second)
+	for n := 0; n < 3; {
+		if intervalOf(own.Next(t)) == 1 {
+			n++
+		}
+	}
+	if ep, iv := tel.Settings(); ep != "http://"+own.Addr || iv != time.Second {
+		t.Errorf("settings %s %s, want the daemon's endpoint at the site's 1s", ep, iv)
+	}
+	f.Set("", 0) // the field removed
+	own.Until(t, func(req *collectorpb.ExportMetricsServiceRequest) bool { return intervalOf(req) == 3600 })
+	f.Set("http://"+site.Addr, 0)
+	if got := intervalOf(nextWithGPUs(t, site)); got != 3600 {
+		t.Errorf("export to the site's endpoint says interval %v s, want the daemon's 3600", got)
+	}
+	f.Set("", 0)
+	own.Until(t, func(req *collectorpb.ExportMetricsServiceRequest) bool { return intervalOf(req) == 3600 })
+	if ep, iv := tel.Settings(); ep != "http://"+own.Addr || iv != time.Hour {
+		t.Errorf("settings %s %s after the site's were removed, want the daemon's endpoint and 1h", ep, iv)
+	}
+}
+
+// TestFollowerRefusesBadInterval: an interval outside 1 s to 1 h that
+// reaches the exporter anyway leaves the export as it was.
+func TestFollowerRefusesBadInterval(t *testing.T) {
+	rcv := otlptest.New(t)
+	tel := newTelemetry(t, telemetry.Config{GPUs: mockGPUs(t)})
+	if err := tel.Configure("http://"+rcv.Addr, 500*time.Millisecond); err == nil {
+		t.Error("Configure took an interval of 500ms")
+	}
+	if err := tel.Configure("http://"+rcv.Addr, 2*time.Hour); err == nil {
+		t.Error("Configure took an interval of 2h")
+	}
+	if ep, _ := tel.Settings(); ep != "" {
+		t.Errorf("export on at %q after refused settings", ep)
+	}
+}
+
 // TestPrometheusEndpoint: the local scrape endpoint serves the same
 // metrics, named as Prometheus's OTLP receiver names them.
 func TestPrometheusEndpoint(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
@@ -25,6 +26,12 @@ const (
 	MaxServers = 16
 	// MaxValue bounds one value (a host name, a URL).
 	MaxValue = 253
+)
+
+// Bounds of telemetry_interval: bcd's --telemetry-interval takes the same.
+const (
+	MinTelemetryInterval = time.Second
+	MaxTelemetryInterval = time.Hour
 )
 
 // LogLevels are the log levels the section takes.
@@ -39,6 +46,10 @@ type Settings struct {
 	NoProxy       []string
 	OTLPEndpoint  string
 	LogLevel      string
+	// TelemetryInterval is nil when unset (the daemon's flag then); a
+	// value outside MinTelemetryInterval to MaxTelemetryInterval, zero
+	// included, is refused.
+	TelemetryInterval *time.Duration
 }
 
 // FromProto reads the section's fields.
@@ -46,8 +57,23 @@ func FromProto(s *agentv1.SiteSettings) Settings {
 	return Settings{
 		NTPServers: s.GetNtpServers().GetValues(), DNSServers: s.GetDnsServers().GetValues(),
 		SearchDomains: s.GetSearchDomains().GetValues(), HTTPProxy: s.GetHttpProxy(), NoProxy: s.GetNoProxy().GetValues(),
-		OTLPEndpoint: s.GetOtlpEndpoint(), LogLevel: s.GetLogLevel(),
+		OTLPEndpoint: s.GetOtlpEndpoint(), LogLevel: s.GetLogLevel(), TelemetryInterval: interval(s),
 	}
+}
+
+// interval is s's telemetry_interval, nil when unset; a malformed
+// Duration (seconds and nanos of different signs, nanos out of range)
+// reads as 0, refused.
+func interval(s *agentv1.SiteSettings) *time.Duration {
+	d := s.GetTelemetryInterval()
+	if d == nil {
+		return nil
+	}
+	var v time.Duration
+	if d.CheckValid() == nil {
+		v = d.AsDuration()
+	}
+	return &v
 }
 
 // Problem is what is wrong with one field: Field is the section's field
@@ -123,6 +149,9 @@ func Validate(s Settings) []Problem {
 	}
 	if s.LogLevel != "" && !slices.Contains(LogLevels, s.LogLevel) {
 		bad = append(bad, Problem{Field: "log_level", Msg: fmt.Sprintf("%q: want debug, info, warn or error", clip(s.LogLevel))})
+	}
+	if d := s.TelemetryInterval; d != nil && (*d < MinTelemetryInterval || *d > MaxTelemetryInterval) {
+		bad = append(bad, Problem{Field: "telemetry_interval", Msg: fmt.Sprintf("%s: want %s to %s", *d, MinTelemetryInterval, MaxTelemetryInterval)})
 	}
 	return bad
 }

@@ -167,15 +167,16 @@ func TestGroups(t *testing.T) {
 		wantCode(t, err, fault.InvalidInput, "updateMask")
 
 		// Site and health settings: NodeSpec sections, validated.
-		site, _ := structpb.NewStruct(map[string]any{"logLevel": "debug", "ntpServers": map[string]any{"values": []any{"ntp1"}}})
+		site, _ := structpb.NewStruct(map[string]any{"logLevel": "debug", "ntpServers": map[string]any{"values": []any{"ntp1"}}, "telemetryInterval": "30s"})
 		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Site: site,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"site"}}})
 		if err != nil || up.GetPool().GetGeneration() != 3 {
 			t.Fatalf("update site %v %v", up, err)
 		}
 		var level string
-		if err := h.db.QueryRow(t.Context(), `SELECT site->>'logLevel' FROM pools WHERE id = $1`, id).Scan(&level); err != nil || level != "debug" {
-			t.Fatalf("site stored %q %v", level, err)
+		var every string
+		if err := h.db.QueryRow(t.Context(), `SELECT site->>'logLevel', site->>'telemetryInterval' FROM pools WHERE id = $1`, id).Scan(&level, &every); err != nil || level != "debug" || every != "30s" {
+			t.Fatalf("site stored %q %q %v", level, every, err)
 		}
 		bad, _ := structpb.NewStruct(map[string]any{"logLevl": "debug"})
 		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Site: bad,
@@ -195,6 +196,13 @@ func TestGroups(t *testing.T) {
 			_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Site: st,
 				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"site"}}})
 			wantCode(t, err, fault.InvalidInput, field)
+		}
+		// The telemetry interval: 1 s to 1 h, as bcd takes it.
+		for _, v := range []string{"0s", "0.500s", "3601s", "-10s"} {
+			st, _ := structpb.NewStruct(map[string]any{"telemetryInterval": v})
+			_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id, Site: st,
+				UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"site"}}})
+			wantCode(t, err, fault.InvalidInput, "site.telemetryInterval")
 		}
 		if err := h.db.QueryRow(t.Context(), `SELECT site->>'logLevel' FROM pools WHERE id = $1`, id).Scan(&level); err != nil || level != "debug" {
 			t.Fatalf("site after refused updates %q %v, want it unchanged", level, err)
