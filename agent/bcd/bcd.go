@@ -360,7 +360,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	site.Subscribe(func(s siteconf.Settings) { follow.Set(s.OTLPEndpoint, s.TelemetryInterval) })
 	return session.Run(ctx, session.Config{
 		CDI:       cdiW,
-		OnSession: tel.SessionUp, OnSection: tel.SectionConverged, OnCommandUpdate: telemetryCommandUpdate(tel),
+		OnSession: tel.SessionUp, OnSection: tel.SectionConverged, OnCommandUpdate: tel.CommandUpdate,
 		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
 		BootID: boot, AgentVersion: version(), Logger: logger,
 		CommandKey: pub, DenyKinds: deny, RebootHook: reboot, VPS: rec,

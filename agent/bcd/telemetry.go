@@ -8,14 +8,12 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/telemetry"
-	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
 // startTelemetry builds the node's telemetry over inv, exports to endpoint
@@ -65,20 +63,4 @@ func startTelemetry(ctx context.Context, store *state.Store, inv *inventory.Coll
 		}
 		_ = tel.Close(sctx)
 	}, nil
-}
-
-// telemetryCommandUpdate counts the outcomes of the command updates the
-// daemon sends.
-func telemetryCommandUpdate(tel *telemetry.Telemetry) func(*agentv1.CommandUpdate) {
-	return func(u *agentv1.CommandUpdate) {
-		if u.GetOutput() != nil {
-			return // a chunk of a running command's output, not an outcome
-		}
-		outcome := strings.TrimPrefix(u.GetOutcome().String(), "COMMAND_OUTCOME_")
-		var reject string
-		if u.GetOutcome() == agentv1.CommandOutcome_COMMAND_OUTCOME_REJECTED {
-			reject = strings.TrimPrefix(u.GetReject().String(), "REJECT_CODE_")
-		}
-		tel.CommandOutcome(outcome, reject)
-	}
 }

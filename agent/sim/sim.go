@@ -14,6 +14,11 @@
 // node.reboot restarts the simulated daemon with a new boot id (same state
 // directory, so the same identity and journal); Restart and WipeJournal let
 // tests do the same by hand, or lose the journal.
+//
+// With Config.Telemetry each daemon also has bcd's telemetry (package
+// telemetry over its mock NVML): exported over OTLP to Config.OTLPEndpoint
+// or its site section's endpoint, at Config.TelemetryInterval or the site
+// section's, and served for a Prometheus scrape by [Fleet.MetricsHandler].
 package sim
 
 import (
@@ -24,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -37,7 +43,9 @@ import (
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
+	"github.com/bettercompute/bettercompute/agent/siteconf"
 	"github.com/bettercompute/bettercompute/agent/state"
+	"github.com/bettercompute/bettercompute/agent/telemetry"
 	"github.com/bettercompute/bettercompute/agent/vps"
 	vpssim "github.com/bettercompute/bettercompute/agent/vps/sim"
 )
@@ -109,6 +117,19 @@ type Config struct {
 	// hosts of a vps-host pool. The processes outlive the daemons (a
 	// restarted daemon adopts them): [Fleet.DeleteInstances] ends them.
 	VPS bool
+	// Telemetry gives every daemon bcd's telemetry (its mock GPUs'
+	// readings and its own metrics, package telemetry): exported over
+	// OTLP/gRPC to OTLPEndpoint every TelemetryInterval (0: 10 s), as
+	// `bcd node --otlp-endpoint --telemetry-interval` does — the site
+	// section's endpoint and interval winning, as on bcd — and served to
+	// a scrape by [Fleet.MetricsHandler]. Off by default: nothing is
+	// collected.
+	Telemetry         bool
+	OTLPEndpoint      string
+	TelemetryInterval time.Duration
+	// OnExport, when set with Telemetry, hears every daemon's every OTLP
+	// export attempt (nil error: delivered).
+	OnExport func(err error)
 }
 
 // Fleet is a running fleet.
@@ -138,6 +159,10 @@ type daemon struct {
 	boot   string
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	telMu sync.Mutex
+	tel   *telemetry.Telemetry // while running, with Config.Telemetry
+	prom  http.Handler         // tel's scrape handler
 }
 
 // Start joins (where needed) and runs n simulated nodes until Stop. It
@@ -250,13 +275,93 @@ func (f *Fleet) run(i int) {
 	if f.cfg.OnObserved != nil {
 		cfg.OnObserved = func(gen int64) { f.cfg.OnObserved(i, gen) }
 	}
+	var stopTel func()
+	if f.cfg.Telemetry {
+		var err error
+		if stopTel, err = f.telemetry(i, &cfg, logger); err != nil {
+			f.cfg.Logger.Warn("simulated node has no telemetry", "node", d.nodeID, "err", err)
+		}
+	}
 	done := d.done
 	f.wg.Go(func() {
 		defer close(done)
+		if stopTel != nil {
+			defer stopTel()
+		}
 		if err := session.Run(ctx, cfg); err != nil {
 			f.cfg.Logger.Warn("simulated node stopped", "node", d.nodeID, "err", err)
 		}
 	})
+}
+
+// telemetry gives daemon i bcd's telemetry, wired into cfg as bcd node
+// wires it: the session, converge and command hooks, and the site section
+// moving the export. The returned func ends it. f.mu is held.
+func (f *Fleet) telemetry(i int, cfg *session.Config, logger *slog.Logger) (func(), error) {
+	d := f.ds[i]
+	tel, err := telemetry.New(telemetry.Config{GPUs: d.inv, NodeID: d.nodeID, Hostname: fmt.Sprintf("%s-%04d", f.cfg.Prefix, i),
+		ServiceVersion: "sim", Logger: logger, OnExport: f.cfg.OnExport})
+	if err != nil {
+		return nil, err
+	}
+	interval := cmp.Or(f.cfg.TelemetryInterval, telemetry.DefaultInterval)
+	if err := tel.Configure(f.cfg.OTLPEndpoint, interval); err != nil {
+		_ = tel.Close(context.Background())
+		return nil, err
+	}
+	follow := tel.Follow(f.cfg.OTLPEndpoint, interval)
+	onSession := cfg.OnSession
+	cfg.OnSession = func(up bool) {
+		tel.SessionUp(up)
+		if onSession != nil {
+			onSession(up)
+		}
+	}
+	cfg.OnSection, cfg.OnCommandUpdate = tel.SectionConverged, tel.CommandUpdate
+	cfg.Site = converge.Site{OnChange: func(s siteconf.Settings) { follow.Set(s.OTLPEndpoint, s.TelemetryInterval) }}
+	d.telMu.Lock()
+	d.tel, d.prom = tel, tel.Handler()
+	d.telMu.Unlock()
+	return func() {
+		d.telMu.Lock()
+		if d.tel == tel {
+			d.tel, d.prom = nil, nil
+		}
+		d.telMu.Unlock()
+		follow.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tel.Close(ctx)
+	}, nil
+}
+
+// MetricsHandler serves each simulated daemon's metrics for a Prometheus
+// scrape, as `bcd node --prometheus-listen` would on each machine:
+// /nodes/<n>/metrics is daemon n's (404 while it runs no telemetry, or
+// without Config.Telemetry).
+func (f *Fleet) MetricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /nodes/{n}/metrics", func(w http.ResponseWriter, r *http.Request) {
+		n, err := strconv.Atoi(r.PathValue("n"))
+		f.mu.Lock()
+		var d *daemon
+		if err == nil && n >= 0 && n < len(f.ds) {
+			d = f.ds[n]
+		}
+		f.mu.Unlock()
+		var h http.Handler
+		if d != nil {
+			d.telMu.Lock()
+			h = d.prom
+			d.telMu.Unlock()
+		}
+		if h == nil {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+	return mux
 }
 
 // Restart stops simulated daemon i and starts it again on the same state

@@ -3,15 +3,20 @@ package sim_test
 import (
 	"context"
 	"crypto/ed25519"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	collectorpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/bettercompute/bettercompute/agent/command"
+	"github.com/bettercompute/bettercompute/agent/internal/otlptest"
 	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
 	"github.com/bettercompute/bettercompute/agent/sim"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
@@ -98,5 +103,51 @@ func TestFleet_RebootAndJournalLoss(t *testing.T) {
 	f.Restart(0, false)
 	if h := recv(t, cp.Hellos, "Hello after a restart"); h.GetBootId() != h3.GetBootId() || h.GetJournalId() != h3.GetJournalId() {
 		t.Fatalf("after a restart: %v", h.Hello)
+	}
+}
+
+// TestFleet_Telemetry: with Telemetry, every simulated daemon exports its
+// eight mock GPUs' readings under its own node id to a real OTLP receiver,
+// and MetricsHandler serves each one's for a scrape.
+func TestFleet_Telemetry(t *testing.T) {
+	t.Parallel()
+	cp := testcontrol.New(t)
+	rcv := otlptest.New(t)
+	f, err := sim.Start(context.Background(), sim.Config{
+		Gateway: cp.Addr, RootCAs: cp.RootCAs(), Token: cp.Token, JoinserviceKey: cp.PublicKey, JoinserviceKeyID: cp.KeyID,
+		Root: t.TempDir(), NoLogFiles: true, Telemetry: true, OTLPEndpoint: "http://" + rcv.Addr, TelemetryInterval: time.Second,
+	}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Stop)
+	seen := map[string]bool{}
+	rcv.Until(t, func(req *collectorpb.ExportMetricsServiceRequest) bool {
+		if len(otlptest.ByName(req)["gpu.temperature"]) == 8 {
+			seen[otlptest.Resource(req)["bettercompute.node.id"]] = true
+		}
+		return len(seen) == 2
+	})
+	for _, id := range f.Nodes() {
+		if !seen[id] {
+			t.Errorf("no export from node %s (saw %v)", id, seen)
+		}
+	}
+	srv := httptest.NewServer(f.MetricsHandler())
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		res, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, body := get("/nodes/1/metrics"); code != http.StatusOK || strings.Count(body, "gpu_temperature_celsius{") != 8 {
+		t.Errorf("scrape of node 1: %d\n%s", code, body)
+	}
+	if code, _ := get("/nodes/2/metrics"); code != http.StatusNotFound {
+		t.Errorf("scrape of a node that does not exist: %d, want 404", code)
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 
 	"github.com/bettercompute/bettercompute/agent/inventory"
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
 // DefaultInterval is the export interval when none is set.
@@ -291,6 +292,21 @@ func (t *Telemetry) SectionConverged(section, state string, d time.Duration) {
 func (t *Telemetry) CommandOutcome(outcome, reject string) {
 	t.commands.Add(context.Background(), 1,
 		metric.WithAttributes(attribute.String("outcome", outcome), attribute.String("reject", reject)))
+}
+
+// CommandUpdate counts a command update the daemon sends by its outcome
+// and reject code (see CommandOutcome). It fits
+// session.Config.OnCommandUpdate.
+func (t *Telemetry) CommandUpdate(u *agentv1.CommandUpdate) {
+	if u.GetOutput() != nil {
+		return // a chunk of a running command's output, not an outcome
+	}
+	outcome := strings.TrimPrefix(u.GetOutcome().String(), "COMMAND_OUTCOME_")
+	var reject string
+	if u.GetOutcome() == agentv1.CommandOutcome_COMMAND_OUTCOME_REJECTED {
+		reject = strings.TrimPrefix(u.GetReject().String(), "REJECT_CODE_")
+	}
+	t.CommandOutcome(outcome, reject)
 }
 
 // Configure sets where and how often the metrics go: endpoint is an OTLP/gRPC
