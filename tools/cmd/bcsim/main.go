@@ -13,6 +13,13 @@
 // settings, say), it prints, once every node has, how long the wave took
 // from its first report to its last, with the per-node p50 and p99.
 //
+// With --otlp-endpoint every node also runs bcd's telemetry (its eight mock
+// GPUs' readings and its own metrics) and exports it over OTLP/gRPC there
+// every --telemetry-interval, as `bcd node --otlp-endpoint` does; off by
+// default. --cpu-every prints the simulator's own CPU (cores, and per node)
+// and the exports delivered and failed, so one can measure what telemetry
+// costs a fleet (see docs/node-telemetry.md and tools/cmd/otlpsink).
+//
 // `bcsim fault` breaks (or mends) a simulated machine's GPUs while the
 // simulator runs; their health checks see it on the next pass:
 //
@@ -69,6 +76,9 @@ func run() error {
 		verbose     = flag.Bool("v", false, "log the agents' warnings to stderr")
 		logFiles    = flag.Bool("log-files", false, "give every node a log file of its own (for logs.collect): one more open file per node")
 		vpsHosts    = flag.Bool("vps", false, "run every node's instances section on the simulated VPS runtime (a process per running instance), so the nodes can host a vps-host pool")
+		otlp        = flag.String("otlp-endpoint", "", "export every node's telemetry over OTLP/gRPC here (http://host:port plain, https://host:port or host:port TLS), as bcd node does; empty: no telemetry")
+		telEvery    = flag.Duration("telemetry-interval", 10*time.Second, "how often each node collects and exports its telemetry (1s to 1h; the site section's wins)")
+		cpuEvery    = flag.Duration("cpu-every", 0, "print the simulator's CPU use (cores, per node) and the telemetry exports this often (0: never)")
 	)
 	flag.Parse()
 	if *caFile == "" || *nodes < 1 {
@@ -105,7 +115,7 @@ func run() error {
 	defer stop()
 	start := time.Now()
 	fmt.Printf("joining and starting %d nodes against %s\n", *nodes, *gateway)
-	var sessions atomic.Int64
+	var sessions, exportsOK, exportsFailed atomic.Int64
 	waves := newWaves(*nodes)
 	fleet, err := sim.Start(ctx, sim.Config{
 		Gateway: *gateway, ServerName: *serverName, RootCAs: roots, Token: *token,
@@ -119,6 +129,14 @@ func run() error {
 			}
 		},
 		OnObserved: waves.observed,
+		Telemetry:  *otlp != "", OTLPEndpoint: *otlp, TelemetryInterval: *telEvery,
+		OnExport: func(err error) {
+			if err != nil {
+				exportsFailed.Add(1)
+			} else {
+				exportsOK.Add(1)
+			}
+		},
 	}, *nodes)
 	if err != nil {
 		return err
@@ -128,12 +146,26 @@ func run() error {
 
 	t := time.NewTicker(*every)
 	defer t.Stop()
+	var cpuTick <-chan time.Time
+	if *cpuEvery > 0 {
+		ct := time.NewTicker(*cpuEvery)
+		defer ct.Stop()
+		cpuTick = ct.C
+	}
+	prevAt, prevCPU, prevOK, prevFailed := time.Now(), cpuTime(), exportsOK.Load(), exportsFailed.Load()
 	last := int64(-1)
 	for {
 		select {
 		case <-ctx.Done():
 			fmt.Println("stopping")
 			return nil
+		case <-cpuTick:
+			at, c, ok, failed := time.Now(), cpuTime(), exportsOK.Load(), exportsFailed.Load()
+			sec := at.Sub(prevAt).Seconds()
+			cores := (c - prevCPU).Seconds() / sec
+			fmt.Printf("%s  cpu %.3f cores, %.1f µs/s per node; telemetry exports/s %.1f delivered, %.1f failed\n",
+				time.Since(start).Round(time.Second), cores, cores*1e6/float64(*nodes), float64(ok-prevOK)/sec, float64(failed-prevFailed)/sec)
+			prevAt, prevCPU, prevOK, prevFailed = at, c, ok, failed
 		case <-t.C:
 			if n := sessions.Load(); n != last {
 				fmt.Printf("%s  sessions %d/%d\n", time.Since(start).Round(time.Second), n, *nodes)
@@ -206,6 +238,13 @@ func (w *waves) report() string {
 	w.start = time.Time{}
 	copy(w.base, w.gen)
 	return line
+}
+
+// cpuTime is the process's user and system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // raiseFileLimit lifts the open-files limit: every simulated node holds a
