@@ -81,6 +81,16 @@ bench: ## run every module's benchmarks; print one table of them beside this mac
 	done
 	$(GO) run ./tools/cmd/benchtable --in .bench/raw.txt --out .bench/results.md
 
+# What node telemetry costs a fleet (tools/scripts/telemetry-bench.sh):
+# TELEMETRY_NODES simulated nodes in a bcsim process exporting OTLP every
+# 10 s to one receiver process, measured over TELEMETRY_WINDOW seconds.
+TELEMETRY_NODES ?= 1000
+TELEMETRY_WINDOW ?= 60
+
+.PHONY: bench-telemetry
+bench-telemetry: ## telemetry export cost: TELEMETRY_NODES (1000) simulated nodes to one OTLP receiver, separate processes
+	tools/scripts/telemetry-bench.sh $(TELEMETRY_NODES) $(TELEMETRY_WINDOW)
+
 .PHONY: lint
 lint: ## gofmt, go vet and golangci-lint (pinned in tools/) over every module
 	tools/scripts/lint.sh

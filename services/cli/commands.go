@@ -89,6 +89,7 @@ func newMigrate(g *serve.Globals, stdout, stderr io.Writer) *cobra.Command {
 func newDev(g *serve.Globals, stdout, stderr io.Writer) *cobra.Command {
 	f := &serve.Flags{}
 	var simNodes, simMachines int
+	var prometheus bool
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run every role in one process with an embedded NATS server and a local PostgreSQL",
@@ -119,11 +120,12 @@ func newDev(g *serve.Globals, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			logger := telemetry.NewLogger(stderr, cfg.Log.Format, cfg.Log.Level)
-			return dev.Run(cmd.Context(), cfg, logger, stdout)
+			return dev.Run(cmd.Context(), cfg, logger, stdout, dev.RunOptions{Prometheus: prometheus})
 		},
 	}
 	f.Register(cmd, true)
 	cmd.Flags().IntVar(&simNodes, "sim-nodes", 3, "simulated node daemons (mock DGX H200) to join to the pool \"sim\"; 0 for none (dev.simNodes)")
+	cmd.Flags().BoolVar(&prometheus, "prometheus", true, "start Prometheus, when installed, scraping the simulated nodes' telemetry (docs/node-telemetry.md); false: never")
 	cmd.Flags().IntVar(&simMachines, "sim-machines", 3, "simulated bare-metal machines (fake BMCs) at a simulated site \"sim\": all reach ready, one is deployed and joins; 0 for none (dev.simMachines)")
 	return cmd
 }

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -71,7 +72,22 @@ type Env struct {
 	// under dev.dataDir/pki unless commands.signingKeyFile is set): what
 	// daemons pin to verify destructive commands.
 	CommandKey ed25519.PublicKey
-	stops      []func()
+	// PrometheusURL is the Prometheus dev started (RunOptions.Prometheus,
+	// when one is installed), or "".
+	PrometheusURL string
+	prom          *devPrometheus
+	// wantProm says dev was asked to start Prometheus.
+	wantProm bool
+	stops    []func()
+}
+
+// RunOptions are what [Run] adds to [Start].
+type RunOptions struct {
+	// Prometheus starts the prometheus binary on PATH, when there is one,
+	// scraping the simulated nodes' telemetry and the control plane
+	// (under dev.dataDir/prometheus); without one the banner says how to
+	// get it. Best effort: a Prometheus that fails is logged, dev runs on.
+	Prometheus bool
 }
 
 // Start resolves PostgreSQL and NATS as the package comment says and starts
@@ -84,11 +100,15 @@ func Start(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*Env, 
 // StartWith is [Start] with the process options of the control plane (its
 // logger, its command kinds).
 func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *Env, err error) {
+	return start(ctx, cfg, opts, RunOptions{})
+}
+
+func start(ctx context.Context, cfg *config.Config, opts app.Options, run RunOptions) (_ *Env, err error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	env := &Env{}
+	env := &Env{wantProm: run.Prometheus}
 	defer func() {
 		if err != nil {
 			env.Stop(context.WithoutCancel(ctx))
@@ -206,7 +226,11 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 		return nil, err
 	}
 	if n := *cfg.Dev.SimNodes; n > 0 && env.App.GatewayAddr() != "" {
-		if env.Fleet, err = startFleet(ctx, env, filepath.Join(dataDir, "sim"), n, logger); err != nil {
+		// The simulated nodes run bcd's telemetry only for a Prometheus
+		// to scrape it.
+		_, lookErr := exec.LookPath("prometheus")
+		tel := run.Prometheus && lookErr == nil
+		if env.Fleet, err = startFleet(ctx, env, filepath.Join(dataDir, "sim"), n, tel, logger); err != nil {
 			return nil, fmt.Errorf("simulated fleet: %w", err)
 		}
 	}
@@ -222,6 +246,15 @@ func StartWith(ctx context.Context, cfg *config.Config, opts app.Options) (_ *En
 		}
 		env.VPSFleet, env.VPSPoolID = env.vps.fleet, env.vps.hostedPool
 		env.Provider, env.ProviderPoolID, env.ProviderURL = env.vps.provider, env.vps.providerPool, env.vps.providerURL
+	}
+	if run.Prometheus {
+		if env.prom, err = startPrometheus(env, filepath.Join(dataDir, "prometheus"), logger.With("component", "prometheus")); err != nil {
+			logger.Warn("prometheus not started", "err", err)
+			env.prom, err = nil, nil
+		}
+		if env.prom != nil {
+			env.PrometheusURL = env.prom.URL
+		}
 	}
 	return env, nil
 }
@@ -299,6 +332,10 @@ func rootCredential(ctx context.Context, url, path string) (token string, fresh 
 // Stop stops the app, then the NATS server and PostgreSQL cluster dev
 // started, in reverse order.
 func (e *Env) Stop(ctx context.Context) {
+	if e.prom != nil {
+		e.prom.stop()
+		e.prom = nil
+	}
 	if e.vps != nil {
 		e.vps.stop()
 		e.vps = nil
@@ -359,6 +396,15 @@ func (e *Env) Banner() string {
 		fmt.Fprintf(&b, "           better-compute api instances.create tenantId=root poolId=%s vcpus:=2 memoryMiB:=4096 diskGiB:=40 image=ubuntu-24.04 idempotencyKey=vm-1\n", e.VPSPoolID)
 		fmt.Fprintf(&b, "           (poolId=%s for a machine at the provider); better-compute api instances.list tenantId=root\n", e.ProviderPoolID)
 	}
+	switch {
+	case e.PrometheusURL != "" && e.Fleet != nil:
+		fmt.Fprintf(&b, "  Telemetry Prometheus %s scrapes the %d simulated nodes' GPU telemetry and the control plane;\n", e.PrometheusURL, len(e.Fleet.Nodes()))
+		fmt.Fprintf(&b, "           e.g. %s/graph?g0.expr=gpu_utilization_percent (config and log under dev.dataDir/prometheus)\n", e.PrometheusURL)
+	case e.PrometheusURL != "":
+		fmt.Fprintf(&b, "  Telemetry Prometheus %s scrapes the control plane (no simulated nodes)\n", e.PrometheusURL)
+	case e.wantProm:
+		fmt.Fprintf(&b, "  Telemetry %s\n", PrometheusHint)
+	}
 	fmt.Fprintf(&b, "  Postgres %s\n\n", db.Redact(e.Database))
 	// The credential itself is printed once, when it is made: a later start
 	// names only the file keeping it, so terminal scrollback and captured
@@ -384,8 +430,8 @@ func rolesString(rs []config.Role) string {
 
 // Run starts dev, prints the banner to out, serves until ctx is done and
 // stops.
-func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger, out io.Writer) error {
-	env, err := Start(ctx, cfg, logger)
+func Run(ctx context.Context, cfg *config.Config, logger *slog.Logger, out io.Writer, opts RunOptions) error {
+	env, err := start(ctx, cfg, app.Options{Logger: logger}, opts)
 	if err != nil {
 		return err
 	}

@@ -23,8 +23,9 @@ var simRuntime = map[string]any{"engines": []any{"containerd"}, "cdiSpecDirs": [
 
 // startFleet joins n simulated nodes to the pool "sim" of the root tenant,
 // through the API as an operator would: create the pool (idempotent), mint a
-// token for the nodes that have not joined yet, and run them.
-func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.Logger) (*sim.Fleet, error) {
+// token for the nodes that have not joined yet, and run them. With
+// telemetry each runs bcd's telemetry, for Env.Fleet.MetricsHandler.
+func startFleet(ctx context.Context, env *Env, root string, n int, telemetry bool, logger *slog.Logger) (*sim.Fleet, error) {
 	var pool struct{ Pool struct{ ID string } }
 	if err := env.call(ctx, "pools/create", map[string]any{
 		"tenantId": "root", "name": "sim", "class": "gpu", "idempotencyKey": "dev-sim-pool",
@@ -70,7 +71,8 @@ func startFleet(ctx context.Context, env *Env, root string, n int, logger *slog.
 		CommandKey: env.CommandKey,
 		Logger:     logger.With("component", "sim"),
 		// The simulated machines can host VPS instances (a process each).
-		VPS: true,
+		VPS:       true,
+		Telemetry: telemetry,
 	}, n)
 }
 

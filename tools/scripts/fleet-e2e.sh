@@ -40,7 +40,7 @@ export DATABASE_URL="$PGURL/$DB" BC_LOG_LEVEL=warn
 
 # Key material, once: dev generates it under its data directory.
 BC_DEV_SIM_NODES=0 BC_DEV_DATA_DIR="$W/dev" BC_SERVER_PORT=$API_PORT BC_GATEWAY_LISTEN=127.0.0.1:$GW_PORT \
-	"$BC" dev >"$W/dev.log" 2>&1 & DEV=$!
+	"$BC" dev --prometheus=false >"$W/dev.log" 2>&1 & DEV=$!
 for _ in $(seq 300); do [ -s "$W/dev/root-credential" ] && curl -sf "http://127.0.0.1:$API_PORT/readyz" >/dev/null && break; sleep 0.2; done
 kill "$DEV"; wait "$DEV" || true
 TOKEN=$(cat "$W/dev/root-credential")
