@@ -69,8 +69,8 @@ phase() {
 	from_sink=$(wc -l <"$W/otlpsink.log")
 	sleep "$WINDOW"
 	tail -n +"$((from_sim + 1))" "$W/bcsim-$name.log" | grep ' cpu ' | awk -v n="$name" '
-		{ for (i = 1; i <= NF; i++) { if ($i == "cores,") c += $(i-1); if ($i == "µs/s") u += $(i-1); if ($i == "delivered,") d += $(i-1); if ($i == "failed") f += $(i-1) } k++ }
-		END { if (k) printf "%s: bcsim cpu %.3f cores, %.1f µs of CPU per second per node; exports/s %.1f delivered, %.1f failed (%d samples)\n", n, c/k, u/k, d/k, f/k, k }'
+		{ for (i = 1; i <= NF; i++) { if ($i == "cores,") c += $(i-1); if ($i == "µs/s") u += $(i-1); if ($i == "rss") { m += $(i+1); kb += $(i+3) } if ($i == "delivered,") d += $(i-1); if ($i == "failed") f += $(i-1) } k++ }
+		END { if (k) printf "%s: bcsim cpu %.3f cores, %.1f µs of CPU per second per node; rss %.0f MiB (%.0f KiB per node); exports/s %.1f delivered, %.1f failed (%d samples)\n", n, c/k, u/k, m/k, kb/k, d/k, f/k, k }'
 	if [ "$name" = on ]; then
 		tail -n +"$((from_sink + 1))" "$W/otlpsink.log" | grep 'requests/s' | awk '
 			{ for (i = 1; i <= NF; i++) { if ($i == "requests/s") r += $(i+1); if ($i == "TCP") t += $(i+2); if ($i == "payload") p += $(i+2); if ($i == "decoded") d += $(i+2); if ($i == "cpu") c += $(i+1); if ($i == "conns") k2 = $(i+1) } k++ }

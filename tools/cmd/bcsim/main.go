@@ -37,6 +37,8 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -163,8 +165,10 @@ func run() error {
 			at, c, ok, failed := time.Now(), cpuTime(), exportsOK.Load(), exportsFailed.Load()
 			sec := at.Sub(prevAt).Seconds()
 			cores := (c - prevCPU).Seconds() / sec
-			fmt.Printf("%s  cpu %.3f cores, %.1f µs/s per node; telemetry exports/s %.1f delivered, %.1f failed\n",
-				time.Since(start).Round(time.Second), cores, cores*1e6/float64(*nodes), float64(ok-prevOK)/sec, float64(failed-prevFailed)/sec)
+			rss := rssBytes()
+			fmt.Printf("%s  cpu %.3f cores, %.1f µs/s per node; rss %.0f MiB, %.0f KiB per node; telemetry exports/s %.1f delivered, %.1f failed\n",
+				time.Since(start).Round(time.Second), cores, cores*1e6/float64(*nodes), float64(rss)/(1<<20), float64(rss)/1024/float64(*nodes),
+				float64(ok-prevOK)/sec, float64(failed-prevFailed)/sec)
 			prevAt, prevCPU, prevOK, prevFailed = at, c, ok, failed
 		case <-t.C:
 			if n := sessions.Load(); n != last {
@@ -245,6 +249,21 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// rssBytes is the process's resident set (Linux /proc/self/statm; 0
+// elsewhere).
+func rssBytes() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
 }
 
 // raiseFileLimit lifts the open-files limit: every simulated node holds a
