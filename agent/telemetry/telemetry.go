@@ -9,7 +9,8 @@
 // optionally to a local Prometheus scrape endpoint (Handler) — never through
 // PostgreSQL or the session. [Telemetry.Configure] sets or changes the
 // endpoint and interval at any time (bcd's flags at start; the site
-// section when it names an OTLP endpoint): an empty endpoint turns the
+// section's endpoint and interval through a [Follower], the flags
+// returning when the site removes them): an empty endpoint turns the
 // export off.
 //
 // A collection reads NVML once per interval; the SDK keeps cumulative
