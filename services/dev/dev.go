@@ -88,6 +88,9 @@ type RunOptions struct {
 	// (under dev.dataDir/prometheus); without one the banner says how to
 	// get it. Best effort: a Prometheus that fails is logged, dev runs on.
 	Prometheus bool
+	// PrometheusListen is its address; "" is PrometheusListen, or a free
+	// loopback port when that is taken.
+	PrometheusListen string
 }
 
 // Start resolves PostgreSQL and NATS as the package comment says and starts
@@ -248,7 +251,7 @@ func start(ctx context.Context, cfg *config.Config, opts app.Options, run RunOpt
 		env.Provider, env.ProviderPoolID, env.ProviderURL = env.vps.provider, env.vps.providerPool, env.vps.providerURL
 	}
 	if run.Prometheus {
-		if env.prom, err = startPrometheus(env, filepath.Join(dataDir, "prometheus"), logger.With("component", "prometheus")); err != nil {
+		if env.prom, err = startPrometheus(env, filepath.Join(dataDir, "prometheus"), run.PrometheusListen, logger.With("component", "prometheus")); err != nil {
 			logger.Warn("prometheus not started", "err", err)
 			env.prom, err = nil, nil
 		}

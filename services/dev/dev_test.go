@@ -158,7 +158,8 @@ func TestDevBinary(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "dev", "--port", "0", "--log-level", "warn")
+	// Prometheus, where installed, is TestDevPrometheus's.
+	cmd := exec.Command(bin, "dev", "--port", "0", "--log-level", "warn", "--prometheus=false")
 	cmd.Env = append(os.Environ(), "BC_DATABASE_URL="+pgtest.NewDB(t), "BC_DEV_DATA_DIR="+t.TempDir(), "BC_CONFIG=", "BC_GATEWAY_LISTEN=127.0.0.1:0")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -37,10 +37,11 @@ type devPrometheus struct {
 	done chan struct{}
 }
 
-// startPrometheus starts the prometheus binary on PATH under dir, or
+// startPrometheus starts the prometheus binary on PATH under dir, serving
+// on listen ("": PrometheusListen, or a free loopback port when taken), or
 // returns nil, nil when there is none. It does not wait for Prometheus to
 // be ready.
-func startPrometheus(env *Env, dir string, logger *slog.Logger) (*devPrometheus, error) {
+func startPrometheus(env *Env, dir, listen string, logger *slog.Logger) (*devPrometheus, error) {
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		return nil, nil
@@ -95,12 +96,14 @@ scrape_configs:
 		p.stopServer()
 		return nil, err
 	}
-	listen := PrometheusListen
-	if l, err := net.Listen("tcp", listen); err == nil {
-		_ = l.Close()
-	} else if l, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
-		listen = l.Addr().String()
-		_ = l.Close()
+	if listen == "" {
+		listen = PrometheusListen
+		if l, err := net.Listen("tcp", listen); err == nil {
+			_ = l.Close()
+		} else if l, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
+			listen = l.Addr().String()
+			_ = l.Close()
+		}
 	}
 	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
 	if err != nil {

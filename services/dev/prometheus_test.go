@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os/exec"
@@ -36,11 +37,18 @@ func TestDevPrometheus(t *testing.T) {
 		Gateway:  config.Gateway{Listen: "127.0.0.1:0"},
 	}
 	cfg.Defaults()
+	// A port of its own: other tests' dev may hold 9090.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	promAddr := lis.Addr().String()
+	_ = lis.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- dev.Run(ctx, cfg, slog.New(slog.DiscardHandler), pw, dev.RunOptions{Prometheus: true})
+		done <- dev.Run(ctx, cfg, slog.New(slog.DiscardHandler), pw, dev.RunOptions{Prometheus: true, PrometheusListen: promAddr})
 		_ = pw.Close()
 	}()
 	t.Cleanup(func() {
@@ -65,7 +73,7 @@ func TestDevPrometheus(t *testing.T) {
 		t.Skip("prometheus is not installed: checked the banner's hint only")
 	}
 	m := regexp.MustCompile(`Telemetry Prometheus (http://\S+) scrapes the 2 simulated nodes`).FindStringSubmatch(banner.String())
-	if m == nil {
+	if m == nil || m[1] != "http://"+promAddr {
 		t.Fatalf("prometheus is installed and the banner names none:\n%s", banner.String())
 	}
 	query := func(q string) (map[string]string, error) {
