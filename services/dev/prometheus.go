@@ -44,7 +44,7 @@ type devPrometheus struct {
 func startPrometheus(env *Env, dir, listen string, logger *slog.Logger) (*devPrometheus, error) {
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
-		return nil, nil
+		return nil, nil //nolint:nilerr // not installed: the banner says how to get it
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
 		return nil, err
