@@ -69,6 +69,8 @@ type Config struct {
 	// Health configures the health job's remediation ladder and its
 	// brakes.
 	Health Health `yaml:"health"`
+	// Fleet configures fleet.drift: the nodes' Drifted condition.
+	Fleet Fleet `yaml:"fleet"`
 	// Events configures the outbox relay, the event stream and retention.
 	Events Events `yaml:"events"`
 	// Webhooks configures webhook delivery.
@@ -446,6 +448,7 @@ func (c *Config) Defaults() {
 	r.Batch = cmp.Or(r.Batch, 256)
 	c.Nodes.defaults(&c.Capacity)
 	c.Health.defaults()
+	c.Fleet.defaults()
 	c.Capacity.defaults()
 	c.Events.defaults()
 	c.Webhooks.defaults()
@@ -625,6 +628,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Capacity.validate()...)
 	errs = append(errs, c.Nodes.validate(&c.Capacity)...)
 	errs = append(errs, c.Health.validate()...)
+	errs = append(errs, c.Fleet.validate()...)
 	errs = append(errs, c.Events.validate()...)
 	errs = append(errs, c.Webhooks.validate()...)
 	errs = append(errs, c.Providers.validate()...)

@@ -191,6 +191,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"concurrency", func(c *config.Config) { c.Runtime.Concurrency = 0 }, "runtime.concurrency"},
 		{"batch", func(c *config.Config) { c.Runtime.Batch = 20000 }, "runtime.batch"},
 		{"gateway listen", func(c *config.Config) { c.Gateway.Listen = "8443" }, "gateway.listen"},
+		{"stuck after too short", func(c *config.Config) { c.Fleet.StuckAfter = config.Duration(time.Second) }, "fleet.stuckAfter"},
+		{"stuck after too long", func(c *config.Config) { c.Fleet.StuckAfter = config.Duration(200 * time.Hour) }, "fleet.stuckAfter"},
+		{"drift every", func(c *config.Config) { c.Fleet.DriftEvery = -1 }, "fleet.driftEvery"},
 		{"gateway id", func(c *config.Config) { c.Gateway.ID = "GW 1" }, "gateway.id"},
 		{"gateway liveness", func(c *config.Config) { c.Gateway.LivenessInterval = -1 }, "gateway.livenessInterval"},
 		{"gateway admit rate", func(c *config.Config) { c.Gateway.AdmitRate = -5 }, "gateway.admitRate"},
@@ -358,6 +361,20 @@ func TestNodesDefaultsAndLostAfterAlias(t *testing.T) {
 	c.Defaults()
 	if c.Capacity.LostAfter.Std() != 3*time.Minute || c.Validate() != nil {
 		t.Fatalf("nodes.lostAfter: %+v %v", c.Capacity, c.Validate())
+	}
+}
+
+// TestFleetDefaultsAndEnv: fleet.stuckAfter and fleet.driftEvery default
+// to 15m and 1m and are read from their environment variables.
+func TestFleetDefaultsAndEnv(t *testing.T) {
+	t.Parallel()
+	c := &config.Config{}
+	c.Defaults()
+	if c.Fleet.StuckAfter.Std() != 15*time.Minute || c.Fleet.DriftEvery.Std() != time.Minute || c.Validate() != nil {
+		t.Fatalf("defaults: %+v %v", c.Fleet, c.Validate())
+	}
+	if got := config.EnvName("fleet.stuckAfter"); got != "BC_FLEET_STUCK_AFTER" {
+		t.Fatalf("env name %s", got)
 	}
 }
 

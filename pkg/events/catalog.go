@@ -438,6 +438,28 @@ func catalog() []Type {
 				"and present again (the health job). Its reservations get `reservation.device_unhealthy`.",
 		},
 		{
+			Name:    "node.drifted",
+			Subject: "node",
+			Fields: []Field{
+				{"nodeId", "string", "The node."},
+				{"poolId", "string", "Its pool."},
+				{"reasons", "array", "Why it drifted, each a sentence: a section not converged for longer than fleet.stuckAfter, an inventory value that differs from the pool's baseline, a section the daemon reports drifted."},
+				{"since", "string", "Since when it has been Drifted (RFC 3339)."},
+			},
+			Doc: "A node's Drifted condition was raised, or its reasons changed while it holds (fleet.drift). " +
+				"See [nodes](nodes.md#drift).",
+		},
+		{
+			Name:    "node.drift_cleared",
+			Subject: "node",
+			Fields: []Field{
+				{"nodeId", "string", "The node."},
+				{"poolId", "string", "Its pool."},
+				{"previousReasons", "array", "The reasons it had."},
+			},
+			Doc: "No reason of a node's Drifted condition holds any more (fleet.drift); also when a Drifted node is retired.",
+		},
+		{
 			Name:    "gpu.recovered",
 			Subject: "node",
 			Fields:  gpuFields(),

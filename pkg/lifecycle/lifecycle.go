@@ -1,5 +1,5 @@
 // Package lifecycle is a node's lifecycle as the roles share it: the kinds
-// of the node-sharded jobs other roles enqueue (inventory, health, drain),
+// of the jobs other roles enqueue (inventory, health, drain, fleet.drift),
 // and the drain and undrain transitions with the events and work each
 // implies, run in the caller's transaction. The jobs themselves live in
 // services/inventory and services/lifecycle.
@@ -28,6 +28,10 @@ const (
 	// retires it when asked.
 	KindDrain = "drain"
 )
+
+// KindDrift is the fleet.drift job's kind: pool-sharded, its keys are
+// pool ids. It computes the Drifted condition of every node of the pool.
+const KindDrift = "fleet.drift"
 
 // DrainRequest is how [StartDrain] drains a node.
 type DrainRequest struct {

@@ -234,8 +234,9 @@ func LiveReservationsOn(ctx context.Context, q Querier, id string) ([]Reservatio
 
 // Condition types a node list can be filtered on ([Filter.Condition]):
 // Ready (values True, Unknown, Lost), Draining (True while draining or
-// drained), NeedsRepair (the latched nodes.needs_repair) and the inventory
-// controller's conditions in nodes.conditions.
+// drained), NeedsRepair (the latched nodes.needs_repair), Drifted
+// (fleet.drift's) and the inventory controller's conditions in
+// nodes.conditions.
 const (
 	ConditionDraining    = "Draining"
 	ConditionNeedsRepair = "NeedsRepair"
@@ -273,7 +274,7 @@ func ParseCondition(s string) (ConditionFilter, error) {
 	if !hasValue {
 		value = ReadyTrue
 	}
-	known := append([]string{ConditionReady, ConditionDraining, ConditionNeedsRepair}, InventoryConditions...)
+	known := append([]string{ConditionReady, ConditionDraining, ConditionNeedsRepair, ConditionDrifted}, InventoryConditions...)
 	if !contains(known, typ) {
 		return bad("unknown condition type %q in %q: expected one of %s", typ, s, strings.Join(known, ", "))
 	}
@@ -310,7 +311,7 @@ func (f ConditionFilter) sql(arg string) (string, any) {
 	case ConditionNeedsRepair:
 		cond, v = "needs_repair = "+arg+"::boolean", f.Value == "True"
 	default:
-		// The inventory controller's conditions: a JSON array of
+		// The inventory controller's conditions and Drifted: a JSON array of
 		// {type, status, …}; a node without the condition matches neither
 		// value.
 		cond = "conditions @> " + arg + "::jsonb"

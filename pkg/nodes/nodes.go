@@ -138,12 +138,15 @@ type SectionStatus struct {
 }
 
 // Condition is one node condition (nodes.conditions, written by the
-// inventory controller).
+// inventory controller, and Drifted by fleet.drift).
 type Condition struct {
 	Type   string    `json:"type"`
 	Status bool      `json:"status"`
 	Reason string    `json:"reason,omitempty"`
 	Since  time.Time `json:"since"`
+	// Reasons lists each reason of a condition that can have several
+	// (Drifted); Reason then joins them.
+	Reasons []string `json:"reasons,omitempty"`
 }
 
 // Schedulable reports whether placement may book the node's devices: it is

@@ -397,6 +397,14 @@ func (a *App) startRuntime(ctx context.Context) error {
 		if err := a.registerHealth(rt); err != nil {
 			return err
 		}
+		// fleet.drift: the nodes' Drifted condition.
+		for _, r := range lifecycle.Drift(lifecycle.DriftConfig{
+			StuckAfter: a.cfg.Fleet.StuckAfter.Std(), Every: a.cfg.Fleet.DriftEvery.Std(),
+		}) {
+			if err := rt.Register(r); err != nil {
+				return err
+			}
+		}
 	}
 	if slices.Contains(roles, reconcile.RoleNodeSpec) {
 		// The nodespec controller pokes the gateway holding the node after

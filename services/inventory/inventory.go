@@ -38,6 +38,8 @@ type Condition struct {
 	Status bool      `json:"status"`
 	Reason string    `json:"reason,omitempty"`
 	Since  time.Time `json:"since"`
+	// Reasons: see nodes.Condition.
+	Reasons []string `json:"reasons,omitempty"`
 }
 
 // Condition types.
@@ -134,6 +136,10 @@ func (c *controller) run(ctx context.Context, rc *reconcile.RunContext, nodeID s
 			next = acc.state
 		} else if i := slices.IndexFunc(prev, func(c Condition) bool { return c.Type == AcceptancePassed }); i >= 0 {
 			conds = append(conds, prev[i]) // keep the verdict
+		}
+		// Drifted is fleet.drift's: kept as it is.
+		if i := slices.IndexFunc(prev, func(c Condition) bool { return c.Type == nodestore.ConditionDrifted }); i >= 0 {
+			conds = append(conds, prev[i])
 		}
 		keepSince(conds, prev)
 		if state == "adopting" && next == "adopted" {
