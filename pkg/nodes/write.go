@@ -121,6 +121,12 @@ type Observed struct {
 	// Generation and ObservedGeneration are the node's after the write.
 	Generation         int64
 	ObservedGeneration int64
+	// PoolID is the node's pool.
+	PoolID string
+	// PrevDrifted: the section status this report replaced had a section
+	// reported drifted (a reason starting [DriftedReasonPrefix]), so the
+	// node's Drifted condition may clear now.
+	PrevDrifted bool
 }
 
 // RecordObserved stores a batch of convergence reports in one statement and
@@ -163,16 +169,17 @@ func RecordObserved(ctx context.Context, q Querier, obs []Observation) ([]Observ
 			SELECT DISTINCT ON (id, epoch) id, epoch, max(observed) OVER (PARTITION BY id, epoch) AS observed, status
 			  FROM s ORDER BY id, epoch, ord DESC),
 		l AS MATERIALIZED (
-			SELECT n.id FROM nodes n JOIN v ON v.id = n.id AND v.epoch = n.session_epoch
+			SELECT n.id, coalesce(jsonb_path_exists(n.section_status, '$[*] ? (@.reason starts with $p)', jsonb_build_object('p', $5::text)), false) AS drifted
+			  FROM nodes n JOIN v ON v.id = n.id AND v.epoch = n.session_epoch
 			 ORDER BY n.id FOR NO KEY UPDATE OF n),
 		u AS (
 			UPDATE nodes n SET observed_generation = least(greatest(n.observed_generation, v.observed), n.generation), section_status = v.status::jsonb,
 			       updated_at = now()
 			  FROM v JOIN l ON l.id = v.id
 			 WHERE n.id = v.id AND n.session_epoch = v.epoch
-			RETURNING n.id, n.session_epoch, n.tenant_id, n.generation, n.observed_generation)
-		SELECT s.ord, u.tenant_id, u.generation, u.observed_generation
-		  FROM s JOIN u ON u.id = s.id AND u.session_epoch = s.epoch`, ids, epochs, gens, status)
+			RETURNING n.id, n.session_epoch, n.tenant_id, n.generation, n.observed_generation, n.pool_id, l.drifted)
+		SELECT s.ord, u.tenant_id, u.generation, u.observed_generation, u.pool_id, u.drifted
+		  FROM s JOIN u ON u.id = s.id AND u.session_epoch = s.epoch`, ids, epochs, gens, status, DriftedReasonPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("store observed generations: %w", err)
 	}
@@ -180,7 +187,7 @@ func RecordObserved(ctx context.Context, q Querier, obs []Observation) ([]Observ
 	for rows.Next() {
 		var ord int64
 		var o Observed
-		if err := rows.Scan(&ord, &o.TenantID, &o.Generation, &o.ObservedGeneration); err != nil {
+		if err := rows.Scan(&ord, &o.TenantID, &o.Generation, &o.ObservedGeneration, &o.PoolID, &o.PrevDrifted); err != nil {
 			return nil, fmt.Errorf("store observed generations: %w", err)
 		}
 		o.Stored = true

@@ -88,7 +88,7 @@ func TestRecordObserved(t *testing.T) {
 		db := setup(t, "node_a")
 		setGeneration(t, db, "node_a", 5)
 		got := record(t, db, nodes.Observation{NodeID: "node_a", Epoch: 1, Generation: 5, SectionStatus: status("site", 5)})
-		if want := (nodes.Observed{Stored: true, TenantID: "acme", Generation: 5, ObservedGeneration: 5}); got[0] != want {
+		if want := (nodes.Observed{Stored: true, TenantID: "acme", Generation: 5, ObservedGeneration: 5, PoolID: "pool_a"}); got[0] != want {
 			t.Fatalf("first report: %+v, want %+v", got[0], want)
 		}
 		// A late report of an older generation keeps the generation and
@@ -120,6 +120,22 @@ func TestRecordObserved(t *testing.T) {
 		}
 	})
 
+	t.Run("a report replacing one with a section reported drifted says so", func(t *testing.T) {
+		t.Parallel()
+		db := setup(t, "node_a")
+		setGeneration(t, db, "node_a", 1)
+		drifted := json.RawMessage(`[{"section":"devices","state":"SECTION_STATE_CONVERGED","reason":"drifted: /var/run/cdi/x.json was edited","generation":1}]`)
+		for i, c := range []struct {
+			status json.RawMessage
+			prev   bool
+		}{{status("devices", 1), false}, {drifted, false}, {drifted, true}, {status("devices", 1), true}, {status("devices", 1), false}} {
+			got := record(t, db, nodes.Observation{NodeID: "node_a", Epoch: 1, Generation: 1, SectionStatus: c.status})
+			if !got[0].Stored || got[0].PrevDrifted != c.prev {
+				t.Fatalf("report %d: %+v, want PrevDrifted %t", i, got[0], c.prev)
+			}
+		}
+	})
+
 	t.Run("one statement stores a batch, results in order", func(t *testing.T) {
 		t.Parallel()
 		db := setup(t, "node_a", "node_b", "node_c")
@@ -133,9 +149,9 @@ func TestRecordObserved(t *testing.T) {
 		)
 		want := []nodes.Observed{
 			{},
-			{Stored: true, TenantID: "acme", Generation: 4, ObservedGeneration: 4},
+			{Stored: true, TenantID: "acme", Generation: 4, ObservedGeneration: 4, PoolID: "pool_a"},
 			{},
-			{Stored: true, TenantID: "acme", Generation: 2, ObservedGeneration: 1},
+			{Stored: true, TenantID: "acme", Generation: 2, ObservedGeneration: 1, PoolID: "pool_a"},
 		}
 		if !slices.Equal(got, want) {
 			t.Fatalf("results %+v, want %+v", got, want)
@@ -512,7 +528,7 @@ func TestNodeCannotReportAGenerationAheadOfItsSpec(t *testing.T) {
 		nodes.Observation{NodeID: "node_a", Epoch: 1, Generation: 1 << 62, SectionStatus: status("site", 1<<62)},
 		nodes.Observation{NodeID: "node_b", Epoch: 1, Generation: 1},
 	)
-	if want := (nodes.Observed{Stored: true, TenantID: "acme", Generation: 3, ObservedGeneration: 3}); got[0] != want {
+	if want := (nodes.Observed{Stored: true, TenantID: "acme", Generation: 3, ObservedGeneration: 3, PoolID: "pool_a"}); got[0] != want {
 		t.Fatalf("report of 2^62: %+v, want %+v", got[0], want)
 	}
 	if got[1].ObservedGeneration != 1 {

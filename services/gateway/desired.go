@@ -16,6 +16,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/instances"
+	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -196,6 +197,17 @@ func hostObservation(nodeID string, obs *agentv1.Observed) *instances.HostObserv
 	return nil
 }
 
+// drifted reports whether a section of the report says it drifted (its
+// reason starts [nodestore.DriftedReasonPrefix]).
+func (r *observedReport) drifted() bool {
+	for _, st := range r.obs.GetSections() {
+		if strings.HasPrefix(st.GetReason(), nodestore.DriftedReasonPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
 // storeObserved records how far the node converged: the database keeps the
 // highest observed generation reported, so a late report cannot lower it;
 // section status is the latest report's. A report that reaches the current
@@ -313,7 +325,7 @@ func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 		if err != nil {
 			return err
 		}
-		var converged []string
+		var converged, drifted []string
 		var events []outbox.Event
 		var hosts []instances.HostObservation
 		next := 0
@@ -326,6 +338,9 @@ func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 					}
 					if e, ok := observedEvent(r.observed, st); ok {
 						events = append(events, e)
+					}
+					if st.PrevDrifted || r.observed.drifted() {
+						drifted = append(drifted, st.PoolID)
 					}
 				}
 				next++
@@ -342,6 +357,15 @@ func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 		}
 		if err := g.wakeObserved(ctx, tx, q, slices.Compact(converged)); err != nil {
 			return err
+		}
+		// A section reported drifted (or no longer): fleet.drift judges
+		// the node's pool now, not at its next sweep (the daemon's next
+		// pass reports the plain reason again).
+		slices.Sort(drifted)
+		for _, pool := range slices.Compact(drifted) {
+			if err := q.Enqueue(ctx, lifecycle.KindDrift, pool); err != nil {
+				return err
+			}
 		}
 		return outbox.WriteMany(ctx, tx, events)
 	})

@@ -13,6 +13,7 @@ import (
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
+	"github.com/bettercompute/bettercompute/pkg/lifecycle"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -181,5 +182,66 @@ func TestABatchThatFailsIsStoredAgainReportByReport(t *testing.T) {
 	var stored int
 	if err := f.db.QueryRow(t.Context(), `SELECT count(*) FROM stored_reports`).Scan(&stored); err != nil || stored != n-1 {
 		t.Fatalf("%d reports stored (%v), want %d", stored, err, n-1)
+	}
+}
+
+// TestObservedDriftedWakesFleetDrift: a report with a section reason
+// starting "drifted:" enqueues fleet.drift for the node's pool in the
+// report's transaction, and so does the next report (the one that may
+// clear it); a plain report after a plain one enqueues nothing.
+func TestObservedDriftedWakesFleetDrift(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.addNode(t, "node_1")
+	if _, err := f.db.Exec(t.Context(), `UPDATE nodes SET state = 'adopted', generation = 1, spec = '{"site": {"logLevel": "debug"}}'`); err != nil {
+		t.Fatal(err)
+	}
+	var pool string
+	if err := f.db.QueryRow(t.Context(), `SELECT pool_id FROM nodes WHERE id = 'node_1'`).Scan(&pool); err != nil {
+		t.Fatal(err)
+	}
+	cert := f.ca.node(t, "node_1")
+	stream, _ := open(t, f.client(t, f.addr, &cert), "node_1")
+	if m, err := stream.Recv(); err != nil || m.GetDesiredState() == nil {
+		t.Fatalf("want the DesiredState, got %v %v", m, err)
+	}
+	queued := func() []string {
+		rows, err := f.db.Query(t.Context(), `SELECT key FROM work_queue WHERE kind = $1 ORDER BY key`, lifecycle.KindDrift)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+	for i, c := range []struct {
+		reason string
+		want   []string
+	}{
+		{"8 GPUs", nil},
+		{"drifted: /var/run/cdi/bettercompute.io-gpu.json was edited or removed by hand, restored", []string{pool}},
+		{"8 GPUs", []string{pool}},
+		{"8 GPUs", nil},
+	} {
+		if _, err := f.db.Exec(t.Context(), `DELETE FROM work_queue WHERE kind = $1`, lifecycle.KindDrift); err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Observed{Observed: &agentv1.Observed{
+			Generation: 1, ObservedGeneration: 1,
+			Sections: []*agentv1.SectionStatus{{Section: "devices", State: agentv1.SectionState_SECTION_STATE_CONVERGED, Reason: c.reason, Generation: 1}},
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		// The report's commit: node.converged, one per report.
+		poll.Until(t, 15*time.Second, "the report stored", func() bool {
+			var n int
+			_ = f.db.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE type = 'node.converged'`).Scan(&n)
+			return n == i+1
+		})
+		if got := queued(); !slices.Equal(got, c.want) {
+			t.Fatalf("report %d (%q): fleet.drift queued for %v, want %v", i, c.reason, got, c.want)
+		}
 	}
 }
