@@ -447,7 +447,7 @@ func catalog() []Type {
 				{"since", "string", "Since when it has been Drifted (RFC 3339)."},
 			},
 			Doc: "A node's Drifted condition was raised, or its reasons changed while it holds (fleet.drift). " +
-				"See [nodes](nodes.md#drift).",
+				"See [lifecycle](lifecycle.md#drift).",
 		},
 		{
 			Name:    "node.drift_cleared",

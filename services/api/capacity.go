@@ -14,6 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
 	"github.com/bettercompute/bettercompute/pkg/instances"
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 )
@@ -64,6 +65,11 @@ func (s *capacityGroup) Get(ctx context.Context, req *computev1.CapacityServiceG
 	if err := s.hosts(ctx, res.ID, out); err != nil {
 		return nil, err
 	}
+	drifted, err := nodestore.CountDrifted(ctx, s.db, res.ID)
+	if err != nil {
+		return nil, err
+	}
+	out.DriftedNodes = int32(drifted)
 	usage, err := capstore.UsageOf(ctx, s.db, res.ID)
 	if err != nil {
 		return nil, err

@@ -68,7 +68,8 @@ func nodePB(n nodestore.Node) *computev1.Node {
 		if c.Status {
 			v = "True"
 		}
-		out.Conditions = append(out.Conditions, &computev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Since: ts(c.Since), Value: v})
+		out.Conditions = append(out.Conditions, &computev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Since: ts(c.Since), Value: v,
+			Reasons: c.Reasons})
 	}
 	for _, d := range n.Devices {
 		out.Devices = append(out.Devices, &computev1.Device{

@@ -90,7 +90,10 @@ type CapacityServiceGetResponse struct {
 	ComputeTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=compute_time,json=computeTime,proto3" json:"compute_time,omitempty"`
 	// A hosted pool's (class "vps-host") hosts, read now: unset for other
 	// pools.
-	Hosts         *HostCapacity `protobuf:"bytes,5,opt,name=hosts,proto3" json:"hosts,omitempty"`
+	Hosts *HostCapacity `protobuf:"bytes,5,opt,name=hosts,proto3" json:"hosts,omitempty"`
+	// Nodes of the pool whose Drifted condition holds (fleet.drift), read
+	// now; nodes.list condition=Drifted lists them.
+	DriftedNodes  int32 `protobuf:"varint,6,opt,name=drifted_nodes,json=driftedNodes,proto3" json:"drifted_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -158,6 +161,13 @@ func (x *CapacityServiceGetResponse) GetHosts() *HostCapacity {
 		return x.Hosts
 	}
 	return nil
+}
+
+func (x *CapacityServiceGetResponse) GetDriftedNodes() int32 {
+	if x != nil {
+		return x.DriftedNodes
+	}
+	return 0
 }
 
 // HostCapacity is what a hosted pool's hosts have for instances (their
@@ -802,13 +812,14 @@ const file_bettercompute_compute_v1_capacity_proto_rawDesc = "" +
 	"'bettercompute/compute/v1/capacity.proto\x12\x18bettercompute.compute.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"Q\n" +
 	"\x19CapacityServiceGetRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
-	"\apool_id\x18\x02 \x01(\tR\x06poolId\"\xdb\x02\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\"\x80\x03\n" +
 	"\x1aCapacityServiceGetResponse\x12>\n" +
 	"\x05total\x18\x01 \x01(\v2(.bettercompute.compute.v1.CapacityCountsR\x05total\x12?\n" +
 	"\x06models\x18\x02 \x03(\v2'.bettercompute.compute.v1.ModelCapacityR\x06models\x12?\n" +
 	"\atenants\x18\x03 \x03(\v2%.bettercompute.compute.v1.TenantUsageR\atenants\x12=\n" +
 	"\fcompute_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vcomputeTime\x12<\n" +
-	"\x05hosts\x18\x05 \x01(\v2&.bettercompute.compute.v1.HostCapacityR\x05hosts\"\xe9\x02\n" +
+	"\x05hosts\x18\x05 \x01(\v2&.bettercompute.compute.v1.HostCapacityR\x05hosts\x12#\n" +
+	"\rdrifted_nodes\x18\x06 \x01(\x05R\fdriftedNodes\"\xe9\x02\n" +
 	"\fHostCapacity\x12\x14\n" +
 	"\x05hosts\x18\x01 \x01(\x05R\x05hosts\x12+\n" +
 	"\x11schedulable_hosts\x18\x02 \x01(\x05R\x10schedulableHosts\x12\x1f\n" +

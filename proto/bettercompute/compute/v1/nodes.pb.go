@@ -1003,7 +1003,12 @@ type NodeCondition struct {
 	// "Unknown" (no heartbeat for nodes.notReadyAfter) or "Lost" (none for
 	// nodes.lostAfter); status is true only for "True". The other conditions
 	// say "True" or "False".
-	Value         string `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
+	Value string `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
+	// Each reason of a condition that can have several (Drifted: a section
+	// not converged for longer than fleet.stuckAfter, an inventory value that
+	// differs from the pool's baseline, a section the node reports drifted);
+	// reason joins them with "; ".
+	Reasons       []string `protobuf:"bytes,6,rep,name=reasons,proto3" json:"reasons,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1071,6 +1076,13 @@ func (x *NodeCondition) GetValue() string {
 		return x.Value
 	}
 	return ""
+}
+
+func (x *NodeCondition) GetReasons() []string {
+	if x != nil {
+		return x.Reasons
+	}
+	return nil
 }
 
 // SectionStatus is how one section of a node's desired state stands on the
@@ -1444,7 +1456,7 @@ type NodesServiceListRequest struct {
 	// Only nodes with this condition, as "Type" (it holds), "Type=Value"
 	// (e.g. "Ready=Unknown", "Ready=Lost", "NeedsRepair=True") or "!Type" (it
 	// does not hold). Types: Ready, GPUsHealthy, DevicesPresent, Draining,
-	// NeedsRepair, AcceptancePassed, InventoryReported.
+	// NeedsRepair, Drifted, AcceptancePassed, InventoryReported.
 	Condition     string `protobuf:"bytes,7,opt,name=condition,proto3" json:"condition,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1813,13 +1825,14 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\bretiring\x18\x15 \x01(\bR\bretiring\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9b\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +
 	"\rNodeCondition\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\bR\x06status\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
 	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
-	"\x05value\x18\x05 \x01(\tR\x05value\"w\n" +
+	"\x05value\x18\x05 \x01(\tR\x05value\x12\x18\n" +
+	"\areasons\x18\x06 \x03(\tR\areasons\"w\n" +
 	"\rSectionStatus\x12\x18\n" +
 	"\asection\x18\x01 \x01(\tR\asection\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
