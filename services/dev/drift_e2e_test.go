@@ -52,8 +52,8 @@ func TestDriftEndToEnd(t *testing.T) {
 
 	type cond struct {
 		Type, Value, Reason string
-		Status             bool
-		Reasons            []string
+		Status              bool
+		Reasons             []string
 	}
 	drifted := func() (cond, bool) {
 		var out struct{ Node struct{ Conditions []cond } }
