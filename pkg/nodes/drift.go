@@ -54,7 +54,8 @@ type DriftFacts struct {
 	TenantID string
 	PoolID   string
 	State    string
-	// Sections is the node's last section status report.
+	// Sections are the sections of the node's last report that matter to
+	// drift: those not settled, and those reported drifted.
 	Sections []SectionStatus
 	// Pending is nodes.drift_sections: since when each section has been
 	// seen not settled.
@@ -79,18 +80,22 @@ type DriftFacts struct {
 func DriftFactsOfPool(ctx context.Context, q Querier, pool string) ([]DriftFacts, error) {
 	rows, err := q.Query(ctx, `
 		SELECT n.id, n.tenant_id, n.pool_id, n.state,
-		       CASE WHEN jsonb_typeof(n.section_status) = 'array' THEN n.section_status ELSE '[]' END,
+		       CASE WHEN jsonb_typeof(n.section_status) = 'array' THEN (
+			SELECT coalesce(jsonb_agg(s), '[]') FROM jsonb_array_elements(n.section_status) s
+			 WHERE s->>'state' NOT IN ($4, $5) OR starts_with(s->>'reason', $6)) ELSE '[]' END,
 		       n.drift_sections,
 		       (SELECT c FROM jsonb_array_elements(n.conditions) c WHERE c->>'type' = $2 LIMIT 1),
 		       coalesce(d.gpus, 0), coalesce(d.models, '{}'),
 		       i.node_id IS NOT NULL, coalesce(i.report->'host'->>'driverVersion', ''), coalesce(i.report->'host'->>'cudaVersion', '')
 		  FROM nodes n
 		  LEFT JOIN node_inventory i ON i.node_id = n.id
-		  LEFT JOIN LATERAL (
-			SELECT count(*) AS gpus, array_agg(DISTINCT model ORDER BY model) AS models
-			  FROM devices WHERE node_id = n.id AND kind = 'gpu' AND missing_since IS NULL) d ON true
+		  LEFT JOIN (
+			SELECT d.node_id, count(*) AS gpus, array_agg(DISTINCT d.model ORDER BY d.model) AS models
+			  FROM devices d JOIN nodes dn ON dn.id = d.node_id
+			 WHERE dn.pool_id = $1 AND d.kind = 'gpu' AND d.missing_since IS NULL
+			 GROUP BY d.node_id) d ON d.node_id = n.id
 		 WHERE n.pool_id = $1 AND (n.state <> 'retired' OR n.conditions @> $3::jsonb)
-		 ORDER BY n.id`, pool, ConditionDrifted, driftedJSON)
+		 ORDER BY n.id`, pool, ConditionDrifted, driftedJSON, SectionConverged, SectionFailedTerminal, DriftedReasonPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("drift facts of pool %s: %w", pool, err)
 	}

@@ -2,6 +2,7 @@ package lifecycle_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -443,4 +444,74 @@ func TestDriftBusStopped(t *testing.T) {
 	if got := driftEvents(t, pool, "node_1"); !slices.Equal(got, []string{"node.drifted", "node.drift_cleared"}) {
 		t.Fatalf("events %v", got)
 	}
+}
+
+// BenchmarkDriftPass: one fleet.drift run over a pool of 10,000 adopted
+// nodes (8 GPUs, an inventory report and 8 section statuses each), 1 %
+// of them on another driver. The first run writes every node's condition;
+// b.N runs after it write nothing but what changed (here: nothing), which
+// is the steady state of the sweep's every-minute pass.
+func BenchmarkDriftPass(b *testing.B) {
+	const n = 10000
+	pool, err := db.Open(b.Context(), db.Config{URL: pgtest.NewDB(b), MaxConns: 8})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	fixture.Pool(b, pool, fixture.PoolOpts{ID: "pool_a"})
+	sections := `[{"section":"identity","state":"SECTION_STATE_CONVERGED","reason":"","generation":1},
+		{"section":"site","state":"SECTION_STATE_CONVERGED","reason":"","generation":1},
+		{"section":"runtime","state":"SECTION_STATE_CONVERGED","reason":"","generation":1},
+		{"section":"devices","state":"SECTION_STATE_CONVERGED","reason":"exposes 0 GPUs","generation":1},
+		{"section":"mig","state":"SECTION_STATE_CONVERGED","reason":"","generation":1},
+		{"section":"instances","state":"SECTION_STATE_CONVERGED","reason":"","generation":1},
+		{"section":"health","state":"SECTION_STATE_CONVERGED","reason":"","generation":1},
+		{"section":"agent","state":"SECTION_STATE_CONVERGED","reason":"","generation":1}]`
+	for _, q := range []string{
+		`INSERT INTO nodes (id, tenant_id, pool_id, state, shard, labels, hostname, hardware_key, generation, observed_generation, section_status)
+		 SELECT 'node_' || lpad(i::text, 5, '0'), 'root', 'pool_a', 'adopted', i % 256, '{}', 'h' || i, 'hw' || i, 1, 1, $1::jsonb
+		   FROM generate_series(1, ` + fmt.Sprint(n) + `) i`,
+		`INSERT INTO devices (node_id, id, index, model)
+		 SELECT n.id, 'GPU-' || n.id || '-' || g, g, 'NVIDIA H200' FROM nodes n, generate_series(0, 7) g`,
+		`INSERT INTO node_inventory (node_id, session_epoch, report)
+		 SELECT id, 1, jsonb_build_object('host', jsonb_build_object('driverVersion',
+		        CASE WHEN right(id, 2) = '00' THEN '535.104.05' ELSE '550.54.15' END, 'cudaVersion', '12.4')) FROM nodes`,
+	} {
+		args := []any{}
+		if strings.Contains(q, "$1") {
+			args = append(args, sections)
+		}
+		if _, err := pool.Exec(b.Context(), q, args...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rt, err := reconcile.New(pool, nil, reconcile.Config{Roles: []string{reconcile.RoleControllers}, Heartbeat: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, r := range lifecycle.Drift(lifecycle.DriftConfig{}) {
+		if err := rt.Register(r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(rt.Stop)
+	run := func() {
+		if err := workqueue.Enqueue(b.Context(), pool, nodelife.KindDrift, "pool_a"); err != nil {
+			b.Fatal(err)
+		}
+		if tr, err := rt.Jobs()[nodelife.KindDrift].Tick(b.Context()); err != nil || tr.Done != 1 {
+			b.Fatalf("tick: %+v %v", tr, err)
+		}
+	}
+	start := time.Now()
+	run()
+	first := time.Since(start)
+	d, err := nodes.CountDrifted(b.Context(), pool, "pool_a")
+	if err != nil || d != n/100 {
+		b.Fatalf("%d drifted, want %d (%v)", d, n/100, err)
+	}
+	for b.Loop() {
+		run()
+	}
+	b.ReportMetric(float64(first.Milliseconds()), "first-pass-ms")
 }
