@@ -247,6 +247,20 @@ func TestDriftEachReasonRaisesAndClears(t *testing.T) {
 		if err != nil || n != 1 {
 			t.Fatalf("%s: CountDrifted %d %v", name, n, err)
 		}
+		// The gauge bettercompute_node_conditions counts it too.
+		census, err := nodes.CountByCondition(t.Context(), e.pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counted := map[bool]int{}
+		for _, c := range census {
+			if c.PoolID == "pool_a" && c.Type == nodes.ConditionDrifted {
+				counted[c.Status] = c.Nodes
+			}
+		}
+		if counted[true] != 1 || counted[false] != len(ids)-1 {
+			t.Fatalf("%s: condition census %v", name, counted)
+		}
 		// A second pass changes nothing and writes no second event.
 		before := driftEvents(t, e.pool, node)
 		e.pass(t)
