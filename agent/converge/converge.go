@@ -189,6 +189,10 @@ type Config struct {
 	// Converge saw: a driver upgrade regenerates the CDI spec at the next
 	// drift check instead of the next periodic converge.
 	Driver func(ctx context.Context) (string, error)
+	// MIG reads and applies the GPUs' MIG layouts (the mig section); nil
+	// means this node has no NVML to do it with (the section is
+	// FAILED_TERMINAL unless empty).
+	MIG MIG
 }
 
 // Site says where the site section's settings go.
@@ -259,7 +263,7 @@ func New(cfg Config) (*Converger, error) {
 		c.site,
 		&runtimeHandler{cfg: engines.Config{Root: cfg.Runtime.Root, Runner: cfg.Runtime.Runner, NvidiaCTK: cfg.Runtime.NvidiaCTK}},
 		c.devices,
-		unsupported{section: "mig", would: planMig},
+		&migHandler{mig: cfg.MIG},
 		instances(cfg.VPS),
 		c.health,
 		unsupported{section: "agent", would: planAgent},
@@ -470,6 +474,11 @@ func (c *Converger) run(ctx context.Context, h Handler, cur Current, spec *agent
 	if len(p.Actions) > 0 || len(p.Steps) > 0 {
 		if err := h.Apply(ctx, cur, p); err != nil {
 			return agentv1.SectionState_SECTION_STATE_FAILED, "applying: " + err.Error()
+		}
+	}
+	if r, ok := h.(outcomeReporter); ok {
+		if state, reason, ok := r.outcome(); ok {
+			return state, reason
 		}
 	}
 	switch {

@@ -156,7 +156,7 @@ func TestConverge_TerminalFailures(t *testing.T) {
 		"identity":  `this node is "node_1"`,
 		"site":      `invalid site section: log_level: "loud"`,
 		"runtime":   `invalid runtime section: engines: "lxc": want containerd, cri-o, docker or podman`,
-		"mig":       "not built yet: would enable MIG on GPU-a with instances [1g.18gb, 1g.18gb]",
+		"mig":       "no NVML to apply MIG layouts with: would enable MIG on GPU-a with instances [1g.18gb, 1g.18gb]",
 		"instances": "not built yet: would run inst_1",
 		"health":    `diagnostics level "extreme"`,
 		"agent":     "not built yet: would follow release channel beta",

@@ -52,6 +52,16 @@ type Fault struct {
 	// ComputePIDs are compute processes running on the GPU (gpu.reset
 	// refuses them unless forced).
 	ComputePIDs []uint32 `json:"compute_pids,omitempty"`
+	// MIGNeedsReset: a MIG mode change stays pending until the GPU is
+	// reset (gpu.reset) or the machine reboots, as on a GPU the driver
+	// cannot switch live.
+	MIGNeedsReset bool `json:"mig_needs_reset,omitempty"`
+	// MIGBusy: processes run on the GPU's MIG instances, so destroying
+	// one (or changing the mode) answers IN_USE.
+	MIGBusy bool `json:"mig_busy,omitempty"`
+	// MIGUnsupportedProfiles are MIG profiles ("1g.18gb+me") this GPU's
+	// driver does not offer: their profile info answers NOT_SUPPORTED.
+	MIGUnsupportedProfiles []string `json:"mig_unsupported_profiles,omitempty"`
 }
 
 // lost reports whether the GPU is off the bus.
@@ -82,13 +92,21 @@ func (f *Fault) merge(x Fault) {
 	f.PCIeWidthDegraded = f.PCIeWidthDegraded || x.PCIeWidthDegraded
 	f.PCIeGenDegraded = f.PCIeGenDegraded || x.PCIeGenDegraded
 	f.FallenOffBus = f.FallenOffBus || x.FallenOffBus
+	f.MIGNeedsReset = f.MIGNeedsReset || x.MIGNeedsReset
+	f.MIGBusy = f.MIGBusy || x.MIGBusy
+	for _, v := range x.MIGUnsupportedProfiles {
+		if !slices.Contains(f.MIGUnsupportedProfiles, v) {
+			f.MIGUnsupportedProfiles = append(f.MIGUnsupportedProfiles, v)
+		}
+	}
 }
 
 // zero reports whether f injects nothing.
 func (f *Fault) zero() bool {
 	return len(f.XIDs) == 0 && len(f.ComputePIDs) == 0 && f.UncorrectableECC == 0 && f.CorrectableECC == 0 &&
 		f.RetiredPages == 0 && f.TemperatureCelsius == 0 && !f.RetirementPending && !f.RowRemapPending &&
-		!f.RowRemapFailed && !f.ThermalSlowdown && !f.PowerBrake && !f.PCIeWidthDegraded && !f.PCIeGenDegraded && !f.FallenOffBus
+		!f.RowRemapFailed && !f.ThermalSlowdown && !f.PowerBrake && !f.PCIeWidthDegraded && !f.PCIeGenDegraded && !f.FallenOffBus &&
+		!f.MIGNeedsReset && !f.MIGBusy && len(f.MIGUnsupportedProfiles) == 0
 }
 
 // faultsFileContent is the faults file: faults by GPU index.
@@ -189,6 +207,7 @@ func (f *Faults) Inject(index int, x Fault) error {
 	return f.update(func(gpus map[int]Fault) {
 		cur := gpus[index]
 		cur.XIDs, cur.ComputePIDs = slices.Clone(cur.XIDs), slices.Clone(cur.ComputePIDs)
+		cur.MIGUnsupportedProfiles = slices.Clone(cur.MIGUnsupportedProfiles)
 		cur.merge(x)
 		gpus[index] = cur
 	})

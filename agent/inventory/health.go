@@ -578,6 +578,12 @@ func (c *Collector) Reset(ctx context.Context, uuid string) error {
 		if err := c.faults.Clear(i); err != nil {
 			return fmt.Errorf("inventory: reset %s: %w", uuid, err)
 		}
+		// A reset GPU loses its MIG instances; a pending MIG mode applies.
+		c.mu.Lock()
+		if m, ok := c.lib.(*mockLib); ok {
+			m.resetMIG(i)
+		}
+		c.mu.Unlock()
 	} else {
 		ctx, cancel := context.WithTimeout(ctx, ResetTimeout)
 		defer cancel()

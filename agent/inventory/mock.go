@@ -125,7 +125,7 @@ func (m *mockLib) device(i int) (nvml.Device, nvml.Return) {
 	defer m.mu.Unlock()
 	d := m.devs[sd]
 	if d == nil {
-		d = &mockDevice{Device: sd, faults: m.faults}
+		d = &mockDevice{Device: sd, faults: m.faults, mig: &mockMIG{}}
 		m.devs[sd] = d
 	}
 	return d, nvml.SUCCESS
@@ -154,10 +154,12 @@ func (m *mockLib) EventSetCreate() (nvml.EventSet, nvml.Return) {
 	return &mockEventSet{lib: m, delivered: map[int][]uint32{}}, nvml.SUCCESS
 }
 
-// mockDevice is one mock GPU whose health queries see its faults.
+// mockDevice is one mock GPU whose health queries see its faults, with
+// its MIG state (mockmig.go).
 type mockDevice struct {
 	*server.Device
 	faults *Faults
+	mig    *mockMIG
 }
 
 func (d *mockDevice) fault() Fault { return d.faults.Get(d.Index) }
@@ -173,8 +175,6 @@ func (d *mockDevice) GetName() (string, nvml.Return) { return d.GetNameFunc() }
 func (d *mockDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) { return d.GetMemoryInfoFunc() }
 
 func (d *mockDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) { return d.GetPciInfoFunc() }
-
-func (d *mockDevice) GetMigMode() (int, int, nvml.Return) { return d.GetMigModeFunc() }
 
 func (d *mockDevice) GetSerial() (string, nvml.Return) {
 	if d.GetSerialFunc == nil {

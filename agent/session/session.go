@@ -227,9 +227,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}); ok {
 		driver = d.DriverVersion
 	}
+	var migs converge.MIG
+	if m, ok := cfg.Inventory.(converge.MIG); ok {
+		migs = m
+	}
 	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Minors: minors,
 		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI, Site: cfg.Site, OnSection: cfg.OnSection,
-		Runtime: cfg.Runtime, Driver: driver})
+		Runtime: cfg.Runtime, Driver: driver, MIG: migs})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}
