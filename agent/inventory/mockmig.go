@@ -195,7 +195,9 @@ func (d *mockDevice) GetGpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvml.
 	return out, nvml.SUCCESS
 }
 
-func (d *mockDevice) GetMaxMigDeviceCount() (int, nvml.Return) { return mockMaxMigDevices, nvml.SUCCESS }
+func (d *mockDevice) GetMaxMigDeviceCount() (int, nvml.Return) {
+	return mockMaxMigDevices, nvml.SUCCESS
+}
 
 // migDevices are the compute instances by GPU instance start.
 func (d *mockDevice) migDevices() []*mockCI {
@@ -316,7 +318,7 @@ func (m *mockMigDevice) GetUUID() (string, nvml.Return) {
 	return MockMigUUID(m.ci.gi.dev.UUID, m.ci.gi.id, m.ci.id), nvml.SUCCESS
 }
 
-func (m *mockMigDevice) GetGpuInstanceId() (int, nvml.Return)   { return m.ci.gi.id, nvml.SUCCESS }
+func (m *mockMigDevice) GetGpuInstanceId() (int, nvml.Return)     { return m.ci.gi.id, nvml.SUCCESS }
 func (m *mockMigDevice) GetComputeInstanceId() (int, nvml.Return) { return m.ci.id, nvml.SUCCESS }
 func (m *mockMigDevice) IsMigDeviceHandle() (bool, nvml.Return)   { return true, nvml.SUCCESS }
 func (m *mockMigDevice) GetDeviceHandleFromMigDeviceHandle() (nvml.Device, nvml.Return) {
