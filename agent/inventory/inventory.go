@@ -31,6 +31,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/bettercompute/bettercompute/agent/mig"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
@@ -321,9 +322,30 @@ func (c *Collector) GPUs(ctx context.Context) ([]*agentv1.GPU, error) {
 		c.check(st, i, r, &h)
 		g := id.gpu(i)
 		g.Healthy, g.HealthReason, g.FailedChecks = h.Healthy(), h.Reason, h.Failed.Names()
+		if id.mig {
+			g.MigSlices = c.migSlices(id.uuid)
+		}
 		gpus = append(gpus, g)
 	}
 	return gpus, nil
+}
+
+// migSlices are the MIG slices of a GPU in MIG mode; none when they
+// cannot be read (the mig section's status says why). c.mu is held.
+func (c *Collector) migSlices(uuid string) []*agentv1.MigSlice {
+	l, err := mig.Read(c.lib, uuid)
+	if err != nil {
+		if c.cfg.Logger != nil {
+			c.cfg.Logger.Warn("reading the GPU's MIG slices", "gpu", uuid, "err", err)
+		}
+		return nil
+	}
+	out := make([]*agentv1.MigSlice, 0, len(l.Instances))
+	for _, in := range l.Instances {
+		out = append(out, &agentv1.MigSlice{Uuid: in.UUID, Profile: in.Profile, Start: uint32(in.Start),
+			MemoryBytes: in.MemoryMiB << 20, GpuInstanceId: uint32(in.GI)})
+	}
+	return out
 }
 
 // DriverVersion returns the NVIDIA driver's version (NVML's), which the

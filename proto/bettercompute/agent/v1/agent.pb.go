@@ -1170,7 +1170,10 @@ type GPU struct {
 	// "ecc", "retired_pages", "thermal", "power", "pcie_link" and
 	// "fallen_off_bus" (the NodeSpec health section's checks); empty when
 	// healthy.
-	FailedChecks  []string `protobuf:"bytes,10,rep,name=failed_checks,json=failedChecks,proto3" json:"failed_checks,omitempty"`
+	FailedChecks []string `protobuf:"bytes,10,rep,name=failed_checks,json=failedChecks,proto3" json:"failed_checks,omitempty"`
+	// mig_slices are the GPU's MIG slices (GPU instances) by first memory
+	// slice, when MIG is enabled: what the node's mig section made, or found.
+	MigSlices     []*MigSlice `protobuf:"bytes,11,rep,name=mig_slices,json=migSlices,proto3" json:"mig_slices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1275,6 +1278,98 @@ func (x *GPU) GetFailedChecks() []string {
 	return nil
 }
 
+func (x *GPU) GetMigSlices() []*MigSlice {
+	if x != nil {
+		return x.MigSlices
+	}
+	return nil
+}
+
+// MigSlice is one MIG slice of a GPU: a GPU instance and its compute
+// instance, which is a MIG device.
+type MigSlice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// uuid is the MIG device's UUID (MIG-…); empty while the GPU instance
+	// has no compute instance.
+	Uuid string `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	// profile is the profile's name, e.g. "3g.71gb" (proto/migcatalog);
+	// empty for a profile the catalog does not know.
+	Profile string `protobuf:"bytes,2,opt,name=profile,proto3" json:"profile,omitempty"`
+	// start is the first memory slice the instance takes.
+	Start uint32 `protobuf:"varint,3,opt,name=start,proto3" json:"start,omitempty"`
+	// memory_bytes is the slice's memory.
+	MemoryBytes uint64 `protobuf:"varint,4,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// gpu_instance_id is the driver's GPU instance id.
+	GpuInstanceId uint32 `protobuf:"varint,5,opt,name=gpu_instance_id,json=gpuInstanceId,proto3" json:"gpu_instance_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigSlice) Reset() {
+	*x = MigSlice{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigSlice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigSlice) ProtoMessage() {}
+
+func (x *MigSlice) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigSlice.ProtoReflect.Descriptor instead.
+func (*MigSlice) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *MigSlice) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+func (x *MigSlice) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *MigSlice) GetStart() uint32 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *MigSlice) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *MigSlice) GetGpuInstanceId() uint32 {
+	if x != nil {
+		return x.GpuInstanceId
+	}
+	return 0
+}
+
 // SessionResponse is one message from the control plane on a Session (the
 // control plane's side of the stream).
 type SessionResponse struct {
@@ -1295,7 +1390,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1402,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1415,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SessionResponse) GetBody() isSessionResponse_Body {
@@ -1428,7 +1523,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1535,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1548,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DesiredState) GetGeneration() int64 {
@@ -1486,7 +1581,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1593,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1606,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Welcome) GetSessionEpoch() int64 {
@@ -1546,7 +1641,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1653,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1666,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InventoryRequest) GetSections() []string {
@@ -1664,7 +1759,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\tcpu_count\x18\x05 \x01(\rR\bcpuCount\x12!\n" +
 	"\fmemory_bytes\x18\x06 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\a \x01(\x04R\tdiskBytes\"\xa3\x02\n" +
+	"disk_bytes\x18\a \x01(\x04R\tdiskBytes\"\xe4\x02\n" +
 	"\x03GPU\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x14\n" +
@@ -1678,7 +1773,15 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\ahealthy\x18\b \x01(\bR\ahealthy\x12#\n" +
 	"\rhealth_reason\x18\t \x01(\tR\fhealthReason\x12#\n" +
 	"\rfailed_checks\x18\n" +
-	" \x03(\tR\ffailedChecks\"\xfa\x02\n" +
+	" \x03(\tR\ffailedChecks\x12?\n" +
+	"\n" +
+	"mig_slices\x18\v \x03(\v2 .bettercompute.agent.v1.MigSliceR\tmigSlices\"\x99\x01\n" +
+	"\bMigSlice\x12\x12\n" +
+	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x18\n" +
+	"\aprofile\x18\x02 \x01(\tR\aprofile\x12\x14\n" +
+	"\x05start\x18\x03 \x01(\rR\x05start\x12!\n" +
+	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\x12&\n" +
+	"\x0fgpu_instance_id\x18\x05 \x01(\rR\rgpuInstanceId\"\xfa\x02\n" +
 	"\x0fSessionResponse\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12W\n" +
 	"\x11inventory_request\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRequestH\x00R\x10inventoryRequest\x12K\n" +
@@ -1722,7 +1825,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(SectionState)(0),        // 0: bettercompute.agent.v1.SectionState
 	(*JoinRequest)(nil),      // 1: bettercompute.agent.v1.JoinRequest
@@ -1739,14 +1842,15 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*InventoryReport)(nil),  // 12: bettercompute.agent.v1.InventoryReport
 	(*Host)(nil),             // 13: bettercompute.agent.v1.Host
 	(*GPU)(nil),              // 14: bettercompute.agent.v1.GPU
-	(*SessionResponse)(nil),  // 15: bettercompute.agent.v1.SessionResponse
-	(*DesiredState)(nil),     // 16: bettercompute.agent.v1.DesiredState
-	(*Welcome)(nil),          // 17: bettercompute.agent.v1.Welcome
-	(*InventoryRequest)(nil), // 18: bettercompute.agent.v1.InventoryRequest
-	(*CommandUpdate)(nil),    // 19: bettercompute.agent.v1.CommandUpdate
-	(*Command)(nil),          // 20: bettercompute.agent.v1.Command
-	(*CommandCancel)(nil),    // 21: bettercompute.agent.v1.CommandCancel
-	(*NodeSpec)(nil),         // 22: bettercompute.agent.v1.NodeSpec
+	(*MigSlice)(nil),         // 15: bettercompute.agent.v1.MigSlice
+	(*SessionResponse)(nil),  // 16: bettercompute.agent.v1.SessionResponse
+	(*DesiredState)(nil),     // 17: bettercompute.agent.v1.DesiredState
+	(*Welcome)(nil),          // 18: bettercompute.agent.v1.Welcome
+	(*InventoryRequest)(nil), // 19: bettercompute.agent.v1.InventoryRequest
+	(*CommandUpdate)(nil),    // 20: bettercompute.agent.v1.CommandUpdate
+	(*Command)(nil),          // 21: bettercompute.agent.v1.Command
+	(*CommandCancel)(nil),    // 22: bettercompute.agent.v1.CommandCancel
+	(*NodeSpec)(nil),         // 23: bettercompute.agent.v1.NodeSpec
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.HardwareClaims
@@ -1755,29 +1859,30 @@ var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	11, // 3: bettercompute.agent.v1.SessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
 	12, // 4: bettercompute.agent.v1.SessionRequest.inventory:type_name -> bettercompute.agent.v1.InventoryReport
 	7,  // 5: bettercompute.agent.v1.SessionRequest.observed:type_name -> bettercompute.agent.v1.Observed
-	19, // 6: bettercompute.agent.v1.SessionRequest.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	20, // 6: bettercompute.agent.v1.SessionRequest.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
 	8,  // 7: bettercompute.agent.v1.Observed.sections:type_name -> bettercompute.agent.v1.SectionStatus
 	0,  // 8: bettercompute.agent.v1.SectionStatus.state:type_name -> bettercompute.agent.v1.SectionState
 	9,  // 9: bettercompute.agent.v1.SectionStatus.instances:type_name -> bettercompute.agent.v1.InstanceStatus
 	13, // 10: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
 	14, // 11: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
-	17, // 12: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
-	18, // 13: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	16, // 14: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
-	20, // 15: bettercompute.agent.v1.SessionResponse.command:type_name -> bettercompute.agent.v1.Command
-	21, // 16: bettercompute.agent.v1.SessionResponse.cancel:type_name -> bettercompute.agent.v1.CommandCancel
-	22, // 17: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
-	1,  // 18: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	4,  // 19: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	6,  // 20: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
-	3,  // 21: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	5,  // 22: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	15, // 23: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
-	21, // [21:24] is the sub-list for method output_type
-	18, // [18:21] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	15, // 12: bettercompute.agent.v1.GPU.mig_slices:type_name -> bettercompute.agent.v1.MigSlice
+	18, // 13: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
+	19, // 14: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	17, // 15: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
+	21, // 16: bettercompute.agent.v1.SessionResponse.command:type_name -> bettercompute.agent.v1.Command
+	22, // 17: bettercompute.agent.v1.SessionResponse.cancel:type_name -> bettercompute.agent.v1.CommandCancel
+	23, // 18: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
+	1,  // 19: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	4,  // 20: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	6,  // 21: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
+	3,  // 22: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	5,  // 23: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	16, // 24: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
+	22, // [22:25] is the sub-list for method output_type
+	19, // [19:22] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -1794,7 +1899,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*SessionRequest_Observed)(nil),
 		(*SessionRequest_CommandUpdate)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_InventoryRequest)(nil),
 		(*SessionResponse_DesiredState)(nil),
@@ -1807,7 +1912,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
