@@ -14,7 +14,9 @@ import (
 func TestValidate(t *testing.T) {
 	t.Parallel()
 	m, _ := migcatalog.ByName("H200 141GB")
-	p := func(name string, start int) migcatalog.Placement { return migcatalog.Placement{Profile: name, Start: start} }
+	p := func(name string, start int) migcatalog.Placement {
+		return migcatalog.Placement{Profile: name, Start: start}
+	}
 	for _, tc := range []struct {
 		w    mig.Want
 		want string
