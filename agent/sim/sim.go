@@ -19,6 +19,10 @@
 // telemetry over its mock NVML): exported over OTLP to Config.OTLPEndpoint
 // or its site section's endpoint, at Config.TelemetryInterval or the site
 // section's, and served for a Prometheus scrape by [Fleet.MetricsHandler].
+//
+// Each machine's mock NVML keeps its GPUs' MIG state (mode, GPU and compute
+// instances) across a daemon restart and loses the instances in a reboot,
+// so the mig section's re-apply after a boot is exercised.
 package sim
 
 import (
@@ -423,6 +427,10 @@ func (f *Fleet) restart(i int, newBoot, wipe bool) {
 		}
 	}
 	if newBoot {
+		// The machine rebooted: its GPUs' MIG instances are gone (the
+		// daemon lays them out again before it reports the mig section
+		// converged); a daemon restart alone keeps them.
+		d.inv.SimulateReboot()
 		f.start(i)
 	} else {
 		f.run(i)
@@ -523,6 +531,14 @@ func (f *Fleet) Faults(i int) *inventory.Faults {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.ds[i].inv.Faults()
+}
+
+// Inventory returns simulated machine i's inventory (its mock NVML, which
+// holds its GPUs' MIG state).
+func (f *Fleet) Inventory(i int) *inventory.Collector {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ds[i].inv
 }
 
 // NodeDir is simulated machine i's state directory under root.
