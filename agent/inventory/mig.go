@@ -13,6 +13,7 @@ func (c *Collector) MIGLayout(uuid string) (mig.Layout, error) {
 	if !c.open {
 		return mig.Layout{}, errors.New("inventory: collector closed")
 	}
+	c.faults.Refresh() // the mock's MIG faults, from the faults file
 	return mig.Read(c.lib, uuid)
 }
 
@@ -24,5 +25,6 @@ func (c *Collector) ApplyMIG(w mig.Want) (mig.Layout, []string, error) {
 	if !c.open {
 		return mig.Layout{GPU: w.GPU}, nil, errors.New("inventory: collector closed")
 	}
+	c.faults.Refresh()
 	return mig.Apply(c.lib, w)
 }

@@ -19,6 +19,7 @@ import (
 //
 //	bcsim fault --root bcsim-state --machine sim-0003 --gpu 2 --xid 79
 //	bcsim fault --root bcsim-state --machine sim-0003 --gpu 2 --clear
+//	bcsim fault --root bcsim-state --machine sim-0003 --gpu 0 --mig-needs-reset
 func runFault(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bcsim fault", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -41,6 +42,9 @@ func runFault(args []string, stdout, stderr io.Writer) error {
 		lost     = fs.Bool("fallen-off-bus", false, "the GPU fell off the bus (ERROR_GPU_IS_LOST)")
 		pids     = fs.String("processes", "", "comma-separated pids of compute processes running on the GPU")
 		clearIt  = fs.Bool("clear", false, "clear the GPU's faults (every GPU's without --gpu)")
+		migReset = fs.Bool("mig-needs-reset", false, "a MIG mode change waits for a GPU reset (the mig section reports reset-required until gpu.reset)")
+		migBusy  = fs.Bool("mig-busy", false, "processes run on the GPU's MIG instances: destroying one answers IN_USE (the mig section reports busy)")
+		migNo    = fs.String("mig-unsupported", "", "comma-separated MIG profiles the GPU's driver does not offer (1g.18gb+me): the mig section fails terminally naming them")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -75,6 +79,12 @@ func runFault(args []string, stdout, stderr io.Writer) error {
 		UncorrectableECC: *ecc, CorrectableECC: *cecc, RetiredPages: uint32(*retired), RetirementPending: *pending,
 		RowRemapPending: *remap, RowRemapFailed: *remapBad, ThermalSlowdown: *thermal, TemperatureCelsius: uint32(*temp),
 		PowerBrake: *power, PCIeWidthDegraded: *width, PCIeGenDegraded: *gen, FallenOffBus: *lost,
+		MIGNeedsReset: *migReset, MIGBusy: *migBusy,
+	}
+	for p := range strings.SplitSeq(*migNo, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			f.MIGUnsupportedProfiles = append(f.MIGUnsupportedProfiles, p)
+		}
 	}
 	if f.XIDs, err = uints(*xids, "xid"); err != nil {
 		return err

@@ -8,7 +8,9 @@ import (
 	"testing"
 
 	"github.com/bettercompute/bettercompute/agent/inventory"
+	"github.com/bettercompute/bettercompute/agent/mig"
 	"github.com/bettercompute/bettercompute/agent/sim"
+	"github.com/bettercompute/bettercompute/proto/migcatalog"
 )
 
 // TestFault_ReachesTheSimulatedMachine: `bcsim fault` writes the machine's
@@ -76,5 +78,39 @@ func TestFault_ReachesTheSimulatedMachine(t *testing.T) {
 		if err := bcsim(bad...); err == nil {
 			t.Errorf("%s: no error", strings.Join(bad, " "))
 		}
+	}
+}
+
+// TestFault_MIG: `bcsim fault` MIG flags reach the simulated machine's
+// mock NVML: a mode change waits for a reset, a profile is not offered.
+func TestFault_MIG(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	if err := os.MkdirAll(sim.NodeDir(root, 1), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path, _ := sim.FaultsPath(root, "sim-0001")
+	inv, err := inventory.Open(inventory.Config{Backend: inventory.BackendMock, Hostname: "sim-0001", FaultsFile: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inv.Close() })
+	gpus, err := inv.GPUs(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bcsim := func(args ...string) error { return runFault(args, io.Discard, io.Discard) }
+	if err := bcsim("--root", root, "--machine", "sim-0001", "--gpu", "1", "--mig-needs-reset"); err != nil {
+		t.Fatal(err)
+	}
+	if err := bcsim("--root", root, "--machine", "sim-0001", "--gpu", "2", "--mig-unsupported", "1g.18gb+me, 7g.141gb"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := inv.ApplyMIG(mig.Want{GPU: gpus[1].GetUuid(), Enabled: true}); mig.KindOf(err) != mig.ResetRequired {
+		t.Fatalf("GPU 1: %v, want reset-required", err)
+	}
+	_, _, err = inv.ApplyMIG(mig.Want{GPU: gpus[2].GetUuid(), Enabled: true, Instances: []migcatalog.Placement{{Profile: "7g.141gb"}}})
+	if mig.KindOf(err) != mig.Unsupported || !strings.Contains(err.Error(), "7g.141gb") {
+		t.Fatalf("GPU 2: %v, want 7g.141gb unsupported", err)
 	}
 }

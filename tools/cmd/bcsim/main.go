@@ -25,6 +25,7 @@
 //
 //	bcsim fault --root bcsim-state --machine sim-0003 --gpu 2 --xid 79
 //	bcsim fault --root bcsim-state --machine sim-0003 --gpu 2 --clear
+//	bcsim fault --root bcsim-state --machine sim-0003 --gpu 0 --mig-needs-reset
 package main
 
 import (
