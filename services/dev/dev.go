@@ -386,6 +386,7 @@ func (e *Env) Banner() string {
 	}
 	if e.Fleet != nil {
 		fmt.Fprintf(&b, "  Fleet    %d simulated nodes (mock DGX H200) in pool \"sim\": better-compute api nodes.list tenantId=root\n", len(e.Fleet.Nodes()))
+		fmt.Fprintf(&b, "           %s's GPU 0 is MIG 3g.71gb+2g.35gb+2×1g.18gb: better-compute api nodes.getSpec tenantId=root nodeId=%s\n", e.Fleet.Nodes()[0], e.Fleet.Nodes()[0])
 	}
 	if e.Metal != nil {
 		fmt.Fprintf(&b, "  Metal    site %q (%s; its agent in process, PXE over HTTP at %s): %d simulated machines (fake Redfish BMCs) in pool %q;\n",

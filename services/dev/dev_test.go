@@ -147,6 +147,31 @@ func TestDevBootsAndAnswers(t *testing.T) {
 			t.Fatalf("node %s's runtime section %+v", node, rt)
 		}
 	}
+
+	// The first simulated node carries a MIG layout on its GPU 0, which
+	// its mock NVML has once the node observed its generation.
+	node := env.Fleet.Nodes()[0]
+	var spec struct {
+		Spec struct {
+			Mig struct {
+				Gpus []struct {
+					GpuUuid   string
+					Instances []struct{ Profile string }
+				}
+			}
+		}
+	}
+	call(t, env, "nodes/getSpec", map[string]any{"tenantId": "root", "nodeId": node}, &spec)
+	if g := spec.Spec.Mig.Gpus; len(g) != 1 || len(g[0].Instances) != 4 {
+		t.Fatalf("node %s's mig section %+v", node, spec.Spec.Mig)
+	}
+	poll.UntilNil(t, 30*time.Second, "node "+node+" laying its GPU 0 out", func() error {
+		l, err := env.Fleet.Inventory(0).MIGLayout(spec.Spec.Mig.Gpus[0].GpuUuid)
+		if err != nil || len(l.Instances) != 4 || l.Instances[0].UUID == "" {
+			return fmt.Errorf("%v %v", l, err)
+		}
+		return nil
+	})
 }
 
 // TestDevBinary runs the real better-compute binary: `dev` prints its URLs,

@@ -62,7 +62,7 @@ func startFleet(ctx context.Context, env *Env, root string, n int, telemetry boo
 	if err != nil {
 		return nil, err
 	}
-	return sim.Start(ctx, sim.Config{
+	f, err := sim.Start(ctx, sim.Config{
 		Gateway: loopbackGateway(env), RootCAs: roots, Token: tok.Token,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: root,
 		// The daemons pin the control plane's command-signing key, so a
@@ -74,7 +74,37 @@ func startFleet(ctx context.Context, env *Env, root string, n int, telemetry boo
 		VPS:       true,
 		Telemetry: telemetry,
 	}, n)
+	if err != nil {
+		return nil, err
+	}
+	// One simulated node carries a MIG layout: its GPU 0 split in four
+	// (nodes.update mask mig, the same on every start), which its mock
+	// NVML applies. An index layout is checked against the node's
+	// inventory, which a node that just joined reports within moments.
+	node := f.Nodes()[0]
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := env.call(ctx, "nodes/update", map[string]any{
+			"tenantId": "root", "nodeId": node, "updateMask": "mig", "mig": simMig,
+		}, &struct{}{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			logger.Warn("the simulated node carries no MIG layout", "node", node, "err", err)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return f, nil
 }
+
+// simMig is the MIG layout of dev's first simulated node: GPU 0 as
+// 3g.71gb + 2g.35gb + 2 × 1g.18gb.
+var simMig = map[string]any{"layouts": []any{map[string]any{
+	"name": "dev-mixed", "gpuSelector": map[string]any{"indices": []any{0}},
+	"profiles": []any{"3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"},
+}}}
 
 // joinMaterial reads what a daemon joining env needs: joinservice's public
 // key and the node CA's bundle.
