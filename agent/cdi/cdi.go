@@ -10,8 +10,14 @@
 //   - one device per booked GPU, named by its UUID
 //     (bettercompute.io/gpu=GPU-…), with its device node /dev/nvidiaN (N is
 //     the GPU's minor number);
+//   - one device per booked MIG slice, named by its MIG device's UUID
+//     (bettercompute.io/gpu=MIG-…), with its parent GPU's /dev/nvidiaN and
+//     its GPU and compute instances' capability nodes
+//     /dev/nvidia-caps/nvidia-cap<minor> (minors from MigMinorsFile), as
+//     nvidia-ctk gives a MIG device;
 //   - one device per reservation, named by the reservation id
-//     (bettercompute.io/gpu=rsv_…), with exactly its GPUs' device nodes;
+//     (bettercompute.io/gpu=rsv_…), with exactly its GPUs' (and slices')
+//     device nodes;
 //   - container edits common to every device: /dev/nvidiactl,
 //     /dev/nvidia-uvm, /dev/nvidia-uvm-tools and /dev/nvidia-modeset (those
 //     present), the driver's libraries and binaries as read-only bind mounts
@@ -36,6 +42,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
@@ -58,13 +65,28 @@ const (
 	DefaultDir = "/var/run/cdi"
 )
 
-// GPU is one GPU as NVML reports it.
+// GPU is one GPU, or one MIG device, as NVML reports it.
 type GPU struct {
-	// UUID is the GPU's UUID (GPU-…).
+	// UUID is the GPU's UUID (GPU-…), or the MIG device's (MIG-…).
 	UUID string
 	// Minor is its minor number: its device node is /dev/nvidia<Minor>.
+	// A MIG device's is its parent GPU's.
 	Minor int
+	// MIG, for a MIG device, are its GPU and compute instance ids on the
+	// parent GPU; nil for a whole GPU.
+	MIG *MIGInstance
 }
+
+// MIGInstance is a MIG device's place on its GPU.
+type MIGInstance struct {
+	GI, CI int
+}
+
+// MigMinorsFile is where the driver lists the MIG capabilities' device
+// minors (under Config.DriverRoot): lines "gpu<minor>/gi<id>/access <n>"
+// and "gpu<minor>/gi<id>/ci<id>/access <n>", each the minor of
+// /dev/nvidia-caps/nvidia-cap<n> (what nvidia-ctk reads too).
+const MigMinorsFile = "/proc/driver/nvidia-caps/mig-minors"
 
 // ValidName says why CDI does not take name (a reservation id or GPU UUID)
 // as a device name, or nil when it does.
@@ -198,6 +220,8 @@ func (w *Writer) Generate(gpus []GPU, rsvs []Reservation) (Spec, error) {
 	raw := &specs.Spec{Kind: Kind}
 	var missing []string
 	seen := map[string]bool{}
+	var caps map[string]int // MigMinorsFile, read at the first MIG device
+	var nocaps []string     // MIG capabilities it does not list
 	for _, r := range rsvs {
 		if len(r.GPUs) == 0 {
 			continue
@@ -214,16 +238,23 @@ func (w *Writer) Generate(gpus []GPU, rsvs []Reservation) (Spec, error) {
 			if err := parser.ValidateDeviceName(u); err != nil {
 				return Spec{}, fmt.Errorf("cdi: GPU %q: %w", u, err)
 			}
-			node := w.node(fmt.Sprintf("/dev/nvidia%d", g.Minor))
-			if !w.exists(w.cfg.DevRoot, node.Path) {
-				missing = append(missing, node.Path)
+			paths, miss, nc, err := w.paths(g, &caps)
+			if err != nil {
+				return Spec{}, err
 			}
-			rd.ContainerEdits.DeviceNodes = append(rd.ContainerEdits.DeviceNodes, node)
+			missing, nocaps = append(missing, miss...), append(nocaps, nc...)
+			for _, p := range paths {
+				if !slices.ContainsFunc(rd.ContainerEdits.DeviceNodes, func(n *specs.DeviceNode) bool { return n.Path == p }) {
+					rd.ContainerEdits.DeviceNodes = append(rd.ContainerEdits.DeviceNodes, w.node(p))
+				}
+			}
 			if !seen[u] {
 				seen[u] = true
-				raw.Devices = append(raw.Devices, specs.Device{Name: u, ContainerEdits: specs.ContainerEdits{
-					DeviceNodes: []*specs.DeviceNode{w.node(node.Path)},
-				}})
+				d := specs.Device{Name: u}
+				for _, p := range paths {
+					d.ContainerEdits.DeviceNodes = append(d.ContainerEdits.DeviceNodes, w.node(p))
+				}
+				raw.Devices = append(raw.Devices, d)
 			}
 		}
 		raw.Devices = append(raw.Devices, rd)
@@ -235,6 +266,9 @@ func (w *Writer) Generate(gpus []GPU, rsvs []Reservation) (Spec, error) {
 	if len(missing) > 0 {
 		slices.Sort(missing)
 		out.Notes = append(out.Notes, "device nodes missing on the host: "+strings.Join(slices.Compact(missing), ", "))
+	}
+	if len(nocaps) > 0 {
+		out.Notes = append(out.Notes, "MIG capabilities not in "+MigMinorsFile+": "+strings.Join(nocaps, ", "))
 	}
 	raw.ContainerEdits = w.common()
 	if w.hook == "" {
@@ -249,6 +283,60 @@ func (w *Writer) Generate(gpus []GPU, rsvs []Reservation) (Spec, error) {
 		return Spec{}, fmt.Errorf("cdi: %w", err)
 	}
 	out.Raw = raw
+	return out, nil
+}
+
+// paths are g's device nodes, and those not on the host: /dev/nvidiaN,
+// and for a MIG device its GPU and compute instances' capability nodes
+// (/dev/nvidia-caps/nvidia-cap<minor>, minors from MigMinorsFile, read
+// into *caps once). A capability the driver does not list is missing.
+func (w *Writer) paths(g GPU, caps *map[string]int) (paths, missing, nocaps []string, err error) {
+	paths = []string{fmt.Sprintf("/dev/nvidia%d", g.Minor)}
+	if g.MIG != nil {
+		if *caps == nil {
+			if *caps, err = w.migMinors(); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+		for _, name := range []string{
+			fmt.Sprintf("gpu%d/gi%d/access", g.Minor, g.MIG.GI),
+			fmt.Sprintf("gpu%d/gi%d/ci%d/access", g.Minor, g.MIG.GI, g.MIG.CI),
+		} {
+			n, ok := (*caps)[name]
+			if !ok {
+				nocaps = append(nocaps, name)
+				continue
+			}
+			paths = append(paths, fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", n))
+		}
+	}
+	for _, p := range paths {
+		if !w.exists(w.cfg.DevRoot, p) {
+			missing = append(missing, p)
+		}
+	}
+	return paths, missing, nocaps, nil
+}
+
+// migMinors reads MigMinorsFile under the driver root (none when absent).
+func (w *Writer) migMinors() (map[string]int, error) {
+	out := map[string]int{}
+	b, err := os.ReadFile(filepath.Join(w.cfg.DriverRoot, MigMinorsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cdi: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		if n, err := strconv.Atoi(f[1]); err == nil && n >= 0 {
+			out[f[0]] = n
+		}
+	}
 	return out, nil
 }
 

@@ -265,3 +265,55 @@ func BenchmarkBookingChangeToSpecOnDisk(b *testing.B) {
 	b.ReportMetric(float64(took[len(took)/2].Nanoseconds()), "p50-ns")
 	b.ReportMetric(float64(took[len(took)*99/100].Nanoseconds()), "p99-ns")
 }
+
+// TestCDISpecMIGSlice: a booked MIG slice is a device named by its MIG
+// UUID with its parent GPU's node and its GPU and compute instances'
+// capability nodes (minors from the driver's mig-minors), nothing of the
+// GPU's other slices; a reservation holding two slices of one GPU has the
+// parent's node once.
+func TestCDISpecMIGSlice(t *testing.T) {
+	t.Parallel()
+	h := newHost(t, 2)
+	parent := h.gpus[1] // minor 0
+	touch(t, filepath.Join(h.driver, cdi.MigMinorsFile))
+	if err := os.WriteFile(filepath.Join(h.driver, cdi.MigMinorsFile), []byte("config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\ngpu1/gi1/access 112\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{12, 13, 21, 22, 112} {
+		touch(t, filepath.Join(h.dev, "dev", "nvidia-caps", fmt.Sprintf("nvidia-cap%d", n)))
+	}
+	a := cdi.GPU{UUID: "MIG-aaaaaaaa-0000-0000-0000-000000000000", Minor: parent.Minor, MIG: &cdi.MIGInstance{GI: 1, CI: 0}}
+	b := cdi.GPU{UUID: "MIG-bbbbbbbb-0000-0000-0000-000000000000", Minor: parent.Minor, MIG: &cdi.MIGInstance{GI: 2, CI: 0}}
+	gpus := append(slices.Clone(h.gpus), a, b)
+	s := write(t, h.writer(t), gpus, cdi.Reservation{ID: "rsv_a", GPUs: []string{a.UUID}}, cdi.Reservation{ID: "rsv_ab", GPUs: []string{b.UUID}})
+	if len(s.Notes) != 0 {
+		t.Fatalf("notes %v", s.Notes)
+	}
+	c := load(t, h.dir)
+	capNode := func(n int) string { return filepath.Join(h.dev, "dev", "nvidia-caps", fmt.Sprintf("nvidia-cap%d", n)) }
+	want := append(h.want(parent), capNode(12), capNode(13))
+	slices.Sort(want)
+	if got := nodes(t, c, "bettercompute.io/gpu="+a.UUID); !slices.Equal(got, want) {
+		t.Fatalf("slice a resolves to %v, want %v", got, want)
+	}
+	if got := nodes(t, c, "bettercompute.io/gpu=rsv_a"); !slices.Equal(got, want) {
+		t.Fatalf("rsv_a resolves to %v, want %v", got, want)
+	}
+	if d := c.GetDevice("bettercompute.io/gpu=" + parent.UUID); d != nil {
+		t.Fatalf("the parent GPU is offered whole")
+	}
+	// Two slices of one GPU: the parent's node once.
+	s = write(t, h.writer(t), gpus, cdi.Reservation{ID: "rsv_ab", GPUs: []string{a.UUID, b.UUID}})
+	c = load(t, h.dir)
+	want = append(h.want(parent), capNode(12), capNode(13), capNode(21), capNode(22))
+	slices.Sort(want)
+	if got := nodes(t, c, "bettercompute.io/gpu=rsv_ab"); !slices.Equal(got, want) {
+		t.Fatalf("rsv_ab resolves to %v, want %v", got, want)
+	}
+	// A slice the driver lists no capability for is noted.
+	x := cdi.GPU{UUID: "MIG-cccccccc-0000-0000-0000-000000000000", Minor: parent.Minor, MIG: &cdi.MIGInstance{GI: 5, CI: 0}}
+	s = write(t, h.writer(t), append(gpus, x), cdi.Reservation{ID: "rsv_x", GPUs: []string{x.UUID}})
+	if len(s.Notes) != 1 || s.Notes[0] != "MIG capabilities not in "+cdi.MigMinorsFile+": gpu0/gi5/access, gpu0/gi5/ci0/access" {
+		t.Fatalf("notes %v", s.Notes)
+	}
+}

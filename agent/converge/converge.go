@@ -46,6 +46,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/engines"
+	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/siteconf"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/vps"
@@ -189,6 +190,9 @@ type Config struct {
 	// Converge saw: a driver upgrade regenerates the CDI spec at the next
 	// drift check instead of the next periodic converge.
 	Driver func(ctx context.Context) (string, error)
+	// MIGDevices returns the node's MIG devices by MIG UUID (NVML's), for
+	// a devices section that books slices; nil means none.
+	MIGDevices func(ctx context.Context) (map[string]inventory.MIGDevice, error)
 	// MIG reads and applies the GPUs' MIG layouts (the mig section); nil
 	// means this node has no NVML to do it with (the section is
 	// FAILED_TERMINAL unless empty).
@@ -256,14 +260,15 @@ func New(cfg Config) (*Converger, error) {
 	if cfg.Runtime.Root == "" {
 		cfg.Runtime.Root = cfg.Root
 	}
-	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: newDevicesHandler(cfg.CDI, cfg.Runtime.Root), site: &siteHandler{
+	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: newDevicesHandler(cfg.CDI, cfg.Runtime.Root, cfg.MIGDevices), site: &siteHandler{
 		root: cfg.Site.Root, level: cfg.Site.LogLevel, def: cfg.Site.DefaultLogLevel, onChange: cfg.Site.OnChange}}
 	c.handlers = []Handler{
 		identityHandler{},
 		c.site,
 		&runtimeHandler{cfg: engines.Config{Root: cfg.Runtime.Root, Runner: cfg.Runtime.Runner, NvidiaCTK: cfg.Runtime.NvidiaCTK}},
-		c.devices,
+		// mig before devices: a booking may name the slices it makes.
 		&migHandler{mig: cfg.MIG},
+		c.devices,
 		instances(cfg.VPS),
 		c.health,
 		unsupported{section: "agent", would: planAgent},
@@ -313,7 +318,9 @@ func (c *Converger) resume() error {
 	return nil
 }
 
-// Handlers are the section handlers in NodeSpec field order.
+// Handlers are the section handlers in the order they run: NodeSpec field
+// order, but mig before devices (a booking may name the MIG slices the mig
+// section makes in the same pass).
 func (c *Converger) Handlers() []Handler { return c.handlers }
 
 // ObservedGeneration is the last fully observed generation (0 before any).

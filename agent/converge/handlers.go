@@ -83,13 +83,14 @@ type devicesHandler struct {
 	writers map[string]*cdi.Writer // by directory
 	last    map[string][]byte      // by directory: what the file last held by the handler's doing (nil: absent)
 	wrote   map[string]bool        // by directory: whether last is known (the handler manages it)
-	pending cdi.Spec               // the spec Plan generated, for Apply
-	write   []*cdi.Writer          // where Apply writes pending
-	drop    []*cdi.Writer          // where Apply removes the spec
+	migs    func(context.Context) (map[string]inventory.MIGDevice, error)
+	pending cdi.Spec      // the spec Plan generated, for Apply
+	write   []*cdi.Writer // where Apply writes pending
+	drop    []*cdi.Writer // where Apply removes the spec
 }
 
-func newDevicesHandler(def *cdi.Writer, root string) *devicesHandler {
-	return &devicesHandler{def: def, root: root, writers: map[string]*cdi.Writer{def.Dir(): def},
+func newDevicesHandler(def *cdi.Writer, root string, migs func(context.Context) (map[string]inventory.MIGDevice, error)) *devicesHandler {
+	return &devicesHandler{def: def, root: root, migs: migs, writers: map[string]*cdi.Writer{def.Dir(): def},
 		last: map[string][]byte{}, wrote: map[string]bool{}}
 }
 
@@ -124,6 +125,18 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	seenRsv, seenGPU := map[string]bool{}, map[string]string{}
 	var rsvs []cdi.Reservation
 	asg := slices.Clone(sec.GetAssignments())
+	// MIG devices (MIG-…) the section books: looked up once, after the
+	// mig section (which runs first) made them.
+	var migs map[string]inventory.MIGDevice
+	var migGPUs []cdi.GPU
+	if h.migs != nil && slices.ContainsFunc(asg, func(a *agentv1.DeviceAssignment) bool {
+		return slices.ContainsFunc(a.GetGpuUuids(), func(u string) bool { return strings.HasPrefix(u, "MIG-") })
+	}) {
+		var err error
+		if migs, err = h.migs(context.Background()); err != nil {
+			return Plan{}, fmt.Errorf("reading the MIG devices: %w", err)
+		}
+	}
 	slices.SortStableFunc(asg, func(a, b *agentv1.DeviceAssignment) int {
 		return strings.Compare(a.GetReservationId(), b.GetReservationId())
 	})
@@ -152,6 +165,11 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 				continue
 			}
 			seenGPU[u] = rsv
+			if md, ok := migs[u]; ok && cur.GPUs[md.GPU] {
+				migGPUs = append(migGPUs, cdi.GPU{UUID: u, Minor: cur.Minors[md.GPU], MIG: &cdi.MIGInstance{GI: md.GI, CI: md.CI}})
+				uuids = append(uuids, u)
+				continue
+			}
 			if !cur.GPUs[u] {
 				missing = append(missing, u)
 				continue
@@ -166,6 +184,7 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	for u := range cur.GPUs {
 		gpus = append(gpus, cdi.GPU{UUID: u, Minor: cur.Minors[u]})
 	}
+	gpus = append(gpus, migGPUs...)
 	var p Plan
 	spec, err := h.def.Generate(gpus, rsvs)
 	if err != nil {

@@ -2,6 +2,9 @@ package converge_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -9,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	cdispec "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/converge"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/mig"
@@ -507,4 +513,64 @@ func BenchmarkMigLayoutChangeOneGPU(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
+// TestMig_BookedSliceInTheCDISpec: a booking naming a MIG slice the same
+// spec's mig section makes resolves, in the same pass, to exactly that
+// slice: its parent's /dev/nvidiaN and its two capability nodes; the
+// GPU's other slices and the GPU itself are offered to nobody.
+func TestMig_BookedSliceInTheCDISpec(t *testing.T) {
+	t.Parallel()
+	n := newMigNode(t)
+	dir := t.TempDir()
+	dev, driver := filepath.Join(dir, "dev-root"), filepath.Join(dir, "driver-root")
+	// Created in start order: 2g.35gb@0 is GPU instance 0, 1g.18gb@2 1,
+	// 1g.18gb@3 2, 3g.71gb@4 3; one compute instance (0) each. GPU 0's
+	// minor is 0.
+	minors := "config 1\nmonitor 2\n"
+	for gi := range 4 {
+		minors += fmt.Sprintf("gpu0/gi%d/access %d\ngpu0/gi%d/ci0/access %d\n", gi, 10+2*gi, gi, 11+2*gi)
+	}
+	if err := os.MkdirAll(filepath.Join(driver, filepath.Dir(cdi.MigMinorsFile)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(driver, cdi.MigMinorsFile), []byte(minors), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := cdi.New(cdi.Config{Dir: filepath.Join(dir, "cdi"), DevRoot: dev, DriverRoot: driver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := converge.New(converge.Config{Root: n.root, NodeID: "node_1", MIG: n.mig, CDI: w, MIGDevices: n.inv.MIGDevices,
+		GPUs:   func(context.Context) ([]string, error) { return n.gpus, nil },
+		Minors: n.inv.Minors})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice := inventory.MockMigUUID(n.gpus[0], 3, 0) // the 3g.71gb
+	ds := migSpec(layout(t, n.gpus[0], mixed...))
+	ds.Spec.Devices = &agentv1.DeviceAssignments{Assignments: []*agentv1.DeviceAssignment{{ReservationId: "rsv_1", GpuUuids: []string{slice}}}}
+	ds.Generation = 1
+	ss, _ := c.Converge(context.Background(), ds)
+	if st := states(ss); st["mig"].GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED ||
+		st["devices"].GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || !strings.Contains(st["devices"].GetReason(), "rsv_1 ("+slice+")") {
+		t.Fatalf("mig %v, devices %v", st["mig"], st["devices"])
+	}
+	if l := n.read(t)[0]; l.Instances[len(l.Instances)-1].UUID != slice {
+		t.Fatalf("GPU 0 %v: the 3g.71gb is not %s", l, slice)
+	}
+	spec, err := cdispec.ReadSpec(w.Path(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, d := range spec.Devices {
+		for _, dn := range d.ContainerEdits.DeviceNodes {
+			got[d.Name] = append(got[d.Name], dn.Path)
+		}
+	}
+	want := []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap16", "/dev/nvidia-caps/nvidia-cap17"}
+	if len(got) != 2 || !slices.Equal(got[slice], want) || !slices.Equal(got["rsv_1"], want) {
+		t.Fatalf("CDI devices %v, want %s and rsv_1 with %v", got, slice, want)
+	}
 }

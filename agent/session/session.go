@@ -228,12 +228,18 @@ func Run(ctx context.Context, cfg Config) error {
 		driver = d.DriverVersion
 	}
 	var migs converge.MIG
+	var migDevices func(context.Context) (map[string]inventory.MIGDevice, error)
 	if m, ok := cfg.Inventory.(converge.MIG); ok {
 		migs = m
 	}
+	if m, ok := cfg.Inventory.(interface {
+		MIGDevices(context.Context) (map[string]inventory.MIGDevice, error)
+	}); ok {
+		migDevices = m.MIGDevices
+	}
 	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Minors: minors,
 		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI, Site: cfg.Site, OnSection: cfg.OnSection,
-		Runtime: cfg.Runtime, Driver: driver, MIG: migs})
+		Runtime: cfg.Runtime, Driver: driver, MIG: migs, MIGDevices: migDevices})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}
