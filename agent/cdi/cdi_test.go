@@ -303,7 +303,7 @@ func TestCDISpecMIGSlice(t *testing.T) {
 		t.Fatalf("the parent GPU is offered whole")
 	}
 	// Two slices of one GPU: the parent's node once.
-	s = write(t, h.writer(t), gpus, cdi.Reservation{ID: "rsv_ab", GPUs: []string{a.UUID, b.UUID}})
+	write(t, h.writer(t), gpus, cdi.Reservation{ID: "rsv_ab", GPUs: []string{a.UUID, b.UUID}})
 	c = load(t, h.dir)
 	want = append(h.want(parent), capNode(12), capNode(13), capNode(21), capNode(22))
 	slices.Sort(want)

@@ -26,7 +26,6 @@ import (
 type countingMIG struct {
 	*inventory.Collector
 	applied atomic.Int64
-	gpus    []string
 }
 
 func (c *countingMIG) ApplyMIG(w mig.Want) (mig.Layout, []string, error) {
