@@ -120,7 +120,7 @@ func newDev(g *serve.Globals, stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			logger := telemetry.NewLogger(stderr, cfg.Log.Format, cfg.Log.Level)
-			return dev.Run(cmd.Context(), cfg, logger, stdout, dev.RunOptions{Prometheus: prometheus})
+			return dev.Run(cmd.Context(), cfg, logger, stdout, dev.RunOptions{Prometheus: prometheus, SimMig: true})
 		},
 	}
 	f.Register(cmd, true)

@@ -78,6 +78,7 @@ type Env struct {
 	prom          *devPrometheus
 	// wantProm says dev was asked to start Prometheus.
 	wantProm bool
+	simMig   bool
 	stops    []func()
 }
 
@@ -91,6 +92,17 @@ type RunOptions struct {
 	// PrometheusListen is its address; "" is PrometheusListen, or a free
 	// loopback port when that is taken.
 	PrometheusListen string
+	// SimMig gives the first simulated node a MIG layout on its GPU 0
+	// (3g.71gb + 2g.35gb + 2 × 1g.18gb), which its mock NVML applies: GPU
+	// 0 is then not bookable whole. make run sets it; tests that count
+	// the fleet's whole GPUs leave it off.
+	SimMig bool
+}
+
+// StartRun is [Start] with what [Run] adds (a MIG layout on a simulated
+// node, Prometheus): for tests of those.
+func StartRun(ctx context.Context, cfg *config.Config, logger *slog.Logger, run RunOptions) (*Env, error) {
+	return start(ctx, cfg, app.Options{Logger: logger}, run)
 }
 
 // Start resolves PostgreSQL and NATS as the package comment says and starts
@@ -233,7 +245,7 @@ func start(ctx context.Context, cfg *config.Config, opts app.Options, run RunOpt
 		// to scrape it.
 		_, lookErr := exec.LookPath("prometheus")
 		tel := run.Prometheus && lookErr == nil
-		if env.Fleet, err = startFleet(ctx, env, filepath.Join(dataDir, "sim"), n, tel, logger); err != nil {
+		if env.Fleet, err = startFleet(ctx, env, filepath.Join(dataDir, "sim"), n, tel, run.SimMig, logger); err != nil {
 			return nil, fmt.Errorf("simulated fleet: %w", err)
 		}
 	}
@@ -386,7 +398,9 @@ func (e *Env) Banner() string {
 	}
 	if e.Fleet != nil {
 		fmt.Fprintf(&b, "  Fleet    %d simulated nodes (mock DGX H200) in pool \"sim\": better-compute api nodes.list tenantId=root\n", len(e.Fleet.Nodes()))
-		fmt.Fprintf(&b, "           %s's GPU 0 is MIG 3g.71gb+2g.35gb+2×1g.18gb: better-compute api nodes.getSpec tenantId=root nodeId=%s\n", e.Fleet.Nodes()[0], e.Fleet.Nodes()[0])
+		if e.simMig {
+			fmt.Fprintf(&b, "           %s's GPU 0 is MIG 3g.71gb+2g.35gb+2×1g.18gb: better-compute api nodes.getSpec tenantId=root nodeId=%s\n", e.Fleet.Nodes()[0], e.Fleet.Nodes()[0])
+		}
 	}
 	if e.Metal != nil {
 		fmt.Fprintf(&b, "  Metal    site %q (%s; its agent in process, PXE over HTTP at %s): %d simulated machines (fake Redfish BMCs) in pool %q;\n",

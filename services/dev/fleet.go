@@ -25,7 +25,7 @@ var simRuntime = map[string]any{"engines": []any{"containerd"}, "cdiSpecDirs": [
 // through the API as an operator would: create the pool (idempotent), mint a
 // token for the nodes that have not joined yet, and run them. With
 // telemetry each runs bcd's telemetry, for Env.Fleet.MetricsHandler.
-func startFleet(ctx context.Context, env *Env, root string, n int, telemetry bool, logger *slog.Logger) (*sim.Fleet, error) {
+func startFleet(ctx context.Context, env *Env, root string, n int, telemetry, mig bool, logger *slog.Logger) (*sim.Fleet, error) {
 	var pool struct{ Pool struct{ ID string } }
 	if err := env.call(ctx, "pools/create", map[string]any{
 		"tenantId": "root", "name": "sim", "class": "gpu", "idempotencyKey": "dev-sim-pool",
@@ -74,9 +74,10 @@ func startFleet(ctx context.Context, env *Env, root string, n int, telemetry boo
 		VPS:       true,
 		Telemetry: telemetry,
 	}, n)
-	if err != nil {
-		return nil, err
+	if err != nil || !mig {
+		return f, err
 	}
+	env.simMig = true
 	// One simulated node carries a MIG layout: its GPU 0 split in four
 	// (nodes.update mask mig, the same on every start), which its mock
 	// NVML applies. An index layout is checked against the node's
