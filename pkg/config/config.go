@@ -29,6 +29,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/proto/agentrelease"
 )
 
 // Config is the whole configuration. The zero value of each field means "use
@@ -188,6 +189,19 @@ type Gateway struct {
 	// with JoinService. Unset, the in-process node CA signs a serving
 	// certificate for Hosts at start.
 	TLS GatewayTLS `yaml:"tls"`
+	// AgentVersions is the version-skew window: sessions of node daemons
+	// older than Oldest are refused AGENT_TOO_OLD, newer than Newest
+	// AGENT_TOO_NEW. Unset, every version is accepted.
+	AgentVersions AgentVersions `yaml:"agentVersions"`
+}
+
+// AgentVersions is the gateway's version-skew window, semantic versions
+// ("v0.3.1"); either end may be unset (open).
+type AgentVersions struct {
+	// Oldest is the oldest bcd version accepted.
+	Oldest string `yaml:"oldest"`
+	// Newest is the newest bcd version accepted.
+	Newest string `yaml:"newest"`
 }
 
 // Commands configures the command queue.
@@ -585,6 +599,24 @@ func (c *Config) Validate() error {
 	}
 	if c.Gateway.LivenessInterval <= 0 {
 		bad("gateway.livenessInterval", "expected a positive duration, got %s", c.Gateway.LivenessInterval.Std())
+	}
+	var oldest, newest *agentrelease.Version
+	for _, e := range []struct {
+		field, v string
+		to       **agentrelease.Version
+	}{{"gateway.agentVersions.oldest", c.Gateway.AgentVersions.Oldest, &oldest}, {"gateway.agentVersions.newest", c.Gateway.AgentVersions.Newest, &newest}} {
+		if e.v == "" {
+			continue
+		}
+		v, err := agentrelease.ParseVersion(e.v)
+		if err != nil {
+			bad(e.field, "expected a semantic version such as v0.3.1, got %q", e.v)
+			continue
+		}
+		*e.to = &v
+	}
+	if oldest != nil && newest != nil && oldest.Compare(*newest) > 0 {
+		bad("gateway.agentVersions.newest", "expected a version not older than oldest (%s), got %s", c.Gateway.AgentVersions.Oldest, c.Gateway.AgentVersions.Newest)
 	}
 	if c.Commands.SweepInterval <= 0 {
 		bad("commands.sweepInterval", "expected a positive duration, got %s", c.Commands.SweepInterval.Std())

@@ -197,6 +197,11 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"gateway id", func(c *config.Config) { c.Gateway.ID = "GW 1" }, "gateway.id"},
 		{"gateway liveness", func(c *config.Config) { c.Gateway.LivenessInterval = -1 }, "gateway.livenessInterval"},
 		{"gateway admit rate", func(c *config.Config) { c.Gateway.AdmitRate = -5 }, "gateway.admitRate"},
+		{"oldest agent not a version", func(c *config.Config) { c.Gateway.AgentVersions.Oldest = "latest" }, "gateway.agentVersions.oldest"},
+		{"newest agent not a version", func(c *config.Config) { c.Gateway.AgentVersions.Newest = "v1.2" }, "gateway.agentVersions.newest"},
+		{"agent window inverted", func(c *config.Config) {
+			c.Gateway.AgentVersions = config.AgentVersions{Oldest: "v0.4.0", Newest: "v0.3.9"}
+		}, "gateway.agentVersions.newest"},
 		{"server read timeout", func(c *config.Config) { c.Server.ReadTimeout = -1 }, "server.readTimeout"},
 		{"server idle timeout", func(c *config.Config) { c.Server.IdleTimeout = -1 }, "server.idleTimeout"},
 		{"admin address", func(c *config.Config) { c.Server.AdminAddr = "metrics" }, "server.adminAddr"},
@@ -242,6 +247,7 @@ func TestValidateNamesTheField(t *testing.T) {
 			Database:  config.Database{URL: "host=127.0.0.1 dbname=bc"},
 			NATS:      config.NATS{URL: "nats://a:4222, tls://b:4222"},
 			Telemetry: config.Telemetry{OTLPEndpoint: "http://collector:4318"},
+			Gateway:   config.Gateway{AgentVersions: config.AgentVersions{Oldest: "v0.3.0", Newest: "v0.3.0"}},
 		}
 		c.Defaults()
 		if err := c.Validate(); err != nil {

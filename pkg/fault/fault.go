@@ -18,7 +18,9 @@ import (
 // string value never changes once released.
 type Code string
 
-// The codes of DESIGN §8. Add a code here and to [Codes], nowhere else.
+// The codes of DESIGN §8, then the gateway's refusals of an agent outside
+// its version-skew window (gateway.agentVersions). Add a code here and to
+// [Codes], nowhere else.
 const (
 	InvalidInput    Code = "INVALID_INPUT"
 	InvalidConfig   Code = "INVALID_CONFIG"
@@ -32,6 +34,8 @@ const (
 	RateLimited     Code = "RATE_LIMITED"
 	Unavailable     Code = "UNAVAILABLE"
 	Internal        Code = "INTERNAL"
+	AgentTooOld     Code = "AGENT_TOO_OLD"
+	AgentTooNew     Code = "AGENT_TOO_NEW"
 )
 
 // Info describes a code: what it means and whether retrying the same request
@@ -60,6 +64,8 @@ var Codes = []Info{
 	{RateLimited, "too many requests from this identity; retry later", true, codes.ResourceExhausted, http.StatusTooManyRequests},
 	{Unavailable, "a dependency is unavailable; retry later", true, codes.Unavailable, http.StatusServiceUnavailable},
 	{Internal, "an unexpected error; it has been logged", true, codes.Internal, http.StatusInternalServerError},
+	{AgentTooOld, "the node daemon's version is older than the oldest the gateway accepts (gateway.agentVersions); upgrade it", false, codes.FailedPrecondition, http.StatusPreconditionFailed},
+	{AgentTooNew, "the node daemon's version is newer than the newest the gateway accepts (gateway.agentVersions); upgrade the control plane or roll the node back", false, codes.FailedPrecondition, http.StatusPreconditionFailed},
 }
 
 // Lookup returns the Info of a code and whether it is known.

@@ -23,8 +23,8 @@ func TestCodesTable(t *testing.T) {
 			t.Errorf("Lookup(%s) = %+v, %v", i.Code, got, ok)
 		}
 	}
-	if len(seen) != 12 {
-		t.Errorf("want the 12 codes of DESIGN §8, have %d", len(seen))
+	if len(seen) != 14 {
+		t.Errorf("want the 12 codes of DESIGN §8 and the gateway's 2, have %d", len(seen))
 	}
 	if _, ok := fault.Lookup("NOPE"); ok {
 		t.Error("Lookup of an unknown code succeeded")

@@ -97,6 +97,8 @@ func (a *App) startGateway(ctx context.Context) error {
 		AdmitRate:         gc.AdmitRate,
 		AdmitBurst:        gc.AdmitBurst,
 		AdmitWait:         gc.AdmitWait.Std(),
+		OldestAgent:       gc.AgentVersions.Oldest,
+		NewestAgent:       gc.AgentVersions.Newest,
 		Logger:            a.logger.With("role", "gateway"),
 		ObservedKinds:     observedKinds,
 		Kinds:             a.kinds,

@@ -94,6 +94,13 @@ type Config struct {
 	AdmitRate  float64
 	AdmitBurst int
 	AdmitWait  time.Duration
+	// OldestAgent and NewestAgent are the version-skew window (semantic
+	// versions, either may be empty: open): a Hello whose agent version is
+	// outside it is refused AGENT_TOO_OLD or AGENT_TOO_NEW before the
+	// session opens. With either end set, a version that is not a semantic
+	// version ("dev") is refused AGENT_TOO_OLD: nothing says it is new
+	// enough.
+	OldestAgent, NewestAgent string
 }
 
 // ObservedKind is a work kind that waits on nodes' convergence.
@@ -128,6 +135,7 @@ type Gateway struct {
 	reports     chan *report
 	reportsDone chan struct{}
 	admission   *admission
+	skew        skewWindow
 
 	// sites are the site agents' sessions (see site.go).
 	sites     siteSessions
@@ -199,14 +207,18 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	skew, err := newSkewWindow(cfg.OldestAgent, cfg.NewestAgent)
+	if err != nil {
+		return nil, err
+	}
 	kinds := cfg.Kinds
 	if kinds == nil {
 		kinds = commands.Builtin()
 	}
 	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{}),
 		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{}),
-		admission: newAdmission(cfg.AdmitRate, cfg.AdmitBurst, cmp.Or(cfg.AdmitWait, 10*time.Second)),
-		sites:     siteSessions{m: map[string]*siteSession{}}, siteWakes: siteWakes{m: map[string]*siteWake{}}}, nil
+		admission: newAdmission(cfg.AdmitRate, cfg.AdmitBurst, cmp.Or(cfg.AdmitWait, 10*time.Second)), skew: skew,
+		sites: siteSessions{m: map[string]*siteSession{}}, siteWakes: siteWakes{m: map[string]*siteWake{}}}, nil
 }
 
 // Start runs the liveness writer and the report writer until Stop. A second
@@ -359,6 +371,10 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	}
 	if hello.GetNodeId() != certNode {
 		return status.Errorf(codes.PermissionDenied, "certificate is for %s, Hello says %s", certNode, hello.GetNodeId())
+	}
+	if err := g.skew.admit(hello.GetAgentVersion()); err != nil {
+		g.log.WarnContext(ctx, "session refused: agent version outside the skew window", "node", certNode, "agent", hello.GetAgentVersion(), "err", err)
+		return err.Status().Err()
 	}
 	// The certificate's recorded role decides what the session is sent: a
 	// ramdisk's (same SPIFFE ID as the node's) gets only the flow's kinds.
