@@ -31,6 +31,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,6 +45,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/siteconf"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/telemetry"
+	"github.com/bettercompute/bettercompute/agent/upgrade"
 	"github.com/bettercompute/bettercompute/agent/vps"
 	"github.com/bettercompute/bettercompute/agent/vps/libvirt"
 	vpssim "github.com/bettercompute/bettercompute/agent/vps/sim"
@@ -85,6 +87,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runSite(ctx, args[1:], stdout, stderr)
 	case cmd == "ramdisk":
 		err = runRamdisk(ctx, args[1:], stderr)
+	case cmd == "upgrade":
+		err = runUpgrade(args[1:], stdout, stderr)
 	case notBuilt[cmd] != "":
 		fmt.Fprintf(stderr, "error: UNSUPPORTED: bcd %s is not built yet in this release\n", cmd)
 		return 1
@@ -118,7 +122,8 @@ commands:
   join      join this server to a control plane with a join token
   node      run the node daemon (session, inventory, commands, certificate renewal)
   site      bcd site join: enroll a site agent with a site token; bcd site run: run it (session, boot lease)
-  ramdisk   run a machine's commissioning ramdisk: join with its boot token, run the flow's commands, sign the results`)
+  ramdisk   run a machine's commissioning ramdisk: join with its boot token, run the flow's commands, sign the results
+  upgrade   bcd upgrade clear: clear this node's UpgradeFailed latch`)
 	fmt.Fprintln(w, "\nflags can be set as BCD_<FLAG> environment variables; `bcd <command> -h` lists them")
 }
 
@@ -257,6 +262,8 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	otlpEndpoint := f.str("otlp-endpoint", "", "OTLP/gRPC endpoint the node's metrics go to: http://host:port (plain), https://host:port or host:port (TLS); empty: no export until the site section names one")
 	telemetryInterval := f.str("telemetry-interval", telemetry.DefaultInterval.String(), "how often the metrics are collected and exported (1s to 1h)")
 	promListen := f.str("prometheus-listen", "", "address of a local Prometheus scrape endpoint (/metrics), e.g. 127.0.0.1:9400; empty: off")
+	releaseKey := f.str("release-key", "", "the release public key (PEM PUBLIC KEY, Ed25519; not the command key) release manifests of the agent section must be signed with; without it upgrades are refused")
+	trialTimeout := f.str("upgrade-trial-timeout", DefaultTrialTimeout.String(), "how long a new build has to open its session and report before it is rolled back (1s to 10m)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -279,6 +286,10 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	default:
 		return usageError{fmt.Errorf("--vps-runtime: want sim, libvirt or none, got %q", *vpsRuntime)}
 	}
+	trial, err := time.ParseDuration(*trialTimeout)
+	if err != nil || trial < time.Second || trial > 10*time.Minute {
+		return usageError{fmt.Errorf("--upgrade-trial-timeout: want a duration from 1s to 10m, got %q", *trialTimeout)}
+	}
 	var pub ed25519.PublicKey
 	if *commandKey != "" {
 		b, err := os.ReadFile(*commandKey)
@@ -300,6 +311,10 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		reboot = systemctlReboot
 	}
 	store, err := state.Open(*root)
+	if err != nil {
+		return err
+	}
+	inst, err := openInstaller(store.Root(), *releaseKey)
 	if err != nil {
 		return err
 	}
@@ -358,7 +373,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	follow := tel.Follow(*otlpEndpoint, interval)
 	defer follow.Stop()
 	site.Subscribe(func(s siteconf.Settings) { follow.Set(s.OTLPEndpoint, s.TelemetryInterval) })
-	return session.Run(ctx, session.Config{
+	cfg := session.Config{
 		CDI:       cdiW,
 		OnSession: tel.SessionUp, OnSection: tel.SectionConverged, OnCommandUpdate: tel.CommandUpdate,
 		Gateway: *gateway, ServerName: *serverName, State: store, Inventory: inv,
@@ -369,7 +384,46 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		// The runtime section's engine files and CDI directories are under
 		// the same root as the site section's files.
 		Runtime: converge.Runtime{Root: *siteRoot, Runner: engines.Exec{}, NvidiaCTK: *nvidiaCTK},
-	})
+	}
+	cfg.OnObserved = trialReporter()
+	// The agent section hands over to a new build: the session ends, the
+	// build runs as a child on trial, and this process execs it once it
+	// reported, or rolls back and latches UpgradeFailed and opens its
+	// session again (docs/agent-upgrades.md).
+	for {
+		sctx, cancel := context.WithCancel(ctx)
+		var handed *upgrade.Staged
+		var mu sync.Mutex
+		cfg.Agent = converge.Agent{Installer: inst, Handover: func(st upgrade.Staged) {
+			mu.Lock()
+			handed = &st
+			mu.Unlock()
+			cancel()
+		}}
+		err := session.Run(sctx, cfg)
+		cancel()
+		mu.Lock()
+		st := handed
+		mu.Unlock()
+		if st == nil || ctx.Err() != nil {
+			return err
+		}
+		logger.Info("upgrade: handing over; the new build is on trial", "from", version(), "to", st.Manifest.Version, "slot", st.Slot, "timeout", trial)
+		terr := runTrial(ctx, *st, args, trial, stderr)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if terr == nil {
+			if terr = inst.Activate(*st); terr == nil {
+				logger.Info("upgrade: the new build reported; exec", "version", st.Manifest.Version)
+				terr = execCurrent(inst, args)
+			}
+		}
+		logger.Error("upgrade failed: rolled back, UpgradeFailed latched", "version", st.Manifest.Version, "err", terr)
+		if err := inst.Fail(*st, terr.Error()); err != nil {
+			return fmt.Errorf("upgrade: latching UpgradeFailed: %w", err)
+		}
+	}
 }
 
 // VPS runtimes of --vps-runtime.

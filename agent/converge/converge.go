@@ -185,6 +185,8 @@ type Config struct {
 	Site Site
 	// Runtime wires the runtime section's engines and CDI directories.
 	Runtime Runtime
+	// Agent wires the agent section (bcd's own upgrades).
+	Agent Agent
 	// Driver returns the NVIDIA driver version (NVML's); nil means none is
 	// known. DevicesStale compares it, and Minors, with what the last
 	// Converge saw: a driver upgrade regenerates the CDI spec at the next
@@ -271,7 +273,7 @@ func New(cfg Config) (*Converger, error) {
 		c.devices,
 		instances(cfg.VPS),
 		c.health,
-		unsupported{section: "agent", would: planAgent},
+		&agentHandler{cfg: cfg.Agent},
 	}
 	b, err := os.ReadFile(filepath.Join(cfg.Root, ObservedGenerationFile))
 	switch {

@@ -97,6 +97,9 @@ type Config struct {
 	// DefaultHeartbeat is used when a Welcome names no interval; 10 s by
 	// default.
 	DefaultHeartbeat time.Duration
+	// Agent wires the agent section: the running version, the release
+	// installer and the handover (converge.Agent).
+	Agent converge.Agent
 	// OnSession, when set, is called with true when the gateway welcomes a
 	// session and with false when that session ends (simulators count
 	// sessions with it).
@@ -227,6 +230,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}); ok {
 		driver = d.DriverVersion
 	}
+	agent := cfg.Agent
+	agent.Version = cmp.Or(agent.Version, cfg.AgentVersion)
 	var migs converge.MIG
 	var migDevices func(context.Context) (map[string]inventory.MIGDevice, error)
 	if m, ok := cfg.Inventory.(converge.MIG); ok {
@@ -239,7 +244,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	conv, err := converge.New(converge.Config{Root: cfg.State.Root(), NodeID: id.NodeID, GPUs: gpuUUIDs(cfg.Inventory), Minors: minors,
 		Logger: log, Write: cfg.State.WriteAtomic, VPS: cfg.VPS, CDI: cfg.CDI, Site: cfg.Site, OnSection: cfg.OnSection,
-		Runtime: cfg.Runtime, Driver: driver, MIG: migs, MIGDevices: migDevices})
+		Runtime: cfg.Runtime, Driver: driver, MIG: migs, MIGDevices: migDevices, Agent: agent})
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}

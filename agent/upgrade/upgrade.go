@@ -364,6 +364,10 @@ func (in *Installer) Fail(st Staged, reason string) error {
 		if err := in.point(st.Previous); err != nil {
 			return err
 		}
+	} else if err := os.Remove(filepath.Join(in.cfg.Root, binDir, current)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// A first install that failed: the build outside the slots (the
+		// one the service manager started) runs, and current names none.
+		return fmt.Errorf("upgrade: %w", err)
 	}
 	s, err := in.load()
 	if err != nil {

@@ -1083,9 +1083,16 @@ type AgentSettings struct {
 	// keep the current one.
 	DesiredVersion string `protobuf:"bytes,1,opt,name=desired_version,json=desiredVersion,proto3" json:"desired_version,omitempty"`
 	// channel is the release channel: "stable", "beta" or "dev".
-	Channel       string `protobuf:"bytes,2,opt,name=channel,proto3" json:"channel,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Channel string `protobuf:"bytes,2,opt,name=channel,proto3" json:"channel,omitempty"`
+	// release_manifest is the signed release manifest of the build to run
+	// (proto/agentrelease: JSON, at most 16 KiB), as `better-compute
+	// artifacts publish` wrote it: bcd verifies it against the release key
+	// pinned in its install configuration, refuses an expired one or an older
+	// counter than it has installed, downloads and checks the build, and
+	// hands over to it (docs/agent-upgrades.md). Empty: no upgrade.
+	ReleaseManifest []byte `protobuf:"bytes,3,opt,name=release_manifest,json=releaseManifest,proto3" json:"release_manifest,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AgentSettings) Reset() {
@@ -1130,6 +1137,13 @@ func (x *AgentSettings) GetChannel() string {
 		return x.Channel
 	}
 	return ""
+}
+
+func (x *AgentSettings) GetReleaseManifest() []byte {
+	if x != nil {
+		return x.ReleaseManifest
+	}
+	return nil
 }
 
 var File_bettercompute_agent_v1_nodespec_proto protoreflect.FileDescriptor
@@ -1221,10 +1235,11 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"\x1amax_correctable_ecc_errors\x18\x06 \x01(\rR\x17maxCorrectableEccErrors\x12#\n" +
 	"\rcritical_xids\x18\a \x03(\rR\fcriticalXids\x12*\n" +
 	"\x11max_retired_pages\x18\b \x01(\rR\x0fmaxRetiredPages\x12'\n" +
-	"\x0fdisabled_checks\x18\t \x03(\tR\x0edisabledChecks\"R\n" +
+	"\x0fdisabled_checks\x18\t \x03(\tR\x0edisabledChecks\"}\n" +
 	"\rAgentSettings\x12'\n" +
 	"\x0fdesired_version\x18\x01 \x01(\tR\x0edesiredVersion\x12\x18\n" +
-	"\achannel\x18\x02 \x01(\tR\achannelBMZKgithub.com/bettercompute/bettercompute/proto/bettercompute/agent/v1;agentv1b\x06proto3"
+	"\achannel\x18\x02 \x01(\tR\achannel\x12)\n" +
+	"\x10release_manifest\x18\x03 \x01(\fR\x0freleaseManifestBMZKgithub.com/bettercompute/bettercompute/proto/bettercompute/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_bettercompute_agent_v1_nodespec_proto_rawDescOnce sync.Once
