@@ -89,6 +89,18 @@ type Config struct {
 	MCP MCP `yaml:"mcp"`
 	// Console configures the api role's web console's sessions.
 	Console Console `yaml:"console"`
+	// Artifacts is the directory of bcd builds and their signed release
+	// manifests the api role serves (`better-compute artifacts publish`).
+	Artifacts Artifacts `yaml:"artifacts"`
+}
+
+// Artifacts configures the api role's static store of bcd builds.
+type Artifacts struct {
+	// Dir is the directory `better-compute artifacts publish` writes and the
+	// api role serves read-only at /artifacts/ (flat names only, no
+	// listing, no authentication: a build's integrity is its signed
+	// manifest's). Empty: not served.
+	Dir string `yaml:"dir"`
 }
 
 // JoinService configures the node CA and joinservice's HPKE key. Keys come

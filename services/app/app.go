@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/bettercompute/bettercompute/pkg/artifacts"
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/bus"
 	"github.com/bettercompute/bettercompute/pkg/clientaddr"
@@ -524,6 +525,9 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 		}
 		mux.Handle(console.Prefix, con)
 		mux.Handle("GET /console", http.RedirectHandler(console.Prefix, http.StatusFound))
+		if dir := a.cfg.Artifacts.Dir; dir != "" {
+			mux.Handle(artifacts.Prefix, artifacts.Handler(dir))
+		}
 		mux.Handle(mcpserver.Path, mcpserver.Handler(mcpserver.Config{
 			Conn: a.api.Conn(), ReadOnly: a.cfg.MCP.ReadOnly, Version: version.Get().Version, Kinds: a.admitKinds, Logger: a.logger,
 			TrustedProxies: proxies,

@@ -51,6 +51,7 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		newWebhooks(stdout, stderr),
 		newBootstrap(g, stdout, stderr),
 		newPKI(stdout),
+		newArtifacts(stdout),
 		newJoinScript(stdout, stderr),
 		newMCP(stdout, stderr),
 	)
