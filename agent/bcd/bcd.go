@@ -286,6 +286,9 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	default:
 		return usageError{fmt.Errorf("--vps-runtime: want sim, libvirt or none, got %q", *vpsRuntime)}
 	}
+	// A build on trial: its report descriptor is closed on exec before
+	// anything starts a process.
+	trialReport := trialReporter()
 	trial, err := time.ParseDuration(*trialTimeout)
 	if err != nil || trial < time.Second || trial > 10*time.Minute {
 		return usageError{fmt.Errorf("--upgrade-trial-timeout: want a duration from 1s to 10m, got %q", *trialTimeout)}
@@ -385,7 +388,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		// the same root as the site section's files.
 		Runtime: converge.Runtime{Root: *siteRoot, Runner: engines.Exec{}, NvidiaCTK: *nvidiaCTK},
 	}
-	cfg.OnObserved = trialReporter()
+	cfg.OnReport = trialReport
 	// The agent section hands over to a new build: the session ends, the
 	// build runs as a child on trial, and this process execs it once it
 	// reported, or rolls back and latches UpgradeFailed and opens its

@@ -19,9 +19,10 @@ import (
 	"github.com/bettercompute/bettercompute/proto/agentrelease"
 )
 
-// TrialFDEnv names the file descriptor a build on trial writes "ok\n" to
-// once its session is open and it has reported (its first Observed): the
-// daemon that started it reads the other end (see runTrial).
+// TrialFDEnv names the file descriptor a build on trial writes "ok
+// <version>\n" to once its session is open and it has reported (its first
+// Observed): the daemon that started it reads the other end and checks the
+// version is the manifest's (see runTrial).
 const TrialFDEnv = "BCD_UPGRADE_TRIAL_FD"
 
 // DefaultTrialTimeout is how long a new build has to open its session and
@@ -46,10 +47,10 @@ func openInstaller(root, keyFile string) (*upgrade.Installer, error) {
 	return upgrade.New(upgrade.Config{Root: root, Key: pub}), nil
 }
 
-// trialReporter returns what a build on trial calls after each Observed
-// report: the first writes "ok\n" to the descriptor TrialFDEnv names and
-// closes it. Outside a trial it is nil.
-func trialReporter() func(int64) {
+// trialReporter returns what a build on trial calls after each report: the
+// first writes "ok <version>\n" to the descriptor TrialFDEnv
+// names and closes it. Outside a trial it is nil.
+func trialReporter() func() {
 	v := os.Getenv(TrialFDEnv)
 	if v == "" {
 		return nil
@@ -61,9 +62,9 @@ func trialReporter() func(int64) {
 	syscall.CloseOnExec(fd)
 	f := os.NewFile(uintptr(fd), "upgrade-trial")
 	var once sync.Once
-	return func(int64) {
+	return func() {
 		once.Do(func() {
-			_, _ = f.WriteString("ok\n")
+			_, _ = f.WriteString("ok " + version() + "\n")
 			_ = f.Close()
 		})
 	}
@@ -90,11 +91,10 @@ func runTrial(ctx context.Context, st upgrade.Staged, args []string, timeout tim
 	if err != nil {
 		return fmt.Errorf("bcd %s did not start: %w", st.Manifest.Version, err)
 	}
-	reported := make(chan bool, 1)
+	reported := make(chan string, 1)
 	go func() {
-		b := make([]byte, 3)
-		n, _ := io.ReadFull(r, b)
-		reported <- n == 3 && string(b) == "ok\n"
+		b, _ := io.ReadAll(io.LimitReader(r, 256))
+		reported <- string(b)
 	}()
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -103,8 +103,13 @@ func runTrial(ctx context.Context, st upgrade.Staged, args []string, timeout tim
 	var result error
 	done := false
 	select {
-	case ok := <-reported:
-		if !ok {
+	case line := <-reported:
+		v, ok := strings.CutPrefix(line, "ok ")
+		v = strings.TrimSuffix(v, "\n")
+		switch {
+		case ok && v != st.Manifest.Version:
+			result = fmt.Errorf("the build of manifest %s reported version %q", st.Manifest.Version, v)
+		case !ok:
 			// The pipe closed without a report: the build exited (or
 			// closed it); its exit status says more.
 			select {

@@ -20,11 +20,15 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/bettercompute/bettercompute/agent/bcd"
 	"github.com/bettercompute/bettercompute/agent/internal/testcontrol"
 	"github.com/bettercompute/bettercompute/agent/upgrade"
 	"github.com/bettercompute/bettercompute/proto/agentrelease"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/commandsig"
 )
 
 // buildBCD builds bcd with version linked in, into dir.
@@ -77,14 +81,16 @@ func (r *releaser) release(t *testing.T, version, path string, counter uint64, n
 // trial, exec'd: the same process reconnects reporting v0.2.0); to a build
 // that exits at start (rolled back, the old build reconnects, UpgradeFailed
 // latched and reported); after `bcd upgrade clear`, an older signed manifest
-// and an expired one are refused.
+// and an expired one are refused; then a signed agent.upgrade command
+// upgrades it to v0.3.1 now: the command succeeds, and the daemon
+// reconnects as v0.3.1 from slot B (A holds v0.2.0, the previous build).
 func TestUpgradeWithRealBuilds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds bcd twice")
 	}
 	t.Parallel()
 	dir := t.TempDir()
-	v1, v2 := buildBCD(t, dir, "v0.1.0"), buildBCD(t, dir, "v0.2.0")
+	v1, v2, v3 := buildBCD(t, dir, "v0.1.0"), buildBCD(t, dir, "v0.2.0"), buildBCD(t, dir, "v0.3.1")
 	broken := filepath.Join(dir, "broken.sh")
 	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'broken build: exiting at start' >&2\nexit 3\n"), 0o755); err != nil {
 		t.Fatal(err)
@@ -93,6 +99,12 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 	cp := testcontrol.New(t)
 	root := joinMock(t, cp, dir)
 	pub, priv, _ := ed25519.GenerateKey(nil)
+	cmdPub, cmdPriv, _ := ed25519.GenerateKey(nil)
+	cmdDER, _ := x509.MarshalPKIXPublicKey(cmdPub)
+	cmdKey := filepath.Join(dir, "command.pub")
+	if err := os.WriteFile(cmdKey, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: cmdDER}), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	der, _ := x509.MarshalPKIXPublicKey(pub)
 	keyFile := filepath.Join(dir, "release.pub")
 	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644); err != nil {
@@ -107,7 +119,7 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 
 	var logs bytes.Buffer
 	node := exec.Command(v1, "node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-up",
-		"--site-root", filepath.Join(dir, "sys"), "--release-key", keyFile)
+		"--site-root", filepath.Join(dir, "sys"), "--release-key", keyFile, "--command-key", cmdKey)
 	node.Stdout, node.Stderr = &logs, &logs
 	if err := node.Start(); err != nil {
 		t.Fatal(err)
@@ -184,14 +196,17 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 	inst := upgrade.New(upgrade.Config{Root: root})
 	future := time.Now().Add(time.Hour)
 
-	// 1. v0.2.0: the build on trial reports (converged: running v0.2.0),
-	// then the daemon execs it and reconnects as v0.2.0, the same process.
-	desire(1, rel.release(t, "v0.2.0", v2, 2, future))
+	// 1. v0.2.0: the build on trial reports, then the daemon execs it and
+	// reconnects as v0.2.0, the same process; the same manifest again
+	// converges (running v0.2.0).
+	m2 := rel.release(t, "v0.2.0", v2, 2, future)
+	desire(1, m2)
 	hello("v0.2.0") // on trial
-	if s := agent(1); s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || s.GetReason() != "running bcd v0.2.0" {
+	hello("v0.2.0") // exec'd
+	desire(2, m2)
+	if s := agent(2); s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || s.GetReason() != "running bcd v0.2.0" {
 		t.Fatalf("agent section after the upgrade: %v", s)
 	}
-	hello("v0.2.0") // exec'd
 	if st, err := inst.State(); err != nil || st.Counter != 2 || st.Version != "v0.2.0" || st.Failed != nil {
 		t.Fatalf("upgrade state %+v %v", st, err)
 	}
@@ -206,9 +221,9 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 	// 2. A build that exits at start: rolled back (the v0.2.0 process
 	// opens its session again), UpgradeFailed latched and reported
 	// terminal; the previous slot still current.
-	desire(2, rel.release(t, "v0.3.0", broken, 3, future))
+	desire(3, rel.release(t, "v0.3.0", broken, 3, future))
 	hello("v0.2.0")
-	s := agent(2)
+	s := agent(3)
 	if s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.HasPrefix(s.GetReason(), "UpgradeFailed: ") ||
 		!strings.Contains(s.GetReason(), "v0.3.0") || !strings.Contains(s.GetReason(), "exit status 3") {
 		t.Fatalf("agent section after a broken build: %v", s)
@@ -226,18 +241,51 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 	if code := bcd.Run(context.Background(), []string{"upgrade", "clear", "--root", root}, &out, &errb); code != 0 || !strings.Contains(out.String(), "cleared") {
 		t.Fatalf("bcd upgrade clear: %d %q %q", code, out.String(), errb.String())
 	}
-	desire(3, rel.release(t, "v0.1.0", v1, 1, future))
-	if s := agent(3); s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(s.GetReason(), upgrade.ErrOlderCounter.Error()) {
+	desire(4, rel.release(t, "v0.1.0", v1, 1, future))
+	if s := agent(4); s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(s.GetReason(), upgrade.ErrOlderCounter.Error()) {
 		t.Fatalf("an older manifest: %v", s)
 	}
-	desire(4, rel.release(t, "v0.4.0", v1, 4, time.Now().Add(-time.Minute)))
-	if s := agent(4); s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(s.GetReason(), agentrelease.ErrExpired.Error()) {
+	desire(5, rel.release(t, "v0.4.0", v1, 4, time.Now().Add(-time.Minute)))
+	if s := agent(5); s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(s.GetReason(), agentrelease.ErrExpired.Error()) {
 		t.Fatalf("an expired manifest: %v", s)
 	}
 	select {
 	case h := <-cp.Hellos:
 		t.Fatalf("a refused manifest reconnected the daemon: %v", h.Hello)
 	default:
+	}
+
+	// 4. agent.upgrade, signed with the command key, carrying a manifest
+	// signed with the release key.
+	body, err := proto.Marshal(&agentv1.CommandBody{Kind: &agentv1.CommandBody_AgentUpgrade{AgentUpgrade: &agentv1.AgentUpgrade{
+		ReleaseManifest: rel.release(t, "v0.3.1", v3, 5, future), Reason: "test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &agentv1.Command{Id: "cmd_up", NodeId: nodeID, Seq: 1, Kind: "agent.upgrade", Body: body, NotAfter: timestamppb.New(time.Now().Add(time.Minute))}
+	commandsig.Sign(c, testcontrol.TrustDomain, cmdPriv)
+	cp.SendCommand(c)
+	for done := false; !done; {
+		select {
+		case u := <-cp.Updates:
+			switch u.GetOutcome() {
+			case agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED:
+				done = true
+			case agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED:
+			default:
+				t.Fatalf("agent.upgrade: %v", u)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("no outcome of agent.upgrade")
+		}
+	}
+	hello("v0.3.1") // on trial
+	hello("v0.3.1") // exec'd
+	if st, _ := inst.State(); st.Counter != 5 || st.Version != "v0.3.1" {
+		t.Fatalf("upgrade state %+v", st)
+	}
+	if exe, err = os.Readlink("/proc/" + itoa(node.Process.Pid) + "/exe"); err != nil || exe != filepath.Join(root, "bin", "bcd.B") {
+		t.Fatalf("the daemon's process runs %q (%v), want the exec'd slot B (A held v0.2.0)", exe, err)
 	}
 }
 

@@ -273,3 +273,19 @@ func (e *Executor) instanceReboot(ctx context.Context, body *agentv1.CommandBody
 	e.log.InfoContext(ctx, "rebooted instance", "instance", id)
 	return &agentv1.CommandResult{}, nil
 }
+
+// agentUpgrade stages the build agent.upgrade's signed release manifest
+// names (Config.Upgrade) and keeps the handover for after the outcome is
+// sent: the command succeeds once the build is staged; the node's next
+// Hello, or its agent section's UpgradeFailed, says how its trial went.
+func (e *Executor) agentUpgrade(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
+	h, err := e.cfg.Upgrade(ctx, body.GetAgentUpgrade().GetReleaseManifest())
+	if err != nil {
+		return nil, fmt.Errorf("agent.upgrade: %w", err)
+	}
+	e.mu.Lock()
+	e.handover = h
+	e.mu.Unlock()
+	e.log.InfoContext(ctx, "agent.upgrade: build staged; handing over once the outcome is sent", "reason", body.GetAgentUpgrade().GetReason())
+	return &agentv1.CommandResult{}, nil
+}

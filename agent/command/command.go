@@ -138,6 +138,11 @@ type Config struct {
 	// Instances reboots VPS instances for instance.reboot (a
 	// *vps.Reconciler on a vps-host); nil refuses the kind (UNSUPPORTED).
 	Instances InstanceRebooter
+	// Upgrade runs agent.upgrade: it admits the signed release manifest
+	// and stages its build, and returns the handover, which the executor
+	// calls once the command's outcome was sent (nil: nothing to hand over,
+	// that version runs). Nil refuses the kind (UNSUPPORTED).
+	Upgrade func(ctx context.Context, manifest []byte) (handover func(), err error)
 	// Ramdisk runs the commissioning kinds (disk.wipe, image.deploy,
 	// node.kexec) and adds a burn-in check of the disks to diag.nvml: an
 	// *ramdisk.Ramdisk in bcd ramdisk. Nil refuses those kinds
@@ -180,6 +185,9 @@ type Executor struct {
 	outputs map[int64][]*agentv1.CommandOutput
 	inUse   map[string]int
 	closed  bool
+	// handover is agent.upgrade's, called once its outcome was sent
+	// (guarded by mu).
+	handover func()
 }
 
 // held is a command waiting for its min_generation.
@@ -230,7 +238,7 @@ func New(cfg Config) (*Executor, error) {
 	e.funcs = map[string]Func{
 		KindDiagNvml: e.diagNvml, KindInventoryRefresh: e.inventoryRefresh, KindLogsCollect: e.logsCollect,
 		KindGPUReset: e.gpuReset, KindDiskWipe: e.diskWipe, KindImageDeploy: e.imageDeploy,
-		KindInstanceReboot: e.instanceReboot,
+		KindInstanceReboot: e.instanceReboot, KindAgentUpgrade: e.agentUpgrade,
 	}
 	for k, f := range cfg.Executors {
 		if _, ok := kinds[k]; !ok {
@@ -351,6 +359,9 @@ func (e *Executor) decode(c *agentv1.Command) (*agentv1.CommandBody, string) {
 	}
 	if c.GetKind() == KindInstanceReboot && e.cfg.Instances == nil {
 		return nil, "instance.reboot is not available on this daemon (it runs no VPS runtime: bcd node --vps-runtime)"
+	}
+	if c.GetKind() == KindAgentUpgrade && e.cfg.Upgrade == nil {
+		return nil, "agent.upgrade is not available on this daemon (no release key pinned: bcd node --release-key)"
 	}
 	if k.RamdiskOnly && e.cfg.Ramdisk == nil {
 		return nil, c.GetKind() + " runs only in bcd ramdisk (commissioning)"
@@ -497,6 +508,20 @@ func (e *Executor) run(ctx context.Context, cancel context.CancelCauseFunc, c *a
 	}
 	e.log.Info("command finished", "seq", c.GetSeq(), "kind", c.GetKind(), "state", final.State, "reason", final.Reason)
 	e.send(final.update())
+	if h := e.handover; h != nil && c.GetKind() == KindAgentUpgrade {
+		e.handover = nil
+		if final.State == stateSucceeded {
+			// The outcome goes out before the session ends.
+			e.wg.Go(func() {
+				if e.cfg.WaitSent != nil {
+					wctx, cancel := context.WithTimeout(e.ctx, RebootGrace)
+					e.cfg.WaitSent(wctx)
+					cancel()
+				}
+				h()
+			})
+		}
+	}
 }
 
 // terminate runs a self-terminating kind: node.reboot's RebootHook, or

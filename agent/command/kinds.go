@@ -26,6 +26,8 @@ const (
 	KindNodeKexec   = commandkinds.NodeKexec
 	// KindInstanceReboot restarts a VPS instance (Config.Instances).
 	KindInstanceReboot = commandkinds.InstanceReboot
+	// KindAgentUpgrade upgrades bcd now (Config.Upgrade).
+	KindAgentUpgrade = commandkinds.AgentUpgrade
 )
 
 // Credits is each lane's number of concurrent commands, as declared on the
@@ -38,7 +40,7 @@ var Credits = commandkinds.Credits()
 // does when the node comes back with a new boot id) or ramdisk-only (only a
 // daemon with a Config.Ramdisk, bcd ramdisk, runs it).
 var kinds = declared(KindDiagNvml, KindInventoryRefresh, KindLogsCollect, KindNodeReboot, KindGPUReset,
-	KindDiskWipe, KindImageDeploy, KindNodeKexec, KindInstanceReboot)
+	KindDiskWipe, KindImageDeploy, KindNodeKexec, KindInstanceReboot, KindAgentUpgrade)
 
 // declared looks names up in the declared kinds; it panics on one the wire
 // contract does not declare.

@@ -35,7 +35,7 @@ func TestKinds_MatchDeclared(t *testing.T) {
 			t.Errorf("Destructive(%s) = %v, declared %v", k.Name, !k.Destructive, k.Destructive)
 		}
 	}
-	if command.Destructive("agent.upgrade") {
+	if command.Destructive("agent.rollback") {
 		t.Error("an undeclared kind is destructive")
 	}
 }

@@ -58,6 +58,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/vps"
+	"github.com/bettercompute/bettercompute/proto/agentrelease"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
@@ -108,6 +109,10 @@ type Config struct {
 	// with the observed generation it carried (simulators time
 	// convergence with it).
 	OnObserved func(observedGeneration int64)
+	// OnReport, when set, is called after a report (an inventory report or
+	// an Observed) was sent on a welcomed session: a build on trial says
+	// with it that it is up (docs/agent-upgrades.md).
+	OnReport func()
 	// CDI writes the devices section's CDI spec; nil means one under the
 	// state root (converge.CDISpecFile), as simulated nodes keep it.
 	CDI *cdi.Writer
@@ -269,6 +274,7 @@ func Run(ctx context.Context, cfg Config) error {
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_CommandUpdate{CommandUpdate: u}})
 		},
 		WaitSent:  r.waitSent,
+		Upgrade:   upgradeNow(agent),
 		Inventory: cfg.Inventory,
 		OnInventory: func(rep *agentv1.InventoryReport) {
 			r.health.note(rep)
@@ -470,6 +476,9 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 				r.putBackResult(o) // the next session reports it
 				return true, fmt.Errorf("session: observed: %w", err)
 			}
+			if r.cfg.OnReport != nil {
+				r.cfg.OnReport()
+			}
 			if r.cfg.OnObserved != nil {
 				r.cfg.OnObserved(o.GetObservedGeneration())
 			}
@@ -492,6 +501,9 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 				r.health.note(rep)
 				if err := stream.Send(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}}); err != nil {
 					return true, fmt.Errorf("session: inventory: %w", err)
+				}
+				if r.cfg.OnReport != nil {
+					r.cfg.OnReport()
 				}
 			default:
 				r.log.WarnContext(ctx, "ignoring unexpected session message", "type", fmt.Sprintf("%T", b))
@@ -547,5 +559,31 @@ func GPUAddresses(inv Inventory) func(ctx context.Context) (map[string]string, e
 			out[g.GetUuid()] = g.GetPciBusId()
 		}
 		return out, nil
+	}
+}
+
+// upgradeNow is agent.upgrade's stage for the executor (command.Config.
+// Upgrade): nil without a release installer. A manifest of the running
+// version has nothing to hand over.
+func upgradeNow(agent converge.Agent) func(context.Context, []byte) (func(), error) {
+	if agent.Installer == nil {
+		return nil
+	}
+	return func(ctx context.Context, raw []byte) (func(), error) {
+		m, err := agentrelease.Parse(raw)
+		if err != nil {
+			return nil, err
+		}
+		if m.Version == agent.Version {
+			return nil, nil
+		}
+		st, err := agent.Installer.Stage(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		if agent.Handover == nil {
+			return nil, nil
+		}
+		return func() { agent.Handover(st) }, nil
 	}
 }

@@ -154,7 +154,9 @@ func TestEnqueueBadInput(t *testing.T) {
 		code  fault.Code
 		field string
 	}{
-		{"unknown kind is UNSUPPORTED", commands.Request{NodeID: "node_a", Kind: "agent.upgrade", NotAfter: soon}, fault.Unsupported, "kind"},
+		{"unknown kind is UNSUPPORTED", commands.Request{NodeID: "node_a", Kind: "agent.rollback", NotAfter: soon}, fault.Unsupported, "kind"},
+		{"agent.upgrade without a manifest", commands.Request{NodeID: "node_a", Kind: "agent.upgrade", Payload: `{}`, NotAfter: soon}, fault.InvalidInput, "payload.releaseManifest"},
+		{"agent.upgrade of a manifest that is not one", commands.Request{NodeID: "node_a", Kind: "agent.upgrade", Payload: `{"releaseManifest": "bm90IGpzb24="}`, NotAfter: soon}, fault.InvalidInput, "payload.releaseManifest"},
 		{"gpu.reset without GPUs", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{}`, NotAfter: soon}, fault.InvalidInput, "payload.gpuUuids"},
 		{"gpu.reset of a non-UUID", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{"gpuUuids": ["0"]}`, NotAfter: soon}, fault.InvalidInput, "payload.gpuUuids"},
 		{"gpu.reset reason too long", commands.Request{NodeID: "node_a", Kind: "gpu.reset", Payload: `{"gpuUuids": ["GPU-a"], "reason": "` + strings.Repeat("x", 1025) + `"}`, NotAfter: soon}, fault.InvalidInput, "payload.reason"},
@@ -609,7 +611,7 @@ func TestRegistry(t *testing.T) {
 	for _, k := range commands.Builtin().Kinds() {
 		names = append(names, k.Name)
 	}
-	if !slices.Equal(names, []string{"diag.nvml", "disk.wipe", "gpu.reset", "image.deploy", "instance.reboot", "inventory.refresh", "logs.collect", "node.kexec", "node.reboot"}) {
+	if !slices.Equal(names, []string{"agent.upgrade", "diag.nvml", "disk.wipe", "gpu.reset", "image.deploy", "instance.reboot", "inventory.refresh", "logs.collect", "node.kexec", "node.reboot"}) {
 		t.Fatalf("built-in kinds %v", names)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/bettercompute/bettercompute/proto/agentrelease"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/commandkinds"
 
@@ -207,8 +208,7 @@ func (r *Registry) timeout(name string) time.Duration {
 // kind declared on a payload message of CommandBody (proto/commandkinds),
 // which gives its name, field, lane, and whether it is destructive,
 // self-terminating or for the ramdisk; the rest is the control plane's.
-// agent.upgrade has no payload message in the wire contract yet, so it is
-// not registered. disk.wipe, image.deploy and node.kexec are the metal
+// disk.wipe, image.deploy and node.kexec are the metal
 // workflow's (bcd ramdisk runs them), never commands.run's.
 func Builtin() *Registry {
 	r := NewRegistry()
@@ -228,6 +228,8 @@ func Builtin() *Registry {
 		Doc: "Streams a raw disk image over HTTP onto a disk (bcd ramdisk), hashing it as it goes; succeeds only when its SHA-256 matches. The result is signed by the ramdisk's key.", Check: checkImageDeploy}))
 	r.MustRegister(declared(KindNodeKexec, Kind{Timeout: 10 * time.Minute,
 		Doc: "Fetches a kernel and initrd, checks their SHA-256 and kexecs into them (bcd ramdisk); succeeds when the node reconnects with a new boot id.", Check: checkNodeKexec}))
+	r.MustRegister(declared(KindAgentUpgrade, Kind{API: true, Timeout: 15 * time.Minute,
+		Doc: "Upgrades the node's bcd now to the build a signed release manifest names (better-compute artifacts publish): the daemon verifies it against its pinned release key, refuses an expired one or an older counter, stages the build A/B and hands over; succeeds once the build is staged, and a build that does not report within 30 s is rolled back and UpgradeFailed latched (docs/agent-upgrades.md).", Check: checkAgentUpgrade}))
 	r.MustRegister(declared(KindInstanceReboot, Kind{RetrySafe: true, Timeout: 5 * time.Minute,
 		Doc: "Restarts one of a vps-host's running instances (instances.reboot, never commands.run); the host refuses an instance it does not run.", Check: checkInstanceReboot}))
 	return r
@@ -261,6 +263,8 @@ const (
 	// KindInstanceReboot is the kind instances.reboot queues on the
 	// instance's host.
 	KindInstanceReboot = commandkinds.InstanceReboot
+	// KindAgentUpgrade upgrades one node's bcd now.
+	KindAgentUpgrade = commandkinds.AgentUpgrade
 )
 
 // MaxInstanceID bounds instance.reboot's instance id.
@@ -506,6 +510,28 @@ func checkLogsCollect(body *agentv1.CommandBody) error {
 	}
 	if len(units) > 0 && !slices.Contains(seen, commandkinds.LogSourceJournal) {
 		return fault.New(fault.InvalidInput, "payload.units", "units filter the journal source, which is not asked for")
+	}
+	return nil
+}
+
+// checkAgentUpgrade wants a release manifest that parses and is well formed
+// (INVALID_INPUT "payload.releaseManifest", naming what is wrong; its
+// signature and counter are the node's to check, against the key it pins)
+// and a reason of at most MaxResetReason characters ("payload.reason").
+func checkAgentUpgrade(body *agentv1.CommandBody) error {
+	p := body.GetAgentUpgrade()
+	m, err := agentrelease.Parse(p.GetReleaseManifest())
+	if err == nil {
+		err = agentrelease.Check(m)
+	}
+	if err != nil {
+		return fault.Wrap(err, fault.InvalidInput, "payload.releaseManifest", "%v", err)
+	}
+	if len(m.Signature) == 0 {
+		return fault.New(fault.InvalidInput, "payload.releaseManifest", "the manifest is not signed (better-compute artifacts publish)")
+	}
+	if n := len([]rune(p.GetReason())); n > MaxResetReason {
+		return fault.New(fault.InvalidInput, "payload.reason", "at most %d characters, got %d", MaxResetReason, n)
 	}
 	return nil
 }

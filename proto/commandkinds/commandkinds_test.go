@@ -17,6 +17,7 @@ import (
 func TestDeclared(t *testing.T) {
 	t.Parallel()
 	want := []Kind{
+		{Name: "agent.upgrade", Field: "agent_upgrade", Lane: "exclusive", Destructive: true},
 		{Name: "diag.nvml", Field: "diag_nvml", Lane: "diag", Ramdisk: true},
 		{Name: "disk.wipe", Field: "disk_wipe", Lane: "exclusive", Destructive: true, RamdiskOnly: true},
 		{Name: "gpu.reset", Field: "gpu_reset", Lane: "exclusive", Destructive: true},
@@ -38,7 +39,7 @@ func TestDeclared(t *testing.T) {
 			t.Errorf("Lookup(%q) = %+v, %v", k.Name, got, ok)
 		}
 	}
-	if _, ok := Lookup("agent.upgrade"); ok {
+	if _, ok := Lookup("agent.rollback"); ok {
 		t.Error("Lookup found a kind no payload message declares")
 	}
 }
@@ -86,7 +87,7 @@ func TestLaneName(t *testing.T) {
 // TestNames: the name constants are exactly the declared kinds' names.
 func TestNames(t *testing.T) {
 	t.Parallel()
-	names := []string{DiagNVML, InventoryRefresh, LogsCollect, NodeReboot, GPUReset, DiskWipe, ImageDeploy, NodeKexec, InstanceReboot}
+	names := []string{DiagNVML, InventoryRefresh, LogsCollect, NodeReboot, GPUReset, DiskWipe, ImageDeploy, NodeKexec, InstanceReboot, AgentUpgrade}
 	declared := map[string]bool{}
 	for _, k := range All() {
 		declared[k.Name] = true

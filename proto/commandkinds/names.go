@@ -14,4 +14,5 @@ const (
 	ImageDeploy      = "image.deploy"
 	NodeKexec        = "node.kexec"
 	InstanceReboot   = "instance.reboot"
+	AgentUpgrade     = "agent.upgrade"
 )

@@ -206,7 +206,7 @@ func TestCommandsGetListCancel(t *testing.T) {
 	if status != http.StatusOK || cmd["state"] != "pending" || cmd["payload"].(map[string]any)["rescan"] != true {
 		t.Fatalf("REST run: %d %v", status, body)
 	}
-	status, body = h.rest(t, acmeKey, "commands/run", `{"tenantId": "acme", "nodeId": "`+node+`", "kind": "agent.upgrade"}`)
+	status, body = h.rest(t, acmeKey, "commands/run", `{"tenantId": "acme", "nodeId": "`+node+`", "kind": "agent.rollback"}`)
 	wantREST(t, status, body, fault.Unsupported, "kind")
 }
 

@@ -484,6 +484,7 @@ type CommandBody struct {
 	//	*CommandBody_ImageDeploy
 	//	*CommandBody_NodeKexec
 	//	*CommandBody_InstanceReboot
+	//	*CommandBody_AgentUpgrade
 	Kind          isCommandBody_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -607,6 +608,15 @@ func (x *CommandBody) GetInstanceReboot() *InstanceReboot {
 	return nil
 }
 
+func (x *CommandBody) GetAgentUpgrade() *AgentUpgrade {
+	if x != nil {
+		if x, ok := x.Kind.(*CommandBody_AgentUpgrade); ok {
+			return x.AgentUpgrade
+		}
+	}
+	return nil
+}
+
 type isCommandBody_Kind interface {
 	isCommandBody_Kind()
 }
@@ -656,6 +666,11 @@ type CommandBody_InstanceReboot struct {
 	InstanceReboot *InstanceReboot `protobuf:"bytes,9,opt,name=instance_reboot,json=instanceReboot,proto3,oneof"`
 }
 
+type CommandBody_AgentUpgrade struct {
+	// agent.upgrade
+	AgentUpgrade *AgentUpgrade `protobuf:"bytes,10,opt,name=agent_upgrade,json=agentUpgrade,proto3,oneof"`
+}
+
 func (*CommandBody_DiagNvml) isCommandBody_Kind() {}
 
 func (*CommandBody_InventoryRefresh) isCommandBody_Kind() {}
@@ -673,6 +688,8 @@ func (*CommandBody_ImageDeploy) isCommandBody_Kind() {}
 func (*CommandBody_NodeKexec) isCommandBody_Kind() {}
 
 func (*CommandBody_InstanceReboot) isCommandBody_Kind() {}
+
+func (*CommandBody_AgentUpgrade) isCommandBody_Kind() {}
 
 // DiagNvml runs NVML health checks and a short check per GPU.
 type DiagNvml struct {
@@ -2624,6 +2641,69 @@ func (x *ImageDeployResult) GetBytes() uint64 {
 	return 0
 }
 
+// AgentUpgrade upgrades the node's bcd now to the build a signed release
+// manifest names (docs/agent-upgrades.md): the daemon verifies the manifest
+// against its pinned release key (not the command-signing key), refuses an
+// expired one or an older counter than it has installed, downloads and
+// checks the build, stages it A/B and hands over to it; the command
+// succeeds once the build is staged and the handover begins, and the
+// agent's next Hello (its version) or its agent section (UpgradeFailed)
+// says how the trial went. Destructive: signed.
+type AgentUpgrade struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The signed release manifest (proto/agentrelease: JSON, at most 16
+	// KiB), as `better-compute artifacts publish` wrote it.
+	ReleaseManifest []byte `protobuf:"bytes,1,opt,name=release_manifest,json=releaseManifest,proto3" json:"release_manifest,omitempty"`
+	// Why, for the node's log; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentUpgrade) Reset() {
+	*x = AgentUpgrade{}
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentUpgrade) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentUpgrade) ProtoMessage() {}
+
+func (x *AgentUpgrade) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_commands_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentUpgrade.ProtoReflect.Descriptor instead.
+func (*AgentUpgrade) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_commands_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *AgentUpgrade) GetReleaseManifest() []byte {
+	if x != nil {
+		return x.ReleaseManifest
+	}
+	return nil
+}
+
+func (x *AgentUpgrade) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_bettercompute_agent_v1_commands_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
@@ -2640,7 +2720,7 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1c\n" +
 	"\tsignature\x18\t \x01(\fR\tsignature\x12\x15\n" +
 	"\x06key_id\x18\n" +
-	" \x01(\tR\x05keyId\"\xa3\x05\n" +
+	" \x01(\tR\x05keyId\"\xf0\x05\n" +
 	"\vCommandBody\x12?\n" +
 	"\tdiag_nvml\x18\x01 \x01(\v2 .bettercompute.agent.v1.DiagNvmlH\x00R\bdiagNvml\x12W\n" +
 	"\x11inventory_refresh\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRefreshH\x00R\x10inventoryRefresh\x12H\n" +
@@ -2652,7 +2732,9 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\fimage_deploy\x18\a \x01(\v2#.bettercompute.agent.v1.ImageDeployH\x00R\vimageDeploy\x12B\n" +
 	"\n" +
 	"node_kexec\x18\b \x01(\v2!.bettercompute.agent.v1.NodeKexecH\x00R\tnodeKexec\x12Q\n" +
-	"\x0finstance_reboot\x18\t \x01(\v2&.bettercompute.agent.v1.InstanceRebootH\x00R\x0einstanceRebootB\x06\n" +
+	"\x0finstance_reboot\x18\t \x01(\v2&.bettercompute.agent.v1.InstanceRebootH\x00R\x0einstanceReboot\x12K\n" +
+	"\ragent_upgrade\x18\n" +
+	" \x01(\v2$.bettercompute.agent.v1.AgentUpgradeH\x00R\fagentUpgradeB\x06\n" +
 	"\x04kind\"h\n" +
 	"\bDiagNvml\x12\x1b\n" +
 	"\tgpu_uuids\x18\x01 \x03(\tR\bgpuUuids\x12\x14\n" +
@@ -2793,7 +2875,11 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x11ImageDeployResult\x12\x12\n" +
 	"\x04disk\x18\x01 \x01(\tR\x04disk\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x04R\x05bytes*v\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"j\n" +
+	"\fAgentUpgrade\x12)\n" +
+	"\x10release_manifest\x18\x01 \x01(\fR\x0freleaseManifest\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason:\x17\xa2\xbb\x18\x13\n" +
+	"\ragent.upgrade\x10\x03\x18\x01*v\n" +
 	"\n" +
 	"WipeMethod\x12\x1b\n" +
 	"\x17WIPE_METHOD_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -2839,7 +2925,7 @@ func file_bettercompute_agent_v1_commands_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_commands_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_bettercompute_agent_v1_commands_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(WipeMethod)(0),                // 0: bettercompute.agent.v1.WipeMethod
 	(ImageFormat)(0),               // 1: bettercompute.agent.v1.ImageFormat
@@ -2874,12 +2960,13 @@ var file_bettercompute_agent_v1_commands_proto_goTypes = []any{
 	(*DiskWipeResult)(nil),         // 30: bettercompute.agent.v1.DiskWipeResult
 	(*DiskWiped)(nil),              // 31: bettercompute.agent.v1.DiskWiped
 	(*ImageDeployResult)(nil),      // 32: bettercompute.agent.v1.ImageDeployResult
-	(*timestamppb.Timestamp)(nil),  // 33: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 34: google.protobuf.Duration
+	(*AgentUpgrade)(nil),           // 33: bettercompute.agent.v1.AgentUpgrade
+	(*timestamppb.Timestamp)(nil),  // 34: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 35: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
-	33, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
-	34, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
+	34, // 0: bettercompute.agent.v1.Command.not_after:type_name -> google.protobuf.Timestamp
+	35, // 1: bettercompute.agent.v1.Command.timeout:type_name -> google.protobuf.Duration
 	7,  // 2: bettercompute.agent.v1.CommandBody.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvml
 	8,  // 3: bettercompute.agent.v1.CommandBody.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefresh
 	9,  // 4: bettercompute.agent.v1.CommandBody.logs_collect:type_name -> bettercompute.agent.v1.LogsCollect
@@ -2889,34 +2976,35 @@ var file_bettercompute_agent_v1_commands_proto_depIdxs = []int32{
 	13, // 8: bettercompute.agent.v1.CommandBody.image_deploy:type_name -> bettercompute.agent.v1.ImageDeploy
 	14, // 9: bettercompute.agent.v1.CommandBody.node_kexec:type_name -> bettercompute.agent.v1.NodeKexec
 	15, // 10: bettercompute.agent.v1.CommandBody.instance_reboot:type_name -> bettercompute.agent.v1.InstanceReboot
-	34, // 11: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
-	0,  // 12: bettercompute.agent.v1.DiskWipe.method:type_name -> bettercompute.agent.v1.WipeMethod
-	1,  // 13: bettercompute.agent.v1.ImageDeploy.format:type_name -> bettercompute.agent.v1.ImageFormat
-	2,  // 14: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
-	3,  // 15: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
-	20, // 16: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
-	19, // 17: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
-	18, // 18: bettercompute.agent.v1.CommandUpdate.output:type_name -> bettercompute.agent.v1.CommandOutput
-	21, // 19: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
-	26, // 20: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
-	27, // 21: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
-	29, // 22: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
-	30, // 23: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
-	32, // 24: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
-	25, // 25: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	24, // 26: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
-	22, // 27: bettercompute.agent.v1.DiagNvmlResult.dcgm:type_name -> bettercompute.agent.v1.DcgmDiag
-	4,  // 28: bettercompute.agent.v1.DcgmDiag.status:type_name -> bettercompute.agent.v1.DcgmStatus
-	23, // 29: bettercompute.agent.v1.DcgmDiag.tests:type_name -> bettercompute.agent.v1.DcgmTest
-	28, // 30: bettercompute.agent.v1.LogsCollectResult.sources:type_name -> bettercompute.agent.v1.LogSourceResult
-	25, // 31: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
-	31, // 32: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
-	0,  // 33: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
-	34, // [34:34] is the sub-list for method output_type
-	34, // [34:34] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	33, // 11: bettercompute.agent.v1.CommandBody.agent_upgrade:type_name -> bettercompute.agent.v1.AgentUpgrade
+	35, // 12: bettercompute.agent.v1.LogsCollect.since:type_name -> google.protobuf.Duration
+	0,  // 13: bettercompute.agent.v1.DiskWipe.method:type_name -> bettercompute.agent.v1.WipeMethod
+	1,  // 14: bettercompute.agent.v1.ImageDeploy.format:type_name -> bettercompute.agent.v1.ImageFormat
+	2,  // 15: bettercompute.agent.v1.CommandUpdate.outcome:type_name -> bettercompute.agent.v1.CommandOutcome
+	3,  // 16: bettercompute.agent.v1.CommandUpdate.reject:type_name -> bettercompute.agent.v1.RejectCode
+	20, // 17: bettercompute.agent.v1.CommandUpdate.result:type_name -> bettercompute.agent.v1.CommandResult
+	19, // 18: bettercompute.agent.v1.CommandUpdate.node_signature:type_name -> bettercompute.agent.v1.NodeSignature
+	18, // 19: bettercompute.agent.v1.CommandUpdate.output:type_name -> bettercompute.agent.v1.CommandOutput
+	21, // 20: bettercompute.agent.v1.CommandResult.diag_nvml:type_name -> bettercompute.agent.v1.DiagNvmlResult
+	26, // 21: bettercompute.agent.v1.CommandResult.inventory_refresh:type_name -> bettercompute.agent.v1.InventoryRefreshResult
+	27, // 22: bettercompute.agent.v1.CommandResult.logs_collect:type_name -> bettercompute.agent.v1.LogsCollectResult
+	29, // 23: bettercompute.agent.v1.CommandResult.gpu_reset:type_name -> bettercompute.agent.v1.GpuResetResult
+	30, // 24: bettercompute.agent.v1.CommandResult.disk_wipe:type_name -> bettercompute.agent.v1.DiskWipeResult
+	32, // 25: bettercompute.agent.v1.CommandResult.image_deploy:type_name -> bettercompute.agent.v1.ImageDeployResult
+	25, // 26: bettercompute.agent.v1.DiagNvmlResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	24, // 27: bettercompute.agent.v1.DiagNvmlResult.disks:type_name -> bettercompute.agent.v1.DiskCheck
+	22, // 28: bettercompute.agent.v1.DiagNvmlResult.dcgm:type_name -> bettercompute.agent.v1.DcgmDiag
+	4,  // 29: bettercompute.agent.v1.DcgmDiag.status:type_name -> bettercompute.agent.v1.DcgmStatus
+	23, // 30: bettercompute.agent.v1.DcgmDiag.tests:type_name -> bettercompute.agent.v1.DcgmTest
+	28, // 31: bettercompute.agent.v1.LogsCollectResult.sources:type_name -> bettercompute.agent.v1.LogSourceResult
+	25, // 32: bettercompute.agent.v1.GpuResetResult.gpus:type_name -> bettercompute.agent.v1.GpuCheck
+	31, // 33: bettercompute.agent.v1.DiskWipeResult.disks:type_name -> bettercompute.agent.v1.DiskWiped
+	0,  // 34: bettercompute.agent.v1.DiskWiped.method:type_name -> bettercompute.agent.v1.WipeMethod
+	35, // [35:35] is the sub-list for method output_type
+	35, // [35:35] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_commands_proto_init() }
@@ -2935,6 +3023,7 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 		(*CommandBody_ImageDeploy)(nil),
 		(*CommandBody_NodeKexec)(nil),
 		(*CommandBody_InstanceReboot)(nil),
+		(*CommandBody_AgentUpgrade)(nil),
 	}
 	file_bettercompute_agent_v1_commands_proto_msgTypes[15].OneofWrappers = []any{
 		(*CommandResult_DiagNvml)(nil),
@@ -2950,7 +3039,7 @@ func file_bettercompute_agent_v1_commands_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_commands_proto_rawDesc), len(file_bettercompute_agent_v1_commands_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
