@@ -299,3 +299,82 @@ func mustRead(t *testing.T, path string) []byte {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestUpgradeTrialTimeoutRollsBack: a build that starts but never opens its
+// session (it sleeps) is stopped when the trial's timeout passes; the
+// daemon keeps its build, opens its session again and reports the agent
+// section FAILED_TERMINAL with UpgradeFailed, latched. (The daemon runs in
+// process: a failed trial never execs.)
+func TestUpgradeTrialTimeoutRollsBack(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	hang := filepath.Join(dir, "hang.sh")
+	if err := os.WriteFile(hang, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cp := testcontrol.New(t)
+	root := joinMock(t, cp, dir)
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	der, _ := x509.MarshalPKIXPublicKey(pub)
+	keyFile := filepath.Join(dir, "release.pub")
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	artifacts := filepath.Join(dir, "artifacts")
+	if err := os.Mkdir(artifacts, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rel := &releaser{priv: priv, dir: artifacts, srv: httptest.NewServer(http.FileServer(http.Dir(artifacts)))}
+	t.Cleanup(rel.srv.Close)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var nodeErr bytes.Buffer
+	go func() {
+		done <- bcd.Run(ctx, []string{"node", "--gateway", cp.Addr, "--root", root, "--nvml", "mock", "--boot-id", "boot-hang",
+			"--site-root", filepath.Join(dir, "sys"), "--release-key", keyFile, "--upgrade-trial-timeout", "2s"}, &bytes.Buffer{}, &nodeErr)
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("node exited %d: %s", code, nodeErr.String())
+		}
+	}()
+	go func() {
+		for {
+			select {
+			case <-cp.Reports:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var nodeID string
+	select {
+	case h := <-cp.Hellos:
+		nodeID = h.GetNodeId()
+	case <-time.After(20 * time.Second):
+		t.Fatal("no Hello")
+	}
+	cp.SetDesired(&agentv1.DesiredState{Generation: 1, Spec: &agentv1.NodeSpec{Identity: &agentv1.NodeIdentity{NodeId: nodeID},
+		Agent: &agentv1.AgentSettings{ReleaseManifest: rel.release(t, "v9.0.0", hang, 1, time.Now().Add(time.Hour))}}})
+	for {
+		select {
+		case o := <-cp.Observed:
+			for _, s := range o.GetSections() {
+				if s.GetSection() != "agent" || s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL {
+					continue
+				}
+				if !strings.HasPrefix(s.GetReason(), "UpgradeFailed: ") || !strings.Contains(s.GetReason(), "did not open its session and report within 2s") {
+					t.Fatalf("agent section %v", s)
+				}
+				if st, _ := upgrade.New(upgrade.Config{Root: root}).State(); st.Failed == nil || st.Failed.Version != "v9.0.0" {
+					t.Fatalf("upgrade state %+v", st)
+				}
+				return
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatalf("no UpgradeFailed; log:\n%s", nodeErr.String())
+		}
+	}
+}
