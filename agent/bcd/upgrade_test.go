@@ -235,10 +235,42 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 		t.Fatal("current is not v0.2.0 after the rollback")
 	}
 
-	// 3. Cleared, an older signed manifest (a replay of v0.1.0) and an
-	// expired one are refused, each with its reason; v0.2.0 keeps running.
+	// 3. While latched, a signed agent.upgrade is refused with the latch;
+	// one that only clears it (what nodes.clearUpgrade queues) clears it.
+	// Then an older signed manifest (a replay of v0.1.0) and an expired one
+	// are refused, each with its reason; v0.2.0 keeps running.
+	upgradeCmd := func(seq int64, p *agentv1.AgentUpgrade) *agentv1.CommandUpdate {
+		t.Helper()
+		body, err := proto.Marshal(&agentv1.CommandBody{Kind: &agentv1.CommandBody_AgentUpgrade{AgentUpgrade: p}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &agentv1.Command{Id: "cmd_" + itoa(int(seq)), NodeId: nodeID, Seq: seq, Kind: "agent.upgrade", Body: body, NotAfter: timestamppb.New(time.Now().Add(time.Minute))}
+		commandsig.Sign(c, testcontrol.TrustDomain, cmdPriv)
+		cp.SendCommand(c)
+		for {
+			select {
+			case u := <-cp.Updates:
+				if u.GetSeq() == seq && u.GetOutcome() != agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED {
+					return u
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatalf("no outcome of agent.upgrade seq %d", seq)
+			}
+		}
+	}
+	if u := upgradeCmd(1, &agentv1.AgentUpgrade{ReleaseManifest: rel.release(t, "v0.3.2", v3, 4, future)}); u.GetOutcome() != agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED ||
+		!strings.Contains(u.GetReason(), "UpgradeFailed is latched") {
+		t.Fatalf("agent.upgrade while latched: %v", u)
+	}
+	if u := upgradeCmd(2, &agentv1.AgentUpgrade{ClearUpgradeFailed: true, Reason: "fixed"}); u.GetOutcome() != agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED {
+		t.Fatalf("agent.upgrade clear: %v", u)
+	}
+	if st, _ := inst.State(); st.Failed != nil {
+		t.Fatalf("still latched: %+v", st.Failed)
+	}
 	var out, errb bytes.Buffer
-	if code := bcd.Run(context.Background(), []string{"upgrade", "clear", "--root", root}, &out, &errb); code != 0 || !strings.Contains(out.String(), "cleared") {
+	if code := bcd.Run(context.Background(), []string{"upgrade", "clear", "--root", root}, &out, &errb); code != 0 || !strings.Contains(out.String(), "was not latched") {
 		t.Fatalf("bcd upgrade clear: %d %q %q", code, out.String(), errb.String())
 	}
 	desire(4, rel.release(t, "v0.1.0", v1, 1, future))
@@ -257,27 +289,8 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 
 	// 4. agent.upgrade, signed with the command key, carrying a manifest
 	// signed with the release key.
-	body, err := proto.Marshal(&agentv1.CommandBody{Kind: &agentv1.CommandBody_AgentUpgrade{AgentUpgrade: &agentv1.AgentUpgrade{
-		ReleaseManifest: rel.release(t, "v0.3.1", v3, 5, future), Reason: "test"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &agentv1.Command{Id: "cmd_up", NodeId: nodeID, Seq: 1, Kind: "agent.upgrade", Body: body, NotAfter: timestamppb.New(time.Now().Add(time.Minute))}
-	commandsig.Sign(c, testcontrol.TrustDomain, cmdPriv)
-	cp.SendCommand(c)
-	for done := false; !done; {
-		select {
-		case u := <-cp.Updates:
-			switch u.GetOutcome() {
-			case agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED:
-				done = true
-			case agentv1.CommandOutcome_COMMAND_OUTCOME_ACCEPTED:
-			default:
-				t.Fatalf("agent.upgrade: %v", u)
-			}
-		case <-time.After(60 * time.Second):
-			t.Fatal("no outcome of agent.upgrade")
-		}
+	if u := upgradeCmd(3, &agentv1.AgentUpgrade{ReleaseManifest: rel.release(t, "v0.3.1", v3, 5, future), Reason: "test"}); u.GetOutcome() != agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED {
+		t.Fatalf("agent.upgrade: %v", u)
 	}
 	hello("v0.3.1") // on trial
 	hello("v0.3.1") // exec'd

@@ -279,7 +279,7 @@ func (e *Executor) instanceReboot(ctx context.Context, body *agentv1.CommandBody
 // sent: the command succeeds once the build is staged; the node's next
 // Hello, or its agent section's UpgradeFailed, says how its trial went.
 func (e *Executor) agentUpgrade(ctx context.Context, body *agentv1.CommandBody) (*agentv1.CommandResult, error) {
-	h, err := e.cfg.Upgrade(ctx, body.GetAgentUpgrade().GetReleaseManifest())
+	h, err := e.cfg.Upgrade(ctx, body.GetAgentUpgrade())
 	if err != nil {
 		return nil, fmt.Errorf("agent.upgrade: %w", err)
 	}

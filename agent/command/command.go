@@ -138,11 +138,12 @@ type Config struct {
 	// Instances reboots VPS instances for instance.reboot (a
 	// *vps.Reconciler on a vps-host); nil refuses the kind (UNSUPPORTED).
 	Instances InstanceRebooter
-	// Upgrade runs agent.upgrade: it admits the signed release manifest
-	// and stages its build, and returns the handover, which the executor
-	// calls once the command's outcome was sent (nil: nothing to hand over,
-	// that version runs). Nil refuses the kind (UNSUPPORTED).
-	Upgrade func(ctx context.Context, manifest []byte) (handover func(), err error)
+	// Upgrade runs agent.upgrade: it clears the UpgradeFailed latch when
+	// the payload says so, admits the signed release manifest (if any) and
+	// stages its build, and returns the handover, which the executor calls
+	// once the command's outcome was sent (nil: nothing to hand over). Nil
+	// refuses the kind (UNSUPPORTED).
+	Upgrade func(ctx context.Context, p *agentv1.AgentUpgrade) (handover func(), err error)
 	// Ramdisk runs the commissioning kinds (disk.wipe, image.deploy,
 	// node.kexec) and adds a burn-in check of the disks to diag.nvml: an
 	// *ramdisk.Ramdisk in bcd ramdisk. Nil refuses those kinds

@@ -563,14 +563,26 @@ func GPUAddresses(inv Inventory) func(ctx context.Context) (map[string]string, e
 }
 
 // upgradeNow is agent.upgrade's stage for the executor (command.Config.
-// Upgrade): nil without a release installer. A manifest of the running
-// version has nothing to hand over.
-func upgradeNow(agent converge.Agent) func(context.Context, []byte) (func(), error) {
+// Upgrade): nil without a release installer. It clears the UpgradeFailed
+// latch first when asked (nodes.clearUpgrade); no manifest, or one of the
+// running version, has nothing to hand over.
+func upgradeNow(agent converge.Agent) func(context.Context, *agentv1.AgentUpgrade) (func(), error) {
 	if agent.Installer == nil {
 		return nil
 	}
-	return func(ctx context.Context, raw []byte) (func(), error) {
-		m, err := agentrelease.Parse(raw)
+	return func(ctx context.Context, p *agentv1.AgentUpgrade) (func(), error) {
+		if p.GetClearUpgradeFailed() {
+			if _, err := agent.Installer.Clear(); err != nil {
+				return nil, err
+			}
+		}
+		if len(p.GetReleaseManifest()) == 0 {
+			if !p.GetClearUpgradeFailed() {
+				return nil, errors.New("no release manifest")
+			}
+			return nil, nil
+		}
+		m, err := agentrelease.Parse(p.GetReleaseManifest())
 		if err != nil {
 			return nil, err
 		}

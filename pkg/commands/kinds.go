@@ -514,12 +514,19 @@ func checkLogsCollect(body *agentv1.CommandBody) error {
 	return nil
 }
 
-// checkAgentUpgrade wants a release manifest that parses and is well formed
-// (INVALID_INPUT "payload.releaseManifest", naming what is wrong; its
-// signature and counter are the node's to check, against the key it pins)
-// and a reason of at most MaxResetReason characters ("payload.reason").
+// checkAgentUpgrade wants a reason of at most MaxResetReason characters
+// ("payload.reason") and a release manifest that parses, is well formed
+// and signed (INVALID_INPUT "payload.releaseManifest", naming what is
+// wrong; its signature and counter are the node's to check, against the key
+// it pins) — or none with clearUpgradeFailed (nodes.clearUpgrade).
 func checkAgentUpgrade(body *agentv1.CommandBody) error {
 	p := body.GetAgentUpgrade()
+	if n := len([]rune(p.GetReason())); n > MaxResetReason {
+		return fault.New(fault.InvalidInput, "payload.reason", "at most %d characters, got %d", MaxResetReason, n)
+	}
+	if p.GetClearUpgradeFailed() && len(p.GetReleaseManifest()) == 0 {
+		return nil // nodes.clearUpgrade: only the latch
+	}
 	m, err := agentrelease.Parse(p.GetReleaseManifest())
 	if err == nil {
 		err = agentrelease.Check(m)
@@ -529,9 +536,6 @@ func checkAgentUpgrade(body *agentv1.CommandBody) error {
 	}
 	if len(m.Signature) == 0 {
 		return fault.New(fault.InvalidInput, "payload.releaseManifest", "the manifest is not signed (better-compute artifacts publish)")
-	}
-	if n := len([]rune(p.GetReason())); n > MaxResetReason {
-		return fault.New(fault.InvalidInput, "payload.reason", "at most %d characters, got %d", MaxResetReason, n)
 	}
 	return nil
 }

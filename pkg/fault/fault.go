@@ -20,7 +20,7 @@ type Code string
 
 // The codes of DESIGN §8, then the gateway's refusals of an agent outside
 // its version-skew window (gateway.agentVersions). Add a code here and to
-// [Codes], nowhere else.
+// [Codes] (or [SessionCodes]), nowhere else.
 const (
 	InvalidInput    Code = "INVALID_INPUT"
 	InvalidConfig   Code = "INVALID_CONFIG"
@@ -64,15 +64,24 @@ var Codes = []Info{
 	{RateLimited, "too many requests from this identity; retry later", true, codes.ResourceExhausted, http.StatusTooManyRequests},
 	{Unavailable, "a dependency is unavailable; retry later", true, codes.Unavailable, http.StatusServiceUnavailable},
 	{Internal, "an unexpected error; it has been logged", true, codes.Internal, http.StatusInternalServerError},
+}
+
+// SessionCodes are the codes the gateway refuses a node daemon's session
+// with (agent/v1 NodeService.Session); no API method answers them, so they
+// are not in [Codes], the API's table.
+var SessionCodes = []Info{
 	{AgentTooOld, "the node daemon's version is older than the oldest the gateway accepts (gateway.agentVersions); upgrade it", false, codes.FailedPrecondition, http.StatusPreconditionFailed},
 	{AgentTooNew, "the node daemon's version is newer than the newest the gateway accepts (gateway.agentVersions); upgrade the control plane or roll the node back", false, codes.FailedPrecondition, http.StatusPreconditionFailed},
 }
 
-// Lookup returns the Info of a code and whether it is known.
+// Lookup returns the Info of a code (of [Codes] or [SessionCodes]) and
+// whether it is known.
 func Lookup(c Code) (Info, bool) {
-	for _, i := range Codes {
-		if i.Code == c {
-			return i, true
+	for _, table := range [][]Info{Codes, SessionCodes} {
+		for _, i := range table {
+			if i.Code == c {
+				return i, true
+			}
 		}
 	}
 	return Info{}, false

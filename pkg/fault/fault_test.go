@@ -11,7 +11,7 @@ import (
 func TestCodesTable(t *testing.T) {
 	t.Parallel()
 	seen := map[fault.Code]bool{}
-	for _, i := range fault.Codes {
+	for _, i := range append(append([]fault.Info{}, fault.Codes...), fault.SessionCodes...) {
 		if seen[i.Code] {
 			t.Errorf("%s listed twice", i.Code)
 		}
@@ -23,8 +23,8 @@ func TestCodesTable(t *testing.T) {
 			t.Errorf("Lookup(%s) = %+v, %v", i.Code, got, ok)
 		}
 	}
-	if len(seen) != 14 {
-		t.Errorf("want the 12 codes of DESIGN §8 and the gateway's 2, have %d", len(seen))
+	if len(fault.Codes) != 12 || len(seen) != 14 {
+		t.Errorf("want the 12 codes of DESIGN §8 and the gateway's 2 session codes, have %d and %d", len(fault.Codes), len(seen))
 	}
 	if _, ok := fault.Lookup("NOPE"); ok {
 		t.Error("Lookup of an unknown code succeeded")

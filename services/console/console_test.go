@@ -449,7 +449,7 @@ func TestConsoleHTTP(t *testing.T) {
 		for _, o := range htAll(htInput(t, form, "kind"), func(n *html.Node) bool { return n.Data == "option" }) {
 			kinds = append(kinds, htAttr(o, "value"))
 		}
-		if !slices.Equal(kinds, []string{"diag.nvml", "inventory.refresh", "logs.collect", "node.reboot"}) {
+		if !slices.Equal(kinds, []string{"agent.upgrade", "diag.nvml", "inventory.refresh", "logs.collect", "node.reboot"}) {
 			t.Fatalf("kinds %v: want the API's allowlist", kinds)
 		}
 		htByID(t, doc, "button", "run-command-submit")

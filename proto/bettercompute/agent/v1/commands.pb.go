@@ -2655,9 +2655,12 @@ type AgentUpgrade struct {
 	// KiB), as `better-compute artifacts publish` wrote it.
 	ReleaseManifest []byte `protobuf:"bytes,1,opt,name=release_manifest,json=releaseManifest,proto3" json:"release_manifest,omitempty"`
 	// Why, for the node's log; at most 1,024 characters.
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Clear the node's UpgradeFailed latch first (nodes.clearUpgrade); with
+	// no release_manifest, that is all the command does.
+	ClearUpgradeFailed bool `protobuf:"varint,3,opt,name=clear_upgrade_failed,json=clearUpgradeFailed,proto3" json:"clear_upgrade_failed,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *AgentUpgrade) Reset() {
@@ -2702,6 +2705,13 @@ func (x *AgentUpgrade) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *AgentUpgrade) GetClearUpgradeFailed() bool {
+	if x != nil {
+		return x.ClearUpgradeFailed
+	}
+	return false
 }
 
 var File_bettercompute_agent_v1_commands_proto protoreflect.FileDescriptor
@@ -2875,10 +2885,11 @@ const file_bettercompute_agent_v1_commands_proto_rawDesc = "" +
 	"\x11ImageDeployResult\x12\x12\n" +
 	"\x04disk\x18\x01 \x01(\tR\x04disk\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"j\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"\x9c\x01\n" +
 	"\fAgentUpgrade\x12)\n" +
 	"\x10release_manifest\x18\x01 \x01(\fR\x0freleaseManifest\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason:\x17\xa2\xbb\x18\x13\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x120\n" +
+	"\x14clear_upgrade_failed\x18\x03 \x01(\bR\x12clearUpgradeFailed:\x17\xa2\xbb\x18\x13\n" +
 	"\ragent.upgrade\x10\x03\x18\x01*v\n" +
 	"\n" +
 	"WipeMethod\x12\x1b\n" +

@@ -474,6 +474,117 @@ func (x *NodesServiceClearRepairResponse) GetNode() *Node {
 	return nil
 }
 
+// NodesServiceClearUpgradeRequest names the node whose UpgradeFailed is
+// cleared.
+type NodesServiceClearUpgradeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant. Required.
+	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// The node. Required.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Why, for the audit log and the node's log; at most 1,024 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceClearUpgradeRequest) Reset() {
+	*x = NodesServiceClearUpgradeRequest{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceClearUpgradeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceClearUpgradeRequest) ProtoMessage() {}
+
+func (x *NodesServiceClearUpgradeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceClearUpgradeRequest.ProtoReflect.Descriptor instead.
+func (*NodesServiceClearUpgradeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *NodesServiceClearUpgradeRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *NodesServiceClearUpgradeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodesServiceClearUpgradeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// NodesServiceClearUpgradeResponse is the command that clears it.
+type NodesServiceClearUpgradeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent.upgrade command queued.
+	Command       *Command `protobuf:"bytes,1,opt,name=command,proto3" json:"command,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesServiceClearUpgradeResponse) Reset() {
+	*x = NodesServiceClearUpgradeResponse{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesServiceClearUpgradeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesServiceClearUpgradeResponse) ProtoMessage() {}
+
+func (x *NodesServiceClearUpgradeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesServiceClearUpgradeResponse.ProtoReflect.Descriptor instead.
+func (*NodesServiceClearUpgradeResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *NodesServiceClearUpgradeResponse) GetCommand() *Command {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
 // NodesServiceRevokeRequest names the node whose certificates are revoked.
 type NodesServiceRevokeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -493,7 +604,7 @@ type NodesServiceRevokeRequest struct {
 
 func (x *NodesServiceRevokeRequest) Reset() {
 	*x = NodesServiceRevokeRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +616,7 @@ func (x *NodesServiceRevokeRequest) String() string {
 func (*NodesServiceRevokeRequest) ProtoMessage() {}
 
 func (x *NodesServiceRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +629,7 @@ func (x *NodesServiceRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceRevokeRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodesServiceRevokeRequest) GetTenantId() string {
@@ -564,7 +675,7 @@ type NodesServiceRevokeResponse struct {
 
 func (x *NodesServiceRevokeResponse) Reset() {
 	*x = NodesServiceRevokeResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +687,7 @@ func (x *NodesServiceRevokeResponse) String() string {
 func (*NodesServiceRevokeResponse) ProtoMessage() {}
 
 func (x *NodesServiceRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +700,7 @@ func (x *NodesServiceRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceRevokeResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodesServiceRevokeResponse) GetNode() *Node {
@@ -634,7 +745,7 @@ type NodesServiceUpdateRequest struct {
 
 func (x *NodesServiceUpdateRequest) Reset() {
 	*x = NodesServiceUpdateRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +757,7 @@ func (x *NodesServiceUpdateRequest) String() string {
 func (*NodesServiceUpdateRequest) ProtoMessage() {}
 
 func (x *NodesServiceUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +770,7 @@ func (x *NodesServiceUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceUpdateRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodesServiceUpdateRequest) GetTenantId() string {
@@ -716,7 +827,7 @@ type NodesServiceUpdateResponse struct {
 
 func (x *NodesServiceUpdateResponse) Reset() {
 	*x = NodesServiceUpdateResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +839,7 @@ func (x *NodesServiceUpdateResponse) String() string {
 func (*NodesServiceUpdateResponse) ProtoMessage() {}
 
 func (x *NodesServiceUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +852,7 @@ func (x *NodesServiceUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceUpdateResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodesServiceUpdateResponse) GetNode() *Node {
@@ -813,7 +924,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +936,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[12]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +949,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Node) GetId() string {
@@ -1015,7 +1126,7 @@ type NodeCondition struct {
 
 func (x *NodeCondition) Reset() {
 	*x = NodeCondition{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1138,7 @@ func (x *NodeCondition) String() string {
 func (*NodeCondition) ProtoMessage() {}
 
 func (x *NodeCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[13]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1151,7 @@ func (x *NodeCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCondition.ProtoReflect.Descriptor instead.
 func (*NodeCondition) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeCondition) GetType() string {
@@ -1105,7 +1216,7 @@ type SectionStatus struct {
 
 func (x *SectionStatus) Reset() {
 	*x = SectionStatus{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[14]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1228,7 @@ func (x *SectionStatus) String() string {
 func (*SectionStatus) ProtoMessage() {}
 
 func (x *SectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[14]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1241,7 @@ func (x *SectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SectionStatus.ProtoReflect.Descriptor instead.
 func (*SectionStatus) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SectionStatus) GetSection() string {
@@ -1199,7 +1310,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[15]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1322,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[15]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1335,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Device) GetId() string {
@@ -1342,7 +1453,7 @@ type NodesServiceGetRequest struct {
 
 func (x *NodesServiceGetRequest) Reset() {
 	*x = NodesServiceGetRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[16]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1465,7 @@ func (x *NodesServiceGetRequest) String() string {
 func (*NodesServiceGetRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[16]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1478,7 @@ func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodesServiceGetRequest) GetTenantId() string {
@@ -1403,7 +1514,7 @@ type NodesServiceGetResponse struct {
 
 func (x *NodesServiceGetResponse) Reset() {
 	*x = NodesServiceGetResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[17]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1526,7 @@ func (x *NodesServiceGetResponse) String() string {
 func (*NodesServiceGetResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[17]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1539,7 @@ func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodesServiceGetResponse) GetNode() *Node {
@@ -1464,7 +1575,7 @@ type NodesServiceListRequest struct {
 
 func (x *NodesServiceListRequest) Reset() {
 	*x = NodesServiceListRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1587,7 @@ func (x *NodesServiceListRequest) String() string {
 func (*NodesServiceListRequest) ProtoMessage() {}
 
 func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1600,7 @@ func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NodesServiceListRequest) GetTenantId() string {
@@ -1554,7 +1665,7 @@ type NodesServiceListResponse struct {
 
 func (x *NodesServiceListResponse) Reset() {
 	*x = NodesServiceListResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1677,7 @@ func (x *NodesServiceListResponse) String() string {
 func (*NodesServiceListResponse) ProtoMessage() {}
 
 func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1690,7 @@ func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodesServiceListResponse) GetNodes() []*Node {
@@ -1613,7 +1724,7 @@ type NodesServiceGetSpecRequest struct {
 
 func (x *NodesServiceGetSpecRequest) Reset() {
 	*x = NodesServiceGetSpecRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1736,7 @@ func (x *NodesServiceGetSpecRequest) String() string {
 func (*NodesServiceGetSpecRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1749,7 @@ func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodesServiceGetSpecRequest) GetTenantId() string {
@@ -1684,7 +1795,7 @@ type NodesServiceGetSpecResponse struct {
 
 func (x *NodesServiceGetSpecResponse) Reset() {
 	*x = NodesServiceGetSpecResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1807,7 @@ func (x *NodesServiceGetSpecResponse) String() string {
 func (*NodesServiceGetSpecResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1820,7 @@ func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodesServiceGetSpecResponse) GetSpec() *structpb.Struct {
@@ -1744,7 +1855,7 @@ var File_bettercompute_compute_v1_nodes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a$bettercompute/compute/v1/pools.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n" +
+	"$bettercompute/compute/v1/nodes.proto\x12\x18bettercompute.compute.v1\x1a'bettercompute/compute/v1/commands.proto\x1a$bettercompute/compute/v1/pools.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n" +
 	"\x18NodesServiceDrainRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12)\n" +
@@ -1769,7 +1880,13 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"U\n" +
 	"\x1fNodesServiceClearRepairResponse\x122\n" +
-	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"}\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"o\n" +
+	"\x1fNodesServiceClearUpgradeRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"_\n" +
+	" NodesServiceClearUpgradeResponse\x12;\n" +
+	"\acommand\x18\x01 \x01(\v2!.bettercompute.compute.v1.CommandR\acommand\"}\n" +
 	"\x19NodesServiceRevokeRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -1890,7 +2007,7 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"generation\x12/\n" +
 	"\x13observed_generation\x18\x03 \x01(\x03R\x12observedGeneration\x12\x1d\n" +
 	"\n" +
-	"spec_error\x18\x04 \x01(\tR\tspecError2\xaf\b\n" +
+	"spec_error\x18\x04 \x01(\tR\tspecError2\xb7\t\n" +
 	"\fNodesService\x12j\n" +
 	"\x03Get\x120.bettercompute.compute.v1.NodesServiceGetRequest\x1a1.bettercompute.compute.v1.NodesServiceGetResponse\x12m\n" +
 	"\x04List\x121.bettercompute.compute.v1.NodesServiceListRequest\x1a2.bettercompute.compute.v1.NodesServiceListResponse\x12v\n" +
@@ -1900,7 +2017,8 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x05Drain\x122.bettercompute.compute.v1.NodesServiceDrainRequest\x1a3.bettercompute.compute.v1.NodesServiceDrainResponse\x12v\n" +
 	"\aUndrain\x124.bettercompute.compute.v1.NodesServiceUndrainRequest\x1a5.bettercompute.compute.v1.NodesServiceUndrainResponse\x12s\n" +
 	"\x06Retire\x123.bettercompute.compute.v1.NodesServiceRetireRequest\x1a4.bettercompute.compute.v1.NodesServiceRetireResponse\x12\x82\x01\n" +
-	"\vClearRepair\x128.bettercompute.compute.v1.NodesServiceClearRepairRequest\x1a9.bettercompute.compute.v1.NodesServiceClearRepairResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
+	"\vClearRepair\x128.bettercompute.compute.v1.NodesServiceClearRepairRequest\x1a9.bettercompute.compute.v1.NodesServiceClearRepairResponse\x12\x85\x01\n" +
+	"\fClearUpgrade\x129.bettercompute.compute.v1.NodesServiceClearUpgradeRequest\x1a:.bettercompute.compute.v1.NodesServiceClearUpgradeResponseBQZOgithub.com/bettercompute/bettercompute/proto/bettercompute/compute/v1;computev1b\x06proto3"
 
 var (
 	file_bettercompute_compute_v1_nodes_proto_rawDescOnce sync.Once
@@ -1914,86 +2032,92 @@ func file_bettercompute_compute_v1_nodes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_nodes_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
-	(*NodesServiceDrainRequest)(nil),        // 0: bettercompute.compute.v1.NodesServiceDrainRequest
-	(*NodesServiceDrainResponse)(nil),       // 1: bettercompute.compute.v1.NodesServiceDrainResponse
-	(*NodesServiceUndrainRequest)(nil),      // 2: bettercompute.compute.v1.NodesServiceUndrainRequest
-	(*NodesServiceUndrainResponse)(nil),     // 3: bettercompute.compute.v1.NodesServiceUndrainResponse
-	(*NodesServiceRetireRequest)(nil),       // 4: bettercompute.compute.v1.NodesServiceRetireRequest
-	(*NodesServiceRetireResponse)(nil),      // 5: bettercompute.compute.v1.NodesServiceRetireResponse
-	(*NodesServiceClearRepairRequest)(nil),  // 6: bettercompute.compute.v1.NodesServiceClearRepairRequest
-	(*NodesServiceClearRepairResponse)(nil), // 7: bettercompute.compute.v1.NodesServiceClearRepairResponse
-	(*NodesServiceRevokeRequest)(nil),       // 8: bettercompute.compute.v1.NodesServiceRevokeRequest
-	(*NodesServiceRevokeResponse)(nil),      // 9: bettercompute.compute.v1.NodesServiceRevokeResponse
-	(*NodesServiceUpdateRequest)(nil),       // 10: bettercompute.compute.v1.NodesServiceUpdateRequest
-	(*NodesServiceUpdateResponse)(nil),      // 11: bettercompute.compute.v1.NodesServiceUpdateResponse
-	(*Node)(nil),                            // 12: bettercompute.compute.v1.Node
-	(*NodeCondition)(nil),                   // 13: bettercompute.compute.v1.NodeCondition
-	(*SectionStatus)(nil),                   // 14: bettercompute.compute.v1.SectionStatus
-	(*Device)(nil),                          // 15: bettercompute.compute.v1.Device
-	(*NodesServiceGetRequest)(nil),          // 16: bettercompute.compute.v1.NodesServiceGetRequest
-	(*NodesServiceGetResponse)(nil),         // 17: bettercompute.compute.v1.NodesServiceGetResponse
-	(*NodesServiceListRequest)(nil),         // 18: bettercompute.compute.v1.NodesServiceListRequest
-	(*NodesServiceListResponse)(nil),        // 19: bettercompute.compute.v1.NodesServiceListResponse
-	(*NodesServiceGetSpecRequest)(nil),      // 20: bettercompute.compute.v1.NodesServiceGetSpecRequest
-	(*NodesServiceGetSpecResponse)(nil),     // 21: bettercompute.compute.v1.NodesServiceGetSpecResponse
-	nil,                                     // 22: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	nil,                                     // 23: bettercompute.compute.v1.Node.LabelsEntry
-	nil,                                     // 24: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	(*fieldmaskpb.FieldMask)(nil),           // 25: google.protobuf.FieldMask
-	(*MigSettings)(nil),                     // 26: bettercompute.compute.v1.MigSettings
-	(*timestamppb.Timestamp)(nil),           // 27: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                 // 28: google.protobuf.Struct
+	(*NodesServiceDrainRequest)(nil),         // 0: bettercompute.compute.v1.NodesServiceDrainRequest
+	(*NodesServiceDrainResponse)(nil),        // 1: bettercompute.compute.v1.NodesServiceDrainResponse
+	(*NodesServiceUndrainRequest)(nil),       // 2: bettercompute.compute.v1.NodesServiceUndrainRequest
+	(*NodesServiceUndrainResponse)(nil),      // 3: bettercompute.compute.v1.NodesServiceUndrainResponse
+	(*NodesServiceRetireRequest)(nil),        // 4: bettercompute.compute.v1.NodesServiceRetireRequest
+	(*NodesServiceRetireResponse)(nil),       // 5: bettercompute.compute.v1.NodesServiceRetireResponse
+	(*NodesServiceClearRepairRequest)(nil),   // 6: bettercompute.compute.v1.NodesServiceClearRepairRequest
+	(*NodesServiceClearRepairResponse)(nil),  // 7: bettercompute.compute.v1.NodesServiceClearRepairResponse
+	(*NodesServiceClearUpgradeRequest)(nil),  // 8: bettercompute.compute.v1.NodesServiceClearUpgradeRequest
+	(*NodesServiceClearUpgradeResponse)(nil), // 9: bettercompute.compute.v1.NodesServiceClearUpgradeResponse
+	(*NodesServiceRevokeRequest)(nil),        // 10: bettercompute.compute.v1.NodesServiceRevokeRequest
+	(*NodesServiceRevokeResponse)(nil),       // 11: bettercompute.compute.v1.NodesServiceRevokeResponse
+	(*NodesServiceUpdateRequest)(nil),        // 12: bettercompute.compute.v1.NodesServiceUpdateRequest
+	(*NodesServiceUpdateResponse)(nil),       // 13: bettercompute.compute.v1.NodesServiceUpdateResponse
+	(*Node)(nil),                             // 14: bettercompute.compute.v1.Node
+	(*NodeCondition)(nil),                    // 15: bettercompute.compute.v1.NodeCondition
+	(*SectionStatus)(nil),                    // 16: bettercompute.compute.v1.SectionStatus
+	(*Device)(nil),                           // 17: bettercompute.compute.v1.Device
+	(*NodesServiceGetRequest)(nil),           // 18: bettercompute.compute.v1.NodesServiceGetRequest
+	(*NodesServiceGetResponse)(nil),          // 19: bettercompute.compute.v1.NodesServiceGetResponse
+	(*NodesServiceListRequest)(nil),          // 20: bettercompute.compute.v1.NodesServiceListRequest
+	(*NodesServiceListResponse)(nil),         // 21: bettercompute.compute.v1.NodesServiceListResponse
+	(*NodesServiceGetSpecRequest)(nil),       // 22: bettercompute.compute.v1.NodesServiceGetSpecRequest
+	(*NodesServiceGetSpecResponse)(nil),      // 23: bettercompute.compute.v1.NodesServiceGetSpecResponse
+	nil,                                      // 24: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	nil,                                      // 25: bettercompute.compute.v1.Node.LabelsEntry
+	nil,                                      // 26: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	(*Command)(nil),                          // 27: bettercompute.compute.v1.Command
+	(*fieldmaskpb.FieldMask)(nil),            // 28: google.protobuf.FieldMask
+	(*MigSettings)(nil),                      // 29: bettercompute.compute.v1.MigSettings
+	(*timestamppb.Timestamp)(nil),            // 30: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                  // 31: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
-	12, // 0: bettercompute.compute.v1.NodesServiceDrainResponse.node:type_name -> bettercompute.compute.v1.Node
-	12, // 1: bettercompute.compute.v1.NodesServiceUndrainResponse.node:type_name -> bettercompute.compute.v1.Node
-	12, // 2: bettercompute.compute.v1.NodesServiceRetireResponse.node:type_name -> bettercompute.compute.v1.Node
-	12, // 3: bettercompute.compute.v1.NodesServiceClearRepairResponse.node:type_name -> bettercompute.compute.v1.Node
-	12, // 4: bettercompute.compute.v1.NodesServiceRevokeResponse.node:type_name -> bettercompute.compute.v1.Node
-	22, // 5: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	25, // 6: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	26, // 7: bettercompute.compute.v1.NodesServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
-	12, // 8: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
-	23, // 9: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
-	15, // 10: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	27, // 11: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	27, // 12: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	27, // 13: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
-	14, // 14: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
-	13, // 15: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
-	27, // 16: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
-	27, // 17: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
-	27, // 18: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
-	27, // 19: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
-	12, // 20: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	24, // 21: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	12, // 22: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	28, // 23: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
-	16, // 24: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	18, // 25: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	20, // 26: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
-	10, // 27: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
-	8,  // 28: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
-	0,  // 29: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
-	2,  // 30: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
-	4,  // 31: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
-	6,  // 32: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
-	17, // 33: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	19, // 34: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	21, // 35: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
-	11, // 36: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
-	9,  // 37: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
-	1,  // 38: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
-	3,  // 39: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
-	5,  // 40: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
-	7,  // 41: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
-	33, // [33:42] is the sub-list for method output_type
-	24, // [24:33] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	14, // 0: bettercompute.compute.v1.NodesServiceDrainResponse.node:type_name -> bettercompute.compute.v1.Node
+	14, // 1: bettercompute.compute.v1.NodesServiceUndrainResponse.node:type_name -> bettercompute.compute.v1.Node
+	14, // 2: bettercompute.compute.v1.NodesServiceRetireResponse.node:type_name -> bettercompute.compute.v1.Node
+	14, // 3: bettercompute.compute.v1.NodesServiceClearRepairResponse.node:type_name -> bettercompute.compute.v1.Node
+	27, // 4: bettercompute.compute.v1.NodesServiceClearUpgradeResponse.command:type_name -> bettercompute.compute.v1.Command
+	14, // 5: bettercompute.compute.v1.NodesServiceRevokeResponse.node:type_name -> bettercompute.compute.v1.Node
+	24, // 6: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	28, // 7: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	29, // 8: bettercompute.compute.v1.NodesServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
+	14, // 9: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
+	25, // 10: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	17, // 11: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
+	30, // 12: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	30, // 13: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	30, // 14: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	16, // 15: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
+	15, // 16: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
+	30, // 17: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	30, // 18: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
+	30, // 19: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	30, // 20: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
+	14, // 21: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
+	26, // 22: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	14, // 23: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
+	31, // 24: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	18, // 25: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	20, // 26: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	22, // 27: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	12, // 28: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
+	10, // 29: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
+	0,  // 30: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
+	2,  // 31: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
+	4,  // 32: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
+	6,  // 33: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
+	8,  // 34: bettercompute.compute.v1.NodesService.ClearUpgrade:input_type -> bettercompute.compute.v1.NodesServiceClearUpgradeRequest
+	19, // 35: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	21, // 36: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	23, // 37: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	13, // 38: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
+	11, // 39: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
+	1,  // 40: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
+	3,  // 41: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
+	5,  // 42: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
+	7,  // 43: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
+	9,  // 44: bettercompute.compute.v1.NodesService.ClearUpgrade:output_type -> bettercompute.compute.v1.NodesServiceClearUpgradeResponse
+	35, // [35:45] is the sub-list for method output_type
+	25, // [25:35] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }
@@ -2001,6 +2125,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 	if File_bettercompute_compute_v1_nodes_proto != nil {
 		return
 	}
+	file_bettercompute_compute_v1_commands_proto_init()
 	file_bettercompute_compute_v1_pools_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2008,7 +2133,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_nodes_proto_rawDesc), len(file_bettercompute_compute_v1_nodes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -278,6 +278,33 @@ func local_request_NodesService_ClearRepair_0(ctx context.Context, marshaler run
 	return msg, metadata, err
 }
 
+func request_NodesService_ClearUpgrade_0(ctx context.Context, marshaler runtime.Marshaler, client NodesServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq NodesServiceClearUpgradeRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.ClearUpgrade(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_NodesService_ClearUpgrade_0(ctx context.Context, marshaler runtime.Marshaler, server NodesServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq NodesServiceClearUpgradeRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.ClearUpgrade(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterNodesServiceHandlerServer registers the http handlers for service NodesService to "mux".
 // UnaryRPC     :call NodesServiceServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -463,6 +490,26 @@ func RegisterNodesServiceHandlerServer(ctx context.Context, mux *runtime.ServeMu
 			return
 		}
 		forward_NodesService_ClearRepair_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_NodesService_ClearUpgrade_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/bettercompute.compute.v1.NodesService/ClearUpgrade", runtime.WithHTTPPathPattern("/api/compute/nodes/clearUpgrade"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_NodesService_ClearUpgrade_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_NodesService_ClearUpgrade_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -657,29 +704,48 @@ func RegisterNodesServiceHandlerClient(ctx context.Context, mux *runtime.ServeMu
 		}
 		forward_NodesService_ClearRepair_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_NodesService_ClearUpgrade_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/bettercompute.compute.v1.NodesService/ClearUpgrade", runtime.WithHTTPPathPattern("/api/compute/nodes/clearUpgrade"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_NodesService_ClearUpgrade_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_NodesService_ClearUpgrade_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
 var (
-	pattern_NodesService_Get_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "get"}, ""))
-	pattern_NodesService_List_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "list"}, ""))
-	pattern_NodesService_GetSpec_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "getSpec"}, ""))
-	pattern_NodesService_Update_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "update"}, ""))
-	pattern_NodesService_Revoke_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "revoke"}, ""))
-	pattern_NodesService_Drain_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "drain"}, ""))
-	pattern_NodesService_Undrain_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "undrain"}, ""))
-	pattern_NodesService_Retire_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "retire"}, ""))
-	pattern_NodesService_ClearRepair_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "clearRepair"}, ""))
+	pattern_NodesService_Get_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "get"}, ""))
+	pattern_NodesService_List_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "list"}, ""))
+	pattern_NodesService_GetSpec_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "getSpec"}, ""))
+	pattern_NodesService_Update_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "update"}, ""))
+	pattern_NodesService_Revoke_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "revoke"}, ""))
+	pattern_NodesService_Drain_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "drain"}, ""))
+	pattern_NodesService_Undrain_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "undrain"}, ""))
+	pattern_NodesService_Retire_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "retire"}, ""))
+	pattern_NodesService_ClearRepair_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "clearRepair"}, ""))
+	pattern_NodesService_ClearUpgrade_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 2, 3}, []string{"api", "compute", "nodes", "clearUpgrade"}, ""))
 )
 
 var (
-	forward_NodesService_Get_0         = runtime.ForwardResponseMessage
-	forward_NodesService_List_0        = runtime.ForwardResponseMessage
-	forward_NodesService_GetSpec_0     = runtime.ForwardResponseMessage
-	forward_NodesService_Update_0      = runtime.ForwardResponseMessage
-	forward_NodesService_Revoke_0      = runtime.ForwardResponseMessage
-	forward_NodesService_Drain_0       = runtime.ForwardResponseMessage
-	forward_NodesService_Undrain_0     = runtime.ForwardResponseMessage
-	forward_NodesService_Retire_0      = runtime.ForwardResponseMessage
-	forward_NodesService_ClearRepair_0 = runtime.ForwardResponseMessage
+	forward_NodesService_Get_0          = runtime.ForwardResponseMessage
+	forward_NodesService_List_0         = runtime.ForwardResponseMessage
+	forward_NodesService_GetSpec_0      = runtime.ForwardResponseMessage
+	forward_NodesService_Update_0       = runtime.ForwardResponseMessage
+	forward_NodesService_Revoke_0       = runtime.ForwardResponseMessage
+	forward_NodesService_Drain_0        = runtime.ForwardResponseMessage
+	forward_NodesService_Undrain_0      = runtime.ForwardResponseMessage
+	forward_NodesService_Retire_0       = runtime.ForwardResponseMessage
+	forward_NodesService_ClearRepair_0  = runtime.ForwardResponseMessage
+	forward_NodesService_ClearUpgrade_0 = runtime.ForwardResponseMessage
 )

@@ -19,15 +19,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NodesService_Get_FullMethodName         = "/bettercompute.compute.v1.NodesService/Get"
-	NodesService_List_FullMethodName        = "/bettercompute.compute.v1.NodesService/List"
-	NodesService_GetSpec_FullMethodName     = "/bettercompute.compute.v1.NodesService/GetSpec"
-	NodesService_Update_FullMethodName      = "/bettercompute.compute.v1.NodesService/Update"
-	NodesService_Revoke_FullMethodName      = "/bettercompute.compute.v1.NodesService/Revoke"
-	NodesService_Drain_FullMethodName       = "/bettercompute.compute.v1.NodesService/Drain"
-	NodesService_Undrain_FullMethodName     = "/bettercompute.compute.v1.NodesService/Undrain"
-	NodesService_Retire_FullMethodName      = "/bettercompute.compute.v1.NodesService/Retire"
-	NodesService_ClearRepair_FullMethodName = "/bettercompute.compute.v1.NodesService/ClearRepair"
+	NodesService_Get_FullMethodName          = "/bettercompute.compute.v1.NodesService/Get"
+	NodesService_List_FullMethodName         = "/bettercompute.compute.v1.NodesService/List"
+	NodesService_GetSpec_FullMethodName      = "/bettercompute.compute.v1.NodesService/GetSpec"
+	NodesService_Update_FullMethodName       = "/bettercompute.compute.v1.NodesService/Update"
+	NodesService_Revoke_FullMethodName       = "/bettercompute.compute.v1.NodesService/Revoke"
+	NodesService_Drain_FullMethodName        = "/bettercompute.compute.v1.NodesService/Drain"
+	NodesService_Undrain_FullMethodName      = "/bettercompute.compute.v1.NodesService/Undrain"
+	NodesService_Retire_FullMethodName       = "/bettercompute.compute.v1.NodesService/Retire"
+	NodesService_ClearRepair_FullMethodName  = "/bettercompute.compute.v1.NodesService/ClearRepair"
+	NodesService_ClearUpgrade_FullMethodName = "/bettercompute.compute.v1.NodesService/ClearUpgrade"
 )
 
 // NodesServiceClient is the client API for NodesService service.
@@ -75,6 +76,12 @@ type NodesServiceClient interface {
 	// back to adopting, so its acceptance checks run again. Action
 	// compute:nodes:repair on the node.
 	ClearRepair(ctx context.Context, in *NodesServiceClearRepairRequest, opts ...grpc.CallOption) (*NodesServiceClearRepairResponse, error)
+	// ClearUpgrade clears a node's latched UpgradeFailed (a build that failed
+	// its trial and was rolled back; docs/agent-upgrades.md), so the next
+	// release manifest is tried: it queues a signed agent.upgrade command
+	// with clear_upgrade_failed set and no manifest. Audited. Action
+	// compute:nodes:repair on the node.
+	ClearUpgrade(ctx context.Context, in *NodesServiceClearUpgradeRequest, opts ...grpc.CallOption) (*NodesServiceClearUpgradeResponse, error)
 }
 
 type nodesServiceClient struct {
@@ -175,6 +182,16 @@ func (c *nodesServiceClient) ClearRepair(ctx context.Context, in *NodesServiceCl
 	return out, nil
 }
 
+func (c *nodesServiceClient) ClearUpgrade(ctx context.Context, in *NodesServiceClearUpgradeRequest, opts ...grpc.CallOption) (*NodesServiceClearUpgradeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesServiceClearUpgradeResponse)
+	err := c.cc.Invoke(ctx, NodesService_ClearUpgrade_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodesServiceServer is the server API for NodesService service.
 // All implementations must embed UnimplementedNodesServiceServer
 // for forward compatibility.
@@ -220,6 +237,12 @@ type NodesServiceServer interface {
 	// back to adopting, so its acceptance checks run again. Action
 	// compute:nodes:repair on the node.
 	ClearRepair(context.Context, *NodesServiceClearRepairRequest) (*NodesServiceClearRepairResponse, error)
+	// ClearUpgrade clears a node's latched UpgradeFailed (a build that failed
+	// its trial and was rolled back; docs/agent-upgrades.md), so the next
+	// release manifest is tried: it queues a signed agent.upgrade command
+	// with clear_upgrade_failed set and no manifest. Audited. Action
+	// compute:nodes:repair on the node.
+	ClearUpgrade(context.Context, *NodesServiceClearUpgradeRequest) (*NodesServiceClearUpgradeResponse, error)
 	mustEmbedUnimplementedNodesServiceServer()
 }
 
@@ -256,6 +279,9 @@ func (UnimplementedNodesServiceServer) Retire(context.Context, *NodesServiceReti
 }
 func (UnimplementedNodesServiceServer) ClearRepair(context.Context, *NodesServiceClearRepairRequest) (*NodesServiceClearRepairResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClearRepair not implemented")
+}
+func (UnimplementedNodesServiceServer) ClearUpgrade(context.Context, *NodesServiceClearUpgradeRequest) (*NodesServiceClearUpgradeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearUpgrade not implemented")
 }
 func (UnimplementedNodesServiceServer) mustEmbedUnimplementedNodesServiceServer() {}
 func (UnimplementedNodesServiceServer) testEmbeddedByValue()                      {}
@@ -440,6 +466,24 @@ func _NodesService_ClearRepair_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodesService_ClearUpgrade_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesServiceClearUpgradeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodesServiceServer).ClearUpgrade(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodesService_ClearUpgrade_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodesServiceServer).ClearUpgrade(ctx, req.(*NodesServiceClearUpgradeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodesService_ServiceDesc is the grpc.ServiceDesc for NodesService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -482,6 +526,10 @@ var NodesService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClearRepair",
 			Handler:    _NodesService_ClearRepair_Handler,
+		},
+		{
+			MethodName: "ClearUpgrade",
+			Handler:    _NodesService_ClearUpgrade_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
