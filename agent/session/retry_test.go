@@ -41,3 +41,24 @@ func TestRetryDelayHonoursTheGatewaysRetryInfo(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalCode: a refusal with an ErrorInfo (the gateway's skew window)
+// gives its reason, even wrapped; any other error gives none.
+func TestRefusalCode(t *testing.T) {
+	st, err := status.New(codes.FailedPrecondition, "too old").WithDetails(&errdetails.ErrorInfo{Reason: RefusedTooOld, Domain: "api.bettercompute",
+		Metadata: map[string]string{"field": "hello.agent_version"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := RefusalCode(st.Err()); got != RefusedTooOld {
+		t.Errorf("refusal: %q", got)
+	}
+	if got := RefusalCode(fmt.Errorf("session: %w", st.Err())); got != RefusedTooOld {
+		t.Errorf("wrapped: %q", got)
+	}
+	for _, e := range []error{nil, errors.New("plain"), status.Error(codes.Unavailable, "down")} {
+		if got := RefusalCode(e); got != "" {
+			t.Errorf("%v: %q", e, got)
+		}
+	}
+}

@@ -348,7 +348,12 @@ type runner struct {
 // sessionLoop runs sessions until ctx ends, backing off between them.
 func (r *runner) sessionLoop(ctx context.Context) {
 	reconnect(ctx, retry.Backoff{Min: r.cfg.MinBackoff, Max: r.cfg.MaxBackoff}, r.session, func(err error, d time.Duration) {
-		r.log.WarnContext(ctx, "session ended; reconnecting", "err", err, "in", d)
+		switch code := RefusalCode(err); code {
+		case RefusedTooOld, RefusedTooNew:
+			r.log.ErrorContext(ctx, "the gateway refuses this bcd's version (gateway.agentVersions); reconnecting", "code", code, "version", r.cfg.AgentVersion, "err", err, "in", d)
+		default:
+			r.log.WarnContext(ctx, "session ended; reconnecting", "err", err, "code", code, "in", d)
+		}
 	})
 }
 
@@ -518,6 +523,27 @@ const maxRetryDelay = 5 * time.Minute
 // retryDelay is the delay a gateway's refusal asks for (a RetryInfo
 // detail, as a gateway admitting a reconnect storm sends with
 // RESOURCE_EXHAUSTED), at most maxRetryDelay; 0 when it asks none.
+// The gateway's refusals of a bcd outside its version-skew window.
+const (
+	RefusedTooOld = "AGENT_TOO_OLD"
+	RefusedTooNew = "AGENT_TOO_NEW"
+)
+
+// RefusalCode is the stable code of a gateway's refusal (the reason of its
+// ErrorInfo detail, such as AGENT_TOO_OLD), or "" when it carries none.
+func RefusalCode(err error) string {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			return ei.GetReason()
+		}
+	}
+	return ""
+}
+
 func retryDelay(err error) time.Duration {
 	st, ok := status.FromError(err)
 	if !ok || err == nil {
