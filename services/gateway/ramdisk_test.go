@@ -51,7 +51,7 @@ type ramdiskFixture struct {
 	kinds  *commands.Registry
 }
 
-func setupRamdisk(t *testing.T) *ramdiskFixture {
+func setupRamdisk(t *testing.T, tune ...func(*gateway.Config)) *ramdiskFixture {
 	t.Helper()
 	_, sk, _ := ed25519.GenerateKey(rand.Reader)
 	f := &ramdiskFixture{db: pgtest.New(t), signer: commands.NewSigner(sk)}
@@ -67,13 +67,17 @@ func setupRamdisk(t *testing.T) *ramdiskFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.gw, err = gateway.New(gateway.Config{
+	cfg := gateway.Config{
 		ID: "gw-1", DB: f.db, Joiner: joinservice.NewJoiner(svc), TrustDomain: trustDomain,
 		Revoked: func(ctx context.Context, serials []string) ([]string, error) {
 			return nodeca.RevokedAmong(ctx, f.db, serials)
 		},
 		LivenessInterval: time.Hour, // commands are dispatched by hand
-	})
+	}
+	for _, fn := range tune {
+		fn(&cfg)
+	}
+	f.gw, err = gateway.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

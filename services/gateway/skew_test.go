@@ -1,16 +1,29 @@
 package gateway_test
 
 import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	agentinv "github.com/bettercompute/bettercompute/agent/inventory"
+	"github.com/bettercompute/bettercompute/agent/join"
+	"github.com/bettercompute/bettercompute/agent/session"
+	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/jointoken"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/gateway"
 )
 
@@ -71,4 +84,71 @@ func TestSkewWindowRefusesAgentsOutside(t *testing.T) {
 			t.Errorf("%s: %v, want a Welcome", version, err)
 		}
 	}
+}
+
+// syncBuffer is a log sink the agent writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSkewWindowRefusesTheRealAgent runs the real agent (join, then its
+// session) against the real joinservice and gateway: as v0.1.0, below
+// gateway.agentVersions.oldest, its sessions are refused and it logs
+// AGENT_TOO_OLD while the gateway never holds it; as v0.3.0 (what an
+// upgrade would bring) it is held.
+func TestSkewWindowRefusesTheRealAgent(t *testing.T) {
+	t.Parallel()
+	f := setupRamdisk(t, func(c *gateway.Config) { c.OldestAgent = "v0.2.0" })
+	st, err := state.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := agentinv.Open(agentinv.Config{Backend: agentinv.BackendMock, Hostname: "skew-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inv.Close() })
+	s := jointoken.Mint()
+	if _, err := jointoken.Create(t.Context(), f.db, jointoken.Token{ID: s.ID, TenantID: "root", PoolID: "pool_metal", Uses: 1,
+		Role: jointoken.RoleNode, ExpiresAt: new(time.Now().Add(time.Hour))}, s.Hash); err != nil {
+		t.Fatal(err)
+	}
+	id, err := join.Join(t.Context(), join.Config{Gateway: f.addr, ServerName: "127.0.0.1", RootCAs: f.ca.Pool(), Token: s.Token,
+		JoinserviceKey: f.key.PublicKey(), JoinserviceKeyID: f.key.ID(), State: st, Claims: inv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(version string, logs io.Writer) *running {
+		sc := session.Config{Gateway: f.addr, ServerName: "127.0.0.1", State: st, Inventory: inv, BootID: "boot-skew",
+			AgentVersion: version, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil))}
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &running{cancel: cancel, done: make(chan error, 1)}
+		go func() { r.done <- session.Run(ctx, sc) }()
+		return r
+	}
+	var logs syncBuffer
+	old := run("v0.1.0", &logs)
+	poll.Until(t, 30*time.Second, "the agent to be refused AGENT_TOO_OLD", func() bool {
+		return strings.Contains(logs.String(), "code=AGENT_TOO_OLD") && strings.Contains(logs.String(), "version=v0.1.0")
+	})
+	if f.gw.Holds(id.NodeID) {
+		t.Fatal("the gateway holds a refused agent's session")
+	}
+	old.stop(t)
+	upgraded := run("v0.3.0", io.Discard)
+	defer upgraded.stop(t)
+	poll.Until(t, 30*time.Second, "the upgraded agent's session to open", func() bool { return f.gw.Holds(id.NodeID) })
 }
