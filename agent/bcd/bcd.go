@@ -364,6 +364,12 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if trialReport != nil && *promListen != "" {
+		// The daemon that runs this build on trial still listens there;
+		// once exec'd, this build does.
+		logger.Info("upgrade trial: no Prometheus endpoint", "prometheus-listen", *promListen)
+		*promListen = ""
+	}
 	tel, stopTel, err := startTelemetry(ctx, store, inv, logger, *otlpEndpoint, interval, *promListen)
 	if err != nil {
 		return err
