@@ -16,9 +16,9 @@
 // agentrelease.ErrMalformed, ErrOlderCounter, ErrCounterReused,
 // ErrPlatform, ErrTooLarge, ErrDigestMismatch and ErrLatched.
 //
-// The handover (exec of the new build, the 30 s trial and the rollback) is
-// described in docs/agent-upgrades.md; this release stages and records, and
-// the agent section still answers "not built yet" for the handover.
+// The handover (the 30 s trial of the new build as a child, the exec, the
+// rollback) is the daemon's (agent/bcd); Activate and Fail record its
+// outcome. See docs/agent-upgrades.md.
 package upgrade
 
 import (
