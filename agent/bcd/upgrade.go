@@ -115,14 +115,14 @@ func runTrial(ctx context.Context, st upgrade.Staged, args []string, timeout tim
 			select {
 			case err := <-exited:
 				done = true
-				result = fmt.Errorf("bcd %s exited before opening its session and reporting: %v", st.Manifest.Version, exitText(err))
+				result = fmt.Errorf("bcd %s exited before opening its session and reporting: %s", st.Manifest.Version, exitText(err))
 			case <-timer.C:
 				result = fmt.Errorf("bcd %s closed its trial pipe without reporting", st.Manifest.Version)
 			}
 		}
 	case err := <-exited:
 		done = true
-		result = fmt.Errorf("bcd %s exited before opening its session and reporting: %v", st.Manifest.Version, exitText(err))
+		result = fmt.Errorf("bcd %s exited before opening its session and reporting: %s", st.Manifest.Version, exitText(err))
 	case <-timer.C:
 		result = fmt.Errorf("bcd %s did not open its session and report within %s", st.Manifest.Version, timeout)
 	case <-ctx.Done():
