@@ -260,7 +260,7 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 		}
 	}
 	if u := upgradeCmd(1, &agentv1.AgentUpgrade{ReleaseManifest: rel.release(t, "v0.3.2", v3, 4, future)}); u.GetOutcome() != agentv1.CommandOutcome_COMMAND_OUTCOME_FAILED ||
-		!strings.Contains(u.GetReason(), "UpgradeFailed is latched") {
+		!strings.Contains(u.GetReason(), upgrade.ErrLatched.Error()) {
 		t.Fatalf("agent.upgrade while latched: %v", u)
 	}
 	if u := upgradeCmd(2, &agentv1.AgentUpgrade{ClearUpgradeFailed: true, Reason: "fixed"}); u.GetOutcome() != agentv1.CommandOutcome_COMMAND_OUTCOME_SUCCEEDED {

@@ -59,7 +59,7 @@ var (
 	// manifest's.
 	ErrDigestMismatch = errors.New("artifact SHA-256 does not match its manifest")
 	// ErrLatched is any manifest while UpgradeFailed is latched.
-	ErrLatched = errors.New("UpgradeFailed is latched: nothing is retried until nodes.clearUpgrade")
+	ErrLatched = errors.New("an upgrade failed its trial and is latched (UpgradeFailed): nothing is retried until nodes.clearUpgrade")
 	// ErrNoKey is an upgrade on a node whose install configuration pins no
 	// release key.
 	ErrNoKey = errors.New("no release key pinned (bcd node --release-key)")
