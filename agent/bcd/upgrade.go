@@ -85,6 +85,7 @@ func runTrial(ctx context.Context, st upgrade.Staged, args []string, timeout tim
 	cmd := exec.Command(st.Path, append([]string{"node"}, args...)...)
 	cmd.Env = append(withoutEnv(os.Environ(), TrialFDEnv), TrialFDEnv+"=3")
 	cmd.ExtraFiles = []*os.File{w}
+	cmd.SysProcAttr = trialAttr()
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	err = cmd.Start()
 	_ = w.Close()
