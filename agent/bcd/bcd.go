@@ -395,6 +395,17 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 		Runtime: converge.Runtime{Root: *siteRoot, Runner: engines.Exec{}, NvidiaCTK: *nvidiaCTK},
 	}
 	cfg.OnReport = trialReport
+	if inst != nil && trialReport == nil {
+		// A trial this daemon did not see through (it was stopped or
+		// killed meanwhile) is not tried again by itself.
+		recovered, err := inst.RecoverTrial()
+		if err != nil {
+			return err
+		}
+		if recovered {
+			logger.Error("upgrade: the daemon stopped during a trial; UpgradeFailed latched")
+		}
+	}
 	// The agent section hands over to a new build: the session ends, the
 	// build runs as a child on trial, and this process execs it once it
 	// reported, or rolls back and latches UpgradeFailed and opens its
@@ -418,7 +429,10 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		logger.Info("upgrade: handing over; the new build is on trial", "from", version(), "to", st.Manifest.Version, "slot", st.Slot, "timeout", trial)
-		terr := runTrial(ctx, *st, args, trial, stderr)
+		terr := inst.BeginTrial(*st)
+		if terr == nil {
+			terr = runTrial(ctx, *st, args, trial, stderr)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}

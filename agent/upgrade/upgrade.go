@@ -88,6 +88,9 @@ type State struct {
 	// Failed is the latch: set when a build failed its trial and was rolled
 	// back; every manifest is refused until it is cleared.
 	Failed *Failure `json:"failed,omitempty"`
+	// Trial is the build on trial now (BeginTrial), until Activate or Fail:
+	// found at start, the daemon stopped during the trial (RecoverTrial).
+	Trial *Failure `json:"trial,omitempty"`
 }
 
 // Failure is a latched UpgradeFailed.
@@ -323,6 +326,35 @@ func (in *Installer) fetch(ctx context.Context, m *agentrelease.Manifest, path s
 	return os.Rename(tmp.Name(), path)
 }
 
+// BeginTrial records that st's build is on trial, so a daemon that stops
+// before Activate or Fail finds it at start (RecoverTrial).
+func (in *Installer) BeginTrial(st Staged) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	s, err := in.load()
+	if err != nil {
+		return err
+	}
+	s.Trial = &Failure{Version: st.Manifest.Version, Counter: st.Manifest.Counter, At: in.cfg.Now().UTC()}
+	return in.save(s)
+}
+
+// RecoverTrial latches UpgradeFailed for a trial the daemon did not see
+// through (it stopped, crashed or was killed meanwhile; current still names
+// the previous build), so it is not tried again by itself; it reports
+// whether there was one.
+func (in *Installer) RecoverTrial() (bool, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	s, err := in.load()
+	if err != nil || s.Trial == nil {
+		return false, err
+	}
+	s.Failed = &Failure{Version: s.Trial.Version, Counter: s.Trial.Counter, Reason: "interrupted: the daemon stopped during the trial", At: in.cfg.Now().UTC()}
+	s.Trial = nil
+	return true, in.save(s)
+}
+
 // Activate points <root>/bin/current at the staged slot (an atomic
 // symlink swap) and records its counter as installed: from now on an older
 // counter is refused. Call it once the staged build passed its trial.
@@ -337,6 +369,7 @@ func (in *Installer) Activate(st Staged) error {
 		return err
 	}
 	s.Counter, s.Digest, s.Version = st.Manifest.Counter, agentrelease.Digest(st.Manifest), st.Manifest.Version
+	s.Trial = nil
 	return in.save(s)
 }
 
@@ -374,6 +407,7 @@ func (in *Installer) Fail(st Staged, reason string) error {
 		return err
 	}
 	s.Failed = &Failure{Version: st.Manifest.Version, Counter: st.Manifest.Counter, Reason: reason, At: in.cfg.Now().UTC()}
+	s.Trial = nil
 	return in.save(s)
 }
 

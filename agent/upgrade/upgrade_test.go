@@ -213,3 +213,48 @@ func TestLatch(t *testing.T) {
 		t.Fatalf("after clear: %q", got)
 	}
 }
+
+// TestRecoverTrial: a trial begun and never finished (the daemon stopped)
+// is latched at the next start, naming the build; a finished one leaves
+// nothing to recover.
+func TestRecoverTrial(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.install(t, f.release(t, "v0.1.0", 1, []byte("good")))
+	st, err := f.in.Stage(t.Context(), f.release(t, "v0.2.0", 2, []byte("next")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.in.BeginTrial(st); err != nil {
+		t.Fatal(err)
+	}
+	again := upgrade.New(upgrade.Config{Root: f.root, Key: f.pub, Now: func() time.Time { return now }, Platform: platform})
+	if ok, err := again.RecoverTrial(); err != nil || !ok {
+		t.Fatalf("recover: %v %v", ok, err)
+	}
+	if s, _ := again.State(); s.Failed == nil || s.Failed.Version != "v0.2.0" || !strings.Contains(s.Failed.Reason, "interrupted") || s.Trial != nil {
+		t.Fatalf("state %+v", s)
+	}
+	if got, _ := os.ReadFile(again.CurrentPath()); string(got) != "good" {
+		t.Fatalf("current runs %q", got)
+	}
+	if ok, _ := again.RecoverTrial(); ok {
+		t.Fatal("recovered twice")
+	}
+	if _, err := again.Clear(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = again.Stage(t.Context(), f.release(t, "v0.3.0", 3, []byte("third")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.BeginTrial(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Activate(st); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := again.RecoverTrial(); ok {
+		t.Fatal("an activated build's trial was recovered")
+	}
+}
