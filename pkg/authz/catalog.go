@@ -73,6 +73,16 @@ const (
 	PoolsList   Action = "compute:pools:list"
 	PoolsUpdate Action = "compute:pools:update"
 
+	// Rollouts: a staged change of a pool's settings, each decided on the
+	// pool (docs/rollouts.md).
+	RolloutsCreate   Action = "compute:rollouts:create"
+	RolloutsGet      Action = "compute:rollouts:get"
+	RolloutsList     Action = "compute:rollouts:list"
+	RolloutsPause    Action = "compute:rollouts:pause"
+	RolloutsResume   Action = "compute:rollouts:resume"
+	RolloutsCancel   Action = "compute:rollouts:cancel"
+	RolloutsRollback Action = "compute:rollouts:rollback"
+
 	AuditList Action = "compute:audit:list"
 	// AuditVerify recomputes the audit hash chain (on the root tenant).
 	AuditVerify Action = "compute:audit:verify"
@@ -167,6 +177,7 @@ var catalog = []Action{
 	APIKeysCreate, APIKeysList, APIKeysRevoke,
 	PoliciesPut, PoliciesGet, PoliciesList, PoliciesDelete,
 	PoolsCreate, PoolsGet, PoolsList, PoolsUpdate,
+	RolloutsCreate, RolloutsGet, RolloutsList, RolloutsPause, RolloutsResume, RolloutsCancel, RolloutsRollback,
 	AuditList, AuditVerify,
 	EventsList, EventsWatch,
 	WebhooksCreate, WebhooksGet, WebhooksList, WebhooksUpdate, WebhooksDelete,

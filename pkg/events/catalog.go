@@ -566,6 +566,134 @@ func catalog() []Type {
 			Doc:     "A pool was changed (pools.update); a changed site, health or runtime section gives every node of the pool a new desired state.",
 		},
 
+		// Rollouts (docs/rollouts.md).
+		{
+			Name:    "rollout.created",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"mask", "array", "The sections it changes."},
+			},
+			Doc: "A rollout of a change of a pool's settings was made (rollouts.create); the rollout job plans and starts it.",
+		},
+		{
+			Name:    "rollout.started",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"nodes", "integer", "Its nodes."},
+				{"batches", "integer", "Its batches."},
+			},
+			Doc: "The rollout job cut the rollout's nodes into batches, spread across gateways (and rack and zone labels), and started it.",
+		},
+		{
+			Name:    "rollout.batch_released",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"batch", "integer", "The batch (0-based)."},
+				{"nodes", "array", "The nodes released."},
+			},
+			Doc: "Nodes of a batch got the rollout's content (a batch is released in parts while the disruption budget is spent).",
+		},
+		{
+			Name:    "rollout.batch_succeeded",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"batch", "integer", "The batch (0-based)."},
+			},
+			Doc: "Every released node of a batch converged healthy and the bake passed.",
+		},
+		{
+			Name:    "rollout.node_skipped",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"nodeId", "string", "The node."},
+				{"reason", "string", "Why it is unhealthy."},
+			},
+			Doc: "A node was unhealthy when its batch came: it keeps the old content and does not count.",
+		},
+		{
+			Name:    "rollout.node_failed",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"nodeId", "string", "The node."},
+				{"reason", "string", "Why it is unhealthy."},
+			},
+			Doc: "A node turned unhealthy after its change: it counts towards the failure threshold.",
+		},
+		{
+			Name:    "rollout.paused",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"reason", "string", "Why."},
+				{"nodes", "array", "The failed nodes, when the threshold paused it."},
+			},
+			Doc: "The rollout stopped releasing batches: rollouts.pause, or its failure threshold reached (nodes names the failed nodes).",
+		},
+		{
+			Name:    "rollout.resumed",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+			},
+			Doc: "A paused rollout continues (rollouts.resume); the failures so far are acknowledged.",
+		},
+		{
+			Name:    "rollout.succeeded",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"healthy", "integer", "Nodes that ended healthy."},
+				{"skipped", "integer", "Nodes skipped."},
+			},
+			Doc: "Every batch is done: the change is now the pool's settings.",
+		},
+		{
+			Name:    "rollout.failed",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"healthy", "integer", "Nodes that ended healthy."},
+				{"required", "integer", "The success threshold."},
+			},
+			Doc: "Every batch is done but fewer nodes than the success threshold ended healthy; the pool's settings are unchanged and the nodes return to them.",
+		},
+		{
+			Name:    "rollout.cancelled",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"nodes", "array", "The nodes that return."},
+			},
+			Doc: "The rollout was cancelled (rollouts.cancel): the nodes it changed return to the pool's settings.",
+		},
+		{
+			Name:    "rollout.rolled_back",
+			Subject: "rollout",
+			Fields: []Field{
+				{"rolloutId", "string", "The rollout."},
+				{"poolId", "string", "Its pool."},
+				{"nodes", "array", "The nodes that return."},
+			},
+			Doc: "The rollout was rolled back (rollouts.rollback): every node it touched gets its previous content at once.",
+		},
+
 		// Capacity.
 		{
 			Name:    "quota.set",

@@ -18,7 +18,7 @@ import (
 
 var nameRE = regexp.MustCompile(`^[a-z][a-zA-Z]*(\.[a-z][a-zA-Z_]*)+$`)
 
-var subjects = []string{"node", "reservation", "command", "pool", "tenant", "identity", "apiKey", "joinToken", "policy", "webhook", "site", "machine", "instance", ""}
+var subjects = []string{"node", "reservation", "command", "pool", "tenant", "identity", "apiKey", "joinToken", "policy", "webhook", "site", "machine", "instance", "rollout", ""}
 
 func TestCatalog(t *testing.T) {
 	t.Parallel()

@@ -276,6 +276,7 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterApiKeysServiceServer(gs, &apiKeys{Server: s})
 	computev1.RegisterPoliciesServiceServer(gs, &policies{Server: s})
 	computev1.RegisterPoolsServiceServer(gs, &pools{Server: s})
+	computev1.RegisterRolloutsServiceServer(gs, &rolloutsAPI{Server: s})
 	computev1.RegisterAuditServiceServer(gs, &auditLog{Server: s})
 	computev1.RegisterJoinTokensServiceServer(gs, &joinTokens{Server: s})
 	computev1.RegisterNodesServiceServer(gs, &nodes{Server: s})
@@ -350,6 +351,7 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 		"apiKeys":      computev1.RegisterApiKeysServiceHandler,
 		"policies":     computev1.RegisterPoliciesServiceHandler,
 		"pools":        computev1.RegisterPoolsServiceHandler,
+		"rollouts":     computev1.RegisterRolloutsServiceHandler,
 		"audit":        computev1.RegisterAuditServiceHandler,
 		"joinTokens":   computev1.RegisterJoinTokensServiceHandler,
 		"nodes":        computev1.RegisterNodesServiceHandler,

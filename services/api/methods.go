@@ -52,6 +52,14 @@ var methods = map[string]Method{
 	computev1.PoolsService_List_FullMethodName:   {Action: authz.PoolsList},
 	computev1.PoolsService_Update_FullMethodName: {Action: authz.PoolsUpdate},
 
+	computev1.RolloutsService_Create_FullMethodName:   {Action: authz.RolloutsCreate},
+	computev1.RolloutsService_Get_FullMethodName:      {Action: authz.RolloutsGet},
+	computev1.RolloutsService_List_FullMethodName:     {Action: authz.RolloutsList},
+	computev1.RolloutsService_Pause_FullMethodName:    {Action: authz.RolloutsPause},
+	computev1.RolloutsService_Resume_FullMethodName:   {Action: authz.RolloutsResume},
+	computev1.RolloutsService_Cancel_FullMethodName:   {Action: authz.RolloutsCancel},
+	computev1.RolloutsService_Rollback_FullMethodName: {Action: authz.RolloutsRollback},
+
 	computev1.AuditService_List_FullMethodName:   {Action: authz.AuditList},
 	computev1.AuditService_Verify_FullMethodName: {Action: authz.AuditVerify},
 

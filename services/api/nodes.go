@@ -23,6 +23,7 @@ import (
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/rollouts"
 )
 
 // nodes implements computev1.NodesServiceServer.
@@ -118,7 +119,17 @@ func (s *nodes) Get(ctx context.Context, req *computev1.NodesServiceGetRequest) 
 	if err != nil {
 		return nil, err
 	}
-	return &computev1.NodesServiceGetResponse{Node: nodePB(n)}, nil
+	pb := nodePB(n)
+	pb.RolloutBatch = -1
+	// Which active rollout and batch the node is in (docs/rollouts.md).
+	m, ok, err := rollouts.MembershipOf(ctx, s.db, n.ID)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		pb.RolloutId, pb.RolloutBatch, pb.RolloutReleased = m.RolloutID, int32(m.Batch), m.Released
+	}
+	return &computev1.NodesServiceGetResponse{Node: pb}, nil
 }
 
 func (s *nodes) List(ctx context.Context, req *computev1.NodesServiceListRequest) (*computev1.NodesServiceListResponse, error) {

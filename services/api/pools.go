@@ -25,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/rollouts"
 )
 
 // pools implements computev1.PoolsServiceServer.
@@ -190,6 +191,39 @@ func specSection(st *structpb.Struct, into proto.Message, field string) ([]byte,
 	return protojson.Marshal(into)
 }
 
+// poolSection validates the pool settings section named (site, health or
+// runtime) as pools.update and rollouts.create take it, with the node's own
+// rules (proto/sitespec, proto/runtimespec: a value its daemon would refuse
+// never reaches a node), and returns its canonical proto3 JSON; a nil
+// struct clears the section. Error fields are prefix + the section's path.
+func poolSection(name string, st *structpb.Struct, prefix string) ([]byte, error) {
+	switch name {
+	case "site":
+		site := &agentv1.SiteSettings{}
+		b, err := specSection(st, site, prefix+"site")
+		if err != nil {
+			return nil, err
+		}
+		if bad := sitespec.Validate(sitespec.FromProto(site)); len(bad) > 0 {
+			return nil, fault.New(fault.InvalidInput, prefix+"site."+jsonName(site, bad[0].Field), "%s", bad[0].Msg)
+		}
+		return b, nil
+	case "health":
+		return specSection(st, &agentv1.HealthSettings{}, prefix+"health")
+	case "runtime":
+		rt := &agentv1.RuntimeSettings{}
+		b, err := specSection(st, rt, prefix+"runtime")
+		if err != nil {
+			return nil, err
+		}
+		if bad := runtimespec.Validate(rt); len(bad) > 0 {
+			return nil, fault.New(fault.InvalidInput, prefix+"runtime."+jsonName(rt, bad[0].Field), "%s", bad[0].Msg)
+		}
+		return b, nil
+	}
+	return nil, fault.New(fault.InvalidInput, prefix+"updateMask", "%q is not a pool settings section (site, health, runtime)", name)
+}
+
 // jsonName is the JSON name of msg's field named (in proto) field.
 func jsonName(msg proto.Message, field string) string {
 	if fd := msg.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(field)); fd != nil {
@@ -223,32 +257,21 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			u.Labels, u.SetLabels = req.GetLabels(), true
 		case "site":
-			site := &agentv1.SiteSettings{}
-			b, err := specSection(req.GetSite(), site, "site")
+			b, err := poolSection("site", req.GetSite(), "")
 			if err != nil {
 				return nil, err
 			}
-			// The node's own rule (proto/sitespec): a value its daemon
-			// would refuse never reaches a node.
-			if bad := sitespec.Validate(sitespec.FromProto(site)); len(bad) > 0 {
-				return nil, fault.New(fault.InvalidInput, "site."+jsonName(site, bad[0].Field), "%s", bad[0].Msg)
-			}
 			u.Site = b
 		case "health":
-			b, err := specSection(req.GetHealth(), &agentv1.HealthSettings{}, "health")
+			b, err := poolSection("health", req.GetHealth(), "")
 			if err != nil {
 				return nil, err
 			}
 			u.Health = b
 		case "runtime":
-			rt := &agentv1.RuntimeSettings{}
-			b, err := specSection(req.GetRuntime(), rt, "runtime")
+			b, err := poolSection("runtime", req.GetRuntime(), "")
 			if err != nil {
 				return nil, err
-			}
-			// The node's own rule (proto/runtimespec), as for site.
-			if bad := runtimespec.Validate(rt); len(bad) > 0 {
-				return nil, fault.New(fault.InvalidInput, "runtime."+jsonName(rt, bad[0].Field), "%s", bad[0].Msg)
 			}
 			u.Runtime = b
 		case "acceptance":
@@ -327,6 +350,13 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				}
 			}
 			if u.Site != nil || u.Health != nil || u.Runtime != nil {
+				// A rollout in flight owns the pool's settings until it
+				// ends: its success writes them (docs/rollouts.md).
+				if r, ok, err := rollouts.ActiveOf(ctx, tx, p.ID); err != nil {
+					return admission.Outcome{}, err
+				} else if ok {
+					return admission.Outcome{}, fault.New(fault.Conflict, "updateMask", "pool %s has an active rollout %s (%s): cancel it or wait for it before changing site, health or runtime", p.ID, r.ID, r.State)
+				}
 				// Every node of the pool gets a new desired state, in this
 				// transaction.
 				if err := nodespec.InvalidatePool(ctx, tx, q, p.ID); err != nil {

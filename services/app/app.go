@@ -406,6 +406,11 @@ func (a *App) startRuntime(ctx context.Context) error {
 				return err
 			}
 		}
+		// The rollout job: pool keys, back every second while a rollout
+		// progresses (docs/rollouts.md).
+		if err := rt.Register(lifecycle.Rollout(lifecycle.RolloutConfig{})); err != nil {
+			return err
+		}
 	}
 	if slices.Contains(roles, reconcile.RoleNodeSpec) {
 		// The nodespec controller pokes the gateway holding the node after

@@ -28,6 +28,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/rollouts"
 )
 
 // Built-in contributor modules, registered first by [Builtin].
@@ -197,7 +198,9 @@ func identity(_ context.Context, _ reconcile.Querier, n desired.Node) (*agentv1.
 
 // poolSettings is the pool's part: the site, health and runtime settings of
 // each node's pool (pools.site, pools.health, pools.runtime), each only when
-// set; every pool of the batch is read once.
+// set; every pool of the batch is read once. A node in a released batch of
+// its pool's progressing or paused rollout gets the rollout's sections
+// instead (pkg/rollouts.Layers, one statement for the batch).
 func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node) ([]*agentv1.NodeSpec, error) {
 	var ids []string
 	for _, n := range nodes {
@@ -233,6 +236,14 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node
 		}
 		parts[ps.ID] = out
 	}
+	nodeIDs := make([]string, len(nodes))
+	for i, n := range nodes {
+		nodeIDs[i] = n.ID
+	}
+	layers, err := rollouts.Layers(ctx, q, nodeIDs)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]*agentv1.NodeSpec, len(nodes))
 	for i, n := range nodes {
 		p, ok := parts[n.PoolID]
@@ -241,6 +252,47 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node
 		}
 		// Each node gets its own copy: the merge writes into parts.
 		out[i] = proto.CloneOf(p)
+		if c, ok := layers[n.ID]; ok {
+			if err := applyLayer(out[i], c); err != nil {
+				return nil, fmt.Errorf("node %s: rollout layer: %w", n.ID, err)
+			}
+		}
 	}
 	return out, nil
+}
+
+// applyLayer replaces the sections a rollout's change names in part (the
+// pool's part of a node in a released batch) with the change's, each whole
+// as pools.update would (docs/rollouts.md).
+func applyLayer(part *agentv1.NodeSpec, c rollouts.Change) error {
+	opts := protojson.UnmarshalOptions{DiscardUnknown: true}
+	for _, sec := range c.Mask {
+		var msg proto.Message
+		switch sec {
+		case "site":
+			part.Site = &agentv1.SiteSettings{}
+			msg = part.Site
+		case "health":
+			part.Health = &agentv1.HealthSettings{}
+			msg = part.Health
+		case "runtime":
+			part.Runtime = &agentv1.RuntimeSettings{}
+			msg = part.Runtime
+		default:
+			continue
+		}
+		if err := opts.Unmarshal(c.Section(sec), msg); err != nil {
+			return fmt.Errorf("%s: %w", sec, err)
+		}
+	}
+	if proto.Size(part.Site) == 0 {
+		part.Site = nil
+	}
+	if proto.Size(part.Health) == 0 {
+		part.Health = nil
+	}
+	if proto.Size(part.Runtime) == 0 {
+		part.Runtime = nil
+	}
+	return nil
 }

@@ -917,9 +917,15 @@ type Node struct {
 	// Why it was drained (or is being retired, or remediated).
 	DrainReason string `protobuf:"bytes,20,opt,name=drain_reason,json=drainReason,proto3" json:"drain_reason,omitempty"`
 	// Whether the drain ends in retirement (nodes.retire).
-	Retiring      bool `protobuf:"varint,21,opt,name=retiring,proto3" json:"retiring,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Retiring bool `protobuf:"varint,21,opt,name=retiring,proto3" json:"retiring,omitempty"`
+	// The active rollout the node is in (docs/rollouts.md); empty when none.
+	RolloutId string `protobuf:"bytes,22,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	// The node's batch in that rollout (0-based; -1 when not in one).
+	RolloutBatch int32 `protobuf:"varint,23,opt,name=rollout_batch,json=rolloutBatch,proto3" json:"rollout_batch,omitempty"`
+	// Whether its batch was released (the node has the rollout's content).
+	RolloutReleased bool `protobuf:"varint,24,opt,name=rollout_released,json=rolloutReleased,proto3" json:"rollout_released,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1095,6 +1101,27 @@ func (x *Node) GetDrainReason() string {
 func (x *Node) GetRetiring() bool {
 	if x != nil {
 		return x.Retiring
+	}
+	return false
+}
+
+func (x *Node) GetRolloutId() string {
+	if x != nil {
+		return x.RolloutId
+	}
+	return ""
+}
+
+func (x *Node) GetRolloutBatch() int32 {
+	if x != nil {
+		return x.RolloutBatch
+	}
+	return 0
+}
+
+func (x *Node) GetRolloutReleased() bool {
+	if x != nil {
+		return x.RolloutReleased
 	}
 	return false
 }
@@ -1907,7 +1934,7 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\x1aNodesServiceUpdateResponse\x122\n" +
-	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xd7\a\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xc6\b\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -1939,7 +1966,11 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"conditions\x12A\n" +
 	"\x0edrain_deadline\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\rdrainDeadline\x12!\n" +
 	"\fdrain_reason\x18\x14 \x01(\tR\vdrainReason\x12\x1a\n" +
-	"\bretiring\x18\x15 \x01(\bR\bretiring\x1a9\n" +
+	"\bretiring\x18\x15 \x01(\bR\bretiring\x12\x1d\n" +
+	"\n" +
+	"rollout_id\x18\x16 \x01(\tR\trolloutId\x12#\n" +
+	"\rrollout_batch\x18\x17 \x01(\x05R\frolloutBatch\x12)\n" +
+	"\x10rollout_released\x18\x18 \x01(\bR\x0frolloutReleased\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +

@@ -1,0 +1,363 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/outbox"
+	"github.com/bettercompute/bettercompute/pkg/pools"
+	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/rollouts"
+	"github.com/bettercompute/bettercompute/pkg/shard"
+)
+
+// RolloutConfig configures the rollout job.
+type RolloutConfig struct {
+	// Now is the clock the bake is measured with; nil is time.Now.
+	Now func() time.Time
+}
+
+// Rollout is the rollout job (docs/rollouts.md): a ShardByPool reconciler
+// of the controllers role whose keys are pools with an active rollout. It
+// is level-triggered: each run reads the rollout, its planned nodes and
+// their health from the database and moves it one step, so it converges
+// from the database alone (the bus only wakes it sooner); while a rollout
+// progresses its pool's key comes back every second.
+//
+//   - pending: the pool's nodes are cut into the strategy's batches, spread
+//     across failure domains (gateway, and the rack and zone labels), and
+//     the rollout progresses.
+//   - progressing: released nodes are judged (healthy once they report the
+//     new content with every section converged, Ready True, GPUsHealthy
+//     holding and no NeedsRepair; failed when unhealthy after their change);
+//     the failure threshold reached pauses the rollout naming the nodes; the
+//     current batch's waiting nodes are released while the disruption
+//     budget allows (a node unhealthy before its batch is skipped); a batch
+//     whose released nodes are all judged and that stayed so for the bake
+//     is done, and the next batch comes; after the last the change is
+//     written into the pool's settings (succeeded), or, below the success
+//     threshold, the rollout failed and its nodes return to the pool's.
+//   - paused: nothing happens until rollouts.resume.
+func Rollout(cfg RolloutConfig) reconcile.Reconciler {
+	j := &rolloutJob{now: cfg.Now}
+	if j.now == nil {
+		j.now = time.Now
+	}
+	return reconcile.Reconciler{Name: rollouts.Kind, ShardBy: reconcile.ShardByPool, Role: reconcile.RoleControllers,
+		Run: j.run, Keys: rolloutKeys}
+}
+
+// rolloutKeys lists the pools of shards with an active rollout, for resync.
+func rolloutKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]string, error) {
+	ids, err := rollouts.ActivePools(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(ids, func(id string) bool { return !slices.Contains(shards, shard.Of(id)) }), nil
+}
+
+type rolloutJob struct {
+	now func() time.Time
+}
+
+func (j *rolloutJob) run(ctx context.Context, rc *reconcile.RunContext, pool string) (reconcile.Result, error) {
+	result := reconcile.Done
+	err := rc.InTx(ctx, func(tx pgx.Tx, q *reconcile.Queue) error {
+		r, ok, err := rollouts.ActiveOf(ctx, tx, pool)
+		if err != nil || !ok {
+			return err
+		}
+		s := &rolloutStep{tx: tx, q: q, r: r, now: j.now()}
+		switch r.State {
+		case rollouts.Pending:
+			err = s.start(ctx)
+		case rollouts.Progressing:
+			err = s.progress(ctx)
+		default:
+			return nil // paused: rollouts.resume enqueues the pool again
+		}
+		if err != nil {
+			return err
+		}
+		if err := outbox.WriteMany(ctx, tx, s.events); err != nil {
+			return err
+		}
+		if err := rollouts.Progress(ctx, tx, s.r); err != nil {
+			return err
+		}
+		if s.r.State == rollouts.Pending || s.r.State == rollouts.Progressing {
+			result = reconcile.SyncAgain
+		}
+		return nil
+	})
+	return result, err
+}
+
+// rolloutStep is one run's step of one rollout.
+type rolloutStep struct {
+	tx     pgx.Tx
+	q      *reconcile.Queue
+	r      rollouts.Rollout
+	now    time.Time
+	events []outbox.Event
+}
+
+func (s *rolloutStep) event(typ string, payload map[string]any) {
+	p := map[string]any{"rolloutId": s.r.ID, "poolId": s.r.PoolID}
+	for k, v := range payload {
+		p[k] = v
+	}
+	s.events = append(s.events, outbox.Event{TenantID: s.r.TenantID, Type: typ, Resource: s.r.ID, Payload: p})
+}
+
+// start plans the rollout: its nodes spread over the batches.
+func (s *rolloutStep) start(ctx context.Context) error {
+	cands, err := rollouts.Candidates(ctx, s.tx, s.r.PoolID, s.r.Selector)
+	if err != nil {
+		return err
+	}
+	plan := PlanBatches(cands, s.r.Strategy.Batches)
+	if err := rollouts.Plan(ctx, s.tx, s.r.ID, plan); err != nil {
+		return err
+	}
+	batches := 0
+	if len(plan) > 0 {
+		batches = plan[len(plan)-1].Batch + 1
+	}
+	s.r.State, s.r.CurrentBatch, s.r.BatchReleasedAt, s.r.BatchConvergedAt = rollouts.Progressing, 0, nil, nil
+	s.event("rollout.started", map[string]any{"nodes": len(plan), "batches": batches})
+	return nil
+}
+
+// PlanBatches orders cands so that consecutive nodes come from different
+// failure domains (zone, rack, gateway: round robin over the domains, each
+// in id order) and cuts them into sizes' batches in that order; nodes left
+// after the last size form one final batch. Empty batches are dropped.
+func PlanBatches(cands []rollouts.Candidate, sizes []rollouts.BatchSize) []rollouts.Planned {
+	domains := map[string][]string{}
+	var keys []string
+	for _, c := range cands {
+		k := c.Zone + "\x00" + c.Rack + "\x00" + c.Gateway
+		if _, ok := domains[k]; !ok {
+			keys = append(keys, k)
+		}
+		domains[k] = append(domains[k], c.ID)
+	}
+	slices.Sort(keys)
+	order := make([]string, 0, len(cands))
+	for i := 0; len(order) < len(cands); i++ {
+		for _, k := range keys {
+			if i < len(domains[k]) {
+				order = append(order, domains[k][i])
+			}
+		}
+	}
+	total := len(order)
+	var plan []rollouts.Planned
+	batch, next := 0, 0
+	for _, sz := range sizes {
+		if next >= total {
+			break
+		}
+		n := sz.Count
+		if sz.Percent > 0 {
+			n = (total*sz.Percent + 99) / 100
+		}
+		n = min(max(n, 1), total-next)
+		for _, id := range order[next : next+n] {
+			plan = append(plan, rollouts.Planned{NodeID: id, Batch: batch})
+		}
+		next += n
+		batch++
+	}
+	for _, id := range order[next:] {
+		plan = append(plan, rollouts.Planned{NodeID: id, Batch: batch})
+	}
+	return plan
+}
+
+// progress judges the released nodes, pauses at the failure threshold,
+// releases what the budget allows and moves to the next batch or ends.
+func (s *rolloutStep) progress(ctx context.Context) error {
+	nodes, err := rollouts.Nodes(ctx, s.tx, s.r)
+	if err != nil {
+		return err
+	}
+	// Judge the released nodes.
+	var healthy, failed []string
+	for i := range nodes {
+		n := &nodes[i]
+		switch {
+		case (n.State == rollouts.NodeUpdating || n.State == rollouts.NodeHealthy) && n.Unhealthy != "":
+			failed = append(failed, n.NodeID)
+			n.State = rollouts.NodeFailed
+			s.event("rollout.node_failed", map[string]any{"nodeId": n.NodeID, "reason": n.Unhealthy})
+			if err := rollouts.SetNodes(ctx, s.tx, s.r.ID, []string{n.NodeID}, rollouts.NodeFailed, n.Unhealthy); err != nil {
+				return err
+			}
+		case n.State == rollouts.NodeUpdating && n.HasContent:
+			healthy = append(healthy, n.NodeID)
+			n.State = rollouts.NodeHealthy
+		}
+	}
+	if err := rollouts.SetNodes(ctx, s.tx, s.r.ID, healthy, rollouts.NodeHealthy, ""); err != nil {
+		return err
+	}
+	// The failure threshold: unacknowledged failures of the counted
+	// (not skipped) nodes.
+	var counted int
+	var failures []string
+	for _, n := range nodes {
+		if n.State != rollouts.NodeSkipped {
+			counted++
+		}
+		if n.State == rollouts.NodeFailed && !n.Acked {
+			failures = append(failures, n.NodeID)
+		}
+	}
+	if limit := s.r.Failure.Of(counted); limit > 0 && len(failures) >= limit {
+		s.r.State = rollouts.Paused
+		s.r.Message = fmt.Sprintf("failure threshold reached (%d of %d nodes failed, threshold %d): %s",
+			len(failures), counted, limit, strings.Join(failures, ", "))
+		s.event("rollout.paused", map[string]any{"reason": s.r.Message, "nodes": failures})
+		return nil
+	}
+	// Release the current batch's waiting nodes within the budget.
+	k := s.r.CurrentBatch
+	batches, unavailable := 0, 0
+	for _, n := range nodes {
+		batches = max(batches, n.Batch+1)
+		if n.Unavailable || n.State == rollouts.NodeUpdating {
+			unavailable++
+		}
+	}
+	if s.r.Strategy.MaxUnavailable > 0 {
+		outside, err := rollouts.UnavailableOutside(ctx, s.tx, s.r.PoolID, s.r.ID)
+		if err != nil {
+			return err
+		}
+		unavailable += outside
+	}
+	var released []string
+	pending := false // the batch has a node not judged yet
+	for i := range nodes {
+		n := &nodes[i]
+		if n.Batch != k {
+			continue
+		}
+		switch n.State {
+		case rollouts.NodeWaiting:
+			if n.Unhealthy != "" {
+				n.State = rollouts.NodeSkipped
+				s.event("rollout.node_skipped", map[string]any{"nodeId": n.NodeID, "reason": n.Unhealthy})
+				if err := rollouts.SetNodes(ctx, s.tx, s.r.ID, []string{n.NodeID}, rollouts.NodeSkipped, n.Unhealthy); err != nil {
+					return err
+				}
+				continue
+			}
+			pending = true
+			if s.r.Strategy.MaxUnavailable > 0 && unavailable >= s.r.Strategy.MaxUnavailable {
+				continue
+			}
+			unavailable++
+			released = append(released, n.NodeID)
+		case rollouts.NodeUpdating:
+			pending = true
+		}
+	}
+	if len(released) > 0 {
+		if err := rollouts.SetNodes(ctx, s.tx, s.r.ID, released, rollouts.NodeUpdating, ""); err != nil {
+			return err
+		}
+		for _, id := range released {
+			if err := nodespec.Invalidate(ctx, s.q, id); err != nil {
+				return err
+			}
+		}
+		if s.r.BatchReleasedAt == nil {
+			t := s.now
+			s.r.BatchReleasedAt = &t
+		}
+		s.event("rollout.batch_released", map[string]any{"batch": k, "nodes": released})
+	}
+	switch {
+	case pending:
+		s.r.BatchConvergedAt = nil
+		if s.r.Strategy.MaxUnavailable > 0 && len(released) == 0 && unavailable >= s.r.Strategy.MaxUnavailable {
+			s.r.Message = fmt.Sprintf("batch %d waits for the disruption budget (%d of %d nodes unavailable)", k, unavailable, s.r.Strategy.MaxUnavailable)
+		} else {
+			s.r.Message = fmt.Sprintf("batch %d of %d rolling out", k+1, batches)
+		}
+		return nil
+	case s.r.BatchConvergedAt == nil:
+		t := s.now
+		s.r.BatchConvergedAt = &t
+		s.r.Message = fmt.Sprintf("batch %d of %d baking", k+1, batches)
+		if s.r.Strategy.Bake() > 0 {
+			return nil
+		}
+	}
+	if s.now.Sub(*s.r.BatchConvergedAt) < s.r.Strategy.Bake() {
+		return nil
+	}
+	if k < batches {
+		s.event("rollout.batch_succeeded", map[string]any{"batch": k})
+	}
+	s.r.CurrentBatch, s.r.BatchReleasedAt, s.r.BatchConvergedAt = k+1, nil, nil
+	if k+1 < batches {
+		s.r.Message = fmt.Sprintf("batch %d of %d rolling out", k+2, batches)
+		return nil
+	}
+	return s.finish(ctx, nodes, counted)
+}
+
+// finish ends a rollout whose batches are all done: succeeded (the change
+// becomes the pool's settings) or, below the success threshold, failed.
+func (s *rolloutStep) finish(ctx context.Context, nodes []rollouts.NodeStatus, counted int) error {
+	var healthy, skipped int
+	var touched []string
+	for _, n := range nodes {
+		switch n.State {
+		case rollouts.NodeHealthy:
+			healthy++
+		case rollouts.NodeSkipped:
+			skipped++
+		}
+		if n.State == rollouts.NodeHealthy || n.State == rollouts.NodeFailed || n.State == rollouts.NodeUpdating {
+			touched = append(touched, n.NodeID)
+		}
+	}
+	if required := s.r.Success.Of(counted); healthy < required {
+		s.r.State = rollouts.Failed
+		s.r.Message = fmt.Sprintf("%d of %d nodes ended healthy; the success threshold is %d", healthy, counted, required)
+		s.event("rollout.failed", map[string]any{"healthy": healthy, "required": required})
+		for _, id := range touched {
+			if err := nodespec.Invalidate(ctx, s.q, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	c := s.r.Change
+	if _, err := pools.Apply(ctx, s.tx, s.r.TenantID, s.r.PoolID, pools.Update{
+		Site: c.Section("site"), Health: c.Section("health"), Runtime: c.Section("runtime"),
+	}); err != nil {
+		return err
+	}
+	// The layer goes with the state: the nodes that had it get the same
+	// content from the pool's settings (no new generation), the skipped
+	// ones and those that joined since get it now.
+	if err := nodespec.InvalidatePool(ctx, s.tx, s.q, s.r.PoolID); err != nil {
+		return err
+	}
+	s.r.State = rollouts.Succeeded
+	s.r.Message = fmt.Sprintf("%d of %d nodes healthy, %d skipped", healthy, counted, skipped)
+	s.event("rollout.succeeded", map[string]any{"healthy": healthy, "skipped": skipped})
+	return nil
+}
