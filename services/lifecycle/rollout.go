@@ -311,8 +311,8 @@ func (s *rolloutStep) progress(ctx context.Context) error {
 	}
 	s.r.CurrentBatch, s.r.BatchReleasedAt, s.r.BatchConvergedAt = k+1, nil, nil
 	if k+1 < batches {
-		s.r.Message = fmt.Sprintf("batch %d of %d rolling out", k+2, batches)
-		return nil
+		// The next batch is released in this run, not the next one.
+		return s.progress(ctx)
 	}
 	return s.finish(ctx, nodes, counted)
 }

@@ -27,15 +27,23 @@ const (
 
 // Rollout is a staged change of a pool's settings.
 type Rollout struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	TenantId string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
-	PoolId   string                 `protobuf:"bytes,3,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rollout's id ("rol_…").
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Its tenant.
+	TenantId string `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// Its pool.
+	PoolId string `protobuf:"bytes,3,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
 	// The labels a node must carry to be in the rollout (empty: every node).
-	Selector         map[string]string `protobuf:"bytes,4,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Change           *RolloutChange    `protobuf:"bytes,5,opt,name=change,proto3" json:"change,omitempty"`
-	Strategy         *RolloutStrategy  `protobuf:"bytes,6,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	Selector map[string]string `protobuf:"bytes,4,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The change.
+	Change *RolloutChange `protobuf:"bytes,5,opt,name=change,proto3" json:"change,omitempty"`
+	// The batches, bake and disruption budget.
+	Strategy *RolloutStrategy `protobuf:"bytes,6,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	// How many nodes must end healthy (zero: none beyond the failure
+	// threshold).
 	SuccessThreshold *RolloutThreshold `protobuf:"bytes,7,opt,name=success_threshold,json=successThreshold,proto3" json:"success_threshold,omitempty"`
+	// How many failed nodes pause it.
 	FailureThreshold *RolloutThreshold `protobuf:"bytes,8,opt,name=failure_threshold,json=failureThreshold,proto3" json:"failure_threshold,omitempty"`
 	// "pending", "progressing", "paused", "succeeded", "failed",
 	// "cancelled" or "rolled-back".
@@ -43,13 +51,16 @@ type Rollout struct {
 	// Why it is in its state (a pause names its failed nodes).
 	Message string `protobuf:"bytes,10,opt,name=message,proto3" json:"message,omitempty"`
 	// The batch being rolled out (0-based); -1 before the first.
-	CurrentBatch int32                 `protobuf:"varint,11,opt,name=current_batch,json=currentBatch,proto3" json:"current_batch,omitempty"`
-	Batches      []*RolloutBatchStatus `protobuf:"bytes,12,rep,name=batches,proto3" json:"batches,omitempty"`
+	CurrentBatch int32 `protobuf:"varint,11,opt,name=current_batch,json=currentBatch,proto3" json:"current_batch,omitempty"`
+	// Each batch's counts, in order (empty until the job planned it).
+	Batches []*RolloutBatchStatus `protobuf:"bytes,12,rep,name=batches,proto3" json:"batches,omitempty"`
 	// The nodes that turned unhealthy after their change.
 	FailedNodes []string `protobuf:"bytes,13,rep,name=failed_nodes,json=failedNodes,proto3" json:"failed_nodes,omitempty"`
 	// The nodes that were unhealthy when their batch came, and were skipped.
-	SkippedNodes  []string               `protobuf:"bytes,14,rep,name=skipped_nodes,json=skippedNodes,proto3" json:"skipped_nodes,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	SkippedNodes []string `protobuf:"bytes,14,rep,name=skipped_nodes,json=skippedNodes,proto3" json:"skipped_nodes,omitempty"`
+	// When it was made.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// When it last changed.
 	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -352,9 +363,11 @@ func (x *RolloutStrategy) GetMaxUnavailable() int32 {
 // RolloutBatchSize is one batch: exactly one of percent (of the rollout's
 // nodes, rounded up) and count.
 type RolloutBatchSize struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Percent       int32                  `protobuf:"varint,1,opt,name=percent,proto3" json:"percent,omitempty"`
-	Count         int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Percent of the rollout's nodes, 1 to 100.
+	Percent int32 `protobuf:"varint,1,opt,name=percent,proto3" json:"percent,omitempty"`
+	// A number of nodes.
+	Count         int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -407,9 +420,11 @@ func (x *RolloutBatchSize) GetCount() int32 {
 // rollout's nodes, skipped ones not counted, rounded up) and count; unset is
 // the default.
 type RolloutThreshold struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Percent       int32                  `protobuf:"varint,1,opt,name=percent,proto3" json:"percent,omitempty"`
-	Count         int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Percent of the counted nodes, 1 to 100.
+	Percent int32 `protobuf:"varint,1,opt,name=percent,proto3" json:"percent,omitempty"`
+	// A number of nodes.
+	Count         int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -460,13 +475,20 @@ func (x *RolloutThreshold) GetCount() int32 {
 
 // RolloutBatchStatus is how one batch stands.
 type RolloutBatchStatus struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Index       int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	Nodes       int32                  `protobuf:"varint,2,opt,name=nodes,proto3" json:"nodes,omitempty"`
-	Released    int32                  `protobuf:"varint,3,opt,name=released,proto3" json:"released,omitempty"`
-	Healthy     int32                  `protobuf:"varint,4,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	Failed      int32                  `protobuf:"varint,5,opt,name=failed,proto3" json:"failed,omitempty"`
-	Skipped     int32                  `protobuf:"varint,6,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The batch (0-based).
+	Index int32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Its nodes.
+	Nodes int32 `protobuf:"varint,2,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	// Those that got the new content.
+	Released int32 `protobuf:"varint,3,opt,name=released,proto3" json:"released,omitempty"`
+	// Those judged healthy.
+	Healthy int32 `protobuf:"varint,4,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// Those that turned unhealthy after their change.
+	Failed int32 `protobuf:"varint,5,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Those unhealthy before it, skipped.
+	Skipped int32 `protobuf:"varint,6,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// When its first node was released.
 	ReleaseTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=release_time,json=releaseTime,proto3" json:"release_time,omitempty"`
 	// When every released node of the batch had converged healthy: the bake
 	// runs from here.
