@@ -32,6 +32,7 @@ type Client struct {
 	Policies     computev1.PoliciesServiceClient
 	Pools        computev1.PoolsServiceClient
 	Reservations computev1.ReservationsServiceClient
+	Rollouts     computev1.RolloutsServiceClient
 	Sites        computev1.SitesServiceClient
 	System       computev1.SystemServiceClient
 	Tenants      computev1.TenantsServiceClient
@@ -63,6 +64,7 @@ func NewClient(cc grpc.ClientConnInterface) *Client {
 		Policies:     computev1.NewPoliciesServiceClient(cc),
 		Pools:        computev1.NewPoolsServiceClient(cc),
 		Reservations: computev1.NewReservationsServiceClient(cc),
+		Rollouts:     computev1.NewRolloutsServiceClient(cc),
 		Sites:        computev1.NewSitesServiceClient(cc),
 		System:       computev1.NewSystemServiceClient(cc),
 		Tenants:      computev1.NewTenantsServiceClient(cc),
