@@ -354,6 +354,19 @@ func TestRolloutEndToEnd(t *testing.T) {
 		poll.Until(t, time.Minute, "every node converged on the new content", func() bool {
 			return len(idsWhere(t, db, ids, newContent+` AND observed_generation = generation`)) == len(ids)
 		})
+
+		// Rolling back a succeeded rollout puts the pool's previous
+		// settings back, and every node follows.
+		if got := rolloutAction(t, env, "rollback", r.ID); got.State != "rolled-back" {
+			t.Fatalf("rollback answered %+v", got)
+		}
+		var health string
+		if err := db.QueryRow(t.Context(), `SELECT health::text FROM pools WHERE id = $1`, pool).Scan(&health); err != nil || health != "{}" {
+			t.Fatalf("pool health after rollback: %s %v", health, err)
+		}
+		poll.Until(t, time.Minute, "every node back on the previous content", func() bool {
+			return len(idsWhere(t, db, ids, `NOT `+newContent+` AND observed_generation = generation`)) == len(ids)
+		})
 	})
 }
 
