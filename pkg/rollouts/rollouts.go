@@ -377,8 +377,10 @@ type NodeStatus struct {
 	// it reported that generation, every section converged.
 	HasContent bool
 	// Unhealthy says why the node is not healthy now ("" when it is): Ready
-	// not True, GPUsHealthy false, NeedsRepair, a failed section, or a
-	// state other than adopted.
+	// not True, GPUsHealthy false, NeedsRepair, a GPU quarantined, a failed
+	// section, a state other than adopted, or — once released — a
+	// remediation started since its release (a fault the health job found
+	// and repaired between two runs of the job still counts).
 	Unhealthy string
 	// Unavailable: drained or draining, a GPU quarantined, lost, or
 	// remediating.
@@ -403,6 +405,8 @@ func Nodes(ctx context.Context, q Querier, r Rollout) ([]NodeStatus, error) {
 			  WHEN n.conditions @> '[{"type": "GPUsHealthy", "status": false}]' THEN 'GPUsHealthy is False'
 			  WHEN EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.quarantined_at IS NOT NULL) THEN 'a GPU is quarantined'
 			  WHEN jsonb_path_exists(n.section_status, '$.* ? (@.state like_regex "^failed")') THEN 'a section failed'
+			  WHEN rn.released_at IS NOT NULL AND EXISTS (SELECT 1 FROM remediations m
+			    WHERE m.node_id = n.id AND m.started_at >= rn.released_at) THEN 'remediated since its change'
 			  ELSE '' END,
 			n.state IN ('draining', 'drained') OR n.ready = 'Lost'
 			  OR EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.quarantined_at IS NOT NULL)

@@ -322,6 +322,21 @@ func TestRolloutEndToEnd(t *testing.T) {
 		if got := rolloutAction(t, env, "pause", r.ID); got.State != "paused" {
 			t.Fatalf("pause answered %+v", got)
 		}
+		// nodes.get says which rollout and batch a node is in.
+		for batch, want := range map[int]bool{0: true, 1: false} {
+			node := rolloutNodes(t, db, r.ID, fmt.Sprintf("batch = %d", batch))[0]
+			var got struct {
+				Node struct {
+					RolloutID       string `json:"rolloutId"`
+					RolloutBatch    int    `json:"rolloutBatch"`
+					RolloutReleased bool   `json:"rolloutReleased"`
+				}
+			}
+			call(t, env, "nodes/get", map[string]any{"tenantId": "root", "nodeId": node}, &got)
+			if got.Node.RolloutID != r.ID || got.Node.RolloutBatch != batch || got.Node.RolloutReleased != want {
+				t.Fatalf("nodes.get of %s (batch %d): %+v", node, batch, got.Node)
+			}
+		}
 		if status, body := post(t, env, "pools/update", map[string]any{"tenantId": "root", "poolId": pool, "updateMask": "health", "health": map[string]any{}}); status != 409 {
 			t.Fatalf("pools.update during a rollout: %d %s", status, body)
 		}
