@@ -287,7 +287,10 @@ func TestRolloutEndToEnd(t *testing.T) {
 		pool := poolOf(t, db, ids[0])
 		var out struct{ Node struct{ State string } }
 		call(t, env, "nodes/drain", map[string]any{"tenantId": "root", "nodeId": ids[0], "deadlineSeconds": 1, "reason": "e2e"}, &out)
-		if err := f.Faults(1).Inject(0, inventory.Fault{XIDs: []uint32{79}}); err != nil {
+		// A failed row remapper under a running process: gpu.reset refuses
+		// the GPU, so it stays quarantined (the simulated ladder's reset
+		// mends an idle GPU at once).
+		if err := f.Faults(1).Inject(0, inventory.Fault{RowRemapFailed: true, ComputePIDs: []uint32{4242}}); err != nil {
 			t.Fatal(err)
 		}
 		poll.Until(t, time.Minute, "one node drained, one quarantined", func() bool {
