@@ -450,7 +450,7 @@ func SetNodes(ctx context.Context, q Querier, rollout string, nodes []string, st
 		released_at = CASE WHEN $3 = 'updating' THEN now() ELSE released_at END
 		WHERE rollout_id = $1 AND node_id = ANY($2)`, rollout, nodes, state, reason)
 	if err != nil {
-		return fmt.Errorf("update nodes of rollout %s: %w", rollout, err)
+		return fmt.Errorf("set the state of rollout %s's nodes: %w", rollout, err)
 	}
 	return nil
 }
