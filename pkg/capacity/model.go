@@ -1,9 +1,10 @@
 // Package capacity is the capacity model of Better Compute: reservations of
 // GPUs, the bookings that hold their bookable atoms, quotas, and placement.
 //
-// An atom is what one booking holds: a whole GPU today. MIG slices become
-// atoms once the node's mig section defines them (not built yet); a device
-// with MIG enabled is not bookable as a whole GPU meanwhile.
+// An atom is what one booking holds: a whole GPU, or a MIG slice (a device
+// of kind mig, booked by profile; see [PlaceSlices]). A GPU in MIG mode,
+// with slices, or that its node's desired state puts in MIG mode is not
+// bookable whole.
 //
 // Placement ([Plan]) is a pure function over the free atoms of the eligible
 // nodes; the store functions ([Place], [Finish], …) run it inside the
@@ -72,6 +73,9 @@ type Reservation struct {
 	FinishedAt  *time.Time
 	GPUHours    float64
 	Bookings    []Booking
+	// MigProfile books MIG slices of this profile (GPUCount of them)
+	// instead of whole GPUs; see [PlaceSlices].
+	MigProfile string
 }
 
 // Booking is one booked atom.
@@ -79,6 +83,9 @@ type Booking struct {
 	NodeID   string
 	DeviceID string
 	Model    string
+	// MigProfile and ParentID are a MIG slice's profile and GPU; empty for
+	// a whole GPU.
+	MigProfile, ParentID string
 }
 
 // Atom is one free bookable atom on a node.

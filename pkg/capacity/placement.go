@@ -53,11 +53,15 @@ func PoolOf(ctx context.Context, q Querier, tenant, pool string) error {
 // $5 the lost-after interval: the node adopted (not draining), schedulable
 // (observed generation at least 1), seen within lostAfter, carrying the
 // labels; the device a healthy, present, not quarantined whole GPU (not
-// MIG-enabled) of the model with the memory, and no active booking.
+// MIG-enabled, without MIG slices, and not put in MIG mode by its node's
+// desired state) of the model with the memory, and no active booking.
+// capacity_recount (migration 00037) counts the same.
 const eligibleSQL = nodeEligibleSQL + `
 	AND d.kind = 'gpu' AND d.healthy AND d.missing_since IS NULL AND d.quarantined_at IS NULL AND NOT d.mig_enabled
 	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
-	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)`
+	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)
+	AND NOT EXISTS (SELECT 1 FROM devices s WHERE s.node_id = d.node_id AND s.kind = 'mig' AND s.parent_id = d.id AND s.missing_since IS NULL)
+	AND NOT coalesce(n.spec->'mig'->'gpus' @> jsonb_build_array(jsonb_build_object('gpuUuid', d.id, 'migEnabled', true)), false)`
 
 // nodeEligibleSQL is the part of eligibleSQL on the node n alone.
 const nodeEligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1
@@ -246,12 +250,18 @@ func placeOnce(ctx context.Context, tx pgx.Tx, r *Reservation, o PlaceOptions, c
 			return nil, false, fmt.Errorf("lock pool: %w", err)
 		}
 	}
-	nodes, err := freeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter, o.Exclude, count)
-	if err != nil {
-		return nil, false, err
+	var done bool
+	if r.MigProfile != "" {
+		done, err = placeSlices(ctx, tx, r, o, count, busy)
+	} else {
+		var nodes []NodeFree
+		nodes, err = freeCounts(ctx, tx, r.PoolID, r.Constraints, o.LostAfter, o.Exclude, count)
+		if err != nil {
+			return nil, false, err
+		}
+		slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
+		done, err = placeOn(ctx, tx, r, nodes, count, attempt, o.LostAfter, busy)
 	}
-	slices.SortFunc(nodes, func(a, b NodeFree) int { return strings.Compare(a.NodeID, b.NodeID) })
-	done, err := placeOn(ctx, tx, r, nodes, count, attempt, o.LostAfter, busy)
 	if err != nil || !done {
 		return nil, false, err
 	}

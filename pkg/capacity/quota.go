@@ -44,10 +44,10 @@ func checkShared(ctx context.Context, tx pgx.Tx, r *Reservation, owner string, c
 	var covered bool
 	var used int
 	err = tx.QueryRow(ctx, `
-		SELECT EXISTS (SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) AND model = ''),
+		SELECT EXISTS (SELECT 1 FROM quotas WHERE pool_id = $1 AND tenant_id = ANY($2) AND model = '' AND mig_profile = $4),
 		       (SELECT count(*) FROM bookings
 		         WHERE pool_id = $1 AND active AND (tenant_id = $3 OR starts_with(tenant_id, $3 || '.')))`,
-		r.PoolID, chain, top).Scan(&covered, &used)
+		r.PoolID, chain, top, r.MigProfile).Scan(&covered, &used)
 	if err != nil {
 		return fmt.Errorf("check default quota: %w", err)
 	}
@@ -65,37 +65,43 @@ func checkShared(ctx context.Context, tx pgx.Tx, r *Reservation, owner string, c
 }
 
 // checkQuotas fails with QUOTA_EXCEEDED if, with r's bookings inserted, any
-// quota of r's tenant or its ancestors in r's pool is over its limit. The
+// quota of r's tenant or its ancestors in r's pool is over its limit. A
+// quota with a MIG profile counts that profile's slices; one without
+// counts whole GPUs (of its model, or all). The
 // quota rows are locked by the caller, so concurrent creates under one quota
 // see each other's bookings.
 func checkQuotas(ctx context.Context, tx pgx.Tx, r *Reservation) error {
 	rows, err := tx.Query(ctx, `
-		SELECT q.tenant_id, q.model, q.gpu_limit,
+		SELECT q.tenant_id, q.model, q.mig_profile, q.gpu_limit,
 		       (SELECT count(*) FROM bookings b
-		         WHERE b.pool_id = q.pool_id AND b.active
+		         WHERE b.pool_id = q.pool_id AND b.active AND b.mig_profile = q.mig_profile
 		           AND (q.tenant_id = 'root' OR b.tenant_id = q.tenant_id OR b.tenant_id LIKE q.tenant_id || '.%')
 		           AND (q.model = '' OR b.model = q.model OR starts_with(b.model, q.model || ' '))) AS used,
 		       (SELECT count(*) FROM bookings b
-		         WHERE b.reservation_id = $3 AND b.active AND (q.model = '' OR b.model = q.model OR starts_with(b.model, q.model || ' '))) AS mine
+		         WHERE b.reservation_id = $3 AND b.active AND b.mig_profile = q.mig_profile
+		           AND (q.model = '' OR b.model = q.model OR starts_with(b.model, q.model || ' '))) AS mine
 		  FROM quotas q
 		 WHERE q.pool_id = $1 AND q.tenant_id = ANY($2)
-		 ORDER BY length(q.tenant_id) DESC, q.model`, r.PoolID, iam.Ancestors(r.TenantID), r.ID)
+		 ORDER BY length(q.tenant_id) DESC, q.model, q.mig_profile`, r.PoolID, iam.Ancestors(r.TenantID), r.ID)
 	if err != nil {
 		return fmt.Errorf("check quotas: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var tenant, model string
+		var tenant, model, profile string
 		var limit, used, mine int
-		if err := rows.Scan(&tenant, &model, &limit, &used, &mine); err != nil {
+		if err := rows.Scan(&tenant, &model, &profile, &limit, &used, &mine); err != nil {
 			return err
 		}
 		if mine > 0 && used > limit {
-			what := "GPUs"
+			what, field := "GPUs", "gpuCount"
 			if model != "" {
 				what = model + " GPUs"
 			}
-			return fault.New(fault.QuotaExceeded, "gpuCount",
+			if profile != "" {
+				what, field = profile+" MIG slices", "count"
+			}
+			return fault.New(fault.QuotaExceeded, field,
 				"quota of tenant %s in pool %s is %d %s; %d in use, this reservation asks for %d more",
 				tenant, r.PoolID, limit, what, used-mine, mine)
 		}
@@ -106,21 +112,25 @@ func checkQuotas(ctx context.Context, tx pgx.Tx, r *Reservation) error {
 // Quota bounds a tenant's bookings in a pool.
 type Quota struct {
 	PoolID, TenantID, Model string
-	GPULimit                int
-	UpdatedAt               time.Time
+	// MigProfile: the quota counts MIG slices of this profile (GPULimit
+	// slices); whole GPUs when empty.
+	MigProfile string
+	GPULimit   int
+	UpdatedAt  time.Time
 }
 
 // SetQuota sets (limit ≥ 0) or removes (limit < 0) a quota; removing
 // returns false.
 func SetQuota(ctx context.Context, q Querier, qt Quota) (Quota, bool, error) {
 	if qt.GPULimit < 0 {
-		_, err := q.Exec(ctx, `DELETE FROM quotas WHERE pool_id = $1 AND tenant_id = $2 AND model = $3`, qt.PoolID, qt.TenantID, qt.Model)
+		_, err := q.Exec(ctx, `DELETE FROM quotas WHERE pool_id = $1 AND tenant_id = $2 AND model = $3 AND mig_profile = $4`,
+			qt.PoolID, qt.TenantID, qt.Model, qt.MigProfile)
 		return Quota{}, false, err
 	}
 	err := q.QueryRow(ctx, `
-		INSERT INTO quotas (pool_id, tenant_id, model, gpu_limit) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (pool_id, tenant_id, model) DO UPDATE SET gpu_limit = EXCLUDED.gpu_limit, updated_at = now()
-		RETURNING updated_at`, qt.PoolID, qt.TenantID, qt.Model, qt.GPULimit).Scan(&qt.UpdatedAt)
+		INSERT INTO quotas (pool_id, tenant_id, model, gpu_limit, mig_profile) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (pool_id, tenant_id, model, mig_profile) DO UPDATE SET gpu_limit = EXCLUDED.gpu_limit, updated_at = now()
+		RETURNING updated_at`, qt.PoolID, qt.TenantID, qt.Model, qt.GPULimit, qt.MigProfile).Scan(&qt.UpdatedAt)
 	if err != nil {
 		return Quota{}, false, fmt.Errorf("set quota: %w", err)
 	}
@@ -129,13 +139,13 @@ func SetQuota(ctx context.Context, q Querier, qt Quota) (Quota, bool, error) {
 
 // ListQuotas lists pool's quotas.
 func ListQuotas(ctx context.Context, q Querier, pool string) ([]Quota, error) {
-	rows, err := q.Query(ctx, `SELECT pool_id, tenant_id, model, gpu_limit, updated_at FROM quotas
-		WHERE pool_id = $1 ORDER BY tenant_id, model`, pool)
+	rows, err := q.Query(ctx, `SELECT pool_id, tenant_id, model, mig_profile, gpu_limit, updated_at FROM quotas
+		WHERE pool_id = $1 ORDER BY tenant_id, model, mig_profile`, pool)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Quota, error) {
 		var v Quota
-		return v, r.Scan(&v.PoolID, &v.TenantID, &v.Model, &v.GPULimit, &v.UpdatedAt)
+		return v, r.Scan(&v.PoolID, &v.TenantID, &v.Model, &v.MigProfile, &v.GPULimit, &v.UpdatedAt)
 	})
 }

@@ -38,7 +38,8 @@ func Rollup(ctx context.Context, q Querier, lostAfter time.Duration) error {
 	return nil
 }
 
-// Usage recomputes the GPU-hours (booked GPUs times bound time) of live
+// Usage recomputes the GPU-hours (booked GPUs times bound time, a MIG
+// slice weighing its compute slices over 7: bookings.compute_slices) of live
 // reservations and of those finished within recent (reservations.gpu_hours),
 // then what each tenant has booked and used per pool
 // (capacity_tenant_usage).
@@ -46,7 +47,7 @@ func Usage(ctx context.Context, q Querier, recent time.Duration) error {
 	_, err := q.Exec(ctx, `
 		UPDATE reservations r SET gpu_hours = u.h FROM (
 			SELECT b.reservation_id,
-			       sum(greatest(0, extract(epoch FROM coalesce(b.released_at, now()) - greatest(r2.bound_at, b.created_at)))) / 3600 AS h
+			       sum(greatest(0, extract(epoch FROM coalesce(b.released_at, now()) - greatest(r2.bound_at, b.created_at))) * b.compute_slices / 7.0) / 3600 AS h
 			  FROM bookings b JOIN reservations r2 ON r2.id = b.reservation_id
 			 WHERE r2.bound_at IS NOT NULL
 			   AND (r2.state IN ('placed', 'bound') OR r2.finished_at > now() - $1::interval)

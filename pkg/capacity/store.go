@@ -32,10 +32,10 @@ func Insert(ctx context.Context, q Querier, r Reservation) error {
 	}
 	_, err := q.Exec(ctx, `
 		INSERT INTO reservations (id, tenant_id, pool_id, gpu_count, model, min_memory_bytes, same_node, node_labels,
-			state, reason, start_time, end_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9, $10, $11)`,
+			state, reason, start_time, end_time, mig_profile)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9, $10, $11, $12)`,
 		r.ID, r.TenantID, r.PoolID, r.GPUCount, r.Constraints.Model, r.Constraints.MinMemoryBytes, r.Constraints.SameNode,
-		labels, r.Reason, r.StartTime, r.EndTime)
+		labels, r.Reason, r.StartTime, r.EndTime, r.MigProfile)
 	if err != nil {
 		return fmt.Errorf("insert reservation: %w", err)
 	}
@@ -43,13 +43,13 @@ func Insert(ctx context.Context, q Querier, r Reservation) error {
 }
 
 const rsvCols = `id, tenant_id, pool_id, gpu_count, model, min_memory_bytes, same_node, node_labels, state, reason,
-	start_time, end_time, created_at, updated_at, bound_at, finished_at, gpu_hours`
+	start_time, end_time, created_at, updated_at, bound_at, finished_at, gpu_hours, mig_profile`
 
 func scanRsv(row pgx.Row) (Reservation, error) {
 	var r Reservation
 	err := row.Scan(&r.ID, &r.TenantID, &r.PoolID, &r.GPUCount, &r.Constraints.Model, &r.Constraints.MinMemoryBytes,
 		&r.Constraints.SameNode, &r.Constraints.NodeLabels, &r.State, &r.Reason, &r.StartTime, &r.EndTime,
-		&r.CreatedAt, &r.UpdatedAt, &r.BoundAt, &r.FinishedAt, &r.GPUHours)
+		&r.CreatedAt, &r.UpdatedAt, &r.BoundAt, &r.FinishedAt, &r.GPUHours, &r.MigProfile)
 	return r, err
 }
 
@@ -92,7 +92,9 @@ func loadBookings(ctx context.Context, q Querier, rs []*Reservation) error {
 	// A live reservation shows its active bookings; a finished one the
 	// bookings it held last.
 	rows, err := q.Query(ctx, `
-		SELECT b.reservation_id, b.node_id, b.device_id, b.model FROM bookings b JOIN reservations r ON r.id = b.reservation_id
+		SELECT b.reservation_id, b.node_id, b.device_id, b.model, b.mig_profile,
+		       CASE WHEN b.mig_profile <> '' THEN coalesce((SELECT d.parent_id FROM devices d WHERE d.node_id = b.node_id AND d.id = b.device_id), '') ELSE '' END
+		  FROM bookings b JOIN reservations r ON r.id = b.reservation_id
 		WHERE b.reservation_id = ANY($1) AND (b.active OR (r.state NOT IN ('pending', 'placed', 'bound') AND b.released_at = r.finished_at))
 		ORDER BY b.reservation_id, b.node_id, b.device_id`, ids)
 	if err != nil {
@@ -102,7 +104,7 @@ func loadBookings(ctx context.Context, q Querier, rs []*Reservation) error {
 	for rows.Next() {
 		var id string
 		var b Booking
-		if err := rows.Scan(&id, &b.NodeID, &b.DeviceID, &b.Model); err != nil {
+		if err := rows.Scan(&id, &b.NodeID, &b.DeviceID, &b.Model, &b.MigProfile, &b.ParentID); err != nil {
 			return err
 		}
 		byID[id].Bookings = append(byID[id].Bookings, b)

@@ -200,6 +200,63 @@ func StoreGPUs(ctx context.Context, q Querier, node string, gpus []GPU) error {
 	return nil
 }
 
+// KindMig is the kind of a MIG slice's devices row (a GPU's is "gpu").
+const KindMig = "mig"
+
+// ReportedSlice is a MIG slice as the node's inventory report describes
+// it: Parent is its GPU's UUID; ComputeSlices come from proto/migcatalog.
+type ReportedSlice struct {
+	ID, Parent, Profile string
+	Start               int32
+	MemoryBytes         int64
+	ComputeSlices       int32
+	GPUInstanceID       int32
+}
+
+// StoreMigSlices upserts node's reported MIG slices as devices of kind mig
+// (present again: missing_since cleared) and marks every other slice of
+// the node missing since now, as [StoreGPUs] does for GPUs. Call it after
+// StoreGPUs in the same transaction.
+func StoreMigSlices(ctx context.Context, q Querier, node string, ss []ReportedSlice) error {
+	var (
+		parents, profiles []string
+		starts, cs, gis   []int32
+		memory            []int64
+	)
+	ids := []string{} // not NULL: with none, every slice goes missing
+	for _, s := range ss {
+		ids, parents, profiles = append(ids, s.ID), append(parents, s.Parent), append(profiles, s.Profile)
+		starts, cs, gis, memory = append(starts, s.Start), append(cs, s.ComputeSlices), append(gis, s.GPUInstanceID), append(memory, s.MemoryBytes)
+	}
+	if len(ids) > 0 {
+		// A slice takes its parent's index and model, so it sorts and
+		// reads with it.
+		_, err := q.Exec(ctx, `
+			INSERT INTO devices (node_id, id, kind, index, model, memory_bytes, parent_id, profile, mig_start, compute_slices, gpu_instance_id)
+			SELECT $1, s.id, 'mig', coalesce(p.index, 0), coalesce(p.model, ''), s.memory_bytes, s.parent, s.profile, s.start, s.cs, s.gi
+			  FROM unnest($2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::int[], $8::int[])
+			       AS s(id, parent, profile, start, memory_bytes, cs, gi)
+			  LEFT JOIN devices p ON p.node_id = $1 AND p.id = s.parent AND p.kind = 'gpu'
+			ON CONFLICT (node_id, id) DO UPDATE SET
+			    index = EXCLUDED.index, model = EXCLUDED.model, memory_bytes = EXCLUDED.memory_bytes,
+			    parent_id = EXCLUDED.parent_id, profile = EXCLUDED.profile, mig_start = EXCLUDED.mig_start,
+			    compute_slices = EXCLUDED.compute_slices, gpu_instance_id = EXCLUDED.gpu_instance_id,
+			    missing_since = NULL, updated_at = now()
+			 WHERE devices.kind = 'mig'`,
+			node, ids, parents, profiles, starts, memory, cs, gis)
+		if err != nil {
+			return fmt.Errorf("upsert %d MIG slices: %w", len(ids), err)
+		}
+	}
+	_, err := q.Exec(ctx, `
+		UPDATE devices SET missing_since = now(), updated_at = now()
+		 WHERE node_id = $1 AND kind = 'mig' AND missing_since IS NULL AND NOT (id = ANY($2))`, node, ids)
+	if err != nil {
+		return fmt.Errorf("mark missing MIG slices: %w", err)
+	}
+	return nil
+}
+
 // DeviceState is what a node's conditions are derived from, per device.
 type DeviceState struct {
 	ID                            string
@@ -209,7 +266,7 @@ type DeviceState struct {
 // DeviceStates returns the states of node's devices, by index and id.
 func DeviceStates(ctx context.Context, q Querier, node string) ([]DeviceState, error) {
 	rows, err := q.Query(ctx, `SELECT id, healthy, missing_since IS NOT NULL, quarantined_at IS NOT NULL
-		FROM devices WHERE node_id = $1 ORDER BY index, id`, node)
+		FROM devices WHERE node_id = $1 AND kind = 'gpu' ORDER BY index, id`, node)
 	if err != nil {
 		return nil, fmt.Errorf("read devices of %s: %w", node, err)
 	}

@@ -46,3 +46,26 @@ func MigInputsOf(ctx context.Context, q Querier, ids []string) (map[string]*MigI
 	}
 	return out, nil
 }
+
+// MigLayoutOf returns the profiles of each GPU (by UUID) that node id's
+// stored desired state puts in MIG mode (its mig section).
+func MigLayoutOf(ctx context.Context, q Querier, id string) (map[string][]string, error) {
+	rows, err := q.Query(ctx, `
+		SELECT g->>'gpuUuid', ARRAY(SELECT jsonb_array_elements_text(coalesce(g->'profiles', '[]')))
+		  FROM nodes, jsonb_array_elements(coalesce(spec->'mig'->'gpus', '[]')) g
+		 WHERE id = $1 AND coalesce((g->>'migEnabled')::boolean, false)`, id)
+	if err != nil {
+		return nil, fmt.Errorf("read mig layout of %s: %w", id, err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	for rows.Next() {
+		var gpu string
+		var profiles []string
+		if err := rows.Scan(&gpu, &profiles); err != nil {
+			return nil, fmt.Errorf("read mig layout of %s: %w", id, err)
+		}
+		out[gpu] = profiles
+	}
+	return out, rows.Err()
+}

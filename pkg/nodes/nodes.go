@@ -121,6 +121,23 @@ type Device struct {
 	// service (unhealthy or missing); QuarantineReason says why.
 	QuarantinedAt    *time.Time
 	QuarantineReason string
+	// MigSlices are a GPU's MIG slices (devices of kind mig whose parent
+	// it is), by start; never listed as devices of their own.
+	MigSlices []MigSlice
+}
+
+// MigSlice is a MIG slice of a GPU as the node last reported it.
+type MigSlice struct {
+	ID            string // the slice's UUID (MIG-…)
+	Profile       string
+	Start         int
+	MemoryBytes   int64
+	ComputeSlices int
+	GPUInstanceID int
+	// MissingSince is set once the slice stopped being reported.
+	MissingSince *time.Time
+	// ReservationID is the reservation with an active booking of it.
+	ReservationID string
 }
 
 // Who drained a node (nodes.drain_by).
@@ -412,23 +429,40 @@ func withDevices(ctx context.Context, q Querier, ns []Node) error {
 	for i, n := range ns {
 		ids[i], at[n.ID] = n.ID, i
 	}
-	rows, err := q.Query(ctx, `SELECT node_id, id, kind, index, model, serial, memory_bytes, pci_bus_id, mig_enabled,
-		healthy, health_reason, missing_since, quarantined_at, quarantine_reason FROM devices WHERE node_id = ANY($1) ORDER BY node_id, index, id`, ids)
+	rows, err := q.Query(ctx, `SELECT d.node_id, d.id, d.kind, d.index, d.model, d.serial, d.memory_bytes, d.pci_bus_id, d.mig_enabled,
+		d.healthy, d.health_reason, d.missing_since, d.quarantined_at, d.quarantine_reason,
+		d.parent_id, d.profile, d.mig_start, d.compute_slices, d.gpu_instance_id,
+		coalesce((SELECT b.reservation_id FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active AND d.kind = 'mig'), '')
+		FROM devices d WHERE d.node_id = ANY($1) ORDER BY d.node_id, d.index, d.mig_start, d.id`, ids)
 	if err != nil {
 		return fmt.Errorf("list devices: %w", err)
 	}
 	defer rows.Close()
+	type parent struct{ node, id string }
+	sliceOf := map[parent][]MigSlice{}
 	for rows.Next() {
-		var node string
+		var node, parentID, rsv string
 		var d Device
+		var s MigSlice
 		if err := rows.Scan(&node, &d.ID, &d.Kind, &d.Index, &d.Model, &d.Serial, &d.MemoryBytes, &d.PCIBusID,
-			&d.MIGEnabled, &d.Healthy, &d.HealthReason, &d.MissingSince, &d.QuarantinedAt, &d.QuarantineReason); err != nil {
+			&d.MIGEnabled, &d.Healthy, &d.HealthReason, &d.MissingSince, &d.QuarantinedAt, &d.QuarantineReason,
+			&parentID, &s.Profile, &s.Start, &s.ComputeSlices, &s.GPUInstanceID, &rsv); err != nil {
 			return fmt.Errorf("list devices: %w", err)
+		}
+		if d.Kind == KindMig {
+			s.ID, s.MemoryBytes, s.MissingSince, s.ReservationID = d.ID, d.MemoryBytes, d.MissingSince, rsv
+			sliceOf[parent{node, parentID}] = append(sliceOf[parent{node, parentID}], s)
+			continue
 		}
 		ns[at[node]].Devices = append(ns[at[node]].Devices, d)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("list devices: %w", err)
+	}
+	for i := range ns {
+		for j := range ns[i].Devices {
+			ns[i].Devices[j].MigSlices = sliceOf[parent{ns[i].ID, ns[i].Devices[j].ID}]
+		}
 	}
 	return nil
 }

@@ -28,7 +28,8 @@ type capacityGroup struct {
 func slicesContains(s []string, v string) bool { return slices.Contains(s, v) }
 
 func quotaPB(q capstore.Quota) *computev1.Quota {
-	return &computev1.Quota{PoolId: q.PoolID, TenantId: q.TenantID, Model: q.Model, GpuLimit: int32(q.GPULimit), UpdateTime: ts(q.UpdatedAt)}
+	return &computev1.Quota{PoolId: q.PoolID, TenantId: q.TenantID, Model: q.Model, GpuLimit: int32(q.GPULimit), UpdateTime: ts(q.UpdatedAt),
+		MigProfile: q.MigProfile}
 }
 
 // pool reads the pool's projection row (tenant's own pool) and authorizes
@@ -70,6 +71,14 @@ func (s *capacityGroup) Get(ctx context.Context, req *computev1.CapacityServiceG
 		return nil, err
 	}
 	out.DriftedNodes = int32(drifted)
+	migs, err := capstore.MigCounts(ctx, s.db, res.ID, s.capacity.LostAfter)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range migs {
+		out.MigProfiles = append(out.MigProfiles, &computev1.MigProfileCapacity{Profile: m.Profile,
+			Counts: &computev1.CapacityCounts{Free: m.Free, Booked: m.Booked, Unavailable: m.Unavailable, Quarantined: m.Quarantined}})
+	}
 	usage, err := capstore.UsageOf(ctx, s.db, res.ID)
 	if err != nil {
 		return nil, err
@@ -113,6 +122,12 @@ func (s *capacityGroup) SetQuota(ctx context.Context, req *computev1.CapacitySer
 	if len(req.GetModel()) > MaxModelLength {
 		return nil, fault.New(fault.InvalidInput, "model", "at most %d characters", MaxModelLength)
 	}
+	if req.GetMigProfile() != "" && req.GetModel() != "" {
+		return nil, fault.New(fault.InvalidInput, "migProfile", "not with model: a quota counts either one profile's MIG slices or GPUs of a model")
+	}
+	if len(req.GetMigProfile()) > MaxModelLength {
+		return nil, fault.New(fault.InvalidInput, "migProfile", "at most %d characters", MaxModelLength)
+	}
 	if req.GetGpuLimit() < -1 || req.GetGpuLimit() > capstore.MaxGPUs*1024 {
 		return nil, fault.New(fault.InvalidInput, "gpuLimit", "expected -1 (remove), 0 (forbid) or a positive limit, got %d", req.GetGpuLimit())
 	}
@@ -132,7 +147,8 @@ func (s *capacityGroup) SetQuota(ctx context.Context, req *computev1.CapacitySer
 			if !exists {
 				return admission.Outcome{}, fault.New(fault.NotFound, "forTenantId", "no tenant %q", req.GetForTenantId())
 			}
-			q, set, err := capstore.SetQuota(ctx, tx, capstore.Quota{PoolID: res.ID, TenantID: req.GetForTenantId(), Model: req.GetModel(), GPULimit: int(req.GetGpuLimit())})
+			q, set, err := capstore.SetQuota(ctx, tx, capstore.Quota{PoolID: res.ID, TenantID: req.GetForTenantId(), Model: req.GetModel(),
+				MigProfile: req.GetMigProfile(), GPULimit: int(req.GetGpuLimit())})
 			if err != nil {
 				return admission.Outcome{}, err
 			}

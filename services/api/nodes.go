@@ -78,7 +78,18 @@ func nodePB(n nodestore.Node) *computev1.Node {
 			PciBusId: d.PCIBusID, MigEnabled: d.MIGEnabled, Healthy: d.Healthy, HealthReason: d.HealthReason,
 			MissingSince: tsp(d.MissingSince), Quarantined: d.QuarantinedAt != nil, QuarantineReason: d.QuarantineReason,
 			QuarantineTime: tsp(d.QuarantinedAt),
+			MigSlices:      migSlicesPB(d.MigSlices),
 		})
+	}
+	return out
+}
+
+// migSlicesPB is a GPU's MIG slices in the API.
+func migSlicesPB(ss []nodestore.MigSlice) []*computev1.MigSlice {
+	var out []*computev1.MigSlice
+	for _, s := range ss {
+		out = append(out, &computev1.MigSlice{Id: s.ID, Profile: s.Profile, Start: int32(s.Start), MemoryBytes: s.MemoryBytes,
+			ComputeSlices: int32(s.ComputeSlices), MissingSince: tsp(s.MissingSince), ReservationId: s.ReservationID})
 	}
 	return out
 }
@@ -119,7 +130,14 @@ func (s *nodes) Get(ctx context.Context, req *computev1.NodesServiceGetRequest) 
 	if err != nil {
 		return nil, err
 	}
+	layouts, err := nodestore.MigLayoutOf(ctx, s.db, n.ID)
+	if err != nil {
+		return nil, err
+	}
 	pb := nodePB(n)
+	for _, d := range pb.Devices {
+		d.MigLayout = layouts[d.GetId()]
+	}
 	pb.RolloutBatch = -1
 	// Which active rollout and batch the node is in (docs/rollouts.md).
 	m, ok, err := rollouts.MembershipOf(ctx, s.db, n.ID)

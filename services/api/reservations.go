@@ -38,13 +38,14 @@ func reservationPB(r capstore.Reservation, now time.Time) *computev1.Reservation
 			SameNode: r.Constraints.SameNode, NodeLabels: r.Constraints.NodeLabels,
 		},
 		StartTime: tsp(r.StartTime), EndTime: tsp(r.EndTime), CreateTime: ts(r.CreatedAt), UpdateTime: ts(r.UpdatedAt),
-		BoundTime: tsp(r.BoundAt), FinishTime: tsp(r.FinishedAt), GpuHours: r.GPUHours,
+		BoundTime: tsp(r.BoundAt), FinishTime: tsp(r.FinishedAt), GpuHours: r.GPUHours, MigProfile: r.MigProfile,
 	}
 	if r.State == capstore.StatePending {
 		out.Reason = capstore.Why(r, now)
 	}
 	for _, b := range r.Bookings {
-		out.Bookings = append(out.Bookings, &computev1.Booking{NodeId: b.NodeID, DeviceId: b.DeviceID, Model: b.Model})
+		out.Bookings = append(out.Bookings, &computev1.Booking{NodeId: b.NodeID, DeviceId: b.DeviceID, Model: b.Model,
+			MigProfile: b.MigProfile, ParentDeviceId: b.ParentID})
 	}
 	return out
 }
@@ -68,10 +69,32 @@ func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsSe
 	if err := required("poolId", req.GetPoolId()); err != nil {
 		return nil, err
 	}
-	if n := req.GetGpuCount(); n < 1 || n > capstore.MaxGPUs {
-		return nil, fault.New(fault.InvalidInput, "gpuCount", "expected 1 to %d, got %d", capstore.MaxGPUs, n)
-	}
 	c := req.GetConstraints()
+	count := req.GetGpuCount()
+	if req.GetMigProfile() != "" {
+		// MIG slices: count of them, never gpuCount; placement books by
+		// profile, so a size or one-node constraint does not apply.
+		switch n := req.GetCount(); {
+		case req.GetGpuCount() != 0:
+			return nil, fault.New(fault.InvalidInput, "gpuCount", "not with migProfile: give the number of slices in count")
+		case len(req.GetMigProfile()) > MaxModelLength:
+			return nil, fault.New(fault.InvalidInput, "migProfile", "at most %d characters", MaxModelLength)
+		case n < 1 || n > capstore.MaxGPUs:
+			return nil, fault.New(fault.InvalidInput, "count", "expected 1 to %d MIG slices, got %d", capstore.MaxGPUs, n)
+		case c.GetSameNode():
+			return nil, fault.New(fault.InvalidInput, "constraints.sameNode", "not with migProfile")
+		case c.GetMinMemoryBytes() != 0:
+			return nil, fault.New(fault.InvalidInput, "constraints.minMemoryBytes", "not with migProfile: the profile sets the memory")
+		}
+		count = req.GetCount()
+	} else {
+		if req.GetCount() != 0 {
+			return nil, fault.New(fault.InvalidInput, "count", "only with migProfile; whole GPUs are counted in gpuCount")
+		}
+		if n := count; n < 1 || n > capstore.MaxGPUs {
+			return nil, fault.New(fault.InvalidInput, "gpuCount", "expected 1 to %d, got %d", capstore.MaxGPUs, n)
+		}
+	}
 	switch {
 	case len(c.GetModel()) > MaxModelLength:
 		return nil, fault.New(fault.InvalidInput, "constraints.model", "at most %d characters", MaxModelLength)
@@ -92,7 +115,7 @@ func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsSe
 	}
 	now := s.now()
 	r := capstore.Reservation{
-		TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), GPUCount: int(req.GetGpuCount()),
+		TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), GPUCount: int(count), MigProfile: req.GetMigProfile(),
 		Constraints: capstore.Constraints{Model: c.GetModel(), MinMemoryBytes: c.GetMinMemoryBytes(), SameNode: c.GetSameNode(), NodeLabels: c.GetNodeLabels()},
 	}
 	if req.StartTime != nil {
@@ -111,6 +134,11 @@ func (s *reservations) Create(ctx context.Context, req *computev1.ReservationsSe
 	}
 	if err := capstore.PoolOf(ctx, s.db, req.GetTenantId(), req.GetPoolId()); err != nil {
 		return nil, err
+	}
+	if r.MigProfile != "" {
+		if err := capstore.CheckMigProfile(ctx, s.db, r.PoolID, r.MigProfile); err != nil {
+			return nil, err
+		}
 	}
 	out := &computev1.ReservationsServiceCreateResponse{}
 	_, err := s.create(ctx, req, req.GetIdempotencyKey(), admission.Create{

@@ -38,7 +38,9 @@ func RegisterMig(reg *nodespec.Registry) error { return reg.RegisterBatch(Module
 // spec), so an unchanged layout places the same and a change moves as few
 // instances as it can.
 //
-// A GPU with an active booking whose entry would change keeps its current
+// A GPU with an active booking whose entry would change, or whose new
+// entry would remove one of its booked MIG slices (one of the same profile
+// at the same start stays: that change proceeds), keeps its current
 // entry (none if it had none) until the booking is gone: the booking's
 // reservation gets one reservation.device_draining event, and the change
 // applies when a later computation finds the GPU free (ending a booking
@@ -93,7 +95,7 @@ func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.No
 				draining[n.ID] = waiting
 			}
 		}
-		if err := drainEvents(ctx, q, draining, booked); err != nil {
+		if err := drainEvents(ctx, q, draining, booked, inputs); err != nil {
 			return nil, err
 		}
 	}
@@ -127,6 +129,16 @@ func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.L
 			}
 		}
 	}
+	// A GPU's booked MIG slices: a change may keep them (same profile and
+	// start) and proceed, but not remove one.
+	bookedSlices := map[string][]migcatalog.Placement{}
+	for _, d := range in.Devices {
+		for _, sl := range d.MigSlices {
+			if inUse[sl.ID] && sl.MissingSince == nil {
+				bookedSlices[d.ID] = append(bookedSlices[d.ID], migcatalog.Placement{Profile: sl.Profile, Start: sl.Start})
+			}
+		}
+	}
 	gpus := miglayouts.GPUsOf(in.Devices)
 	chosen := miglayouts.Resolve(nodeLayouts, poolLayouts, gpus)
 	sec := &agentv1.MigLayout{}
@@ -137,7 +149,7 @@ func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.L
 			continue
 		}
 		cur := prev[g.UUID]
-		want, err := placeGPU(g, l, cur)
+		want, err := placeGPU(g, l, cur, bookedSlices[g.UUID])
 		if err != nil {
 			// Admission checked the layout against the models it could
 			// know; this GPU's cannot hold it. It stays as it is.
@@ -146,7 +158,7 @@ func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.L
 			}
 			continue
 		}
-		if inUse[g.UUID] && changes(cur, want, g) {
+		if (inUse[g.UUID] && changes(cur, want, g)) || !keepsAll(want, bookedSlices[g.UUID]) {
 			waiting = append(waiting, g.UUID)
 			if cur != nil {
 				sec.Gpus = append(sec.Gpus, proto.CloneOf(cur))
@@ -158,15 +170,29 @@ func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.L
 	return sec, waiting, nil
 }
 
-// placeGPU is g's entry under layout l, keeping cur's placements.
-func placeGPU(g miglayouts.GPU, l miglayouts.Layout, cur *agentv1.GpuMigLayout) (*agentv1.GpuMigLayout, error) {
+// keepsAll reports whether want keeps every booked slice: MIG on and an
+// instance of the same profile at the same start.
+func keepsAll(want *agentv1.GpuMigLayout, booked []migcatalog.Placement) bool {
+	for _, b := range booked {
+		if !want.GetMigEnabled() || !slices.ContainsFunc(want.GetInstances(), func(in *agentv1.MigInstance) bool {
+			return in.GetProfile() == b.Profile && int(in.GetStart()) == b.Start
+		}) {
+			return false
+		}
+	}
+	return true
+}
+
+// placeGPU is g's entry under layout l, keeping cur's placements, the
+// booked slices' first.
+func placeGPU(g miglayouts.GPU, l miglayouts.Layout, cur *agentv1.GpuMigLayout, booked []migcatalog.Placement) (*agentv1.GpuMigLayout, error) {
 	if l.Disabled {
 		return &agentv1.GpuMigLayout{GpuUuid: g.UUID}, nil
 	}
 	if g.Model == nil {
 		return nil, fmt.Errorf("GPU %s is not a MIG-capable model", g.UUID)
 	}
-	var keep []migcatalog.Placement
+	keep := slices.Clone(booked)
 	if cur.GetMigEnabled() {
 		for _, in := range cur.GetInstances() {
 			keep = append(keep, migcatalog.Placement{Profile: in.GetProfile(), Start: int(in.GetStart())})
@@ -196,7 +222,8 @@ func changes(cur, want *agentv1.GpuMigLayout, g miglayouts.GPU) bool {
 // drainEvents marks the waiting GPUs and writes one
 // reservation.device_draining event per reservation booking each newly
 // marked GPU.
-func drainEvents(ctx context.Context, q reconcile.Querier, draining map[string][]string, booked map[string]*capstore.Assignments) error {
+func drainEvents(ctx context.Context, q reconcile.Querier, draining map[string][]string, booked map[string]*capstore.Assignments,
+	inputs map[string]*nodestore.MigInputs) error {
 	type ev struct{ rsv, node, gpu string }
 	var evs []ev
 	var rsvs []string
@@ -212,8 +239,17 @@ func drainEvents(ctx context.Context, q reconcile.Querier, draining map[string][
 		}
 		a := booked[n]
 		for _, g := range fresh {
+			// The GPU and its slices: a reservation booking either.
+			on := []string{g}
+			for _, d := range inputs[n].Devices {
+				if d.ID == g {
+					for _, sl := range d.MigSlices {
+						on = append(on, sl.ID)
+					}
+				}
+			}
 			for _, rsv := range a.Order {
-				if slices.Contains(a.Devices[rsv], g) {
+				if slices.ContainsFunc(a.Devices[rsv], func(d string) bool { return slices.Contains(on, d) }) {
 					evs = append(evs, ev{rsv, n, g})
 					rsvs = append(rsvs, rsv)
 				}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+	"github.com/bettercompute/bettercompute/proto/migcatalog"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
 	invstore "github.com/bettercompute/bettercompute/pkg/inventory"
@@ -220,7 +221,10 @@ func accept(ctx context.Context, tx pgx.Tx, kinds *commands.Registry, nodeID, bo
 	return out, nil
 }
 
-// applyGPUs upserts the reported GPUs and marks the ones not reported.
+// applyGPUs upserts the reported GPUs and marks the ones not reported,
+// then the same for their MIG slices (devices of kind mig; a slice whose
+// UUID is empty, a GPU instance without a compute instance yet, is not a
+// device to book and is left out).
 func applyGPUs(ctx context.Context, tx pgx.Tx, nodeID string, gpus []*agentv1.GPU) error {
 	// One upsert for the whole report (the capacity counts' triggers then
 	// recount the node once, not once per GPU). A UUID reported twice
@@ -243,7 +247,31 @@ func applyGPUs(ctx context.Context, tx pgx.Tx, nodeID string, gpus []*agentv1.GP
 			Index: int32(g.GetIndex()), MemoryBytes: int64(g.GetMemoryBytes()), MIGEnabled: g.GetMigEnabled(),
 			Healthy: g.GetHealthy(), HealthReason: g.GetHealthReason()})
 	}
-	return nodestore.StoreGPUs(ctx, tx, nodeID, report)
+	if err := nodestore.StoreGPUs(ctx, tx, nodeID, report); err != nil {
+		return err
+	}
+	var migs []nodestore.ReportedSlice
+	seen := map[string]bool{}
+	for _, id := range order {
+		g := last[id]
+		m, _ := migcatalog.ByProductName(g.GetModel(), g.GetMemoryBytes())
+		for _, s := range g.GetMigSlices() {
+			if s.GetUuid() == "" || seen[s.GetUuid()] {
+				continue
+			}
+			seen[s.GetUuid()] = true
+			cs := 0
+			if m != nil {
+				if p, ok := m.Profile(s.GetProfile()); ok {
+					cs = p.ComputeSlices
+				}
+			}
+			migs = append(migs, nodestore.ReportedSlice{ID: s.GetUuid(), Parent: id, Profile: s.GetProfile(),
+				Start: int32(s.GetStart()), MemoryBytes: int64(s.GetMemoryBytes()), ComputeSlices: int32(cs),
+				GPUInstanceID: int32(s.GetGpuInstanceId())})
+		}
+	}
+	return nodestore.StoreMigSlices(ctx, tx, nodeID, migs)
 }
 
 // conditions derives the node's conditions from its devices, and whether

@@ -93,7 +93,11 @@ type CapacityServiceGetResponse struct {
 	Hosts *HostCapacity `protobuf:"bytes,5,opt,name=hosts,proto3" json:"hosts,omitempty"`
 	// Nodes of the pool whose Drifted condition holds (fleet.drift), read
 	// now; nodes.list condition=Drifted lists them.
-	DriftedNodes  int32 `protobuf:"varint,6,opt,name=drifted_nodes,json=driftedNodes,proto3" json:"drifted_nodes,omitempty"`
+	DriftedNodes int32 `protobuf:"varint,6,opt,name=drifted_nodes,json=driftedNodes,proto3" json:"drifted_nodes,omitempty"`
+	// MIG slices per profile (free: bookable and not booked; booked;
+	// unavailable: missing, or the parent GPU unhealthy, quarantined, booked
+	// whole or on a node that is not schedulable), read now.
+	MigProfiles   []*MigProfileCapacity `protobuf:"bytes,7,rep,name=mig_profiles,json=migProfiles,proto3" json:"mig_profiles,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -170,6 +174,68 @@ func (x *CapacityServiceGetResponse) GetDriftedNodes() int32 {
 	return 0
 }
 
+func (x *CapacityServiceGetResponse) GetMigProfiles() []*MigProfileCapacity {
+	if x != nil {
+		return x.MigProfiles
+	}
+	return nil
+}
+
+// MigProfileCapacity counts the MIG slices of one profile in a pool.
+type MigProfileCapacity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The profile, e.g. "1g.18gb".
+	Profile string `protobuf:"bytes,1,opt,name=profile,proto3" json:"profile,omitempty"`
+	// Its counts (quarantined: slices of a quarantined GPU).
+	Counts        *CapacityCounts `protobuf:"bytes,2,opt,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigProfileCapacity) Reset() {
+	*x = MigProfileCapacity{}
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigProfileCapacity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigProfileCapacity) ProtoMessage() {}
+
+func (x *MigProfileCapacity) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigProfileCapacity.ProtoReflect.Descriptor instead.
+func (*MigProfileCapacity) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MigProfileCapacity) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *MigProfileCapacity) GetCounts() *CapacityCounts {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
 // HostCapacity is what a hosted pool's hosts have for instances (their
 // size minus the pool's reserve): totals over every host, free on the
 // schedulable ones.
@@ -201,7 +267,7 @@ type HostCapacity struct {
 
 func (x *HostCapacity) Reset() {
 	*x = HostCapacity{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -213,7 +279,7 @@ func (x *HostCapacity) String() string {
 func (*HostCapacity) ProtoMessage() {}
 
 func (x *HostCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -226,7 +292,7 @@ func (x *HostCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostCapacity.ProtoReflect.Descriptor instead.
 func (*HostCapacity) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HostCapacity) GetHosts() int32 {
@@ -318,7 +384,7 @@ type CapacityCounts struct {
 
 func (x *CapacityCounts) Reset() {
 	*x = CapacityCounts{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +396,7 @@ func (x *CapacityCounts) String() string {
 func (*CapacityCounts) ProtoMessage() {}
 
 func (x *CapacityCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +409,7 @@ func (x *CapacityCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityCounts.ProtoReflect.Descriptor instead.
 func (*CapacityCounts) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CapacityCounts) GetFree() int32 {
@@ -387,7 +453,7 @@ type ModelCapacity struct {
 
 func (x *ModelCapacity) Reset() {
 	*x = ModelCapacity{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -399,7 +465,7 @@ func (x *ModelCapacity) String() string {
 func (*ModelCapacity) ProtoMessage() {}
 
 func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -412,7 +478,7 @@ func (x *ModelCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapacity.ProtoReflect.Descriptor instead.
 func (*ModelCapacity) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ModelCapacity) GetModel() string {
@@ -444,7 +510,7 @@ type TenantUsage struct {
 
 func (x *TenantUsage) Reset() {
 	*x = TenantUsage{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +522,7 @@ func (x *TenantUsage) String() string {
 func (*TenantUsage) ProtoMessage() {}
 
 func (x *TenantUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +535,7 @@ func (x *TenantUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantUsage.ProtoReflect.Descriptor instead.
 func (*TenantUsage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TenantUsage) GetTenantId() string {
@@ -502,17 +568,20 @@ type Quota struct {
 	TenantId string `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// Only this model's GPUs count; all GPUs when empty.
 	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
-	// At most this many GPUs booked at once.
+	// At most this many GPUs booked at once (with mig_profile: slices).
 	GpuLimit int32 `protobuf:"varint,4,opt,name=gpu_limit,json=gpuLimit,proto3" json:"gpu_limit,omitempty"`
 	// When it was last set.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// Only MIG slices of this profile count (gpu_limit is then slices); when
+	// empty, only whole GPUs.
+	MigProfile    string `protobuf:"bytes,6,opt,name=mig_profile,json=migProfile,proto3" json:"mig_profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Quota) Reset() {
 	*x = Quota{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +593,7 @@ func (x *Quota) String() string {
 func (*Quota) ProtoMessage() {}
 
 func (x *Quota) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +606,7 @@ func (x *Quota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quota.ProtoReflect.Descriptor instead.
 func (*Quota) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Quota) GetPoolId() string {
@@ -575,6 +644,13 @@ func (x *Quota) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Quota) GetMigProfile() string {
+	if x != nil {
+		return x.MigProfile
+	}
+	return ""
+}
+
 // CapacityServiceSetQuotaRequest sets one quota.
 type CapacityServiceSetQuotaRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -588,14 +664,17 @@ type CapacityServiceSetQuotaRequest struct {
 	// Only this model's GPUs; all GPUs when empty.
 	Model string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
 	// At most this many GPUs; 0 forbids booking, -1 removes the quota.
-	GpuLimit      int32 `protobuf:"varint,5,opt,name=gpu_limit,json=gpuLimit,proto3" json:"gpu_limit,omitempty"`
+	GpuLimit int32 `protobuf:"varint,5,opt,name=gpu_limit,json=gpuLimit,proto3" json:"gpu_limit,omitempty"`
+	// A quota on MIG slices of this profile (e.g. "1g.18gb") instead of
+	// whole GPUs: gpu_limit counts slices. Not with model.
+	MigProfile    string `protobuf:"bytes,6,opt,name=mig_profile,json=migProfile,proto3" json:"mig_profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CapacityServiceSetQuotaRequest) Reset() {
 	*x = CapacityServiceSetQuotaRequest{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +686,7 @@ func (x *CapacityServiceSetQuotaRequest) String() string {
 func (*CapacityServiceSetQuotaRequest) ProtoMessage() {}
 
 func (x *CapacityServiceSetQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +699,7 @@ func (x *CapacityServiceSetQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityServiceSetQuotaRequest.ProtoReflect.Descriptor instead.
 func (*CapacityServiceSetQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CapacityServiceSetQuotaRequest) GetTenantId() string {
@@ -658,6 +737,13 @@ func (x *CapacityServiceSetQuotaRequest) GetGpuLimit() int32 {
 	return 0
 }
 
+func (x *CapacityServiceSetQuotaRequest) GetMigProfile() string {
+	if x != nil {
+		return x.MigProfile
+	}
+	return ""
+}
+
 // CapacityServiceSetQuotaResponse is the quota as set.
 type CapacityServiceSetQuotaResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -669,7 +755,7 @@ type CapacityServiceSetQuotaResponse struct {
 
 func (x *CapacityServiceSetQuotaResponse) Reset() {
 	*x = CapacityServiceSetQuotaResponse{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -681,7 +767,7 @@ func (x *CapacityServiceSetQuotaResponse) String() string {
 func (*CapacityServiceSetQuotaResponse) ProtoMessage() {}
 
 func (x *CapacityServiceSetQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -694,7 +780,7 @@ func (x *CapacityServiceSetQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityServiceSetQuotaResponse.ProtoReflect.Descriptor instead.
 func (*CapacityServiceSetQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CapacityServiceSetQuotaResponse) GetQuota() *Quota {
@@ -717,7 +803,7 @@ type CapacityServiceListQuotasRequest struct {
 
 func (x *CapacityServiceListQuotasRequest) Reset() {
 	*x = CapacityServiceListQuotasRequest{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +815,7 @@ func (x *CapacityServiceListQuotasRequest) String() string {
 func (*CapacityServiceListQuotasRequest) ProtoMessage() {}
 
 func (x *CapacityServiceListQuotasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +828,7 @@ func (x *CapacityServiceListQuotasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityServiceListQuotasRequest.ProtoReflect.Descriptor instead.
 func (*CapacityServiceListQuotasRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CapacityServiceListQuotasRequest) GetTenantId() string {
@@ -770,7 +856,7 @@ type CapacityServiceListQuotasResponse struct {
 
 func (x *CapacityServiceListQuotasResponse) Reset() {
 	*x = CapacityServiceListQuotasResponse{}
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +868,7 @@ func (x *CapacityServiceListQuotasResponse) String() string {
 func (*CapacityServiceListQuotasResponse) ProtoMessage() {}
 
 func (x *CapacityServiceListQuotasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_capacity_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +881,7 @@ func (x *CapacityServiceListQuotasResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use CapacityServiceListQuotasResponse.ProtoReflect.Descriptor instead.
 func (*CapacityServiceListQuotasResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_capacity_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CapacityServiceListQuotasResponse) GetQuotas() []*Quota {
@@ -812,14 +898,18 @@ const file_bettercompute_compute_v1_capacity_proto_rawDesc = "" +
 	"'bettercompute/compute/v1/capacity.proto\x12\x18bettercompute.compute.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"Q\n" +
 	"\x19CapacityServiceGetRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
-	"\apool_id\x18\x02 \x01(\tR\x06poolId\"\x80\x03\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\"\xd1\x03\n" +
 	"\x1aCapacityServiceGetResponse\x12>\n" +
 	"\x05total\x18\x01 \x01(\v2(.bettercompute.compute.v1.CapacityCountsR\x05total\x12?\n" +
 	"\x06models\x18\x02 \x03(\v2'.bettercompute.compute.v1.ModelCapacityR\x06models\x12?\n" +
 	"\atenants\x18\x03 \x03(\v2%.bettercompute.compute.v1.TenantUsageR\atenants\x12=\n" +
 	"\fcompute_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vcomputeTime\x12<\n" +
 	"\x05hosts\x18\x05 \x01(\v2&.bettercompute.compute.v1.HostCapacityR\x05hosts\x12#\n" +
-	"\rdrifted_nodes\x18\x06 \x01(\x05R\fdriftedNodes\"\xe9\x02\n" +
+	"\rdrifted_nodes\x18\x06 \x01(\x05R\fdriftedNodes\x12O\n" +
+	"\fmig_profiles\x18\a \x03(\v2,.bettercompute.compute.v1.MigProfileCapacityR\vmigProfiles\"p\n" +
+	"\x12MigProfileCapacity\x12\x18\n" +
+	"\aprofile\x18\x01 \x01(\tR\aprofile\x12@\n" +
+	"\x06counts\x18\x02 \x01(\v2(.bettercompute.compute.v1.CapacityCountsR\x06counts\"\xe9\x02\n" +
 	"\fHostCapacity\x12\x14\n" +
 	"\x05hosts\x18\x01 \x01(\x05R\x05hosts\x12+\n" +
 	"\x11schedulable_hosts\x18\x02 \x01(\x05R\x10schedulableHosts\x12\x1f\n" +
@@ -846,20 +936,24 @@ const file_bettercompute_compute_v1_capacity_proto_rawDesc = "" +
 	"\vTenantUsage\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x16\n" +
 	"\x06booked\x18\x02 \x01(\x05R\x06booked\x12\x1b\n" +
-	"\tgpu_hours\x18\x03 \x01(\x01R\bgpuHours\"\xad\x01\n" +
+	"\tgpu_hours\x18\x03 \x01(\x01R\bgpuHours\"\xce\x01\n" +
 	"\x05Quota\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x14\n" +
 	"\x05model\x18\x03 \x01(\tR\x05model\x12\x1b\n" +
 	"\tgpu_limit\x18\x04 \x01(\x05R\bgpuLimit\x12;\n" +
 	"\vupdate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xad\x01\n" +
+	"updateTime\x12\x1f\n" +
+	"\vmig_profile\x18\x06 \x01(\tR\n" +
+	"migProfile\"\xce\x01\n" +
 	"\x1eCapacityServiceSetQuotaRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\"\n" +
 	"\rfor_tenant_id\x18\x03 \x01(\tR\vforTenantId\x12\x14\n" +
 	"\x05model\x18\x04 \x01(\tR\x05model\x12\x1b\n" +
-	"\tgpu_limit\x18\x05 \x01(\x05R\bgpuLimit\"X\n" +
+	"\tgpu_limit\x18\x05 \x01(\x05R\bgpuLimit\x12\x1f\n" +
+	"\vmig_profile\x18\x06 \x01(\tR\n" +
+	"migProfile\"X\n" +
 	"\x1fCapacityServiceSetQuotaResponse\x125\n" +
 	"\x05quota\x18\x01 \x01(\v2\x1f.bettercompute.compute.v1.QuotaR\x05quota\"X\n" +
 	" CapacityServiceListQuotasRequest\x12\x1b\n" +
@@ -885,42 +979,45 @@ func file_bettercompute_compute_v1_capacity_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_capacity_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_bettercompute_compute_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_bettercompute_compute_v1_capacity_proto_goTypes = []any{
 	(*CapacityServiceGetRequest)(nil),         // 0: bettercompute.compute.v1.CapacityServiceGetRequest
 	(*CapacityServiceGetResponse)(nil),        // 1: bettercompute.compute.v1.CapacityServiceGetResponse
-	(*HostCapacity)(nil),                      // 2: bettercompute.compute.v1.HostCapacity
-	(*CapacityCounts)(nil),                    // 3: bettercompute.compute.v1.CapacityCounts
-	(*ModelCapacity)(nil),                     // 4: bettercompute.compute.v1.ModelCapacity
-	(*TenantUsage)(nil),                       // 5: bettercompute.compute.v1.TenantUsage
-	(*Quota)(nil),                             // 6: bettercompute.compute.v1.Quota
-	(*CapacityServiceSetQuotaRequest)(nil),    // 7: bettercompute.compute.v1.CapacityServiceSetQuotaRequest
-	(*CapacityServiceSetQuotaResponse)(nil),   // 8: bettercompute.compute.v1.CapacityServiceSetQuotaResponse
-	(*CapacityServiceListQuotasRequest)(nil),  // 9: bettercompute.compute.v1.CapacityServiceListQuotasRequest
-	(*CapacityServiceListQuotasResponse)(nil), // 10: bettercompute.compute.v1.CapacityServiceListQuotasResponse
-	(*timestamppb.Timestamp)(nil),             // 11: google.protobuf.Timestamp
+	(*MigProfileCapacity)(nil),                // 2: bettercompute.compute.v1.MigProfileCapacity
+	(*HostCapacity)(nil),                      // 3: bettercompute.compute.v1.HostCapacity
+	(*CapacityCounts)(nil),                    // 4: bettercompute.compute.v1.CapacityCounts
+	(*ModelCapacity)(nil),                     // 5: bettercompute.compute.v1.ModelCapacity
+	(*TenantUsage)(nil),                       // 6: bettercompute.compute.v1.TenantUsage
+	(*Quota)(nil),                             // 7: bettercompute.compute.v1.Quota
+	(*CapacityServiceSetQuotaRequest)(nil),    // 8: bettercompute.compute.v1.CapacityServiceSetQuotaRequest
+	(*CapacityServiceSetQuotaResponse)(nil),   // 9: bettercompute.compute.v1.CapacityServiceSetQuotaResponse
+	(*CapacityServiceListQuotasRequest)(nil),  // 10: bettercompute.compute.v1.CapacityServiceListQuotasRequest
+	(*CapacityServiceListQuotasResponse)(nil), // 11: bettercompute.compute.v1.CapacityServiceListQuotasResponse
+	(*timestamppb.Timestamp)(nil),             // 12: google.protobuf.Timestamp
 }
 var file_bettercompute_compute_v1_capacity_proto_depIdxs = []int32{
-	3,  // 0: bettercompute.compute.v1.CapacityServiceGetResponse.total:type_name -> bettercompute.compute.v1.CapacityCounts
-	4,  // 1: bettercompute.compute.v1.CapacityServiceGetResponse.models:type_name -> bettercompute.compute.v1.ModelCapacity
-	5,  // 2: bettercompute.compute.v1.CapacityServiceGetResponse.tenants:type_name -> bettercompute.compute.v1.TenantUsage
-	11, // 3: bettercompute.compute.v1.CapacityServiceGetResponse.compute_time:type_name -> google.protobuf.Timestamp
-	2,  // 4: bettercompute.compute.v1.CapacityServiceGetResponse.hosts:type_name -> bettercompute.compute.v1.HostCapacity
-	3,  // 5: bettercompute.compute.v1.ModelCapacity.counts:type_name -> bettercompute.compute.v1.CapacityCounts
-	11, // 6: bettercompute.compute.v1.Quota.update_time:type_name -> google.protobuf.Timestamp
-	6,  // 7: bettercompute.compute.v1.CapacityServiceSetQuotaResponse.quota:type_name -> bettercompute.compute.v1.Quota
-	6,  // 8: bettercompute.compute.v1.CapacityServiceListQuotasResponse.quotas:type_name -> bettercompute.compute.v1.Quota
-	0,  // 9: bettercompute.compute.v1.CapacityService.Get:input_type -> bettercompute.compute.v1.CapacityServiceGetRequest
-	7,  // 10: bettercompute.compute.v1.CapacityService.SetQuota:input_type -> bettercompute.compute.v1.CapacityServiceSetQuotaRequest
-	9,  // 11: bettercompute.compute.v1.CapacityService.ListQuotas:input_type -> bettercompute.compute.v1.CapacityServiceListQuotasRequest
-	1,  // 12: bettercompute.compute.v1.CapacityService.Get:output_type -> bettercompute.compute.v1.CapacityServiceGetResponse
-	8,  // 13: bettercompute.compute.v1.CapacityService.SetQuota:output_type -> bettercompute.compute.v1.CapacityServiceSetQuotaResponse
-	10, // 14: bettercompute.compute.v1.CapacityService.ListQuotas:output_type -> bettercompute.compute.v1.CapacityServiceListQuotasResponse
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	4,  // 0: bettercompute.compute.v1.CapacityServiceGetResponse.total:type_name -> bettercompute.compute.v1.CapacityCounts
+	5,  // 1: bettercompute.compute.v1.CapacityServiceGetResponse.models:type_name -> bettercompute.compute.v1.ModelCapacity
+	6,  // 2: bettercompute.compute.v1.CapacityServiceGetResponse.tenants:type_name -> bettercompute.compute.v1.TenantUsage
+	12, // 3: bettercompute.compute.v1.CapacityServiceGetResponse.compute_time:type_name -> google.protobuf.Timestamp
+	3,  // 4: bettercompute.compute.v1.CapacityServiceGetResponse.hosts:type_name -> bettercompute.compute.v1.HostCapacity
+	2,  // 5: bettercompute.compute.v1.CapacityServiceGetResponse.mig_profiles:type_name -> bettercompute.compute.v1.MigProfileCapacity
+	4,  // 6: bettercompute.compute.v1.MigProfileCapacity.counts:type_name -> bettercompute.compute.v1.CapacityCounts
+	4,  // 7: bettercompute.compute.v1.ModelCapacity.counts:type_name -> bettercompute.compute.v1.CapacityCounts
+	12, // 8: bettercompute.compute.v1.Quota.update_time:type_name -> google.protobuf.Timestamp
+	7,  // 9: bettercompute.compute.v1.CapacityServiceSetQuotaResponse.quota:type_name -> bettercompute.compute.v1.Quota
+	7,  // 10: bettercompute.compute.v1.CapacityServiceListQuotasResponse.quotas:type_name -> bettercompute.compute.v1.Quota
+	0,  // 11: bettercompute.compute.v1.CapacityService.Get:input_type -> bettercompute.compute.v1.CapacityServiceGetRequest
+	8,  // 12: bettercompute.compute.v1.CapacityService.SetQuota:input_type -> bettercompute.compute.v1.CapacityServiceSetQuotaRequest
+	10, // 13: bettercompute.compute.v1.CapacityService.ListQuotas:input_type -> bettercompute.compute.v1.CapacityServiceListQuotasRequest
+	1,  // 14: bettercompute.compute.v1.CapacityService.Get:output_type -> bettercompute.compute.v1.CapacityServiceGetResponse
+	9,  // 15: bettercompute.compute.v1.CapacityService.SetQuota:output_type -> bettercompute.compute.v1.CapacityServiceSetQuotaResponse
+	11, // 16: bettercompute.compute.v1.CapacityService.ListQuotas:output_type -> bettercompute.compute.v1.CapacityServiceListQuotasResponse
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_capacity_proto_init() }
@@ -934,7 +1031,7 @@ func file_bettercompute_compute_v1_capacity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_capacity_proto_rawDesc), len(file_bettercompute_compute_v1_capacity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1331,8 +1331,13 @@ type Device struct {
 	QuarantineReason string `protobuf:"bytes,13,opt,name=quarantine_reason,json=quarantineReason,proto3" json:"quarantine_reason,omitempty"`
 	// When it was quarantined.
 	QuarantineTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=quarantine_time,json=quarantineTime,proto3" json:"quarantine_time,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A GPU's MIG layout from its node's desired state (the mig section's
+	// profiles); empty when no layout applies to it.
+	MigLayout []string `protobuf:"bytes,15,rep,name=mig_layout,json=migLayout,proto3" json:"mig_layout,omitempty"`
+	// A GPU's MIG slices as the node last reported them, by start.
+	MigSlices     []*MigSlice `protobuf:"bytes,16,rep,name=mig_slices,json=migSlices,proto3" json:"mig_slices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Device) Reset() {
@@ -1463,6 +1468,120 @@ func (x *Device) GetQuarantineTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Device) GetMigLayout() []string {
+	if x != nil {
+		return x.MigLayout
+	}
+	return nil
+}
+
+func (x *Device) GetMigSlices() []*MigSlice {
+	if x != nil {
+		return x.MigSlices
+	}
+	return nil
+}
+
+// MigSlice is one MIG slice of a GPU.
+type MigSlice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The slice's UUID (MIG-…): the device a booking names.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Its profile, e.g. "1g.18gb".
+	Profile string `protobuf:"bytes,2,opt,name=profile,proto3" json:"profile,omitempty"`
+	// Its first memory slice on the GPU.
+	Start int32 `protobuf:"varint,3,opt,name=start,proto3" json:"start,omitempty"`
+	// Its memory in bytes.
+	MemoryBytes int64 `protobuf:"varint,4,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// Its compute slices (of 7).
+	ComputeSlices int32 `protobuf:"varint,5,opt,name=compute_slices,json=computeSlices,proto3" json:"compute_slices,omitempty"`
+	// Set once the node stopped reporting it.
+	MissingSince *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=missing_since,json=missingSince,proto3" json:"missing_since,omitempty"`
+	// The reservation booking it; empty when free.
+	ReservationId string `protobuf:"bytes,7,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigSlice) Reset() {
+	*x = MigSlice{}
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigSlice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigSlice) ProtoMessage() {}
+
+func (x *MigSlice) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigSlice.ProtoReflect.Descriptor instead.
+func (*MigSlice) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *MigSlice) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MigSlice) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *MigSlice) GetStart() int32 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *MigSlice) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *MigSlice) GetComputeSlices() int32 {
+	if x != nil {
+		return x.ComputeSlices
+	}
+	return 0
+}
+
+func (x *MigSlice) GetMissingSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.MissingSince
+	}
+	return nil
+}
+
+func (x *MigSlice) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
 // NodesServiceGetRequest names a node.
 type NodesServiceGetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1480,7 +1599,7 @@ type NodesServiceGetRequest struct {
 
 func (x *NodesServiceGetRequest) Reset() {
 	*x = NodesServiceGetRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1611,7 @@ func (x *NodesServiceGetRequest) String() string {
 func (*NodesServiceGetRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[18]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1624,7 @@ func (x *NodesServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodesServiceGetRequest) GetTenantId() string {
@@ -1541,7 +1660,7 @@ type NodesServiceGetResponse struct {
 
 func (x *NodesServiceGetResponse) Reset() {
 	*x = NodesServiceGetResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1672,7 @@ func (x *NodesServiceGetResponse) String() string {
 func (*NodesServiceGetResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[19]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1685,7 @@ func (x *NodesServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NodesServiceGetResponse) GetNode() *Node {
@@ -1602,7 +1721,7 @@ type NodesServiceListRequest struct {
 
 func (x *NodesServiceListRequest) Reset() {
 	*x = NodesServiceListRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1733,7 @@ func (x *NodesServiceListRequest) String() string {
 func (*NodesServiceListRequest) ProtoMessage() {}
 
 func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[20]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1746,7 @@ func (x *NodesServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NodesServiceListRequest) GetTenantId() string {
@@ -1692,7 +1811,7 @@ type NodesServiceListResponse struct {
 
 func (x *NodesServiceListResponse) Reset() {
 	*x = NodesServiceListResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1823,7 @@ func (x *NodesServiceListResponse) String() string {
 func (*NodesServiceListResponse) ProtoMessage() {}
 
 func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[21]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1836,7 @@ func (x *NodesServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceListResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NodesServiceListResponse) GetNodes() []*Node {
@@ -1751,7 +1870,7 @@ type NodesServiceGetSpecRequest struct {
 
 func (x *NodesServiceGetSpecRequest) Reset() {
 	*x = NodesServiceGetSpecRequest{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[22]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1882,7 @@ func (x *NodesServiceGetSpecRequest) String() string {
 func (*NodesServiceGetSpecRequest) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[22]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1895,7 @@ func (x *NodesServiceGetSpecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecRequest.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodesServiceGetSpecRequest) GetTenantId() string {
@@ -1822,7 +1941,7 @@ type NodesServiceGetSpecResponse struct {
 
 func (x *NodesServiceGetSpecResponse) Reset() {
 	*x = NodesServiceGetSpecResponse{}
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[23]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1953,7 @@ func (x *NodesServiceGetSpecResponse) String() string {
 func (*NodesServiceGetSpecResponse) ProtoMessage() {}
 
 func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[23]
+	mi := &file_bettercompute_compute_v1_nodes_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +1966,7 @@ func (x *NodesServiceGetSpecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesServiceGetSpecResponse.ProtoReflect.Descriptor instead.
 func (*NodesServiceGetSpecResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_compute_v1_nodes_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodesServiceGetSpecResponse) GetSpec() *structpb.Struct {
@@ -1987,7 +2106,7 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x03R\n" +
-	"generation\"\xe6\x03\n" +
+	"generation\"\xc8\x04\n" +
 	"\x06Device\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
@@ -2005,7 +2124,19 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\rmissing_since\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fmissingSince\x12 \n" +
 	"\vquarantined\x18\f \x01(\bR\vquarantined\x12+\n" +
 	"\x11quarantine_reason\x18\r \x01(\tR\x10quarantineReason\x12C\n" +
-	"\x0fquarantine_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x0equarantineTime\"b\n" +
+	"\x0fquarantine_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x0equarantineTime\x12\x1d\n" +
+	"\n" +
+	"mig_layout\x18\x0f \x03(\tR\tmigLayout\x12A\n" +
+	"\n" +
+	"mig_slices\x18\x10 \x03(\v2\".bettercompute.compute.v1.MigSliceR\tmigSlices\"\xfc\x01\n" +
+	"\bMigSlice\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aprofile\x18\x02 \x01(\tR\aprofile\x12\x14\n" +
+	"\x05start\x18\x03 \x01(\x05R\x05start\x12!\n" +
+	"\fmemory_bytes\x18\x04 \x01(\x03R\vmemoryBytes\x12%\n" +
+	"\x0ecompute_slices\x18\x05 \x01(\x05R\rcomputeSlices\x12?\n" +
+	"\rmissing_since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\fmissingSince\x12%\n" +
+	"\x0ereservation_id\x18\a \x01(\tR\rreservationId\"b\n" +
 	"\x16NodesServiceGetRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -2063,7 +2194,7 @@ func file_bettercompute_compute_v1_nodes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_nodes_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_bettercompute_compute_v1_nodes_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
 	(*NodesServiceDrainRequest)(nil),         // 0: bettercompute.compute.v1.NodesServiceDrainRequest
 	(*NodesServiceDrainResponse)(nil),        // 1: bettercompute.compute.v1.NodesServiceDrainResponse
@@ -2083,72 +2214,75 @@ var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
 	(*NodeCondition)(nil),                    // 15: bettercompute.compute.v1.NodeCondition
 	(*SectionStatus)(nil),                    // 16: bettercompute.compute.v1.SectionStatus
 	(*Device)(nil),                           // 17: bettercompute.compute.v1.Device
-	(*NodesServiceGetRequest)(nil),           // 18: bettercompute.compute.v1.NodesServiceGetRequest
-	(*NodesServiceGetResponse)(nil),          // 19: bettercompute.compute.v1.NodesServiceGetResponse
-	(*NodesServiceListRequest)(nil),          // 20: bettercompute.compute.v1.NodesServiceListRequest
-	(*NodesServiceListResponse)(nil),         // 21: bettercompute.compute.v1.NodesServiceListResponse
-	(*NodesServiceGetSpecRequest)(nil),       // 22: bettercompute.compute.v1.NodesServiceGetSpecRequest
-	(*NodesServiceGetSpecResponse)(nil),      // 23: bettercompute.compute.v1.NodesServiceGetSpecResponse
-	nil,                                      // 24: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	nil,                                      // 25: bettercompute.compute.v1.Node.LabelsEntry
-	nil,                                      // 26: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	(*Command)(nil),                          // 27: bettercompute.compute.v1.Command
-	(*fieldmaskpb.FieldMask)(nil),            // 28: google.protobuf.FieldMask
-	(*MigSettings)(nil),                      // 29: bettercompute.compute.v1.MigSettings
-	(*timestamppb.Timestamp)(nil),            // 30: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                  // 31: google.protobuf.Struct
+	(*MigSlice)(nil),                         // 18: bettercompute.compute.v1.MigSlice
+	(*NodesServiceGetRequest)(nil),           // 19: bettercompute.compute.v1.NodesServiceGetRequest
+	(*NodesServiceGetResponse)(nil),          // 20: bettercompute.compute.v1.NodesServiceGetResponse
+	(*NodesServiceListRequest)(nil),          // 21: bettercompute.compute.v1.NodesServiceListRequest
+	(*NodesServiceListResponse)(nil),         // 22: bettercompute.compute.v1.NodesServiceListResponse
+	(*NodesServiceGetSpecRequest)(nil),       // 23: bettercompute.compute.v1.NodesServiceGetSpecRequest
+	(*NodesServiceGetSpecResponse)(nil),      // 24: bettercompute.compute.v1.NodesServiceGetSpecResponse
+	nil,                                      // 25: bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	nil,                                      // 26: bettercompute.compute.v1.Node.LabelsEntry
+	nil,                                      // 27: bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	(*Command)(nil),                          // 28: bettercompute.compute.v1.Command
+	(*fieldmaskpb.FieldMask)(nil),            // 29: google.protobuf.FieldMask
+	(*MigSettings)(nil),                      // 30: bettercompute.compute.v1.MigSettings
+	(*timestamppb.Timestamp)(nil),            // 31: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                  // 32: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
 	14, // 0: bettercompute.compute.v1.NodesServiceDrainResponse.node:type_name -> bettercompute.compute.v1.Node
 	14, // 1: bettercompute.compute.v1.NodesServiceUndrainResponse.node:type_name -> bettercompute.compute.v1.Node
 	14, // 2: bettercompute.compute.v1.NodesServiceRetireResponse.node:type_name -> bettercompute.compute.v1.Node
 	14, // 3: bettercompute.compute.v1.NodesServiceClearRepairResponse.node:type_name -> bettercompute.compute.v1.Node
-	27, // 4: bettercompute.compute.v1.NodesServiceClearUpgradeResponse.command:type_name -> bettercompute.compute.v1.Command
+	28, // 4: bettercompute.compute.v1.NodesServiceClearUpgradeResponse.command:type_name -> bettercompute.compute.v1.Command
 	14, // 5: bettercompute.compute.v1.NodesServiceRevokeResponse.node:type_name -> bettercompute.compute.v1.Node
-	24, // 6: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
-	28, // 7: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	29, // 8: bettercompute.compute.v1.NodesServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
+	25, // 6: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
+	29, // 7: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	30, // 8: bettercompute.compute.v1.NodesServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
 	14, // 9: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
-	25, // 10: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	26, // 10: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
 	17, // 11: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	30, // 12: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	30, // 13: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	30, // 14: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	31, // 12: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	31, // 13: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	31, // 14: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
 	16, // 15: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
 	15, // 16: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
-	30, // 17: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
-	30, // 18: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
-	30, // 19: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
-	30, // 20: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
-	14, // 21: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	26, // 22: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	14, // 23: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	31, // 24: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
-	18, // 25: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	20, // 26: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	22, // 27: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
-	12, // 28: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
-	10, // 29: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
-	0,  // 30: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
-	2,  // 31: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
-	4,  // 32: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
-	6,  // 33: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
-	8,  // 34: bettercompute.compute.v1.NodesService.ClearUpgrade:input_type -> bettercompute.compute.v1.NodesServiceClearUpgradeRequest
-	19, // 35: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	21, // 36: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	23, // 37: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
-	13, // 38: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
-	11, // 39: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
-	1,  // 40: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
-	3,  // 41: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
-	5,  // 42: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
-	7,  // 43: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
-	9,  // 44: bettercompute.compute.v1.NodesService.ClearUpgrade:output_type -> bettercompute.compute.v1.NodesServiceClearUpgradeResponse
-	35, // [35:45] is the sub-list for method output_type
-	25, // [25:35] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	31, // 17: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	31, // 18: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
+	31, // 19: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	31, // 20: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
+	18, // 21: bettercompute.compute.v1.Device.mig_slices:type_name -> bettercompute.compute.v1.MigSlice
+	31, // 22: bettercompute.compute.v1.MigSlice.missing_since:type_name -> google.protobuf.Timestamp
+	14, // 23: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
+	27, // 24: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	14, // 25: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
+	32, // 26: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	19, // 27: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	21, // 28: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	23, // 29: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	12, // 30: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
+	10, // 31: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
+	0,  // 32: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
+	2,  // 33: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
+	4,  // 34: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
+	6,  // 35: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
+	8,  // 36: bettercompute.compute.v1.NodesService.ClearUpgrade:input_type -> bettercompute.compute.v1.NodesServiceClearUpgradeRequest
+	20, // 37: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	22, // 38: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	24, // 39: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	13, // 40: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
+	11, // 41: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
+	1,  // 42: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
+	3,  // 43: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
+	5,  // 44: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
+	7,  // 45: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
+	9,  // 46: bettercompute.compute.v1.NodesService.ClearUpgrade:output_type -> bettercompute.compute.v1.NodesServiceClearUpgradeResponse
+	37, // [37:47] is the sub-list for method output_type
+	27, // [27:37] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }
@@ -2164,7 +2298,7 @@ func file_bettercompute_compute_v1_nodes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_nodes_proto_rawDesc), len(file_bettercompute_compute_v1_nodes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -55,8 +55,12 @@ type Reservation struct {
 	BoundTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=bound_time,json=boundTime,proto3" json:"bound_time,omitempty"`
 	// When it was released, expired or failed; unset before.
 	FinishTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=finish_time,json=finishTime,proto3" json:"finish_time,omitempty"`
-	// GPU-hours used so far (booked GPUs times bound time).
-	GpuHours      float64 `protobuf:"fixed64,15,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
+	// GPU-hours used so far (booked GPUs times bound time; a MIG slice
+	// counts its compute slices over 7: a 1g slice is 1/7 of a GPU).
+	GpuHours float64 `protobuf:"fixed64,15,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
+	// The MIG profile of the slices it books (e.g. "1g.18gb"); empty for
+	// whole GPUs. gpu_count is then the number of slices.
+	MigProfile    string `protobuf:"bytes,16,opt,name=mig_profile,json=migProfile,proto3" json:"mig_profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -196,6 +200,13 @@ func (x *Reservation) GetGpuHours() float64 {
 	return 0
 }
 
+func (x *Reservation) GetMigProfile() string {
+	if x != nil {
+		return x.MigProfile
+	}
+	return ""
+}
+
 // Constraints narrow which GPUs a reservation may book.
 type Constraints struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -277,9 +288,13 @@ type Booking struct {
 	// The GPU's UUID.
 	DeviceId string `protobuf:"bytes,2,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
 	// Its model.
-	Model         string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	// For a MIG slice (device_id "MIG-…"): its profile.
+	MigProfile string `protobuf:"bytes,4,opt,name=mig_profile,json=migProfile,proto3" json:"mig_profile,omitempty"`
+	// For a MIG slice: the UUID of the GPU it is a slice of.
+	ParentDeviceId string `protobuf:"bytes,5,opt,name=parent_device_id,json=parentDeviceId,proto3" json:"parent_device_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Booking) Reset() {
@@ -333,6 +348,20 @@ func (x *Booking) GetModel() string {
 	return ""
 }
 
+func (x *Booking) GetMigProfile() string {
+	if x != nil {
+		return x.MigProfile
+	}
+	return ""
+}
+
+func (x *Booking) GetParentDeviceId() string {
+	if x != nil {
+		return x.ParentDeviceId
+	}
+	return ""
+}
+
 // ReservationsServiceCreateRequest reserves GPUs.
 type ReservationsServiceCreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -350,8 +379,14 @@ type ReservationsServiceCreateRequest struct {
 	EndTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
 	// Makes retries safe: scoped to the tenant and the calling identity.
 	IdempotencyKey string `protobuf:"bytes,7,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Book MIG slices of this profile (e.g. "1g.18gb", a profile of the
+	// pool's GPUs' models) instead of whole GPUs; count says how many. Not
+	// with gpu_count.
+	MigProfile string `protobuf:"bytes,8,opt,name=mig_profile,json=migProfile,proto3" json:"mig_profile,omitempty"`
+	// With mig_profile: how many slices, 1 to 1024.
+	Count         int32 `protobuf:"varint,9,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReservationsServiceCreateRequest) Reset() {
@@ -431,6 +466,20 @@ func (x *ReservationsServiceCreateRequest) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *ReservationsServiceCreateRequest) GetMigProfile() string {
+	if x != nil {
+		return x.MigProfile
+	}
+	return ""
+}
+
+func (x *ReservationsServiceCreateRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
 }
 
 // ReservationsServiceCreateResponse is the new reservation.
@@ -846,7 +895,7 @@ var File_bettercompute_compute_v1_reservations_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_reservations_proto_rawDesc = "" +
 	"\n" +
-	"+bettercompute/compute/v1/reservations.proto\x12\x18bettercompute.compute.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa7\x05\n" +
+	"+bettercompute/compute/v1/reservations.proto\x12\x18bettercompute.compute.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x05\n" +
 	"\vReservation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -868,7 +917,9 @@ const file_bettercompute_compute_v1_reservations_proto_rawDesc = "" +
 	"bound_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tboundTime\x12;\n" +
 	"\vfinish_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishTime\x12\x1b\n" +
-	"\tgpu_hours\x18\x0f \x01(\x01R\bgpuHours\"\x81\x02\n" +
+	"\tgpu_hours\x18\x0f \x01(\x01R\bgpuHours\x12\x1f\n" +
+	"\vmig_profile\x18\x10 \x01(\tR\n" +
+	"migProfile\"\x81\x02\n" +
 	"\vConstraints\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12(\n" +
 	"\x10min_memory_bytes\x18\x02 \x01(\x03R\x0eminMemoryBytes\x12\x1b\n" +
@@ -877,11 +928,14 @@ const file_bettercompute_compute_v1_reservations_proto_rawDesc = "" +
 	"nodeLabels\x1a=\n" +
 	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"U\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x01\n" +
 	"\aBooking\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\tdevice_id\x18\x02 \x01(\tR\bdeviceId\x12\x14\n" +
-	"\x05model\x18\x03 \x01(\tR\x05model\"\xd9\x02\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12\x1f\n" +
+	"\vmig_profile\x18\x04 \x01(\tR\n" +
+	"migProfile\x12(\n" +
+	"\x10parent_device_id\x18\x05 \x01(\tR\x0eparentDeviceId\"\x90\x03\n" +
 	" ReservationsServiceCreateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1b\n" +
@@ -890,7 +944,10 @@ const file_bettercompute_compute_v1_reservations_proto_rawDesc = "" +
 	"\n" +
 	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12'\n" +
-	"\x0fidempotency_key\x18\a \x01(\tR\x0eidempotencyKey\"l\n" +
+	"\x0fidempotency_key\x18\a \x01(\tR\x0eidempotencyKey\x12\x1f\n" +
+	"\vmig_profile\x18\b \x01(\tR\n" +
+	"migProfile\x12\x14\n" +
+	"\x05count\x18\t \x01(\x05R\x05count\"l\n" +
 	"!ReservationsServiceCreateResponse\x12G\n" +
 	"\vreservation\x18\x01 \x01(\v2%.bettercompute.compute.v1.ReservationR\vreservation\"w\n" +
 	"\x1dReservationsServiceGetRequest\x12\x1b\n" +
