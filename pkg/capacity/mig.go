@@ -16,7 +16,7 @@ import (
 
 // sliceEligibleSQL is the condition on nodes n, slices d (devices of kind
 // mig) and their GPUs p that makes a slice bookable for $2 (the profile),
-// $7 (the model, or ''), $4 (labels) and $5 (lost-after): the node as for a
+// $7 (the model, or ”), $4 (labels) and $5 (lost-after): the node as for a
 // whole GPU (nodeEligibleSQL), the slice present and of the profile, its
 // GPU healthy, present and not quarantined, and neither the slice nor its
 // GPU booked.
