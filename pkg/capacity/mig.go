@@ -34,9 +34,11 @@ type sliceAtom struct {
 }
 
 // freeSlices reads up to limit free slices of r's profile in r's pool (see
-// sliceEligibleSQL), not on the nodes in exclude, packing: slices of GPUs
-// that already have booked slices first (the most booked first), then of
-// the nodes with the most bookings, then by node, GPU index and start.
+// sliceEligibleSQL), not on the nodes in exclude, packing: the nodes with
+// the most bookings first (by id on a tie), reading only as many nodes as
+// their free counts (node_slices_free, migration 00037) say hold limit,
+// and on a node the slices of GPUs with the most booked slices first (a
+// partly used GPU before an unused one), then by GPU index and start.
 func freeSlices(ctx context.Context, q Querier, r *Reservation, exclude []string, limit int, o PlaceOptions) ([]sliceAtom, error) {
 	labels := r.Constraints.NodeLabels
 	if labels == nil {
@@ -44,18 +46,27 @@ func freeSlices(ctx context.Context, q Querier, r *Reservation, exclude []string
 	}
 	exclude = append(append([]string{}, o.Exclude...), exclude...) // never NULL
 	rows, err := q.Query(ctx, `
-		WITH used AS (
+		WITH cand AS (
+			SELECT f.node_id, sum(f.free) AS free, coalesce(c.booked, 0) AS booked
+			  FROM node_slices_free f JOIN nodes n ON n.id = f.node_id LEFT JOIN node_capacity c ON c.node_id = f.node_id
+			 WHERE n.pool_id = $1 AND f.profile = $2 AND f.free > 0 AND ($7 = '' OR f.model = $7 OR starts_with(f.model, $7 || ' '))
+			   AND NOT (n.id = ANY($3)) AND `+nodeEligibleSQL+`
+			 GROUP BY f.node_id, c.booked),
+		picked AS (
+			SELECT node_id, booked FROM (
+				SELECT node_id, booked, sum(free) OVER (ORDER BY booked DESC, node_id) - free AS before FROM cand) x
+			 WHERE before < $6),
+		used AS (
 			SELECT s.node_id, s.parent_id, count(*) AS n
 			  FROM bookings b JOIN devices s ON s.node_id = b.node_id AND s.id = b.device_id
-			 WHERE b.pool_id = $1 AND b.active AND b.mig_profile <> ''
+			 WHERE b.node_id IN (SELECT node_id FROM picked) AND b.active AND b.mig_profile <> ''
 			 GROUP BY s.node_id, s.parent_id)
 		SELECT d.node_id, d.id, p.model, d.compute_slices
-		  FROM nodes n JOIN devices d ON d.node_id = n.id
+		  FROM picked k JOIN nodes n ON n.id = k.node_id JOIN devices d ON d.node_id = k.node_id
 		  JOIN devices p ON p.node_id = d.node_id AND p.id = d.parent_id
 		  LEFT JOIN used u ON u.node_id = d.node_id AND u.parent_id = d.parent_id
-		  LEFT JOIN node_capacity c ON c.node_id = n.id
-		 WHERE n.pool_id = $1 AND NOT (n.id = ANY($3)) AND `+sliceEligibleSQL+`
-		 ORDER BY coalesce(u.n, 0) DESC, coalesce(c.booked, 0) DESC, d.node_id, p.index, d.mig_start, d.id
+		 WHERE `+sliceEligibleSQL+`
+		 ORDER BY k.booked DESC, k.node_id, coalesce(u.n, 0) DESC, p.index, d.mig_start, d.id
 		 LIMIT $6`,
 		pgx.QueryExecModeCacheDescribe, r.PoolID, r.MigProfile, exclude, labels, o.LostAfter, limit, r.Constraints.Model)
 	if err != nil {
@@ -157,6 +168,17 @@ func bookSlices(ctx context.Context, tx pgx.Tx, r *Reservation, slices []sliceAt
 // catalog model while it has none the catalog knows): INVALID_INPUT on
 // migProfile otherwise, naming the models and their profiles.
 func CheckMigProfile(ctx context.Context, q Querier, pool, profile string) error {
+	// Fast path: the pool has slices of the profile.
+	var has bool
+	err := q.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM devices d JOIN nodes n ON n.id = d.node_id
+		                WHERE d.kind = 'mig' AND d.missing_since IS NULL AND d.profile = $2 AND n.pool_id = $1)`, pool, profile).Scan(&has)
+	if err != nil {
+		return fmt.Errorf("read pool MIG slices: %w", err)
+	}
+	if has {
+		return nil
+	}
 	rows, err := q.Query(ctx, `
 		SELECT DISTINCT d.model, d.memory_bytes FROM nodes n JOIN devices d ON d.node_id = n.id
 		 WHERE n.pool_id = $1 AND d.kind = 'gpu' AND d.missing_since IS NULL`, pool)

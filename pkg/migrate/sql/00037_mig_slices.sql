@@ -15,6 +15,11 @@
 -- migEnabled): capacity_recount leaves such GPUs out, and a change of a
 -- node's mig section recounts the node.
 --
+-- node_slices_free counts each node's free slices per profile and model
+-- (bookable: see pkg/capacity sliceEligibleSQL), kept by capacity_recount
+-- like node_capacity_free, so slice placement reads a row per node instead
+-- of every slice of the pool.
+--
 -- Quotas gain mig_profile: a quota on one profile's slices (gpu_limit in
 -- slices); a quota without one counts whole GPUs only.
 
@@ -37,6 +42,15 @@ ALTER TABLE reservations ADD COLUMN mig_profile text NOT NULL DEFAULT '';
 ALTER TABLE quotas ADD COLUMN mig_profile text NOT NULL DEFAULT '';
 ALTER TABLE quotas DROP CONSTRAINT quotas_pkey;
 ALTER TABLE quotas ADD PRIMARY KEY (pool_id, tenant_id, model, mig_profile);
+
+CREATE TABLE node_slices_free (
+    node_id text NOT NULL REFERENCES nodes (id) ON DELETE CASCADE,
+    profile text NOT NULL,
+    model   text NOT NULL,
+    free    integer NOT NULL,
+    PRIMARY KEY (node_id, profile, model)
+);
+CREATE INDEX node_slices_free_profile ON node_slices_free (profile, node_id);
 
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION capacity_recount(node_ids text[]) RETURNS void LANGUAGE plpgsql AS $$
@@ -63,6 +77,14 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM nodes m WHERE m.id = n
                             AND m.spec->'mig'->'gpus' @> jsonb_build_array(jsonb_build_object('gpuUuid', d.id, 'migEnabled', true)))
          GROUP BY d.model, d.memory_bytes;
+        DELETE FROM node_slices_free WHERE node_id = n;
+        INSERT INTO node_slices_free (node_id, profile, model, free)
+        SELECT n, s.profile, p.model, count(*) FROM devices s JOIN devices p ON p.node_id = n AND p.id = s.parent_id AND p.kind = 'gpu'
+         WHERE s.node_id = n AND s.kind = 'mig' AND s.missing_since IS NULL
+           AND p.healthy AND p.missing_since IS NULL AND p.quarantined_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = n AND b.device_id = s.id AND b.active)
+           AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = n AND b.device_id = p.id AND b.active)
+         GROUP BY s.profile, p.model;
     END LOOP;
 END $$;
 -- +goose StatementEnd
@@ -79,8 +101,11 @@ CREATE TRIGGER nodes_mig_spec_count AFTER UPDATE OF spec ON nodes
     FOR EACH ROW WHEN (OLD.spec->'mig' IS DISTINCT FROM NEW.spec->'mig')
     EXECUTE FUNCTION capacity_mig_spec_changed();
 
+SELECT capacity_recount(ARRAY(SELECT id FROM nodes));
+
 -- +goose Down
 DROP TRIGGER nodes_mig_spec_count ON nodes;
+DROP TABLE node_slices_free;
 DROP FUNCTION capacity_mig_spec_changed();
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION capacity_recount(node_ids text[]) RETURNS void LANGUAGE plpgsql AS $$
