@@ -3,6 +3,7 @@ package capacity_test
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -16,13 +17,17 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/migcatalog"
 
+	"github.com/bettercompute/bettercompute/pkg/bus"
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/miglayouts"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
+	"github.com/bettercompute/bettercompute/pkg/natstest"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/services/nodespec"
 )
 
 // sliceID is the MIG UUID the tests' simulated nodes give the slice of
@@ -441,4 +446,85 @@ func fieldOf(err error) string {
 		return fe.Field
 	}
 	return ""
+}
+
+// TestSliceBookingConvergesWithBusStopped: with NATS stopped, a slice
+// booking reaches its node's devices section, and a layout change that
+// removes a booked slice applies after the release, all through the work
+// queue in the database.
+func TestSliceBookingConvergesWithBusStopped(t *testing.T) {
+	t.Parallel()
+	e := migSetup(t) // its own runtime is never ticked: rt below owns every shard
+	ns := natstest.New(t)
+	nc, err := bus.Connect(ns.URL(), "mig", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	rt, err := reconcile.New(e.db, nc, reconcile.Config{Roles: []string{reconcile.RoleNodeSpec},
+		Heartbeat: 200 * time.Millisecond, Poll: time.Hour, PollBusDown: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Register(nodespec.Reconciler(nodespec.Config{Registry: migRegistry(t)})); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Stop)
+	ns.Stop()
+	poll.Until(t, 15*time.Second, "the client to notice", func() bool { return !nc.IsConnected() })
+
+	e.setPool(t, miglayouts.Layout{Name: "small", Selector: h200, Profiles: sevenG1})
+	poll.UntilNil(t, 30*time.Second, "every GPU laid out with the bus down", func() error {
+		for _, node := range []string{"node_00", "node_01"} {
+			m, _ := readMig(t, e.db, node)
+			for i := range 8 {
+				if len(m[gpu(node, i)].GetInstances()) != 7 {
+					return fmt.Errorf("%s GPU %d: %v", node, i, m[gpu(node, i)])
+				}
+			}
+		}
+		return nil
+	})
+	e.reportSlices(t, "node_00")
+	e.reportSlices(t, "node_01")
+	b, err := e.book(t, "rsv_1", "1g.18gb", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, g := b[0].NodeID, b[0].ParentID
+	poll.UntilNil(t, 30*time.Second, "the slice in the devices section with the bus down", func() error {
+		if sec := devicesSection(t, e, node); !slices.Equal(sec["rsv_1"], []string{b[0].DeviceID}) {
+			return fmt.Errorf("devices section %v", sec)
+		}
+		return nil
+	})
+	e.setPool(t, miglayouts.Layout{Name: "big", Selector: h200, Profiles: []string{"7g.141gb"}})
+	poll.UntilNil(t, 30*time.Second, "the free GPUs re-laid with the bus down", func() error {
+		m, _ := readMig(t, e.db, node)
+		for i := range 8 {
+			gg := gpu(node, i)
+			want := []string{"7g.141gb"}
+			if gg == g {
+				want = sevenG1
+			}
+			if !slices.Equal(m[gg].GetProfiles(), want) {
+				return fmt.Errorf("GPU %d: %v", i, m[gg].GetProfiles())
+			}
+		}
+		return nil
+	})
+	e.release(t, "rsv_1")
+	poll.UntilNil(t, 30*time.Second, "the released GPU re-laid with the bus down", func() error {
+		m, _ := readMig(t, e.db, node)
+		if !slices.Equal(m[g].GetProfiles(), []string{"7g.141gb"}) {
+			return fmt.Errorf("GPU %s: %v", g, m[g].GetProfiles())
+		}
+		if sec := devicesSection(t, e, node); len(sec) != 0 {
+			return fmt.Errorf("devices section %v", sec)
+		}
+		return nil
+	})
 }
