@@ -33,7 +33,7 @@ func TestMigSliceBookingReachesTheNode(t *testing.T) {
 		Gateway:  config.Gateway{Listen: "127.0.0.1:0"},
 	}
 	cfg.Defaults()
-	env, err := dev.Start(t.Context(), cfg, nil)
+	env, err := dev.StartRun(t.Context(), cfg, nil, dev.RunOptions{SimMig: true}) // node 0 carries make run's layout
 	if err != nil {
 		t.Fatal(err)
 	}
