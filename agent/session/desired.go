@@ -81,6 +81,7 @@ func (r *runner) convergeLoop(ctx context.Context) {
 	defer drift.Stop()
 	var latest *agentv1.DesiredState
 	var last *agentv1.Observed
+	var lastMig string
 	for {
 		periodic := false
 		select {
@@ -104,6 +105,16 @@ func (r *runner) convergeLoop(ctx context.Context) {
 		}
 		sections, observed := r.conv.Converge(ctx, latest)
 		r.cmds.SetApplied(observed)
+		if mig := migStatus(sections); mig != lastMig {
+			// The GPUs' MIG slices changed (the reason names them): the
+			// control plane learns them from an inventory report, so send
+			// one now rather than at the next refresh.
+			lastMig = mig
+			if rep, err := r.cfg.Inventory.Report(ctx, nil); err == nil {
+				r.health.note(rep)
+				r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
+			}
+		}
 		o := &agentv1.Observed{Generation: latest.GetGeneration(), ObservedGeneration: observed, Sections: sections}
 		if periodic && proto.Equal(o, last) {
 			continue
@@ -111,4 +122,16 @@ func (r *runner) convergeLoop(ctx context.Context) {
 		last = o
 		r.publish(o)
 	}
+}
+
+// migStatus is the mig section's state and reason in sections ("" when
+// it has no reason: a node without MIG layouts never sends an extra
+// report).
+func migStatus(sections []*agentv1.SectionStatus) string {
+	for _, st := range sections {
+		if st.GetSection() == "mig" && st.GetReason() != "" {
+			return st.GetState().String() + " " + st.GetReason()
+		}
+	}
+	return ""
 }
