@@ -132,10 +132,10 @@ func runTrial(ctx context.Context, st upgrade.Staged, args []string, timeout tim
 	if !done {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // stopped on purpose: its exit status says nothing
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // killed on purpose: its exit status says nothing
 		}
 	}
 	return result

@@ -45,10 +45,9 @@ func buildBCD(t *testing.T, dir, version string) string {
 
 // releaser signs manifests for builds it serves over loopback http.
 type releaser struct {
-	priv  ed25519.PrivateKey
-	srv   *httptest.Server
-	dir   string
-	count uint64
+	priv ed25519.PrivateKey
+	srv  *httptest.Server
+	dir  string
 }
 
 // release serves the file at path and returns its signed manifest with
@@ -129,10 +128,10 @@ func TestUpgradeWithRealBuilds(t *testing.T) {
 	t.Cleanup(func() {
 		_ = node.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // stopped on purpose: its exit status says nothing
 		case <-time.After(20 * time.Second):
 			_ = node.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // killed on purpose: its exit status says nothing
 		}
 		if t.Failed() {
 			t.Logf("bcd's log:\n%s", logs.String())

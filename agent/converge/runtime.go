@@ -105,13 +105,13 @@ func (h *runtimeHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	if res.Failure != "" {
 		failed = append(failed, res.Failure)
 	}
-	if min := r.GetMinContainerToolkitVersion(); min != "" {
-		have, why := engines.Toolkit(ctx, h.cfg, min)
+	if least := r.GetMinContainerToolkitVersion(); least != "" {
+		have, why := engines.Toolkit(ctx, h.cfg, least)
 		switch {
 		case why != "":
 			failed = append(failed, why)
 		default:
-			parts = append(parts, fmt.Sprintf("nvidia-ctk %s (min_container_toolkit_version %s)", have, min))
+			parts = append(parts, fmt.Sprintf("nvidia-ctk %s (min_container_toolkit_version %s)", have, least))
 		}
 	}
 	p.Summary = strings.Join(parts, "; ")

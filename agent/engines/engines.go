@@ -616,40 +616,40 @@ func crioDirs(out []byte) ([]string, bool) {
 // service is each engine's systemd unit.
 var service = map[string]string{runtimespec.Containerd: "containerd", runtimespec.CRIO: "crio", runtimespec.Docker: "docker", runtimespec.Podman: "podman"}
 
-// Toolkit checks the NVIDIA Container Toolkit against min (a version
+// Toolkit checks the NVIDIA Container Toolkit against least (a version
 // runtimespec.ParseVersion takes): it returns the installed version ("" when
-// nvidia-ctk is absent) and, when it is absent or older than min, why the
+// nvidia-ctk is absent) and, when it is absent or older than least, why the
 // section fails.
-func Toolkit(ctx context.Context, cfg Config, min string) (have, failure string) {
+func Toolkit(ctx context.Context, cfg Config, least string) (have, failure string) {
 	r := cfg.runner()
 	p := cfg.NvidiaCTK
 	if p == "" {
 		var err error
 		if p, err = r.LookPath("nvidia-ctk"); err != nil {
-			return "", "nvidia-ctk not found (min_container_toolkit_version " + min + ")"
+			return "", "nvidia-ctk not found (min_container_toolkit_version " + least + ")"
 		}
 	} else if _, err := os.Stat(p); err != nil {
-		return "", "nvidia-ctk not found at " + p + " (min_container_toolkit_version " + min + ")"
+		return "", "nvidia-ctk not found at " + p + " (min_container_toolkit_version " + least + ")"
 	}
 	out, err := r.Run(ctx, p, "--version")
 	if err != nil {
-		return "", fmt.Sprintf("nvidia-ctk --version: %s (min_container_toolkit_version %s)", firstLine(err.Error()), min)
+		return "", fmt.Sprintf("nvidia-ctk --version: %s (min_container_toolkit_version %s)", firstLine(err.Error()), least)
 	}
 	m := ctkVersion.FindSubmatch(out)
 	if m == nil {
-		return "", fmt.Sprintf("nvidia-ctk --version: no version in %q (min_container_toolkit_version %s)", clip(firstLine(string(out))), min)
+		return "", fmt.Sprintf("nvidia-ctk --version: no version in %q (min_container_toolkit_version %s)", clip(firstLine(string(out))), least)
 	}
 	have = string(m[1])
 	hv, err := runtimespec.ParseVersion(have)
 	if err != nil {
-		return have, fmt.Sprintf("nvidia-ctk version %q: %v (min_container_toolkit_version %s)", have, err, min)
+		return have, fmt.Sprintf("nvidia-ctk version %q: %v (min_container_toolkit_version %s)", have, err, least)
 	}
-	mv, err := runtimespec.ParseVersion(min)
+	mv, err := runtimespec.ParseVersion(least)
 	if err != nil {
 		return have, "min_container_toolkit_version: " + err.Error()
 	}
 	if hv.Less(mv) {
-		return have, fmt.Sprintf("nvidia-ctk %s is older than min_container_toolkit_version %s", have, min)
+		return have, fmt.Sprintf("nvidia-ctk %s is older than min_container_toolkit_version %s", have, least)
 	}
 	return have, ""
 }

@@ -70,8 +70,8 @@ type Model struct {
 // catalog model (A100, H100, H200, B200) has the same seven profiles and
 // placements, scaled.
 func family(name string, ids []uint16, gib1, gib1rev2, gib2, gib3, gib7 int) Model {
-	p := func(name string, id, compute, size, gib, max int, starts ...int) Profile {
-		return Profile{Name: name, NVMLID: id, ComputeSlices: compute, Size: size, MemoryMiB: uint64(gib) * 1024, MaxInstances: max, Starts: starts}
+	p := func(name string, id, compute, size, gib, most int, starts ...int) Profile {
+		return Profile{Name: name, NVMLID: id, ComputeSlices: compute, Size: size, MemoryMiB: uint64(gib) * 1024, MaxInstances: most, Starts: starts}
 	}
 	g := func(n int) string { return fmt.Sprintf("%dgb", n) }
 	return Model{Name: name, DeviceIDs: ids, Profiles: []Profile{

@@ -248,7 +248,7 @@ func TestGroups(t *testing.T) {
 			t.Fatalf("runtime after refused updates %q %v, want it unchanged", stored, err)
 		}
 		// No runtime in the request clears the section.
-		up, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id,
+		_, err = pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "t3", PoolId: id,
 			UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"runtime"}}})
 		if err != nil {
 			t.Fatal(err)

@@ -167,7 +167,7 @@ func rolloutStrategy(st *computev1.RolloutStrategy) (rollouts.Strategy, error) {
 		if err != nil {
 			return rollouts.Strategy{}, err
 		}
-		out.Batches = append(out.Batches, rollouts.BatchSize{Percent: size.Percent, Count: size.Count})
+		out.Batches = append(out.Batches, rollouts.BatchSize(size))
 	}
 	if d := st.GetBake(); d != nil {
 		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 || d.AsDuration() > MaxRolloutBake {

@@ -227,7 +227,7 @@ func TestDriftEachReasonRaisesAndClears(t *testing.T) {
 		t.Fatalf("Drifted=False: %v", got)
 	}
 
-	check := func(name, node string, raise func(), want string, clear func()) {
+	check := func(name, node string, raise func(), want string, mend func()) {
 		t.Helper()
 		raise()
 		e.pass(t)
@@ -267,7 +267,7 @@ func TestDriftEachReasonRaisesAndClears(t *testing.T) {
 		if got := driftEvents(t, e.pool, node); !slices.Equal(got, before) || got[len(got)-1] != "node.drifted" {
 			t.Fatalf("%s: events after a quiet pass %v (before %v)", name, got, before)
 		}
-		clear()
+		mend()
 		e.pass(t)
 		e.wantDrifted(t, node, "")
 		if got := driftEvents(t, e.pool, node); got[len(got)-1] != "node.drift_cleared" || len(got) != len(before)+1 {

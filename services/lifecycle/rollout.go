@@ -190,12 +190,11 @@ func (s *rolloutStep) progress(ctx context.Context) error {
 		return err
 	}
 	// Judge the released nodes.
-	var healthy, failed []string
+	var healthy []string
 	for i := range nodes {
 		n := &nodes[i]
 		switch {
 		case (n.State == rollouts.NodeUpdating || n.State == rollouts.NodeHealthy) && n.Unhealthy != "":
-			failed = append(failed, n.NodeID)
 			n.State = rollouts.NodeFailed
 			s.event("rollout.node_failed", map[string]any{"nodeId": n.NodeID, "reason": n.Unhealthy})
 			if err := rollouts.SetNodes(ctx, s.tx, s.r.ID, []string{n.NodeID}, rollouts.NodeFailed, n.Unhealthy); err != nil {
