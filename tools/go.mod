@@ -18,6 +18,7 @@ tool (
 
 require (
 	github.com/bettercompute/bettercompute/agent v0.0.0
+	github.com/bettercompute/bettercompute/proto v0.0.0
 	github.com/getkin/kin-openapi v0.153.0
 	go.opentelemetry.io/proto/otlp v1.11.1
 	google.golang.org/grpc v1.85.0
@@ -75,7 +76,6 @@ require (
 	github.com/ashanbrown/forbidigo/v2 v2.3.1 // indirect
 	github.com/ashanbrown/makezero/v2 v2.2.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
-	github.com/bettercompute/bettercompute/proto v0.0.0 // indirect
 	github.com/bkielbasa/cyclop v1.2.3 // indirect
 	github.com/blizzy78/varnamelen v0.8.0 // indirect
 	github.com/bombsimon/wsl/v4 v4.7.0 // indirect

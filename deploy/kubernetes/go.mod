@@ -12,6 +12,7 @@ require (
 )
 
 require (
+	github.com/bettercompute/bettercompute/proto v0.0.0 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
 	github.com/go-errors/errors v1.5.1 // indirect
