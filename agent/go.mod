@@ -10,6 +10,7 @@ require (
 	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae
 	github.com/kdomanski/iso9660 v0.4.0
+	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/pin/tftp/v3 v3.1.0
 	github.com/stmcginnis/gofish v0.20.0
 	go.opentelemetry.io/otel v1.47.0
@@ -41,7 +42,6 @@ require (
 	github.com/josharian/native v1.1.0 // indirect
 	github.com/mdlayher/packet v1.1.2 // indirect
 	github.com/mdlayher/socket v0.4.1 // indirect
-	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/pierrec/lz4/v4 v4.1.14 // indirect
 	github.com/u-root/uio v0.0.0-20230220225925-ffce2a382923 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect

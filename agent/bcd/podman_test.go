@@ -95,15 +95,20 @@ func TestPodman_SeesExactlyTheBookedGPUs(t *testing.T) {
 	pm.unresolvable(t, cdi.Kind+"=rsv_podman")
 
 	// rsv_podman holds GPUs 1 and 5.
-	book := func(gen int64, asg ...*agentv1.DeviceAssignment) {
+	book := func(gen int64, asg ...*agentv1.DeviceAssignment) string {
 		t.Helper()
 		cp.SetDesired(&agentv1.DesiredState{Generation: gen, Spec: &agentv1.NodeSpec{
 			Identity: &agentv1.NodeIdentity{NodeId: nodeID},
 			Devices:  &agentv1.DeviceAssignments{Assignments: asg},
 		}})
-		waitDevicesConverged(t, cp, gen)
+		return waitDevicesConverged(t, cp, gen)
 	}
-	book(1, &agentv1.DeviceAssignment{ReservationId: "rsv_podman", GpuUuids: []string{uuid(1), uuid(5)}})
+	reason := book(1, &agentv1.DeviceAssignment{ReservationId: "rsv_podman", GpuUuids: []string{uuid(1), uuid(5)}})
+	// The section's own check injects the devices as an engine does: the
+	// reservation and its two GPUs, two GPU nodes and the control nodes.
+	if !strings.Contains(reason, "; 3 devices resolve as the engines resolve them (") || strings.Contains(reason, "injection not tried") {
+		t.Errorf("devices reason %q lacks the injection check", reason)
+	}
 	only := func(names ...string) map[string]string {
 		m := maps.Clone(control)
 		for _, n := range names {
@@ -136,8 +141,8 @@ func TestPodman_SeesExactlyTheBookedGPUs(t *testing.T) {
 }
 
 // waitDevicesConverged waits for the node's report of generation gen with
-// the devices section CONVERGED.
-func waitDevicesConverged(t *testing.T, cp *testcontrol.Server, gen int64) {
+// the devices section CONVERGED and returns the section's reason.
+func waitDevicesConverged(t *testing.T, cp *testcontrol.Server, gen int64) string {
 	t.Helper()
 	for {
 		select {
@@ -152,7 +157,7 @@ func waitDevicesConverged(t *testing.T, cp *testcontrol.Server, gen int64) {
 				if s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED {
 					t.Fatalf("generation %d: devices %v", gen, s)
 				}
-				return
+				return s.GetReason()
 			}
 		case <-t.Context().Done():
 			t.Fatalf("no report of generation %d", gen)

@@ -194,6 +194,10 @@ func (w *Writer) Path() string { return filepath.Join(w.cfg.Dir, SpecFile) }
 // when nvidia-ctk is not installed (the spec has no hook).
 func (w *Writer) Hook() string { return w.hook }
 
+// MissingNodesNote starts the note of a spec whose device nodes are not all
+// on the host.
+const MissingNodesNote = "device nodes missing on the host: "
+
 // Spec is a generated spec and what was left out of it.
 type Spec struct {
 	// Raw is the spec; nil when nothing is booked.
@@ -265,7 +269,7 @@ func (w *Writer) Generate(gpus []GPU, rsvs []Reservation) (Spec, error) {
 	slices.SortStableFunc(raw.Devices, func(a, b specs.Device) int { return strings.Compare(a.Name, b.Name) })
 	if len(missing) > 0 {
 		slices.Sort(missing)
-		out.Notes = append(out.Notes, "device nodes missing on the host: "+strings.Join(slices.Compact(missing), ", "))
+		out.Notes = append(out.Notes, MissingNodesNote+strings.Join(slices.Compact(missing), ", "))
 	}
 	if len(nocaps) > 0 {
 		out.Notes = append(out.Notes, "MIG capabilities not in "+MigMinorsFile+": "+strings.Join(nocaps, ", "))

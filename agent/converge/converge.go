@@ -262,7 +262,7 @@ func New(cfg Config) (*Converger, error) {
 	if cfg.Runtime.Root == "" {
 		cfg.Runtime.Root = cfg.Root
 	}
-	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: newDevicesHandler(cfg.CDI, cfg.Runtime.Root, cfg.MIGDevices), site: &siteHandler{
+	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: newDevicesHandler(cfg.CDI, cfg.Runtime.Root, cfg.MIGDevices, cfg.Runtime.Runner), site: &siteHandler{
 		root: cfg.Site.Root, level: cfg.Site.LogLevel, def: cfg.Site.DefaultLogLevel, onChange: cfg.Site.OnChange}}
 	c.handlers = []Handler{
 		identityHandler{},

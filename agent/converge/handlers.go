@@ -2,6 +2,7 @@ package converge
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bettercompute/bettercompute/agent/cdi"
+	"github.com/bettercompute/bettercompute/agent/engines"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/siteconf"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
@@ -87,11 +89,30 @@ type devicesHandler struct {
 	pending cdi.Spec      // the spec Plan generated, for Apply
 	write   []*cdi.Writer // where Apply writes pending
 	drop    []*cdi.Writer // where Apply removes the spec
+	// runner runs docker for its discovered-devices check (nil: none).
+	runner engines.Runner
+	// check is what outcome verifies once the spec is on disk (nil: a
+	// failed plan or nothing offered); verified is the key of the last
+	// check that passed and note what it said.
+	check          *resolveCheck
+	verified, note string
 }
 
-func newDevicesHandler(def *cdi.Writer, root string, migs func(context.Context) (map[string]inventory.MIGDevice, error)) *devicesHandler {
+// resolveCheck is the resolution the devices handler checks after a pass:
+// every device of the spec, as an engine resolves it, from the
+// directories written.
+type resolveCheck struct {
+	names   []string
+	dirs    []string
+	inject  bool // every device node is on the host
+	docker  bool // the runtime section names docker
+	summary string
+	key     string
+}
+
+func newDevicesHandler(def *cdi.Writer, root string, migs func(context.Context) (map[string]inventory.MIGDevice, error), runner engines.Runner) *devicesHandler {
 	return &devicesHandler{def: def, root: root, migs: migs, writers: map[string]*cdi.Writer{def.Dir(): def},
-		last: map[string][]byte{}, wrote: map[string]bool{}}
+		last: map[string][]byte{}, wrote: map[string]bool{}, runner: runner}
 }
 
 func (*devicesHandler) Section() string { return "devices" }
@@ -251,7 +272,75 @@ func (h *devicesHandler) Plan(cur Current, d *agentv1.NodeSpec) (Plan, error) {
 	if len(drifted) > 0 {
 		p.Summary = fmt.Sprintf("drifted: %s was edited or removed by hand, restored; %s", strings.Join(drifted, ", "), p.Summary)
 	}
+	h.check = nil
+	if spec.Raw != nil && p.Terminal == "" && p.Failure == "" {
+		c := &resolveCheck{summary: p.Summary, inject: !slices.ContainsFunc(spec.Notes, func(n string) bool {
+			return strings.HasPrefix(n, cdi.MissingNodesNote)
+		})}
+		for _, dev := range spec.Raw.Devices {
+			c.names = append(c.names, cdi.Kind+"="+dev.Name)
+		}
+		for _, w := range ws {
+			c.dirs = append(c.dirs, w.Dir())
+		}
+		r := d.GetRuntime()
+		c.docker = !empty(r) && len(runtimespec.Validate(r)) == 0 && slices.Contains(r.GetEngines(), runtimespec.Docker)
+		sum := sha256.Sum256(spec.Data)
+		c.key = fmt.Sprintf("%x|%s|%t|%t", sum, strings.Join(c.dirs, ","), c.inject, c.docker)
+		h.check = c
+	}
 	return p, nil
+}
+
+// outcome checks, once the spec is on disk, that every device it offers
+// resolves as a container engine resolves it (cdi.Resolve: the library the
+// engines run, over the directories written) and, where the runtime
+// section names docker, that the daemon has discovered them. A failure is
+// FAILED (retried), naming the device; a pass is cached until the spec,
+// its directories or the engines change.
+func (h *devicesHandler) outcome() (agentv1.SectionState, string, bool) {
+	c := h.check
+	if c == nil {
+		return 0, "", false
+	}
+	if c.key != h.verified {
+		note, problem := h.verify(c)
+		if problem != "" {
+			h.verified = ""
+			return agentv1.SectionState_SECTION_STATE_FAILED, problem + "; " + c.summary, true
+		}
+		h.verified, h.note = c.key, note
+	}
+	return agentv1.SectionState_SECTION_STATE_CONVERGED, c.summary + h.note, true
+}
+
+func (h *devicesHandler) verify(c *resolveCheck) (note, problem string) {
+	res, err := cdi.Resolve(c.dirs, c.names, c.inject)
+	if err != nil {
+		return "", "checking the spec: " + err.Error()
+	}
+	if len(res.Problems) > 0 {
+		return "", "the CDI library, as the engines run it, does not resolve " + strings.Join(res.Problems, "; ")
+	}
+	if c.inject {
+		note = fmt.Sprintf("; %d devices resolve as the engines resolve them (%d device nodes)", res.Devices, res.DeviceNodes)
+	} else {
+		note = fmt.Sprintf("; %d devices resolve as the engines resolve them (injection not tried: device nodes missing)", res.Devices)
+	}
+	if c.docker {
+		ctx, cancel := context.WithTimeout(context.Background(), engines.CheckTimeout)
+		defer cancel()
+		lacks, why := engines.DockerDevices(ctx, h.runner, c.names)
+		switch {
+		case why != "":
+			note += "; docker " + why
+		case len(lacks) > 0:
+			return "", "docker has not discovered " + strings.Join(lacks, ", ")
+		default:
+			note += "; docker has discovered them"
+		}
+	}
+	return note, ""
 }
 
 // exposure says what the spec offers, for the section's status reason:

@@ -445,3 +445,61 @@ func TestDevices_DriverUpgradeRegeneratesSpec(t *testing.T) {
 		t.Fatal("stale after regenerating")
 	}
 }
+
+// TestDevices_EnginesResolveTheBooking: once the spec is on disk, the
+// devices section checks that each device resolves as the engines resolve
+// it (the CDI library over the section's directories) and, with docker
+// named, that the daemon has discovered it; either failing is FAILED
+// naming the device, and the section converges once it passes.
+func TestDevices_EnginesResolveTheBooking(t *testing.T) {
+	t.Parallel()
+	n := newRuntimeNode(t)
+	docker := func(discovered string) {
+		script := "#!/bin/sh\ncase \"$3\" in\n*DiscoveredDevices*) echo '" + discovered + "' ;;\n*) echo '[\"/var/run/cdi\"]' ;;\nesac\n"
+		if err := os.WriteFile(filepath.Join(n.bin, "docker"), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt := &agentv1.RuntimeSettings{Engines: []string{"docker"}, CdiSpecDirs: []string{"/var/run/cdi"}}
+	devices := &agentv1.DeviceAssignments{Assignments: []*agentv1.DeviceAssignment{{ReservationId: "rsv_1", GpuUuids: []string{"GPU-a", "GPU-b"}}}}
+
+	// The daemon has not picked the spec up yet.
+	docker(`[{"Source":"cdi","ID":"bettercompute.io/gpu=GPU-a"}]`)
+	st := n.converge(t, 1, &agentv1.NodeSpec{Devices: devices, Runtime: rt})["devices"]
+	if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED ||
+		!strings.HasPrefix(st.GetReason(), "docker has not discovered bettercompute.io/gpu=GPU-b, bettercompute.io/gpu=rsv_1;") {
+		t.Errorf("docker lacking the booking: %v", st)
+	}
+	docker(`[{"Source":"cdi","ID":"bettercompute.io/gpu=GPU-a"},{"Source":"cdi","ID":"bettercompute.io/gpu=GPU-b"},{"Source":"cdi","ID":"bettercompute.io/gpu=rsv_1"}]`)
+	st = n.converge(t, 1, &agentv1.NodeSpec{Devices: devices, Runtime: rt})["devices"]
+	if st.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED ||
+		!strings.Contains(st.GetReason(), "; 3 devices resolve as the engines resolve them (injection not tried: device nodes missing); docker has discovered them") {
+		t.Errorf("docker with the booking: %v", st)
+	}
+
+	// Another vendor's file naming the reservation's device in the same
+	// directory: the library drops both, so no engine would resolve it.
+	n.put(t, "var/run/cdi/other.json", `{"cdiVersion":"0.6.0","kind":"bettercompute.io/gpu","devices":[{"name":"rsv_2","containerEdits":{"deviceNodes":[{"path":"/dev/null"}]}}]}`)
+	devices.Assignments = append(devices.Assignments, &agentv1.DeviceAssignment{ReservationId: "rsv_2", GpuUuids: []string{"GPU-c"}})
+	st = n.converge(t, 2, &agentv1.NodeSpec{Devices: devices, Runtime: rt})["devices"]
+	if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED ||
+		!strings.Contains(st.GetReason(), "does not resolve bettercompute.io/gpu=rsv_2: conflicting device") {
+		t.Errorf("conflicting file: %v", st)
+	}
+	if err := os.Remove(filepath.Join(n.sys, "var/run/cdi/other.json")); err != nil {
+		t.Fatal(err)
+	}
+	docker(`[]`)
+	st = n.converge(t, 2, &agentv1.NodeSpec{Devices: devices, Runtime: rt})["devices"]
+	if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || !strings.Contains(st.GetReason(), "docker has not discovered") {
+		t.Errorf("after the conflict went: %v", st)
+	}
+	// An older docker cannot say: not checked, not failed.
+	if err := os.WriteFile(filepath.Join(n.bin, "docker"), []byte("#!/bin/sh\ncase \"$3\" in\n*DiscoveredDevices*) echo 'template: :1:8: executing \"\" at <.DiscoveredDevices>: can'\"'\"'t evaluate field DiscoveredDevices in type system.Info' >&2; exit 1 ;;\n*) echo '[\"/var/run/cdi\"]' ;;\nesac\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st = n.converge(t, 2, &agentv1.NodeSpec{Devices: devices, Runtime: rt})["devices"]
+	if st.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || !strings.Contains(st.GetReason(), "docker not checked: this docker does not list discovered devices (28.2 and later do)") {
+		t.Errorf("older docker: %v", st)
+	}
+}

@@ -671,3 +671,44 @@ func clip(s string) string {
 	}
 	return s
 }
+
+// DockerDevices asks the running Docker daemon which of names (qualified
+// CDI names) it has discovered: docker info's DiscoveredDevices (Docker
+// 28.2 and later; its CDI cache refreshes itself when a spec changes). It
+// returns those it lacks, or a "not checked: …" reason when the daemon
+// cannot say.
+func DockerDevices(ctx context.Context, r Runner, names []string) (lacks []string, notChecked string) {
+	if r == nil {
+		r = NoCLI
+	}
+	p, err := r.LookPath("docker")
+	if err != nil {
+		return nil, "not checked: docker not found"
+	}
+	out, err := r.Run(ctx, p, "info", "--format", "{{json .DiscoveredDevices}}")
+	if err != nil {
+		if strings.Contains(err.Error(), "can't evaluate field DiscoveredDevices") {
+			return nil, "not checked: this docker does not list discovered devices (28.2 and later do)"
+		}
+		return nil, "not checked: docker info: " + firstLine(err.Error())
+	}
+	var devs []struct {
+		Source string `json:"Source"`
+		ID     string `json:"ID"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(out), &devs); err != nil {
+		return nil, "not checked: docker info: unexpected output " + clip(firstLine(string(out)))
+	}
+	have := map[string]bool{}
+	for _, d := range devs {
+		if d.Source == "cdi" {
+			have[d.ID] = true
+		}
+	}
+	for _, n := range names {
+		if !have[n] {
+			lacks = append(lacks, n)
+		}
+	}
+	return lacks, ""
+}
