@@ -55,6 +55,9 @@ type Config struct {
 	// role, standalone on its internal listener or inside a gateway that
 	// does not relay (gateway.joinService unset).
 	JoinService JoinService `yaml:"joinService"`
+	// Host says what an `all` process hosts beyond the API and the worker
+	// roles.
+	Host Host `yaml:"host"`
 	// Gateway configures the gateway role.
 	Gateway Gateway `yaml:"gateway"`
 	// Commands configures the command queue: the signing key of destructive
@@ -72,6 +75,9 @@ type Config struct {
 	Health Health `yaml:"health"`
 	// Fleet configures fleet.drift: the nodes' Drifted condition.
 	Fleet Fleet `yaml:"fleet"`
+	// IAM configures the iam role's jobs: API keys pruned and warned of
+	// before they expire, the authorization projection re-verified.
+	IAM IAM `yaml:"iam"`
 	// Events configures the outbox relay, the event stream and retention.
 	Events Events `yaml:"events"`
 	// Webhooks configures webhook delivery.
@@ -155,6 +161,17 @@ type GatewayTLS struct {
 	// CAFile is the trust bundle (PEM certificates of the node CA): node
 	// certificates and joinservice's must chain to it.
 	CAFile string `yaml:"caFile"`
+}
+
+// Host is what an `all` process hosts beyond the API and every worker
+// role (the spec's process modes).
+type Host struct {
+	// Gateway, when set, is the address (host:port) of the gateway an
+	// `all` process also runs; unset, `all` runs none. It is the
+	// gateway's listener (gateway.listen, when that is unset). Under
+	// `all`, gateway.listen alone still starts one, with a warning, for
+	// one release.
+	Gateway string `yaml:"gateway"`
 }
 
 // Gateway configures the gateway role: node daemons' sessions over mutual
@@ -475,6 +492,7 @@ func (c *Config) Defaults() {
 	c.Nodes.defaults(&c.Capacity)
 	c.Health.defaults()
 	c.Fleet.defaults()
+	c.IAM.defaults()
 	c.Capacity.defaults()
 	c.Events.defaults()
 	c.Webhooks.defaults()
@@ -594,6 +612,11 @@ func (c *Config) Validate() error {
 			bad("gateway.listen", "expected host:port (such as :8443), got %q", l)
 		}
 	}
+	if l := c.Host.Gateway; l != "" {
+		if _, port, err := net.SplitHostPort(l); err != nil || port == "" {
+			bad("host.gateway", "expected host:port (such as :8443), got %q", l)
+		}
+	}
 	if !gatewayIDRE.MatchString(c.Gateway.ID) {
 		bad("gateway.id", "expected lower-case letters, digits, dots and dashes, got %q", c.Gateway.ID)
 	}
@@ -673,6 +696,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Nodes.validate(&c.Capacity)...)
 	errs = append(errs, c.Health.validate()...)
 	errs = append(errs, c.Fleet.validate()...)
+	errs = append(errs, c.IAM.validate()...)
 	errs = append(errs, c.Events.validate()...)
 	errs = append(errs, c.Webhooks.validate()...)
 	errs = append(errs, c.Providers.validate()...)

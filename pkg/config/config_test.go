@@ -273,10 +273,23 @@ func TestParseRoles(t *testing.T) {
 	}{
 		{nil, []config.Role{config.RoleAll}},
 		{[]string{""}, []config.Role{config.RoleAll}},
-		{[]string{"controllers,api", "api"}, []config.Role{config.RoleAPI, config.RoleControllers}},
+		// The spec's controllers: reconcilers, workflows (metal, vps) and
+		// the CommandSweeper, each still a membership of its own.
+		{[]string{"controllers,api", "api"}, []config.Role{config.RoleAPI, config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleMetal, config.RoleVPS}},
 		{[]string{"API", " gateway "}, []config.Role{config.RoleAPI, config.RoleGateway}},
 		{[]string{"api", "all"}, []config.Role{config.RoleAll}},
-		{[]string{"controllers,scheduler,sinks,iam"}, []config.Role{config.RoleControllers, config.RoleScheduler, config.RoleSinks, config.RoleIAM}},
+		// Finer roles alone stay alone: that is how a part scales apart.
+		{[]string{"nodespec-controller", "placer"}, []config.Role{config.RoleNodeSpecController, config.RolePlacer}},
+		{[]string{"scheduler"}, []config.Role{config.RolePlacer, config.RoleScheduler}},
+		{[]string{"sinks"}, []config.Role{config.RoleOutboxRelay, config.RoleSinks}},
+		{[]string{"iam"}, []config.Role{config.RoleIAM}},
+	}
+	worker := []config.Role{config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleSinks, config.RoleIAM}
+	for _, in := range [][]string{{"worker"}, {"controllers,scheduler,sinks,iam"}, {"WORKER", "iam"}} {
+		cases = append(cases, struct {
+			in   []string
+			want []config.Role
+		}{in, worker})
 	}
 	for _, tc := range cases {
 		got, err := config.ParseRoles(tc.in)
@@ -333,11 +346,14 @@ func TestRoleLists(t *testing.T) {
 	if len(config.AllRoles) != 13 || slices.Contains(config.AllRoles, config.RoleAll) {
 		t.Fatalf("all roles: %v", config.AllRoles)
 	}
-	want := []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleSinks}
+	want := []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleSinks, config.RoleIAM}
 	if !slices.Equal(config.BuiltRoles, want) {
 		t.Errorf("built roles %v, want %v", config.BuiltRoles, want)
 	}
-	want = []config.Role{config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler}
+	if slices.Contains(config.AllRoles, config.RoleWorker) {
+		t.Error("worker is a name for roles, not a role")
+	}
+	want = []config.Role{config.RoleNodeSpecController, config.RoleCommandSweeper, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleIAM}
 	if !slices.Equal(config.RuntimeRoles, want) {
 		t.Errorf("runtime roles %v, want %v", config.RuntimeRoles, want)
 	}

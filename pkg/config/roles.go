@@ -29,6 +29,10 @@ const (
 	RoleSinks              Role = "sinks"
 	RoleIAM                Role = "iam"
 	RoleAll                Role = "all"
+	// RoleWorker is the spec's worker process mode: controllers,
+	// scheduler, sinks and iam. It is a name for those roles, not a role
+	// of its own: ParseRoles expands it.
+	RoleWorker Role = "worker"
 )
 
 // roleTable is the one table of roles: every list of roles (here, in the
@@ -42,20 +46,38 @@ var roleTable = []struct {
 	// membership: the role's reconcilers run on the reconciler runtime,
 	// as a membership of their own, with their own shard leases.
 	membership bool
+	// includes are the finer roles a process naming this one also runs
+	// (the spec's controllers are "reconcilers, workflows, the
+	// CommandSweeper"); each keeps its own membership, so naming a finer
+	// role alone still scales that part apart.
+	includes []Role
 }{
-	{RoleAPI, true, false},
-	{RoleJoinService, true, false},
-	{RoleGateway, true, false},
-	{RoleNodeSpecController, true, true},
-	{RolePlacer, true, false},
-	{RoleCommandSweeper, true, true},
-	{RoleOutboxRelay, true, false},
-	{RoleControllers, true, true},
-	{RoleMetal, true, true},
-	{RoleVPS, true, true},
-	{RoleScheduler, true, true},
-	{RoleSinks, true, false},
-	{RoleIAM, false, false},
+	{RoleAPI, true, false, nil},
+	{RoleJoinService, true, false, nil},
+	{RoleGateway, true, false, nil},
+	{RoleNodeSpecController, true, true, nil},
+	{RolePlacer, true, false, nil},
+	{RoleCommandSweeper, true, true, nil},
+	{RoleOutboxRelay, true, false, nil},
+	{RoleControllers, true, true, []Role{RoleNodeSpecController, RoleCommandSweeper, RoleMetal, RoleVPS}},
+	{RoleMetal, true, true, nil},
+	{RoleVPS, true, true, nil},
+	{RoleScheduler, true, true, []Role{RolePlacer}},
+	{RoleSinks, true, false, []Role{RoleOutboxRelay}},
+	{RoleIAM, true, true, nil},
+}
+
+// WorkerRoles are what [RoleWorker] names: the spec's worker process mode.
+var WorkerRoles = []Role{RoleControllers, RoleScheduler, RoleSinks, RoleIAM}
+
+// includes returns r's finer roles.
+func includes(r Role) []Role {
+	for _, t := range roleTable {
+		if t.role == r {
+			return t.includes
+		}
+	}
+	return nil
 }
 
 // AllRoles lists every role except [RoleAll], in a stable order.
@@ -85,8 +107,11 @@ func rolesWhere(keep func(built, membership bool) bool) []Role {
 // ParseRoles parses role names; each entry may itself be a comma-separated
 // list ("api,controllers"). Blank entries are ignored, duplicates collapse,
 // and the result keeps the order of [AllRoles] with [RoleAll] kept as given
-// (it is expanded by whoever knows which roles are built). No roles at all
-// means [RoleAll]. An unknown name is INVALID_CONFIG on field "roles".
+// (it is expanded by whoever knows which roles are built). "worker" is
+// [WorkerRoles], and a role brings the finer roles it includes
+// (controllers: nodespec-controller, command-sweeper, metal, vps;
+// scheduler: placer; sinks: outbox-relay). No roles at all means
+// [RoleAll]. An unknown name is INVALID_CONFIG on field "roles".
 func ParseRoles(entries []string) ([]Role, error) {
 	seen := map[Role]bool{}
 	for _, e := range entries {
@@ -96,10 +121,26 @@ func ParseRoles(entries []string) ([]Role, error) {
 				continue
 			}
 			r := Role(strings.ToLower(name))
-			if r != RoleAll && !slices.Contains(AllRoles, r) {
+			switch {
+			case r == RoleWorker:
+				for _, w := range WorkerRoles {
+					seen[w] = true
+				}
+				continue
+			case r != RoleAll && !slices.Contains(AllRoles, r):
 				return nil, fault.New(fault.InvalidConfig, "roles", "unknown role %q; expected %s", name, roleList())
 			}
 			seen[r] = true
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for r := range seen {
+			for _, f := range includes(r) {
+				if !seen[f] {
+					seen[f], changed = true, true
+				}
+			}
 		}
 	}
 	if len(seen) == 0 || seen[RoleAll] {
@@ -119,6 +160,6 @@ func roleList() string {
 	for _, r := range AllRoles {
 		names = append(names, string(r))
 	}
-	names = append(names, string(RoleAll))
+	names = append(names, string(RoleWorker), string(RoleAll))
 	return fmt.Sprintf("one of %s", strings.Join(names, ", "))
 }

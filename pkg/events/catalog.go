@@ -175,6 +175,18 @@ func catalog() []Type {
 				"`{id, identityId, tenantId}` instead.",
 		},
 		{
+			Name:    "apiKey.expiring",
+			Subject: "apiKey",
+			Fields: []Field{
+				{Name: "id", Type: "string", Doc: "The key's id."},
+				{Name: "identityId", Type: "string", Doc: "The identity it authenticates."},
+				{Name: "name", Type: "string", Doc: "The key's name."},
+				{Name: "expiresAt", Type: "string", Doc: "When it stops authenticating (RFC 3339)."},
+			},
+			Doc: "An API key expires within `iam.keyExpiryWarning` (7 days): written once per key by the iam role's `iam.keys` job, " +
+				"so whoever holds it can rotate it in time.",
+		},
+		{
 			Name:    "apiKey.revoked",
 			Subject: "apiKey",
 			Payload: &computev1.ApiKeysServiceRevokeResponse{},

@@ -48,6 +48,7 @@ import (
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/console"
 	"github.com/bettercompute/bettercompute/services/gateway"
+	iamjobs "github.com/bettercompute/bettercompute/services/iam"
 	"github.com/bettercompute/bettercompute/services/inventory"
 	"github.com/bettercompute/bettercompute/services/lifecycle"
 	"github.com/bettercompute/bettercompute/services/mcpserver"
@@ -171,11 +172,19 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	if err := cfg.RequireDatabase(); err != nil {
 		return nil, err
 	}
+	var oldGatewayKey bool
 	if slices.Contains(roles, config.RoleGateway) {
+		all := slices.Equal(cfg.Roles, nil) || slices.Contains(cfg.Roles, string(config.RoleAll))
 		switch {
+		case cfg.Host.Gateway != "":
+			if cfg.Gateway.Listen == "" {
+				cfg.Gateway.Listen = cfg.Host.Gateway
+			}
 		case cfg.Gateway.Listen != "":
-		case slices.Equal(cfg.Roles, nil) || slices.Contains(cfg.Roles, string(config.RoleAll)):
-			// `all` runs a gateway only where one is configured.
+			// `all` keyed its gateway on gateway.listen before host.gateway.
+			oldGatewayKey = all
+		case all:
+			// `all` runs a gateway only where host.gateway says so.
 			roles = slices.DeleteFunc(roles, func(r config.Role) bool { return r == config.RoleGateway })
 		default:
 			cfg.Gateway.Listen = ":8443"
@@ -198,6 +207,10 @@ func New(cfg *config.Config, opts Options) (*App, error) {
 	}
 	if len(notBuilt) > 0 {
 		logger.Info("roles not built yet in this release are skipped by `all`", "roles", joinRoles(notBuilt))
+	}
+	if oldGatewayKey {
+		logger.Warn("`all` runs a gateway because gateway.listen is set: set host.gateway instead (gateway.listen alone stops starting one under `all` after this release)",
+			"gateway.listen", cfg.Gateway.Listen)
 	}
 	reg := opts.Registry
 	if reg == nil {
@@ -438,6 +451,18 @@ func (a *App) startRuntime(ctx context.Context) error {
 	if slices.Contains(roles, reconcile.RoleScheduler) {
 		if err := a.registerCapacity(rt); err != nil {
 			return err
+		}
+	}
+	if slices.Contains(roles, string(config.RoleIAM)) {
+		// IAM's jobs, each under a singleton lease (services/iam).
+		rs, err := iamjobs.Reconcilers(iamjobs.Config{IAM: a.cfg.IAM, Logger: a.logger.With("role", "iam"), Registerer: a.reg})
+		if err != nil {
+			return err
+		}
+		for _, r := range rs {
+			if err := rt.Register(r); err != nil {
+				return err
+			}
 		}
 	}
 	if err := a.registerCommands(rt, roles); err != nil {

@@ -49,22 +49,63 @@ func start(t *testing.T, cfg *config.Config) *app.App {
 func TestResolveRoles(t *testing.T) {
 	t.Parallel()
 	run, notBuilt, err := app.ResolveRoles(nil)
-	if err != nil || !slices.Equal(run, []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleSinks}) || !slices.Contains(notBuilt, config.RoleIAM) {
+	if err != nil || !slices.Equal(run, []config.Role{config.RoleAPI, config.RoleJoinService, config.RoleGateway, config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleSinks, config.RoleIAM}) || len(notBuilt) != 0 {
 		t.Fatalf("all: run=%v notBuilt=%v err=%v", run, notBuilt, err)
 	}
 	if len(run)+len(notBuilt) != len(config.AllRoles) {
 		t.Fatalf("all must account for every role: %v + %v", run, notBuilt)
 	}
 
-	_, _, err = app.ResolveRoles([]string{"api,iam"})
-	fe, ok := fault.As(err)
-	if !ok || fe.Code != fault.Unsupported || fe.Field != "roles" || !strings.Contains(fe.Message, `"iam" is not built yet`) {
-		t.Fatalf("an explicit unbuilt role must fail naming it: %v", err)
+	// The spec's worker mode, by its name or by its four roles: every
+	// worker part, no api, gateway or joinservice.
+	for _, in := range []string{"worker", "controllers,scheduler,sinks,iam"} {
+		run, _, err = app.ResolveRoles([]string{in})
+		if err != nil || !slices.Equal(run, []config.Role{config.RoleNodeSpecController, config.RolePlacer, config.RoleCommandSweeper, config.RoleOutboxRelay, config.RoleControllers, config.RoleMetal, config.RoleVPS, config.RoleScheduler, config.RoleSinks, config.RoleIAM}) {
+			t.Fatalf("%s: run=%v err=%v", in, run, err)
+		}
 	}
 
 	_, _, err = app.ResolveRoles([]string{"bogus"})
 	if fe, ok := fault.As(err); !ok || fe.Code != fault.InvalidConfig || !strings.Contains(fe.Message, "bogus") {
 		t.Fatalf("unknown role: %v", err)
+	}
+}
+
+// TestAllRunsTheGatewayPerHostGateway: `all` runs a gateway when
+// host.gateway is set (listening there), none when nothing says so, and
+// still one on gateway.listen alone (the old key, for a release); a named
+// gateway role listens on :8443 by default.
+func TestAllRunsTheGatewayPerHostGateway(t *testing.T) {
+	t.Parallel()
+	hasGateway := func(a *app.App) bool { return slices.Contains(a.Roles(), config.RoleGateway) }
+	for _, c := range []struct {
+		name         string
+		roles        []string
+		host, listen string
+		want         bool
+		wantListen   string
+	}{
+		{"all, nothing set", nil, "", "", false, ""},
+		{"all, host.gateway", []string{"all"}, "127.0.0.1:9443", "", true, "127.0.0.1:9443"},
+		{"all, host.gateway and gateway.listen", nil, "gw.example:443", "127.0.0.1:9443", true, "127.0.0.1:9443"},
+		{"all, gateway.listen alone", nil, "", "127.0.0.1:9443", true, "127.0.0.1:9443"},
+		{"gateway named", []string{"gateway"}, "", "", true, ":8443"},
+	} {
+		cfg := testConfig("postgres://nobody@127.0.0.1:1/none")
+		cfg.Roles, cfg.Host.Gateway, cfg.Gateway.Listen = c.roles, c.host, c.listen
+		cfg.JoinService.KeyDir = t.TempDir()
+		a, err := app.New(cfg, app.Options{})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if hasGateway(a) != c.want || (c.want && cfg.Gateway.Listen != c.wantListen) {
+			t.Errorf("%s: gateway %v listening on %q, want %v on %q", c.name, hasGateway(a), cfg.Gateway.Listen, c.want, c.wantListen)
+		}
+	}
+	cfg := testConfig("postgres://nobody@127.0.0.1:1/none")
+	cfg.Host.Gateway = "9443"
+	if fe, ok := fault.As(cfg.Validate()); !ok || fe.Field != "host.gateway" {
+		t.Errorf("host.gateway without a port: %v", cfg.Validate())
 	}
 }
 

@@ -177,6 +177,9 @@ func start(ctx context.Context, cfg *config.Config, opts app.Options, run RunOpt
 	if cfg.Gateway.Listen == "" {
 		cfg.Gateway.Listen = DefaultGatewayListen
 	}
+	if cfg.Host.Gateway == "" {
+		cfg.Host.Gateway = cfg.Gateway.Listen
+	}
 	// The command-signing key, made once under the data dir like the CA.
 	if cfg.Commands.SigningKeyFile == "" {
 		cfg.Commands.SigningKeyFile = filepath.Join(dataDir, "pki", CommandKeyFile)
