@@ -170,7 +170,7 @@ func (f flags) parse(args []string) error {
 func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newFlags("join", stderr)
 	token := f.str("token", "", "join token bcjt_<id>.<secret> (prefer the environment: flags show in ps)")
-	gateway := f.str("gateway", "", "gateway host:port")
+	gateway := f.str("gateway", "", "gateway host:port, or several comma-separated (each attempt goes to the next)")
 	root := f.str("root", DefaultRoot, "state directory")
 	keyFile := f.str("joinservice-key", "", "joinservice's HPKE public key: PEM PUBLIC KEY (X25519) or 32 bytes hex/base64 (default <root>/joinservice.pub)")
 	keyID := f.str("joinservice-key-id", "", "id of that key (default: the PEM's Key-Id header, else derived from the key)")
@@ -240,7 +240,7 @@ func runJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	f := newFlags("node", stderr)
-	gateway := f.str("gateway", "", "gateway host:port")
+	gateway := f.str("gateway", "", "gateway host:port, or several comma-separated: the node starts at a random one and moves to the next when its session ends")
 	root := f.str("root", DefaultRoot, "state directory (written by bcd join)")
 	serverName := f.str("server-name", "", "name on the gateway's certificate (default: the host of --gateway)")
 	nvml := f.str("nvml", inventory.BackendReal, "NVML backend: real or mock (the mock's GPU faults are read from <root>/nvml-faults.json)")

@@ -31,7 +31,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
@@ -40,6 +39,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/bettercompute/bettercompute/agent/internal/gateways"
 	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
@@ -58,7 +58,8 @@ type Claimer interface {
 // Config is one join. Gateway, Token, JoinserviceKey, State and Claims are
 // required.
 type Config struct {
-	// Gateway is the gateway's host:port.
+	// Gateway is the gateways' host:port, comma-separated
+	// (internal/gateways): each attempt goes to the next.
 	Gateway string
 	// ServerName is the name the gateway's certificate must carry (a DNS or
 	// IP SAN). Empty means the host of Gateway.
@@ -146,16 +147,22 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 	if err != nil {
 		return state.Identity{}, fmt.Errorf("join: hardware claims: %w", err)
 	}
-	serverName := cfg.ServerName
-	if serverName == "" {
-		serverName = hostOf(cfg.Gateway)
-	}
-	creds := credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs, ServerName: serverName})
-	conn, err := grpc.NewClient(cfg.Gateway, grpc.WithTransportCredentials(creds))
+	gws, err := gateways.Parse(cfg.Gateway, cfg.ServerName)
 	if err != nil {
-		return state.Identity{}, fmt.Errorf("join: dial %s: %w", cfg.Gateway, err)
+		return state.Identity{}, fmt.Errorf("join: %w", err)
 	}
-	defer func() { _ = conn.Close() }()
+	// join calls Join on the next gateway of the list: a retry goes to
+	// another one when there are several.
+	join := func(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
+		tg := gws.Next()
+		creds := credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs, ServerName: tg.ServerName})
+		conn, err := grpc.NewClient(tg.Addr, grpc.WithTransportCredentials(creds), grpc.WithDefaultServiceConfig(gateways.ServiceConfig))
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", tg.Addr, err)
+		}
+		defer func() { _ = conn.Close() }()
+		return agentv1.NewNodeServiceClient(conn).Join(ctx, req)
+	}
 	timeout := cfg.Timeout
 	if timeout <= 0 {
 		timeout = 30 * time.Second
@@ -168,13 +175,12 @@ func Join(ctx context.Context, cfg Config) (state.Identity, error) {
 		Claims:           claims,
 		Role:             cfg.Role,
 	}
-	client := agentv1.NewNodeServiceClient(conn)
 	giveUp := time.Now().Add(cfg.RetryFor)
 	backoff := retry.Backoff{Min: time.Second, Max: 15 * time.Second}
 	var resp *agentv1.JoinResponse
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
-		resp, err = client.Join(cctx, req)
+		resp, err = join(cctx, req)
 		cancel()
 		if err == nil {
 			break
@@ -291,11 +297,4 @@ func ParsePublicKey(data []byte) (pub []byte, keyID string, err error) {
 		}
 	}
 	return nil, "", errors.New("join: joinservice key: want a PEM PUBLIC KEY or 32 bytes in hex or base64")
-}
-
-func hostOf(addr string) string {
-	if h, _, err := net.SplitHostPort(addr); err == nil {
-		return h
-	}
-	return addr
 }

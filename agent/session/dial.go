@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/bettercompute/bettercompute/agent/internal/gateways"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/proto/spiffepath"
 )
@@ -36,23 +37,35 @@ func (r *runner) current() (state.Identity, *tls.Certificate, *x509.CertPool) {
 	return r.id, r.cert, r.pool
 }
 
-// dial opens a client connection authenticated with the current
+// target is the gateway the session last dialed (the renewal goes there
+// too), else the next of the list.
+func (r *runner) target() gateways.Target {
+	r.mu.Lock()
+	tg := r.gw
+	r.mu.Unlock()
+	if tg.Addr == "" {
+		return r.gws.Next()
+	}
+	return tg
+}
+
+// dial opens a client connection to tg authenticated with the current
 // certificate and verifying the gateway against the current trust bundle.
-func (r *runner) dial() (*grpc.ClientConn, error) {
+func (r *runner) dial(tg gateways.Target) (*grpc.ClientConn, error) {
 	_, _, pool := r.current()
 	creds := credentials.NewTLS(&tls.Config{
 		MinVersion: tls.VersionTLS12,
 		RootCAs:    pool,
-		ServerName: r.cfg.ServerName,
+		ServerName: tg.ServerName,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			_, c, _ := r.current()
 			return c, nil
 		},
 		VerifyConnection: r.verifyGateway,
 	})
-	conn, err := grpc.NewClient(r.cfg.Gateway, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(tg.Addr, grpc.WithTransportCredentials(creds), grpc.WithDefaultServiceConfig(gateways.ServiceConfig))
 	if err != nil {
-		return nil, fmt.Errorf("session: dial %s: %w", r.cfg.Gateway, err)
+		return nil, fmt.Errorf("session: dial %s: %w", tg.Addr, err)
 	}
 	return conn, nil
 }

@@ -68,7 +68,7 @@ func (r *runner) renew(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("session: csr: %w", err)
 	}
-	conn, err := r.dial()
+	conn, err := r.dial(r.target())
 	if err != nil {
 		return err
 	}

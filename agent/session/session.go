@@ -54,6 +54,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/cdi"
 	"github.com/bettercompute/bettercompute/agent/command"
 	"github.com/bettercompute/bettercompute/agent/converge"
+	"github.com/bettercompute/bettercompute/agent/internal/gateways"
 	"github.com/bettercompute/bettercompute/agent/internal/retry"
 	"github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/state"
@@ -70,10 +71,13 @@ type Inventory interface {
 // Config is one node's session. Gateway, State, Inventory and BootID are
 // required; zero durations take the defaults noted.
 type Config struct {
-	// Gateway is the gateway's host:port.
+	// Gateway is the gateways' host:port, comma-separated: the daemon
+	// starts at a random one and moves to the next when a dial or a
+	// session fails (internal/gateways); a DNS name may have several
+	// records.
 	Gateway string
-	// ServerName is the name the gateway's certificate must carry; empty
-	// means the host of Gateway.
+	// ServerName is the name every gateway's certificate must carry; empty
+	// means the host of the entry dialed.
 	ServerName string
 	// State holds the node key and identity (the node must have joined);
 	// renewed certificates are stored there.
@@ -194,7 +198,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Gateway == "" || cfg.State == nil || cfg.Inventory == nil || cfg.BootID == "" {
 		return errors.New("session: gateway, state, inventory and boot id are required")
 	}
-	cfg.ServerName = cmp.Or(cfg.ServerName, retry.HostOf(cfg.Gateway))
+	gws, err := gateways.Parse(cfg.Gateway, cfg.ServerName)
+	if err != nil {
+		return fmt.Errorf("session: %w", err)
+	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.MinBackoff = cmp.Or(cfg.MinBackoff, 500*time.Millisecond)
 	cfg.MaxBackoff = max(cmp.Or(cfg.MaxBackoff, 30*time.Second), cfg.MinBackoff)
@@ -254,7 +261,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("session: %w", err)
 	}
 	r := &runner{
-		cfg: cfg, key: key, journalID: journalID, log: log, conv: conv,
+		cfg: cfg, gws: gws, key: key, journalID: journalID, log: log, conv: conv,
 		desiredReady: make(chan struct{}, 1), resultReady: make(chan struct{}, 1), outReady: make(chan struct{}, 1),
 		sentCh: make(chan struct{}),
 	}
@@ -313,6 +320,7 @@ func Run(ctx context.Context, cfg Config) error {
 // runner is one Run: the current identity (swapped on renewal) and the loops.
 type runner struct {
 	cfg       Config
+	gws       *gateways.List
 	key       crypto.Signer
 	journalID string
 	log       *slog.Logger
@@ -321,6 +329,7 @@ type runner struct {
 	id   state.Identity
 	cert *tls.Certificate
 	pool *x509.CertPool
+	gw   gateways.Target // the gateway the session dials
 
 	conv *converge.Converger
 	// desiredReady signals a new desired state in desired; resultReady a
@@ -384,7 +393,11 @@ func reconnect(ctx context.Context, b retry.Backoff, session func(context.Contex
 // session runs one session; welcomed reports whether the gateway accepted
 // it.
 func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
-	conn, err := r.dial()
+	tg := r.gws.Next()
+	r.mu.Lock()
+	r.gw = tg
+	r.mu.Unlock()
+	conn, err := r.dial(tg)
 	if err != nil {
 		return false, err
 	}

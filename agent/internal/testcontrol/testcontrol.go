@@ -89,6 +89,7 @@ type Server struct {
 
 	caKey   *ecdsa.PrivateKey
 	hpkeKey hpke.PrivateKey
+	stop    func()
 
 	mu          sync.Mutex
 	failJoins   int
@@ -148,6 +149,36 @@ func New(t testing.TB, opts ...Option) *Server {
 		caKey:   caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.SessionResponse{},
 	}
 
+	s.serve(t, o)
+	return s
+}
+
+// Twin starts a second fake gateway of the same control plane: the same
+// CA, trust bundle, token and joinservice key (a node joined through one
+// holds a certificate the other accepts), its own listener, sessions and
+// channels. Tests of a node moving between gateways use it.
+func (s *Server) Twin(t testing.TB) *Server {
+	t.Helper()
+	o := &Server{
+		CA: s.CA, Bundle: s.Bundle, Token: s.Token, PublicKey: s.PublicKey, KeyID: s.KeyID,
+		Hellos: make(chan Hello, 100), Reports: make(chan *agentv1.InventoryReport, 100), Renewed: make(chan *x509.Certificate, 100),
+		Observed: make(chan *agentv1.Observed, 100), Updates: make(chan *agentv1.CommandUpdate, 100),
+		Outputs: make(chan *agentv1.CommandUpdate, 1000),
+		caKey:   s.caKey, hpkeKey: s.hpkeKey, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.SessionResponse{},
+		nextNode: 1000,
+	}
+	o.serve(t, options{gatewayPath: "/gateway/gw-twin"})
+	return o
+}
+
+// Stop stops the fake gateway at once, as a killed process would: its
+// listener closes and its sessions end.
+func (s *Server) Stop() { s.stop() }
+
+// serve issues the gateway's certificate and serves on 127.0.0.1.
+func (s *Server) serve(t testing.TB, o options) {
+	t.Helper()
+	caKey, ca := s.caKey, s.CA
 	gwKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -185,8 +216,8 @@ func New(t testing.TB, opts ...Option) *Server {
 	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)))
 	agentv1.RegisterNodeServiceServer(gs, s)
 	go func() { _ = gs.Serve(lis) }()
+	s.stop = gs.Stop
 	t.Cleanup(gs.Stop)
-	return s
 }
 
 // RootCAs is the CA as a pool, for the agent's join.

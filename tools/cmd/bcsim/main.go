@@ -37,6 +37,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,9 @@ import (
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/sim"
 )
+
+// prefixRE is what --prefix takes: it names hosts and state directories.
+var prefixRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "fault" {
@@ -67,7 +71,8 @@ func main() {
 
 func run() error {
 	var (
-		gateway     = flag.String("gateway", "127.0.0.1:8443", "the gateway's host:port")
+		gateway     = flag.String("gateway", "127.0.0.1:8443", "the gateway's host:port, or several comma-separated: each node starts at a random one and moves to the next when its session ends")
+		prefix      = flag.String("prefix", "sim", "names the simulated machines <prefix>-0000…, so two simulators can join one tenant as different hardware")
 		serverName  = flag.String("server-name", "", "the name in the gateway's certificate (default: the host of --gateway)")
 		caFile      = flag.String("ca", "", "the node CA bundle (PEM) that verifies the gateway; required")
 		keyFile     = flag.String("joinservice-key", "", "joinservice's public key (PEM); required for nodes that have not joined")
@@ -87,6 +92,9 @@ func run() error {
 	if *caFile == "" || *nodes < 1 {
 		flag.Usage()
 		return errors.New("--ca and --nodes ≥ 1 are required")
+	}
+	if !prefixRE.MatchString(*prefix) {
+		return fmt.Errorf("--prefix %q: expected 1 to 32 lower-case letters, digits and inner dashes", *prefix)
 	}
 	raiseFileLimit()
 
@@ -121,7 +129,7 @@ func run() error {
 	var sessions, exportsOK, exportsFailed atomic.Int64
 	waves := newWaves(*nodes)
 	fleet, err := sim.Start(ctx, sim.Config{
-		Gateway: *gateway, ServerName: *serverName, RootCAs: roots, Token: *token,
+		Gateway: *gateway, ServerName: *serverName, RootCAs: roots, Token: *token, Prefix: *prefix,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: *root,
 		JoinConcurrency: *concurrency, Logger: logger, NoLogFiles: !*logFiles, VPS: *vpsHosts,
 		OnSession: func(up bool) {
