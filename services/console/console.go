@@ -293,4 +293,6 @@ var funcs = template.FuncMap{
 	"placement": placementOf,
 	"eventJSON": eventJSON,
 	"lower":     strings.ToLower,
+	"join":      strings.Join,
+	"sub":       func(a, b int) int { return a - b },
 }

@@ -39,6 +39,13 @@ type htFixture struct {
 // and converged.
 func htStart(t *testing.T) *htFixture {
 	t.Helper()
+	return htStartRun(t, dev.RunOptions{})
+}
+
+// htStartRun is htStart with make run's additions (run.SimMig: node 0's GPU
+// 0 gets a MIG layout); with any, dev starts without the API tuning.
+func htStartRun(t *testing.T, run dev.RunOptions) *htFixture {
+	t.Helper()
 	port, nodes, none, noVPS := 0, 2, 0, false
 	cfg := &config.Config{
 		Database: config.Database{URL: pgtest.NewDB(t)},
@@ -49,7 +56,13 @@ func htStart(t *testing.T) *htFixture {
 		Runtime: config.Runtime{PollBusDown: config.Duration(50 * time.Millisecond)},
 	}
 	cfg.Defaults()
-	env, err := dev.StartWith(t.Context(), cfg, app.Options{API: api.Tuning{RatePerSecond: 1000, RateBurst: 2000}})
+	var env *dev.Env
+	var err error
+	if run == (dev.RunOptions{}) {
+		env, err = dev.StartWith(t.Context(), cfg, app.Options{API: api.Tuning{RatePerSecond: 1000, RateBurst: 2000}})
+	} else {
+		env, err = dev.StartRun(t.Context(), cfg, nil, run)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

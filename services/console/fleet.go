@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 	"github.com/bettercompute/bettercompute/proto/client"
 
@@ -73,7 +75,27 @@ type poolRow struct {
 	ID, Name, Class                        string
 	Nodes                                  int
 	Free, Booked, Quarantined, Unavailable int32
-	Error                                  *client.Envelope
+	// Drifted counts the pool's nodes whose Drifted condition holds.
+	Drifted int32
+	// Slices are the pool's MIG slices per profile (capacity.get).
+	Slices []sliceCount
+	Error  *client.Envelope
+}
+
+// sliceCount is one MIG profile's slices in a pool.
+type sliceCount struct {
+	Profile                                string
+	Free, Booked, Quarantined, Unavailable int32
+}
+
+// rolloutRow is one rollout on the fleet page.
+type rolloutRow struct {
+	ID, PoolID, PoolName, State, Message string
+	// Batch is the current batch, 1-based (0 before the first); Batches
+	// how many the rollout has.
+	Batch, Batches int
+	Failed         []string
+	Created        *timestamppb.Timestamp
 }
 
 type tile struct {
@@ -103,6 +125,13 @@ type fleetData struct {
 	// Truncated says the fleet has more nodes than one page reads.
 	Truncated bool
 	MaxTiles  int
+	// MIG says a pool has MIG slices.
+	MIG bool
+	// Rollouts are the tenant's (or the pool's) rollouts: active ones
+	// first, then the newest, at most maxRolloutRows.
+	Rollouts []rolloutRow
+	// RolloutsError is why rollouts.list failed, when it did.
+	RolloutsError *client.Envelope
 }
 
 // parseLabels reads the label filter: key=value pairs separated by commas.
@@ -268,11 +297,65 @@ func (c *Console) fleetPage(_ http.ResponseWriter, r *http.Request, s *session, 
 			} else {
 				t := capa.GetTotal()
 				row.Free, row.Booked, row.Quarantined, row.Unavailable = t.GetFree(), t.GetBooked(), t.GetQuarantined(), t.GetUnavailable()
+				row.Drifted = capa.GetDriftedNodes()
+				for _, m := range capa.GetMigProfiles() {
+					mc := m.GetCounts()
+					row.Slices = append(row.Slices, sliceCount{Profile: m.GetProfile(), Free: mc.GetFree(), Booked: mc.GetBooked(),
+						Quarantined: mc.GetQuarantined(), Unavailable: mc.GetUnavailable()})
+				}
+				d.MIG = d.MIG || len(row.Slices) > 0
 			}
 		}
 		d.Pools = append(d.Pools, row)
 	}
+	d.Rollouts, d.RolloutsError = c.listRollouts(s, poolID, names)
 	return "fleet", nil
+}
+
+// Rollout list bounds.
+const (
+	// maxRolloutPages bounds the rollouts.list pages the fleet page reads.
+	maxRolloutPages = 5
+	// rolloutPage is their size.
+	rolloutPage = 100
+	// maxRolloutRows is how many rollouts the fleet page shows.
+	maxRolloutRows = 20
+)
+
+// listRollouts reads the tenant's rollouts (pool's, when one is set): the
+// active ones first, then the newest.
+func (c *Console) listRollouts(s *session, pool string, names map[string]string) ([]rolloutRow, *client.Envelope) {
+	rc := computev1.NewRolloutsServiceClient(c.cfg.Conn)
+	var all []*computev1.Rollout
+	token := ""
+	for range maxRolloutPages {
+		resp, err := rc.List(s.ctx, &computev1.RolloutsServiceListRequest{TenantId: s.Tenant, PoolId: pool, PageSize: rolloutPage, PageToken: token})
+		if err != nil {
+			env := envelope(err)
+			return nil, &env
+		}
+		all = append(all, resp.GetRollouts()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	active := func(r *computev1.Rollout) int {
+		switch r.GetState() {
+		case "pending", "progressing", "paused":
+			return 0
+		}
+		return 1
+	}
+	slices.SortStableFunc(all, func(a, b *computev1.Rollout) int {
+		return cmp.Or(cmp.Compare(active(a), active(b)), b.GetCreateTime().AsTime().Compare(a.GetCreateTime().AsTime()))
+	})
+	var out []rolloutRow
+	for _, r := range all[:min(len(all), maxRolloutRows)] {
+		out = append(out, rolloutRow{ID: r.GetId(), PoolID: r.GetPoolId(), PoolName: cmp.Or(names[r.GetPoolId()], r.GetPoolId()),
+			State: r.GetState(), Message: r.GetMessage(), Batch: int(r.GetCurrentBatch()) + 1, Batches: len(r.GetBatches()),
+			Failed: r.GetFailedNodes(), Created: r.GetCreateTime()})
+	}
+	return out, nil
 }
 
 func sortedCounts(m map[string]int) []count {

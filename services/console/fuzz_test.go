@@ -31,7 +31,7 @@ func FuzzConsoleForms(f *testing.F) {
 			r.Header.Set("Cookie", cookie)
 		}
 		limits := map[string]int{"kind": maxField, "idem": maxField, "reason": maxReason, "deadlineSeconds": 16,
-			"pool": maxField, "gpus": 8, "name": 64, "model": maxField}
+			"pool": maxField, "gpus": 8, "name": 64, "model": maxField, "migProfile": maxProfile}
 		for name, limit := range limits {
 			v, err := field(r, name, limit)
 			checkBounded(t, "field", name, limit, v, err)

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
@@ -42,6 +43,29 @@ type deviceRow struct {
 	*computev1.Device
 	// Reservation is the active reservation booking it, "" when free.
 	Reservation string
+	// Slices are its MIG slices (nodes.get's, by start) with their booking.
+	Slices []sliceRow
+	// Booked counts its slices a reservation books.
+	Booked int
+}
+
+// sliceRow is one MIG slice of a GPU on the node page.
+type sliceRow struct {
+	*computev1.MigSlice
+	// Reservation is the reservation booking it (nodes.get's, else one the
+	// tenant's live reservations name), "" when free.
+	Reservation string
+}
+
+// rolloutInfo is the active rollout a node is in, for its page.
+type rolloutInfo struct {
+	ID string
+	// Batch is the node's batch, 1-based; Batches how many the rollout has
+	// (0 when rollouts.get was refused).
+	Batch, Batches int
+	Released       bool
+	State          string
+	Current        int // the rollout's current batch, 1-based; 0 before the first
 }
 
 type nodeData struct {
@@ -56,6 +80,9 @@ type nodeData struct {
 	Notes       []note
 	Draining    bool
 	BookingNote string
+	// MIG says a GPU of the node has a MIG layout or slices.
+	MIG     bool
+	Rollout *rolloutInfo
 }
 
 // note is a secondary call of a page that failed: the page still shows
@@ -122,7 +149,29 @@ func (c *Console) loadNode(r *http.Request, s *session, p *page) error {
 		}
 	}
 	for _, dev := range n.GetDevices() {
-		d.Devices = append(d.Devices, deviceRow{Device: dev, Reservation: booked[dev.GetId()]})
+		row := deviceRow{Device: dev, Reservation: booked[dev.GetId()]}
+		for _, sl := range dev.GetMigSlices() {
+			sr := sliceRow{MigSlice: sl, Reservation: cmp.Or(sl.GetReservationId(), booked[sl.GetId()])}
+			if sr.Reservation != "" {
+				row.Booked++
+			}
+			row.Slices = append(row.Slices, sr)
+		}
+		if len(dev.GetMigLayout()) > 0 || len(row.Slices) > 0 || dev.GetMigEnabled() {
+			d.MIG = true
+		}
+		d.Devices = append(d.Devices, row)
+	}
+	if id := n.GetRolloutId(); id != "" {
+		ri := &rolloutInfo{ID: id, Batch: int(n.GetRolloutBatch()) + 1, Released: n.GetRolloutReleased()}
+		ro, err := computev1.NewRolloutsServiceClient(c.cfg.Conn).Get(s.ctx, &computev1.RolloutsServiceGetRequest{TenantId: s.Tenant, RolloutId: id})
+		if err != nil {
+			d.Notes = append(d.Notes, note{"rollout (rollouts.get)", envelope(err)})
+		} else {
+			r := ro.GetRollout()
+			ri.Batches, ri.State, ri.Current = len(r.GetBatches()), r.GetState(), int(r.GetCurrentBatch())+1
+		}
+		d.Rollout = ri
 	}
 
 	cmds, err := computev1.NewCommandsServiceClient(c.cfg.Conn).List(s.ctx, &computev1.CommandsServiceListRequest{TenantId: s.Tenant, NodeId: id, PageSize: nodeCommands})

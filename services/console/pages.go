@@ -36,6 +36,10 @@ const (
 	// maxGPUs bounds the create form's GPU count (the API's own maximum
 	// decides below it).
 	maxGPUs = 4096
+	// maxSlices bounds the slice count with a MIG profile (the API's).
+	maxSlices = 1024
+	// maxProfile bounds the form's MIG profile.
+	maxProfile = 64
 	// maxDataChars bounds the JSON of an event or result the pages print.
 	maxDataChars = 4000
 )
@@ -289,7 +293,7 @@ type reservationsData struct {
 	Reservations []*computev1.Reservation
 	Pools        []*computev1.Pool
 	Idem         string
-	Form         struct{ Pool, GPUs, Name, Model string }
+	Form         struct{ Pool, GPUs, Name, Model, MigProfile string }
 	Truncated    bool
 }
 
@@ -338,8 +342,12 @@ func (c *Console) loadReservations(s *session, p *page) error {
 // placement is a reservation's bookings by node: "node: GPU, GPU".
 type placement struct {
 	Node    string
-	Devices []string
+	Devices []placed
 }
+
+// placed is one booked device: a GPU, or a MIG slice with its profile and
+// parent GPU.
+type placed struct{ ID, Profile, Parent string }
 
 func placementOf(r *computev1.Reservation) []placement {
 	var out []placement
@@ -351,7 +359,7 @@ func placementOf(r *computev1.Reservation) []placement {
 			at[b.GetNodeId()] = i
 			out = append(out, placement{Node: b.GetNodeId()})
 		}
-		out[i].Devices = append(out[i].Devices, b.GetDeviceId())
+		out[i].Devices = append(out[i].Devices, placed{ID: b.GetDeviceId(), Profile: b.GetMigProfile(), Parent: b.GetParentDeviceId()})
 	}
 	return out
 }
@@ -380,12 +388,18 @@ func (c *Console) createReservation(w http.ResponseWriter, r *http.Request, s *s
 		if d.Form.Model, err = field(r, "model", maxField); err != nil {
 			return err
 		}
+		if d.Form.MigProfile, err = field(r, "migProfile", maxProfile); err != nil {
+			return err
+		}
 		if d.Form.Pool == "" {
 			return fault.New(fault.InvalidInput, "pool", "choose a pool")
 		}
 		n, err := strconv.Atoi(d.Form.GPUs)
 		if err != nil || n < 1 || n > maxGPUs {
 			return fault.New(fault.InvalidInput, "gpus", "expected a GPU count from 1 to %d, got %q", maxGPUs, d.Form.GPUs)
+		}
+		if d.Form.MigProfile != "" && n > maxSlices {
+			return fault.New(fault.InvalidInput, "gpus", "expected a slice count from 1 to %d with a MIG profile, got %d", maxSlices, n)
 		}
 		if d.Form.Name != "" && !idemRE.MatchString(d.Form.Name) {
 			return fault.New(fault.InvalidInput, "name", "expected 1 to 64 letters, digits, _ or -")
@@ -402,6 +416,10 @@ func (c *Console) createReservation(w http.ResponseWriter, r *http.Request, s *s
 			return err
 		}
 		req := &computev1.ReservationsServiceCreateRequest{TenantId: s.Tenant, PoolId: resolvePool(pools, d.Form.Pool), GpuCount: int32(n)}
+		if d.Form.MigProfile != "" {
+			// Slices: the count goes in count, as the API takes it.
+			req.GpuCount, req.MigProfile, req.Count = 0, d.Form.MigProfile, int32(n)
+		}
 		if d.Form.Model != "" {
 			req.Constraints = &computev1.Constraints{Model: d.Form.Model}
 		}

@@ -133,7 +133,9 @@ type CommandOutput struct {
 type ReservationCreateInput struct {
 	TenantID       string            `json:"tenantId,omitempty" jsonschema:"the tenant the GPUs are for; default the caller's own"`
 	PoolID         string            `json:"poolId" jsonschema:"the pool"`
-	GPUCount       int32             `json:"gpuCount" jsonschema:"how many GPUs"`
+	GPUCount       int32             `json:"gpuCount,omitempty" jsonschema:"how many whole GPUs (not with migProfile)"`
+	MigProfile     string            `json:"migProfile,omitempty" jsonschema:"book MIG slices of this profile (e.g. 1g.18gb) instead of whole GPUs; count says how many"`
+	Count          int32             `json:"count,omitempty" jsonschema:"with migProfile: how many slices"`
 	Model          string            `json:"model,omitempty" jsonschema:"only GPUs of this model"`
 	MinMemoryBytes int64             `json:"minMemoryBytes,omitempty" jsonschema:"only GPUs with at least this much memory"`
 	SameNode       bool              `json:"sameNode,omitempty" jsonschema:"all GPUs on one node"`
@@ -141,17 +143,18 @@ type ReservationCreateInput struct {
 	StartTime      string            `json:"startTime,omitempty" jsonschema:"RFC 3339; default now"`
 	EndTime        string            `json:"endTime,omitempty" jsonschema:"RFC 3339; default none"`
 	IdempotencyKey string            `json:"idempotencyKey,omitempty" jsonschema:"a retry with the same key answers the same reservation"`
-	DryRun         bool              `json:"dryRun,omitempty" jsonschema:"answer what capacity_get says is free in the pool against what is asked, and book nothing"`
+	DryRun         bool              `json:"dryRun,omitempty" jsonschema:"answer what capacity_get says is free in the pool (GPUs, or slices of migProfile) against what is asked, and book nothing"`
 }
 
 // ReservationCreateOutput says whether the ask fits (dry run) or what was
 // booked.
 type ReservationCreateOutput struct {
 	DryRun      bool         `json:"dryRun"`
-	Requested   int32        `json:"requested"`
+	Requested   int32        `json:"requested" jsonschema:"GPUs, or MIG slices with migProfile"`
 	Model       string       `json:"model,omitempty"`
-	Free        int32        `json:"free" jsonschema:"free GPUs in the pool (of the model, when one is asked)"`
-	Fits        bool         `json:"fits" jsonschema:"enough GPUs are free; placement may still refuse on sameNode, memory or labels"`
+	MigProfile  string       `json:"migProfile,omitempty"`
+	Free        int32        `json:"free" jsonschema:"free GPUs in the pool (of the model, when one is asked), or free slices of migProfile"`
+	Fits        bool         `json:"fits" jsonschema:"enough are free; placement may still refuse on sameNode, memory, labels or quota"`
 	Capacity    *Capacity    `json:"capacity,omitempty"`
 	Reservation *Reservation `json:"reservation,omitempty"`
 	Message     string       `json:"message"`
@@ -250,7 +253,7 @@ func (s *server) addTools(readOnly bool) {
 			"labels": {maxLen: 256, maxItems: 64}, "pageSize": pageBound, "pageToken": tokenBound},
 		s.nodesList)
 	addTool(s, &mcp.Tool{Name: "nodes_get", Title: "Get a node", Annotations: ro,
-		Description: "Gets one node: its state, conditions, GPUs (health, quarantine) and desired-state sections."},
+		Description: "Gets one node: its state, conditions (Drifted with its reasons), GPUs (health, quarantine, MIG layout and slices with their bookings), desired-state sections and the rollout batch it is in."},
 		map[string]bound{"tenantId": tenantBound, "nodeId": idBound}, s.nodesGet)
 	addTool(s, &mcp.Tool{Name: "commands_get", Title: "Get a command", Annotations: ro,
 		Description: "Gets a command run on a node: its state (final once settled), reason and result."},
@@ -259,7 +262,7 @@ func (s *server) addTools(readOnly bool) {
 		Description: "Gets a reservation: its state and the GPUs booked for it, node by node."},
 		map[string]bound{"tenantId": tenantBound, "reservationId": idBound}, s.reservationsGet)
 	addTool(s, &mcp.Tool{Name: "capacity_get", Title: "Get a pool's capacity", Annotations: ro,
-		Description: "Counts a pool's GPUs: free, booked, unavailable and quarantined, in all and per model, and each tenant's use."},
+		Description: "Counts a pool's GPUs: free, booked, unavailable and quarantined, in all and per model; its MIG slices the same way per profile; drifted nodes; and each tenant's use."},
 		map[string]bound{"tenantId": tenantBound, "poolId": idBound}, s.capacityGet)
 	addTool(s, &mcp.Tool{Name: "events_list", Title: "List events", Annotations: ro,
 		Description: "Lists a tenant's events, oldest first, by type and subject; page with after."},
@@ -293,8 +296,10 @@ func (s *server) addTools(readOnly bool) {
 		s.commandsRun)
 	addTool(s, &mcp.Tool{Name: "reservations_create", Title: "Book GPUs",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: yes(false), OpenWorldHint: yes(false)},
-		Description: "Books GPUs of a pool for a tenant. dryRun: true answers what capacity_get says is free in the pool against what is asked, and books nothing."},
-		map[string]bound{"tenantId": tenantBound, "poolId": idBound, "gpuCount": num(1, 4096), "model": {maxLen: 128},
+		Description: "Books GPUs of a pool for a tenant: gpuCount whole GPUs, or migProfile and count for MIG slices. " +
+			"dryRun: true answers what capacity_get says is free in the pool against what is asked, and books nothing."},
+		map[string]bound{"tenantId": tenantBound, "poolId": idBound, "gpuCount": num(1, 4096), "migProfile": {maxLen: 64},
+			"count": num(1, 1024), "model": {maxLen: 128},
 			"minMemoryBytes": num(0, 1<<50), "nodeLabels": {maxLen: 256, maxItems: 64}, "startTime": {maxLen: 64}, "endTime": {maxLen: 64},
 			"idempotencyKey": {maxLen: 255}},
 		s.reservationsCreate)
@@ -540,8 +545,19 @@ func (s *server) reservationsCreate(ctx context.Context, tenant string, in Reser
 	if err := required("poolId", in.PoolID); err != nil {
 		return ReservationCreateOutput{}, err
 	}
-	if in.GPUCount < 1 {
-		return ReservationCreateOutput{}, fault.New(fault.InvalidInput, "gpuCount", "at least 1, got %d", in.GPUCount)
+	asked := in.GPUCount
+	switch {
+	case in.MigProfile != "" && in.GPUCount != 0:
+		return ReservationCreateOutput{}, fault.New(fault.InvalidInput, "gpuCount", "not with migProfile: count says how many %s slices", in.MigProfile)
+	case in.MigProfile != "":
+		if in.Count < 1 {
+			return ReservationCreateOutput{}, fault.New(fault.InvalidInput, "count", "at least 1 %s slice, got %d", in.MigProfile, in.Count)
+		}
+		asked = in.Count
+	case in.Count != 0:
+		return ReservationCreateOutput{}, fault.New(fault.InvalidInput, "count", "only with migProfile (for whole GPUs, use gpuCount)")
+	case in.GPUCount < 1:
+		return ReservationCreateOutput{}, fault.New(fault.InvalidInput, "gpuCount", "at least 1, got %d (or migProfile and count for MIG slices)", in.GPUCount)
 	}
 	start, err := parseTime("startTime", in.StartTime)
 	if err != nil {
@@ -551,7 +567,27 @@ func (s *server) reservationsCreate(ctx context.Context, tenant string, in Reser
 	if err != nil {
 		return ReservationCreateOutput{}, err
 	}
-	out := ReservationCreateOutput{DryRun: in.DryRun, Requested: in.GPUCount, Model: in.Model}
+	out := ReservationCreateOutput{DryRun: in.DryRun, Requested: asked, Model: in.Model, MigProfile: in.MigProfile}
+	if in.DryRun && in.MigProfile != "" {
+		c, err := s.getCapacity(ctx, tenant, in.PoolID)
+		if err != nil {
+			return ReservationCreateOutput{}, err
+		}
+		out.Capacity = &c
+		for _, m := range c.MigProfiles {
+			if m.Profile == in.MigProfile {
+				out.Free = m.Free
+			}
+		}
+		out.Fits = out.Free >= asked
+		verdict := "fits"
+		if !out.Fits {
+			verdict = "does not fit now"
+		}
+		out.Message = fmt.Sprintf("would book %d MIG %s slices of pool %s (packed onto partly used GPUs first); %d are free: it %s "+
+			"(placement also checks model, labels and quota). Nothing was booked.", asked, in.MigProfile, in.PoolID, out.Free, verdict)
+		return out, nil
+	}
 	if in.DryRun {
 		c, err := s.getCapacity(ctx, tenant, in.PoolID)
 		if err != nil {
@@ -581,7 +617,8 @@ func (s *server) reservationsCreate(ctx context.Context, tenant string, in Reser
 		return out, nil
 	}
 	req := &computev1.ReservationsServiceCreateRequest{
-		TenantId: tenant, PoolId: in.PoolID, GpuCount: in.GPUCount, StartTime: start, EndTime: end, IdempotencyKey: in.IdempotencyKey,
+		TenantId: tenant, PoolId: in.PoolID, GpuCount: in.GPUCount, MigProfile: in.MigProfile, Count: in.Count,
+		StartTime: start, EndTime: end, IdempotencyKey: in.IdempotencyKey,
 	}
 	if in.Model != "" || in.MinMemoryBytes != 0 || in.SameNode || len(in.NodeLabels) > 0 {
 		req.Constraints = &computev1.Constraints{Model: in.Model, MinMemoryBytes: in.MinMemoryBytes, SameNode: in.SameNode, NodeLabels: in.NodeLabels}
@@ -592,7 +629,11 @@ func (s *server) reservationsCreate(ctx context.Context, tenant string, in Reser
 	}
 	r := reservationOf(res.GetReservation())
 	out.Reservation = &r
-	out.Message = fmt.Sprintf("reservation %s is %s with %d GPUs booked on %d nodes", r.ID, r.State, len(r.Bookings), len(r.Nodes))
+	what := "GPUs"
+	if r.MigProfile != "" {
+		what = "MIG " + r.MigProfile + " slices"
+	}
+	out.Message = fmt.Sprintf("reservation %s is %s with %d %s booked on %d nodes", r.ID, r.State, len(r.Bookings), what, len(r.Nodes))
 	return out, nil
 }
 

@@ -21,7 +21,9 @@ type Condition struct {
 	Status bool   `json:"status"`
 	Value  string `json:"value,omitempty"`
 	Reason string `json:"reason,omitempty"`
-	Since  string `json:"since,omitempty"`
+	// Reasons are each reason of a condition that has several (Drifted).
+	Reasons []string `json:"reasons,omitempty"`
+	Since   string   `json:"since,omitempty"`
 }
 
 // Node is a node's summary.
@@ -46,6 +48,11 @@ type Node struct {
 	DrainReason        string            `json:"drainReason,omitempty"`
 	Retiring           bool              `json:"retiring,omitempty"`
 	SpecError          string            `json:"specError,omitempty"`
+	MigSlices          int               `json:"migSlices,omitempty" jsonschema:"MIG slices the node's GPUs have"`
+	BookedMigSlices    int               `json:"bookedMigSlices,omitempty" jsonschema:"of those, the ones a reservation books"`
+	RolloutID          string            `json:"rolloutId,omitempty" jsonschema:"the active rollout the node is in (nodes_get only)"`
+	RolloutBatch       *int32            `json:"rolloutBatch,omitempty" jsonschema:"its batch in that rollout, 0-based (nodes_get only)"`
+	RolloutReleased    bool              `json:"rolloutReleased,omitempty" jsonschema:"its batch was released: it has the rollout's change"`
 }
 
 // GPU is one of a node's GPUs.
@@ -60,6 +67,21 @@ type GPU struct {
 	Quarantined      bool   `json:"quarantined,omitempty"`
 	QuarantineReason string `json:"quarantineReason,omitempty"`
 	Missing          bool   `json:"missing,omitempty"`
+	MigEnabled       bool   `json:"migEnabled,omitempty"`
+	// MigLayout is the profiles its node's mig section gives it.
+	MigLayout []string   `json:"migLayout,omitempty" jsonschema:"the MIG profiles its layout gives it (desired state)"`
+	MigSlices []MigSlice `json:"migSlices,omitempty" jsonschema:"its MIG slices as the node reported them, by start"`
+}
+
+// MigSlice is one MIG slice of a GPU.
+type MigSlice struct {
+	ID            string `json:"id" jsonschema:"the slice's MIG-… UUID: the device a booking names"`
+	Profile       string `json:"profile"`
+	Start         int32  `json:"start" jsonschema:"its first memory slice on the GPU"`
+	MemoryBytes   int64  `json:"memoryBytes,omitempty"`
+	ComputeSlices int32  `json:"computeSlices,omitempty"`
+	Missing       bool   `json:"missing,omitempty"`
+	ReservationID string `json:"reservationId,omitempty" jsonschema:"the reservation booking it; empty when free"`
 }
 
 // Section is the state of one section of a node's desired state.
@@ -93,11 +115,13 @@ type Command struct {
 	ResultTruncated bool           `json:"resultTruncated,omitempty"`
 }
 
-// Booking is one booked GPU.
+// Booking is one booked GPU or MIG slice.
 type Booking struct {
-	NodeID   string `json:"nodeId"`
-	DeviceID string `json:"deviceId"`
-	Model    string `json:"model,omitempty"`
+	NodeID         string `json:"nodeId"`
+	DeviceID       string `json:"deviceId" jsonschema:"the GPU's UUID, or a MIG slice's MIG-… UUID"`
+	Model          string `json:"model,omitempty"`
+	MigProfile     string `json:"migProfile,omitempty" jsonschema:"for a MIG slice: its profile"`
+	ParentDeviceID string `json:"parentDeviceId,omitempty" jsonschema:"for a MIG slice: its GPU's UUID"`
 }
 
 // Reservation is a reservation's summary.
@@ -105,7 +129,8 @@ type Reservation struct {
 	ID         string    `json:"id"`
 	TenantID   string    `json:"tenantId"`
 	PoolID     string    `json:"poolId"`
-	GPUCount   int32     `json:"gpuCount"`
+	GPUCount   int32     `json:"gpuCount" jsonschema:"GPUs booked, or MIG slices when migProfile is set"`
+	MigProfile string    `json:"migProfile,omitempty" jsonschema:"the profile of the MIG slices it books; empty for whole GPUs"`
 	Model      string    `json:"model,omitempty"`
 	SameNode   bool      `json:"sameNode,omitempty"`
 	State      string    `json:"state" jsonschema:"pending, placed, bound, released, expired or failed"`
@@ -141,13 +166,21 @@ type TenantUsage struct {
 	GPUHours float64 `json:"gpuHours"`
 }
 
+// MigProfileCounts are the counts of one MIG profile's slices.
+type MigProfileCounts struct {
+	Profile string `json:"profile"`
+	Counts
+}
+
 // Capacity is a pool's capacity.
 type Capacity struct {
-	PoolID      string        `json:"poolId"`
-	Total       Counts        `json:"total"`
-	Models      []ModelCounts `json:"models"`
-	Tenants     []TenantUsage `json:"tenants"`
-	ComputeTime string        `json:"computeTime,omitempty"`
+	PoolID       string             `json:"poolId"`
+	Total        Counts             `json:"total" jsonschema:"whole GPUs (a GPU in MIG mode counts as unavailable)"`
+	Models       []ModelCounts      `json:"models"`
+	MigProfiles  []MigProfileCounts `json:"migProfiles" jsonschema:"MIG slices per profile: free, booked, unavailable, quarantined"`
+	Tenants      []TenantUsage      `json:"tenants"`
+	DriftedNodes int32              `json:"driftedNodes,omitempty" jsonschema:"nodes whose Drifted condition holds"`
+	ComputeTime  string             `json:"computeTime,omitempty"`
 }
 
 // Event is one event of the event log.
@@ -221,8 +254,21 @@ func nodeOf(n *computev1.Node) Node {
 			out.GPUModels = append(out.GPUModels, m)
 		}
 	}
+	for _, d := range n.GetDevices() {
+		for _, sl := range d.GetMigSlices() {
+			out.MigSlices++
+			if sl.GetReservationId() != "" {
+				out.BookedMigSlices++
+			}
+		}
+	}
 	for _, c := range n.GetConditions() {
-		out.Conditions = append(out.Conditions, Condition{Type: c.GetType(), Status: c.GetStatus(), Value: c.GetValue(), Reason: c.GetReason(), Since: timeString(c.GetSince())})
+		out.Conditions = append(out.Conditions, Condition{Type: c.GetType(), Status: c.GetStatus(), Value: c.GetValue(), Reason: c.GetReason(),
+			Reasons: c.GetReasons(), Since: timeString(c.GetSince())})
+	}
+	if id := n.GetRolloutId(); id != "" {
+		b := n.GetRolloutBatch()
+		out.RolloutID, out.RolloutBatch, out.RolloutReleased = id, &b, n.GetRolloutReleased()
 	}
 	return out
 }
@@ -237,7 +283,17 @@ func gpusOf(n *computev1.Node) []GPU {
 			ID: d.GetId(), Index: d.GetIndex(), Model: d.GetModel(), MemoryBytes: d.GetMemoryBytes(), PCIBusID: d.GetPciBusId(),
 			Healthy: d.GetHealthy(), HealthReason: d.GetHealthReason(), Quarantined: d.GetQuarantined(),
 			QuarantineReason: d.GetQuarantineReason(), Missing: d.GetMissingSince() != nil,
+			MigEnabled: d.GetMigEnabled(), MigLayout: d.GetMigLayout(), MigSlices: migSlicesOf(d),
 		})
+	}
+	return out
+}
+
+func migSlicesOf(d *computev1.Device) []MigSlice {
+	var out []MigSlice
+	for _, s := range d.GetMigSlices() {
+		out = append(out, MigSlice{ID: s.GetId(), Profile: s.GetProfile(), Start: s.GetStart(), MemoryBytes: s.GetMemoryBytes(),
+			ComputeSlices: s.GetComputeSlices(), Missing: s.GetMissingSince() != nil, ReservationID: s.GetReservationId()})
 	}
 	return out
 }
@@ -266,14 +322,15 @@ func commandOf(c *computev1.Command) Command {
 
 func reservationOf(r *computev1.Reservation) Reservation {
 	out := Reservation{
-		ID: r.GetId(), TenantID: r.GetTenantId(), PoolID: r.GetPoolId(), GPUCount: r.GetGpuCount(),
+		ID: r.GetId(), TenantID: r.GetTenantId(), PoolID: r.GetPoolId(), GPUCount: r.GetGpuCount(), MigProfile: r.GetMigProfile(),
 		Model: r.GetConstraints().GetModel(), SameNode: r.GetConstraints().GetSameNode(), State: r.GetState(), Reason: r.GetReason(),
 		Bookings: []Booking{}, Nodes: []string{},
 		StartTime: timeString(r.GetStartTime()), EndTime: timeString(r.GetEndTime()), CreateTime: timeString(r.GetCreateTime()),
 		BoundTime: timeString(r.GetBoundTime()), FinishTime: timeString(r.GetFinishTime()), GPUHours: r.GetGpuHours(),
 	}
 	for _, b := range r.GetBookings() {
-		out.Bookings = append(out.Bookings, Booking{NodeID: b.GetNodeId(), DeviceID: b.GetDeviceId(), Model: b.GetModel()})
+		out.Bookings = append(out.Bookings, Booking{NodeID: b.GetNodeId(), DeviceID: b.GetDeviceId(), Model: b.GetModel(),
+			MigProfile: b.GetMigProfile(), ParentDeviceID: b.GetParentDeviceId()})
 		if !slices.Contains(out.Nodes, b.GetNodeId()) {
 			out.Nodes = append(out.Nodes, b.GetNodeId())
 		}
@@ -286,9 +343,13 @@ func countsOf(c *computev1.CapacityCounts) Counts {
 }
 
 func capacityOf(pool string, c *computev1.CapacityServiceGetResponse) Capacity {
-	out := Capacity{PoolID: pool, Total: countsOf(c.GetTotal()), Models: []ModelCounts{}, Tenants: []TenantUsage{}, ComputeTime: timeString(c.GetComputeTime())}
+	out := Capacity{PoolID: pool, Total: countsOf(c.GetTotal()), Models: []ModelCounts{}, MigProfiles: []MigProfileCounts{}, Tenants: []TenantUsage{},
+		DriftedNodes: c.GetDriftedNodes(), ComputeTime: timeString(c.GetComputeTime())}
 	for _, m := range c.GetModels() {
 		out.Models = append(out.Models, ModelCounts{Model: m.GetModel(), Counts: countsOf(m.GetCounts())})
+	}
+	for _, m := range c.GetMigProfiles() {
+		out.MigProfiles = append(out.MigProfiles, MigProfileCounts{Profile: m.GetProfile(), Counts: countsOf(m.GetCounts())})
 	}
 	for _, t := range c.GetTenants() {
 		out.Tenants = append(out.Tenants, TenantUsage{TenantID: t.GetTenantId(), Booked: t.GetBooked(), GPUHours: t.GetGpuHours()})
