@@ -183,7 +183,9 @@ func TestConsoleMIG(t *testing.T) {
 			if htAttr(row, "data-pool-id") != pool {
 				t.Fatalf("a #mig-capacity row of pool %s", htAttr(row, "data-pool-id"))
 			}
-			cell := func(c string) string { return htText(htAll(row, func(n *html.Node) bool { return htHasClass(n, c) })[0]) }
+			cell := func(c string) string {
+				return htText(htAll(row, func(n *html.Node) bool { return htHasClass(n, c) })[0])
+			}
 			counts[htAttr(row, "data-profile")] = cell("slices-free") + "/" + cell("slices-booked")
 		}
 		want := map[string]string{"3g.71gb": "1/0", "2g.35gb": "0/1", "1g.18gb": "2/0"}
