@@ -31,6 +31,13 @@ const simNodes = 2
 // it with a pool on its database.
 func startEnv(t *testing.T) (*dev.Env, *pgxpool.Pool) {
 	t.Helper()
+	return startEnvRun(t, dev.RunOptions{})
+}
+
+// startEnvRun is startEnv with make run's additions (run.SimMig: node 0's
+// GPU 0 gets a MIG layout).
+func startEnvRun(t *testing.T, run dev.RunOptions) (*dev.Env, *pgxpool.Pool) {
+	t.Helper()
 	port, nodes, machines, vps := 0, simNodes, 0, false
 	cfg := &config.Config{
 		Database: config.Database{URL: pgtest.NewDB(t)},
@@ -43,7 +50,7 @@ func startEnv(t *testing.T) (*dev.Env, *pgxpool.Pool) {
 		Capacity: config.Capacity{RollupEvery: config.Duration(300 * time.Millisecond)},
 	}
 	cfg.Defaults()
-	env, err := dev.Start(t.Context(), cfg, nil)
+	env, err := dev.StartRun(t.Context(), cfg, nil, run)
 	if err != nil {
 		t.Fatal(err)
 	}
