@@ -56,6 +56,13 @@ type site struct {
 // eight GPUs, and the pool's rollup counts them free.
 func startSite(t *testing.T, n int) *site {
 	t.Helper()
+	return startSiteRun(t, n, dev.RunOptions{})
+}
+
+// startSiteRun is startSite with make run's additions: run.SimMig lays out
+// GPU 0 of the first node (MIG), which is then not counted free whole.
+func startSiteRun(t *testing.T, n int, run dev.RunOptions) *site {
+	t.Helper()
 	port, none, off := 0, 0, false
 	cfg := &config.Config{
 		Database: config.Database{URL: pgtest.NewDB(t)},
@@ -73,7 +80,7 @@ func startSite(t *testing.T, n int) *site {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	env, err := dev.Start(t.Context(), cfg, nil)
+	env, err := dev.StartRun(t.Context(), cfg, nil, run)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +102,11 @@ func startSite(t *testing.T, n int) *site {
 	for _, id := range s.nodes {
 		s.waitNode(t, id)
 	}
-	s.waitCapacity(t, 8*n, 0)
+	whole := 8 * n
+	if run.SimMig {
+		whole-- // GPU 0 of the first node is in MIG mode: its slices are the atoms
+	}
+	s.waitCapacity(t, whole, 0)
 	return s
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"golang.org/x/net/html"
 
 	"github.com/bettercompute/bettercompute/agent/converge"
@@ -332,4 +333,102 @@ func TestConsoleMIG(t *testing.T) {
 			t.Fatalf("batch cell %q", b)
 		}
 	})
+}
+
+// TestBrowserMIG drives the console in chromium against dev with make
+// run's MIG layout on node 0's GPU 0: the fleet page counts the slices by
+// profile, a 1g.18gb slice is booked through the reservations form (which
+// shows its profile and count), the node page shows that slice booked with
+// a link to the reservation's row, and the fleet page counts it booked.
+func TestBrowserMIG(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	s := startSiteRun(t, 2, dev.RunOptions{SimMig: true})
+	node := s.env.Fleet.Nodes()[0]
+	var got struct{ Node struct{ Devices []migGPU } }
+	poll.UntilNil(t, waitTimeout, "GPU 0's four slices in nodes.get", func() error {
+		s.call(t, s.env.Credential, "nodes/get", map[string]any{"tenantId": "root", "nodeId": node}, &got)
+		if len(got.Node.Devices) > 0 && len(got.Node.Devices[0].MigSlices) == 4 {
+			return nil
+		}
+		return fmt.Errorf("devices %+v", got.Node.Devices)
+	})
+	g0 := got.Node.Devices[0]
+
+	signIn(ctx, t, s.base, s.env.Credential)
+	slicesShown := func(profile string) string {
+		return `(() => {
+			const r = document.querySelector('#mig-capacity tr[data-pool-id=` + quote(s.pool) + `][data-profile=` + quote(profile) + `]');
+			if (!r) return "no #mig-capacity row for ` + profile + `";
+			return r.querySelector(".slices-free").textContent.trim() + "/" + r.querySelector(".slices-booked").textContent.trim();
+		})()`
+	}
+	if got := js[string](ctx, t, slicesShown("1g.18gb")); got != "2/0" {
+		t.Fatalf("the fleet page shows 1g.18gb free/booked %s, want 2/0", got)
+	}
+	if got := js[string](ctx, t, slicesShown("3g.71gb")); got != "1/0" {
+		t.Fatalf("the fleet page shows 3g.71gb free/booked %s, want 1/0", got)
+	}
+
+	navigate(ctx, t, s.base, "/console/reservations")
+	waitFor(ctx, t, "the reservation form", `document.querySelector('form#create-reservation input[name="migProfile"]') ? "" : "no migProfile input"`)
+	js[string](ctx, t, `(() => {
+		const f = document.querySelector("form#create-reservation");
+		f.querySelector('[name="pool"]').value = `+quote(s.pool)+`;
+		f.querySelector('[name="gpus"]').value = "1";
+		f.querySelector('[name="migProfile"]').value = "1g.18gb";
+		f.querySelector('[name="name"]').value = "browser-slice";
+		return "";
+	})()`)
+	do(ctx, t, chromedp.Click(chromedp.CSS(`#create-reservation-submit`)))
+	waitFor(ctx, t, "the slice reservation in the list", `(() => {
+		const d = document.querySelector("dialog#confirm-dialog");
+		if (d && d.open) { document.querySelector("#confirm-yes").click(); return "confirming"; }
+		if (location.pathname !== "/console/reservations") return "the page is at " + location.href;
+		if (document.querySelector("#error")) return "error: " + document.querySelector("#error").textContent;
+		return document.querySelector('tr[data-mig-profile="1g.18gb"]') ? "" : "no row with data-mig-profile";
+	})()`)
+	rsv := js[string](ctx, t, `document.querySelector('tr[data-mig-profile="1g.18gb"]').dataset.reservationId`)
+	if c := js[string](ctx, t, `document.querySelector('tr[data-mig-profile="1g.18gb"] .count').textContent.trim()`); c != "1 × 1g.18gb slice" {
+		t.Errorf("the row's count shows %q", c)
+	}
+	var placed struct {
+		Reservation struct {
+			State, MigProfile string
+			Bookings          []struct{ NodeID, DeviceID, ParentDeviceID string }
+		}
+	}
+	poll.UntilNil(t, waitTimeout, "reservation "+rsv+" bound", func() error {
+		s.call(t, s.env.Credential, "reservations/get", map[string]any{"tenantId": "root", "reservationId": rsv}, &placed)
+		if placed.Reservation.State != "bound" {
+			return fmt.Errorf("it is %s", placed.Reservation.State)
+		}
+		return nil
+	})
+	if len(placed.Reservation.Bookings) != 1 || placed.Reservation.MigProfile != "1g.18gb" || placed.Reservation.Bookings[0].ParentDeviceID != g0.ID {
+		t.Fatalf("the form booked %+v", placed.Reservation)
+	}
+	slice := placed.Reservation.Bookings[0].DeviceID
+
+	navigate(ctx, t, s.base, "/console/nodes/"+node)
+	row := `document.querySelector('#mig-slices tr[data-slice-id=` + quote(slice) + `]')`
+	waitFor(ctx, t, "the booked slice's row", row+` ? "" : "no row for the slice"`)
+	if got := js[string](ctx, t, `[`+row+`.dataset.profile, `+row+`.dataset.booked, `+row+`.dataset.reservationId, `+row+`.dataset.parentId].join(" ")`); got != "1g.18gb true "+rsv+" "+g0.ID {
+		t.Fatalf("the slice's row says %q", got)
+	}
+	if free := js[int](ctx, t, `document.querySelectorAll('#mig-slices tr[data-booked="false"]').length`); free != 3 {
+		t.Errorf("%d free slices on the node page, want 3", free)
+	}
+	if l := js[string](ctx, t, `document.querySelector('#mig-layouts tr[data-device-id=`+quote(g0.ID)+`]').dataset.layout`); l != strings.Join(g0.MigLayout, ",") {
+		t.Errorf("GPU 0's layout shows %q", l)
+	}
+	do(ctx, t, chromedp.Click(chromedp.CSS(`#mig-slices tr[data-slice-id=`+quote(slice)+`] .booking a`)))
+	waitFor(ctx, t, "the reservation's row", `location.pathname === "/console/reservations" && location.hash === `+quote("#reservation-"+rsv)+
+		` && document.getElementById(`+quote("reservation-"+rsv)+`) ? "" : "at " + location.href`)
+
+	navigate(ctx, t, s.base, "/console/")
+	waitFor(ctx, t, "the fleet page", `document.querySelector("#mig-capacity") ? "" : "no #mig-capacity"`)
+	if got := js[string](ctx, t, slicesShown("1g.18gb")); got != "1/1" {
+		t.Fatalf("after the booking the fleet page shows 1g.18gb free/booked %s, want 1/1", got)
+	}
 }
