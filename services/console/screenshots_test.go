@@ -20,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/bettercompute/bettercompute/pkg/poll"
+	"github.com/bettercompute/bettercompute/services/dev"
 )
 
 // ScreenshotsDirEnv names the directory TestScreenshots writes its PNGs to;
@@ -45,9 +46,10 @@ func TestScreenshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := browser(t)
-	s := startSite(t, 3)
+	s := startSiteRun(t, 3, dev.RunOptions{SimMig: true}) // make run's MIG layout on the first node's GPU 0
 
-	// Something on every page: a command that ran, a reservation bound.
+	// Something on every page: a command that ran, a reservation bound, a
+	// MIG slice booked.
 	var run struct{ Command struct{ ID string } }
 	s.call(t, s.env.Credential, "commands/run", map[string]any{"tenantId": "root", "nodeId": s.nodes[0], "kind": "inventory.refresh", "idempotencyKey": "screenshot"}, &run)
 	var rsv struct{ Reservation struct{ ID string } }
@@ -63,7 +65,26 @@ func TestScreenshots(t *testing.T) {
 		return nil
 	})
 
-	s.waitCapacity(t, 8*len(s.nodes)-4, 4)
+	poll.UntilNil(t, waitTimeout, "GPU 0's slices", func() error {
+		var n struct{ Node struct{ Devices []migGPU } }
+		s.call(t, s.env.Credential, "nodes/get", map[string]any{"tenantId": "root", "nodeId": s.nodes[0]}, &n)
+		if len(n.Node.Devices) == 0 || len(n.Node.Devices[0].MigSlices) != 4 {
+			return fmt.Errorf("devices %+v", n.Node.Devices)
+		}
+		return nil
+	})
+	var sl struct{ Reservation struct{ ID string } }
+	s.call(t, s.env.Credential, "reservations/create", map[string]any{"tenantId": "root", "poolId": s.pool, "migProfile": "2g.35gb", "count": 1, "idempotencyKey": "screenshot-slice"}, &sl)
+	poll.UntilNil(t, waitTimeout, "the slice reservation to bind", func() error {
+		var r struct{ Reservation struct{ State string } }
+		s.call(t, s.env.Credential, "reservations/get", map[string]any{"tenantId": "root", "reservationId": sl.Reservation.ID}, &r)
+		if r.Reservation.State != "bound" {
+			return fmt.Errorf("it is %s", r.Reservation.State)
+		}
+		return nil
+	})
+
+	s.waitCapacity(t, 8*len(s.nodes)-1-4, 4) // GPU 0 of the first node is in MIG mode
 
 	shot := func(name string) {
 		t.Helper()
@@ -91,7 +112,7 @@ func TestScreenshots(t *testing.T) {
 	shot("fleet")
 
 	navigate(ctx, t, s.base, "/console/nodes/"+s.nodes[0])
-	waitFor(ctx, t, "the node page", `document.querySelector("#node-ready") ? "" : "no #node-ready"`)
+	waitFor(ctx, t, "the node page", `document.querySelector("#node-ready") && document.querySelector("#mig-slices") ? "" : "no #node-ready or #mig-slices"`)
 	shot("node")
 
 	navigate(ctx, t, s.base, "/console/commands/"+run.Command.ID)
