@@ -601,6 +601,13 @@ func (a *App) stop(ctx context.Context) {
 	a.ready.Store(false)
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.Server.ShutdownTimeout.Std())
 	defer cancel()
+	if a.gateway != nil {
+		// Drain first: no new session, every daemon told to move to
+		// another gateway, while this process still serves everything
+		// else.
+		n := a.gateway.gw.Drain(ctx)
+		a.logger.Info("gateway drained", "sessions", n)
+	}
 	if a.srv != nil {
 		if err := a.srv.Shutdown(ctx); err != nil {
 			a.logger.Warn("graceful shutdown timed out; closing connections", "err", err)

@@ -348,7 +348,9 @@ func TestServeRunsTheRuntimeForItsRoles(t *testing.T) {
 		memberships = append(memberships, m)
 	}
 	rows.Close()
-	if !slices.Equal(memberships, []string{"controllers", "nodespec-controller", "scheduler"}) {
+	// controllers brings the spec's workflows and the sweeper, each its
+	// own membership.
+	if !slices.Equal(memberships, []string{"command-sweeper", "controllers", "metal", "nodespec-controller", "scheduler", "vps"}) {
 		t.Fatalf("workers = %v, want one per runtime role", memberships)
 	}
 	var janitor string

@@ -29,12 +29,20 @@ type daemon struct {
 	t      testing.TB
 	stream agentv1.NodeService_SessionClient
 	msgs   chan *agentv1.SessionResponse
+	// err is the error that ended the stream, once msgs is closed.
+	err error
 }
 
 func (f *harness) connect(t testing.TB, id, boot, journal string) *daemon {
 	t.Helper()
+	return f.connectTo(t, f.gw, f.addr, id, boot, journal)
+}
+
+// connectTo opens a session on gateway gw listening at addr.
+func (f *harness) connectTo(t testing.TB, gw *gateway.Gateway, addr, id, boot, journal string) *daemon {
+	t.Helper()
 	cert := f.ca.node(t, id)
-	c := f.client(t, f.addr, &cert)
+	c := f.client(t, addr, &cert)
 	stream, err := c.Session(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +56,7 @@ func (f *harness) connect(t testing.TB, id, boot, journal string) *daemon {
 		for {
 			m, err := stream.Recv()
 			if err != nil {
+				d.err = err
 				return
 			}
 			d.msgs <- m
@@ -58,7 +67,7 @@ func (f *harness) connect(t testing.TB, id, boot, journal string) *daemon {
 	}
 	// The session's own start-up dispatch must be over before the test
 	// dispatches, or it re-sends what the test just claimed.
-	poll.Until(t, 10*time.Second, "the session of "+id+" to be ready", func() bool { return f.gw.Ready(id) })
+	poll.Until(t, 10*time.Second, "the session of "+id+" to be ready", func() bool { return gw.Ready(id) })
 	return d
 }
 

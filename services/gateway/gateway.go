@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,11 +29,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	"github.com/bettercompute/bettercompute/proto/spiffepath"
@@ -124,6 +127,8 @@ type Gateway struct {
 	// sessions, by node id, and started (the report writer runs) are
 	// guarded by mu; stop is closed, under mu, by Stop.
 	sessions map[string]*session
+	// draining is set, under mu, by Drain: no session is admitted.
+	draining bool
 	// opened and ended count sessions opened (after Hello was accepted)
 	// and ended, for the metrics.
 	opened, ended atomic.Int64
@@ -182,6 +187,67 @@ func (g *Gateway) Holds(nodeID string) bool {
 
 // errSuperseded ends a session that a newer one of the same node replaced.
 var errSuperseded = errors.New("superseded by a newer session of this node")
+
+// errDraining ends the sessions of a gateway that drains (Drain).
+var errDraining = errors.New("gateway draining: reconnect to another gateway")
+
+// DrainJitter bounds the retry delay a draining gateway gives each of its
+// daemons, drawn uniformly, so they do not all reach the survivors in the
+// same instant (the survivors' admission rate paces the rest).
+const DrainJitter = 2 * time.Second
+
+// drainingStatus is what a daemon of a draining gateway is told: UNAVAILABLE
+// with a jittered RetryInfo; the daemon moves to the next gateway of its
+// list.
+func drainingStatus() error {
+	st, err := status.New(codes.Unavailable, errDraining.Error()).
+		WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(rand.N(DrainJitter))})
+	if err != nil {
+		return status.Error(codes.Unavailable, errDraining.Error())
+	}
+	return st.Err()
+}
+
+// Drain stops the gateway taking sessions and moves its daemons away, as a
+// gateway given SIGTERM does before it stops: a new session is refused
+// UNAVAILABLE ("gateway draining", a jittered retry delay), each session it
+// holds ends with the same status (the daemon, given several gateways,
+// reconnects to the next at once), and Drain returns the number of
+// sessions it ended once none is left or ctx ends. Nothing is lost:
+// commands in flight stay in flight and go out again on the daemon's next
+// session (its journal runs each once), its outcomes and reports go again
+// from its outbox, and the next session gets the whole desired state.
+// Site agents' sessions end too.
+func (g *Gateway) Drain(ctx context.Context) int {
+	g.mu.Lock()
+	g.draining = true
+	n := len(g.sessions)
+	for _, s := range g.sessions {
+		s.cancel(errDraining)
+	}
+	g.mu.Unlock()
+	g.sites.mu.Lock()
+	for _, s := range g.sites.m {
+		s.cancel(errDraining)
+	}
+	g.sites.mu.Unlock()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for g.Sessions() > 0 {
+		select {
+		case <-ctx.Done():
+			return n
+		case <-t.C:
+		}
+	}
+	return n
+}
+
+func (g *Gateway) isDraining() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.draining
+}
 
 // errCertRevoked and errCertExpired end a session whose certificate was
 // revoked, or expired, while it was open.
@@ -354,6 +420,9 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	if p, ok := peer.FromContext(ctx); !ok || !hasChain(p) {
 		return status.Error(codes.Unauthenticated, "a node certificate is required")
 	}
+	if g.isDraining() {
+		return drainingStatus()
+	}
 	if err := g.admission.admit(ctx, g.stop); err != nil {
 		return err
 	}
@@ -485,6 +554,8 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 				return status.Error(codes.PermissionDenied, errCertRevoked.Error())
 			case errors.Is(cause, errCertExpired):
 				return status.Error(codes.Unauthenticated, errCertExpired.Error())
+			case errors.Is(cause, errDraining):
+				return drainingStatus()
 			}
 			return status.FromContextError(sctx.Err()).Err()
 		case err := <-recvErr:

@@ -166,6 +166,9 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 	if p, ok := peer.FromContext(ctx); !ok || !hasChain(p) {
 		return status.Error(codes.Unauthenticated, "a site agent certificate is required")
 	}
+	if g.isDraining() {
+		return drainingStatus()
+	}
 	if err := g.admission.admit(ctx, g.stop); err != nil {
 		return err
 	}
@@ -284,6 +287,8 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 				return status.Error(codes.PermissionDenied, cause.Error())
 			case errors.Is(cause, errCertExpired):
 				return status.Error(codes.Unauthenticated, errCertExpired.Error())
+			case errors.Is(cause, errDraining):
+				return drainingStatus()
 			}
 			return status.FromContextError(sctx.Err()).Err()
 		case err := <-recvErr:
