@@ -20,6 +20,11 @@ type Events struct {
 	StreamMaxAge Duration `yaml:"streamMaxAge"`
 	// StreamMaxBytes bounds the stream's file storage; default 1 GiB.
 	StreamMaxBytes int64 `yaml:"streamMaxBytes"`
+	// StreamReplicas is how many JetStream servers keep the stream (1 to
+	// 5; 3 in a production cluster, as the ha overlay runs it). A cluster
+	// with fewer servers refuses the stream, which the relay logs while
+	// PostgreSQL keeps every event. Default 1.
+	StreamReplicas int `yaml:"streamReplicas"`
 	// DuplicateWindow is the stream's duplicate window: a republish of an
 	// event id inside it is dropped; default 2m.
 	DuplicateWindow Duration `yaml:"duplicateWindow"`
@@ -52,6 +57,7 @@ func (c *Events) defaults() {
 	c.Stream = cmp.Or(c.Stream, "BC_EVENTS")
 	c.StreamMaxAge = cmp.Or(c.StreamMaxAge, Duration(24*time.Hour))
 	c.StreamMaxBytes = cmp.Or(c.StreamMaxBytes, 1<<30)
+	c.StreamReplicas = cmp.Or(c.StreamReplicas, 1)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, Duration(2*time.Minute))
 	c.Poll = cmp.Or(c.Poll, Duration(20*time.Millisecond))
 	c.Batch = cmp.Or(c.Batch, 1000)
@@ -70,6 +76,9 @@ func (c *Events) validate() []error {
 	}
 	if !streamNameRE.MatchString(c.Stream) {
 		bad("events.stream", "expected letters, digits, '-' and '_', got %q", c.Stream)
+	}
+	if c.StreamReplicas < 1 || c.StreamReplicas > 5 {
+		bad("events.streamReplicas", "expected 1 to 5, got %d", c.StreamReplicas)
 	}
 	for _, d := range []struct {
 		field string

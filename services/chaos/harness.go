@@ -227,7 +227,7 @@ var composeRoles = []struct{ name, roles string }{
 	{"joinservice", "joinservice"},
 	{"gateway", "gateway"},
 	{"nodespec-controller", "nodespec-controller"},
-	{"controllers", "controllers,scheduler,sinks"},
+	{"controllers", "worker"},
 	{"placer", "placer"},
 	{"command-sweeper", "command-sweeper"},
 	{"outbox-relay", "outbox-relay"},
@@ -293,7 +293,7 @@ func Start(t testing.TB, o Options) *Topology {
 	secretsKey := "BC_SECRETS_KEY_FILE=" + filepath.Join(top.PKI, "secrets.key")
 	envOf := map[string][]string{
 		"api":         append(slices.Clone(signing), secretsKey),
-		"controllers": signing,
+		"controllers": append(slices.Clone(signing), secretsKey),
 		"metal":       append(slices.Clone(signing), secretsKey),
 		"vps":         {secretsKey},
 		"joinservice": {"BC_JOIN_SERVICE_TRUST_DOMAIN=" + td,
@@ -317,7 +317,7 @@ func Start(t testing.TB, o Options) *Topology {
 	}
 	for _, s := range specs {
 		env := envOf[s.roles]
-		if s.roles == "controllers,scheduler,sinks" {
+		if s.roles == "worker" {
 			env = envOf["controllers"]
 		}
 		port := Port(t)

@@ -415,6 +415,7 @@ func (s *Service) EnsureStream(ctx context.Context) error {
 		Storage:     jetstream.FileStorage,
 		MaxAge:      e.StreamMaxAge.Std(),
 		MaxBytes:    e.StreamMaxBytes,
+		Replicas:    e.StreamReplicas,
 		Duplicates:  e.DuplicateWindow.Std(),
 		Discard:     jetstream.DiscardOld,
 	})
