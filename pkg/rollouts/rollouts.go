@@ -4,9 +4,12 @@
 // in it. See docs/rollouts.md.
 //
 // While a rollout is progressing or paused, the nodespec controller's pool
-// part reads [Layers]: a node of a released batch gets the rollout's
-// sections instead of the pool's. Nothing else of a node's desired state
-// depends on a rollout.
+// part and the capacity.mig contributor read [Layers]: a node of a
+// released batch gets the rollout's sections (and MIG layouts) instead of
+// the pool's. A rollout with a selector that succeeded stays the layer of
+// every node it planned (the pool's settings never change), until a later
+// pool-wide rollout of the same section succeeds or it is rolled back.
+// Nothing else of a node's desired state depends on a rollout.
 package rollouts
 
 import (
@@ -14,12 +17,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/miglayouts"
 )
 
 // Querier runs statements: a pool, a connection or a transaction.
@@ -55,17 +60,62 @@ const (
 	NodeSkipped  = "skipped"
 )
 
-// Sections a change may name (the pool settings the rollout layer applies).
-var Sections = []string{"site", "health", "runtime"}
+// Sections a change may name: the pool settings the rollout layer applies
+// (site, health, runtime) and the pool's MIG layouts (mig).
+var Sections = []string{"site", "health", "runtime", "mig"}
 
 // Change is a pool settings patch: the sections Mask names, each the
-// proto3 JSON of its NodeSpec section ('{}' clears it).
+// proto3 JSON of its NodeSpec section ('{}' clears it), and the pool's MIG
+// layouts when Mask names "mig".
 type Change struct {
 	Mask    []string        `json:"mask"`
 	Site    json.RawMessage `json:"site,omitempty"`
 	Health  json.RawMessage `json:"health,omitempty"`
 	Runtime json.RawMessage `json:"runtime,omitempty"`
+	Mig     *Mig            `json:"mig,omitempty"`
 }
+
+// Mig is a change's MIG layouts: the pool's, whole (empty clears them).
+type Mig struct {
+	Layouts []miglayouts.Layout `json:"layouts"`
+}
+
+// Names reports whether the change's mask names section.
+func (c Change) Names(section string) bool { return slices.Contains(c.Mask, section) }
+
+// Without returns c without the sections of drop (mask and content).
+func (c Change) Without(drop []string) Change {
+	out := Change{}
+	for _, sec := range c.Mask {
+		if slices.Contains(drop, sec) {
+			continue
+		}
+		out.Mask = append(out.Mask, sec)
+		switch sec {
+		case "site":
+			out.Site = c.Site
+		case "health":
+			out.Health = c.Health
+		case "runtime":
+			out.Runtime = c.Runtime
+		case "mig":
+			out.Mig = c.Mig
+		}
+	}
+	return out
+}
+
+// Gate is a command each released node must pass before it counts
+// healthy: Command ("diag.nvml") at Level, within TimeoutMs of being
+// queued.
+type Gate struct {
+	Command   string `json:"command"`
+	Level     string `json:"level,omitempty"`
+	TimeoutMs int64  `json:"timeoutMs"`
+}
+
+// Timeout is the gate's deadline from when it is queued.
+func (g Gate) Timeout() time.Duration { return time.Duration(g.TimeoutMs) * time.Millisecond }
 
 // Section returns the change's section name (nil when the mask does not name it).
 func (c Change) Section(name string) json.RawMessage {
@@ -124,6 +174,7 @@ type Rollout struct {
 	// the rollout was made.
 	Previous         Change
 	Strategy         Strategy
+	Gates            []Gate
 	Success, Failure Threshold
 	CurrentBatch     int
 	BatchReleasedAt  *time.Time
@@ -133,14 +184,14 @@ type Rollout struct {
 	UpdatedAt        time.Time
 }
 
-const cols = `id, tenant_id, pool_id, state, selector, change, previous, strategy,
+const cols = `id, tenant_id, pool_id, state, selector, change, previous, strategy, gates,
 	success_percent, success_count, failure_percent, failure_count, current_batch,
 	batch_released_at, batch_converged_at, message, created_at, updated_at`
 
 func scan(row pgx.Row) (Rollout, error) {
 	var r Rollout
-	var selector, change, previous, strategy []byte
-	err := row.Scan(&r.ID, &r.TenantID, &r.PoolID, &r.State, &selector, &change, &previous, &strategy,
+	var selector, change, previous, strategy, gates []byte
+	err := row.Scan(&r.ID, &r.TenantID, &r.PoolID, &r.State, &selector, &change, &previous, &strategy, &gates,
 		&r.Success.Percent, &r.Success.Count, &r.Failure.Percent, &r.Failure.Count, &r.CurrentBatch,
 		&r.BatchReleasedAt, &r.BatchConvergedAt, &r.Message, &r.CreatedAt, &r.UpdatedAt)
 	if err != nil {
@@ -149,7 +200,7 @@ func scan(row pgx.Row) (Rollout, error) {
 	for _, f := range []struct {
 		b  []byte
 		to any
-	}{{selector, &r.Selector}, {change, &r.Change}, {previous, &r.Previous}, {strategy, &r.Strategy}} {
+	}{{selector, &r.Selector}, {change, &r.Change}, {previous, &r.Previous}, {strategy, &r.Strategy}, {gates, &r.Gates}} {
 		if err := json.Unmarshal(f.b, f.to); err != nil {
 			return Rollout{}, fmt.Errorf("rollout %s: %w", r.ID, err)
 		}
@@ -177,8 +228,9 @@ func collect(rows pgx.Rows, err error) ([]Rollout, error) {
 }
 
 // Create stores r, pending, with the pool's current sections its change
-// names as Previous. A pool with an active rollout is CONFLICT on poolId
-// naming it.
+// names as Previous (the pool's MIG layouts are the caller's
+// r.Previous.Mig, read in the same transaction). A pool with an active
+// rollout is CONFLICT on poolId naming it.
 func Create(ctx context.Context, q Querier, r Rollout) (Rollout, error) {
 	if r.Selector == nil {
 		r.Selector = map[string]string{}
@@ -195,6 +247,20 @@ func Create(ctx context.Context, q Querier, r Rollout) (Rollout, error) {
 	if err != nil {
 		return Rollout{}, fmt.Errorf("encode strategy: %w", err)
 	}
+	if r.Gates == nil {
+		r.Gates = []Gate{}
+	}
+	gates, _ := json.Marshal(r.Gates)
+	prevMig := []byte("null")
+	if r.Change.Names("mig") {
+		if r.Previous.Mig == nil {
+			r.Previous.Mig = &Mig{}
+		}
+		if r.Previous.Mig.Layouts == nil {
+			r.Previous.Mig.Layouts = []miglayouts.Layout{}
+		}
+		prevMig, _ = json.Marshal(r.Previous.Mig)
+	}
 	if r.Failure == (Threshold{}) {
 		r.Failure.Count = 1
 	}
@@ -208,17 +274,18 @@ func Create(ctx context.Context, q Querier, r Rollout) (Rollout, error) {
 	}
 	out, err := scan(q.QueryRow(ctx, `
 		INSERT INTO rollouts (id, tenant_id, pool_id, selector, change, previous, strategy,
-			success_percent, success_count, failure_percent, failure_count)
+			success_percent, success_count, failure_percent, failure_count, gates)
 		SELECT $1, $2, p.id, $4, $5,
 			jsonb_build_object('mask', $5::jsonb->'mask')
 			  || CASE WHEN $5::jsonb->'mask' ? 'site' THEN jsonb_build_object('site', p.site) ELSE '{}' END
 			  || CASE WHEN $5::jsonb->'mask' ? 'health' THEN jsonb_build_object('health', p.health) ELSE '{}' END
-			  || CASE WHEN $5::jsonb->'mask' ? 'runtime' THEN jsonb_build_object('runtime', p.runtime) ELSE '{}' END,
-			$6, $7, $8, $9, $10
+			  || CASE WHEN $5::jsonb->'mask' ? 'runtime' THEN jsonb_build_object('runtime', p.runtime) ELSE '{}' END
+			  || CASE WHEN $5::jsonb->'mask' ? 'mig' THEN jsonb_build_object('mig', $12::jsonb) ELSE '{}' END,
+			$6, $7, $8, $9, $10, $11
 		FROM pools p WHERE p.id = $3 AND p.tenant_id = $2
 		RETURNING `+cols,
 		r.ID, r.TenantID, r.PoolID, selector, change, strategy,
-		r.Success.Percent, r.Success.Count, r.Failure.Percent, r.Failure.Count))
+		r.Success.Percent, r.Success.Count, r.Failure.Percent, r.Failure.Count, gates, prevMig))
 	var pe *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -373,9 +440,16 @@ type NodeStatus struct {
 	State  string
 	Acked  bool
 	Reason string
-	// HasContent: the node's desired state holds the rollout's sections and
-	// it reported that generation, every section converged.
+	// HasContent: the node's desired state holds the rollout's site, health
+	// and runtime sections and it reported that generation, every section
+	// converged (a change of MIG layouts the job checks itself: the mig
+	// section is their placement).
 	HasContent bool
+	// Generation is the node's desired-state generation now.
+	Generation int64
+	// Gate is how the node's gate commands stand: "" (none queued),
+	// "running", "passed", or why one did not pass.
+	Gate string
 	// Unhealthy says why the node is not healthy now ("" when it is): Ready
 	// not True, GPUsHealthy false, NeedsRepair, a GPU quarantined, a failed
 	// section, a state other than adopted, or — once released — a
@@ -398,6 +472,13 @@ func Nodes(ctx context.Context, q Querier, r Rollout) ([]NodeStatus, error) {
 			  AND (NOT $2::jsonb->'mask' ? 'site' OR coalesce(n.spec->'site', '{}') = $2::jsonb->'site')
 			  AND (NOT $2::jsonb->'mask' ? 'health' OR coalesce(n.spec->'health', '{}') = $2::jsonb->'health')
 			  AND (NOT $2::jsonb->'mask' ? 'runtime' OR coalesce(n.spec->'runtime', '{}') = $2::jsonb->'runtime'),
+			n.generation,
+			CASE WHEN cardinality(rn.gate_commands) = 0 THEN ''
+			  ELSE coalesce((SELECT 'gate ' || c.kind || ' (' || c.id || ') ' || c.state || ': ' || c.reason FROM commands c
+			      WHERE c.node_id = rn.node_id AND c.id = ANY(rn.gate_commands) AND c.state IN ('failed', 'expired', 'cancelled')
+			      ORDER BY c.id LIMIT 1),
+			    CASE WHEN (SELECT count(*) FROM commands c WHERE c.node_id = rn.node_id AND c.id = ANY(rn.gate_commands)
+			      AND c.state = 'succeeded') = cardinality(rn.gate_commands) THEN 'passed' ELSE 'running' END) END,
 			CASE
 			  WHEN n.state <> 'adopted' THEN 'node is ' || n.state
 			  WHEN n.ready <> 'True' THEN 'Ready is ' || n.ready
@@ -455,6 +536,15 @@ func SetNodes(ctx context.Context, q Querier, rollout string, nodes []string, st
 	return nil
 }
 
+// SetGateCommands records the gate commands queued for node in rollout.
+func SetGateCommands(ctx context.Context, q Querier, rollout, node string, commands []string) error {
+	_, err := q.Exec(ctx, `UPDATE rollout_nodes SET gate_commands = $3 WHERE rollout_id = $1 AND node_id = $2`, rollout, node, commands)
+	if err != nil {
+		return fmt.Errorf("record the gates of %s in rollout %s: %w", node, rollout, err)
+	}
+	return nil
+}
+
 // AckFailures acknowledges rollout's failed nodes: they no longer count
 // towards its failure threshold.
 func AckFailures(ctx context.Context, q Querier, rollout string) error {
@@ -480,33 +570,64 @@ func Touched(ctx context.Context, q Querier, rollout string) ([]string, error) {
 	return ids, nil
 }
 
-// Layers returns, for those of nodes in a released batch of a progressing
-// or paused rollout, the rollout's change: the sections those nodes get
-// instead of their pool's. One statement.
-func Layers(ctx context.Context, q Querier, nodes []string) (map[string]Change, error) {
-	rows, err := q.Query(ctx, `SELECT rn.node_id, r.change FROM rollout_nodes rn JOIN rollouts r ON r.id = rn.rollout_id
-		WHERE rn.node_id = ANY($1) AND r.state IN ('progressing', 'paused') AND rn.state IN ('updating', 'healthy', 'failed')`, nodes)
+// Layers returns, for those of nodes that have any, the rollout changes
+// that replace their pool's sections, oldest first (a later one wins per
+// section): the change of a progressing or paused rollout for the nodes of
+// its released batches, and the change of a succeeded rollout with a
+// selector for every node it planned, less the sections a later pool-wide
+// rollout of the pool that succeeded names (its change is the pool's
+// settings now). One statement.
+func Layers(ctx context.Context, q Querier, nodes []string) (map[string][]Change, error) {
+	rows, err := q.Query(ctx, `SELECT rn.node_id, r.change,
+			CASE WHEN r.state = 'succeeded' THEN coalesce((SELECT jsonb_agg(DISTINCT m) FROM rollouts l,
+			    jsonb_array_elements_text(l.change->'mask') m
+			  WHERE l.pool_id = r.pool_id AND l.state = 'succeeded' AND l.selector = '{}'
+			    AND (l.created_at, l.id) > (r.created_at, r.id)), '[]') ELSE '[]' END
+		FROM rollout_nodes rn JOIN rollouts r ON r.id = rn.rollout_id
+		WHERE rn.node_id = ANY($1) AND (
+		  (r.state IN ('progressing', 'paused') AND rn.state IN ('updating', 'healthy', 'failed'))
+		  OR (r.state = 'succeeded' AND r.selector <> '{}'))
+		ORDER BY rn.node_id, r.created_at, r.id`, nodes)
 	if err != nil {
 		return nil, fmt.Errorf("rollout layers: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]Change{}
+	out := map[string][]Change{}
 	for rows.Next() {
 		var id string
-		var b []byte
-		if err := rows.Scan(&id, &b); err != nil {
+		var b, superseded []byte
+		if err := rows.Scan(&id, &b, &superseded); err != nil {
 			return nil, fmt.Errorf("rollout layers: %w", err)
 		}
 		var c Change
+		var drop []string
 		if err := json.Unmarshal(b, &c); err != nil {
 			return nil, fmt.Errorf("rollout layer of %s: %w", id, err)
 		}
-		out[id] = c
+		if err := json.Unmarshal(superseded, &drop); err != nil {
+			return nil, fmt.Errorf("rollout layer of %s: %w", id, err)
+		}
+		if c = c.Without(drop); len(c.Mask) > 0 {
+			out[id] = append(out[id], c)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("rollout layers: %w", err)
 	}
 	return out, nil
+}
+
+// PlanOf returns every node of rollout's plan, in id order.
+func PlanOf(ctx context.Context, q Querier, rollout string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT node_id FROM rollout_nodes WHERE rollout_id = $1 ORDER BY node_id`, rollout)
+	if err != nil {
+		return nil, fmt.Errorf("nodes of rollout %s: %w", rollout, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("nodes of rollout %s: %w", rollout, err)
+	}
+	return ids, nil
 }
 
 // Membership is a node's place in its pool's active rollout.

@@ -2,6 +2,7 @@ package rollouts_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/bettercompute/bettercompute/pkg/db"
@@ -65,9 +66,9 @@ func TestStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		var ids []string
-		for id, c := range l {
-			if !slices.Equal(c.Mask, []string{"health"}) {
-				t.Fatalf("layer of %s: %+v", id, c)
+		for id, cs := range l {
+			if len(cs) != 1 || !slices.Equal(cs[0].Mask, []string{"health"}) {
+				t.Fatalf("layers of %s: %+v", id, cs)
 			}
 			ids = append(ids, id)
 		}
@@ -103,5 +104,114 @@ func TestStore(t *testing.T) {
 	}
 	if _, ok, err := rollouts.MembershipOf(ctx, pool, "node_2"); ok || err != nil {
 		t.Fatalf("membership after cancel: %v %v", ok, err)
+	}
+}
+
+// TestSelectorLayersStay: a succeeded rollout with a selector stays the
+// layer of every node it planned (skipped ones included) and of no other,
+// the latest rollout wins per section, a later pool-wide rollout that
+// succeeded supersedes the sections it names, and rolling it back (or the
+// selector's) takes its layer away.
+func TestSelectorLayersStay(t *testing.T) {
+	t.Parallel()
+	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ctx := t.Context()
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_s"})
+	for _, id := range []string{"node_1", "node_2", "node_3"} {
+		labels := map[string]string{}
+		if id != "node_3" {
+			labels["tier"] = "canary"
+		}
+		fixture.Node(t, pool, fixture.NodeOpts{ID: id, Pool: "pool_s", State: "adopted", Labels: labels})
+	}
+	all := []string{"node_1", "node_2", "node_3"}
+	// run makes rollout id of change with selector, plans nodes (the
+	// first released, the rest skipped) and moves it to state.
+	run := func(id string, selector map[string]string, change rollouts.Change, state string) rollouts.Rollout {
+		t.Helper()
+		r, err := rollouts.Create(ctx, pool, rollouts.Rollout{ID: id, TenantID: fixture.DefaultTenant, PoolID: "pool_s",
+			Selector: selector, Change: change, Strategy: rollouts.Strategy{Batches: []rollouts.BatchSize{{Count: 1}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cands, err := rollouts.Candidates(ctx, pool, "pool_s", selector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []rollouts.Planned
+		for i, c := range cands {
+			plan = append(plan, rollouts.Planned{NodeID: c.ID, Batch: i})
+		}
+		if err := rollouts.Plan(ctx, pool, id, plan); err != nil {
+			t.Fatal(err)
+		}
+		if err := rollouts.SetNodes(ctx, pool, id, []string{cands[0].ID}, rollouts.NodeHealthy, ""); err != nil {
+			t.Fatal(err)
+		}
+		if len(cands) > 1 {
+			if err := rollouts.SetNodes(ctx, pool, id, []string{cands[1].ID}, rollouts.NodeSkipped, "Ready is Unknown"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.State = state
+		if err := rollouts.Progress(ctx, pool, r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// layers is each node's layers as "rollout:section" of their health.
+	layers := func() map[string][]string {
+		t.Helper()
+		l, err := rollouts.Layers(ctx, pool, all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]string{}
+		for id, cs := range l {
+			for _, c := range cs {
+				out[id] = append(out[id], strings.ReplaceAll(string(c.Health)+string(c.Site), " ", ""))
+			}
+		}
+		return out
+	}
+	canary := map[string]string{"tier": "canary"}
+	h90 := rollouts.Change{Mask: []string{"health"}, Health: []byte(`{"maxGpuTemperatureCelsius":90}`)}
+	run("rol_a", canary, h90, rollouts.Succeeded)
+	got := layers()
+	if len(got) != 2 || len(got["node_1"]) != 1 || len(got["node_2"]) != 1 || got["node_3"] != nil {
+		t.Fatalf("layers after a selector rollout succeeded: %v", got)
+	}
+	// A second selector rollout of health and site: both layers, the
+	// latest last.
+	h85 := rollouts.Change{Mask: []string{"health", "site"}, Health: []byte(`{"maxGpuTemperatureCelsius":85}`), Site: []byte(`{"logLevel":"debug"}`)}
+	run("rol_b", canary, h85, rollouts.Succeeded)
+	if got := layers(); len(got["node_1"]) != 2 || got["node_1"][1] != string(h85.Health)+string(h85.Site) {
+		t.Fatalf("layers after a second selector rollout: %v", got)
+	}
+	// A pool-wide rollout of health succeeded: the selector rollouts'
+	// health sections are superseded; rol_b's site stays.
+	run("rol_c", nil, rollouts.Change{Mask: []string{"health"}, Health: []byte(`{}`)}, rollouts.Succeeded)
+	got = layers()
+	if len(got["node_1"]) != 1 || got["node_1"][0] != string(h85.Site) || got["node_3"] != nil {
+		t.Fatalf("layers after a pool-wide rollout: %v", got)
+	}
+	if _, err := rollouts.Transition(ctx, pool, fixture.DefaultTenant, "rol_c", []string{rollouts.Succeeded}, rollouts.RolledBack, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if got := layers(); len(got["node_1"]) != 2 {
+		t.Fatalf("layers after the pool-wide rollout was rolled back: %v", got)
+	}
+	if _, err := rollouts.Transition(ctx, pool, fixture.DefaultTenant, "rol_b", []string{rollouts.Succeeded}, rollouts.RolledBack, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if got := layers(); len(got["node_1"]) != 1 || got["node_1"][0] != string(h90.Health) {
+		t.Fatalf("layers after the second selector rollout was rolled back: %v", got)
+	}
+	if planned, err := rollouts.PlanOf(ctx, pool, "rol_a"); err != nil || !slices.Equal(planned, []string{"node_1", "node_2"}) {
+		t.Fatalf("plan of rol_a: %v %v", planned, err)
 	}
 }

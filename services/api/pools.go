@@ -345,6 +345,12 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				}
 			}
 			if mig != nil {
+				// A rollout of MIG layouts in flight owns the pool's.
+				if r, ok, err := rollouts.ActiveOf(ctx, tx, p.ID); err != nil {
+					return admission.Outcome{}, err
+				} else if ok && r.Change.Names("mig") {
+					return admission.Outcome{}, fault.New(fault.Conflict, "updateMask", "pool %s has an active rollout %s (%s) of its MIG layouts: cancel it or wait for it", p.ID, r.ID, r.State)
+				}
 				if err := setPoolMig(ctx, tx, q, p, *mig); err != nil {
 					return admission.Outcome{}, err
 				}

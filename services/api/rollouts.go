@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"time"
 
@@ -13,10 +14,14 @@ import (
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
+	"github.com/bettercompute/bettercompute/proto/commandkinds"
+
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/authz"
+	"github.com/bettercompute/bettercompute/pkg/commands"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/iam"
+	"github.com/bettercompute/bettercompute/pkg/miglayouts"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
@@ -36,21 +41,26 @@ const (
 	MaxRolloutBatches  = 100
 	MaxRolloutNodes    = 100000
 	MaxRolloutBake     = 24 * time.Hour
-	maxRolloutPercent  = 100
-	rolloutUnsupported = "not built yet"
+	MaxRolloutGates    = 4
+	MaxRolloutGateWait = time.Hour
+	// DefaultRolloutGateWait is a gate's timeout when unset.
+	DefaultRolloutGateWait = 10 * time.Minute
+	maxRolloutPercent      = 100
+	rolloutUnsupported     = "not built yet"
 )
 
 func (s *rolloutsAPI) Create(ctx context.Context, req *computev1.RolloutsServiceCreateRequest) (*computev1.RolloutsServiceCreateResponse, error) {
 	if err := required("poolId", req.GetPoolId()); err != nil {
 		return nil, err
 	}
-	if len(req.GetSelector()) > 0 {
-		if err := validLabels(req.GetSelector()); err != nil {
-			return nil, err
-		}
-		return nil, fault.New(fault.Unsupported, "selector", "%s: a rollout goes to every node of the pool (a selector's change would have to stay per node after it succeeds)", rolloutUnsupported)
+	if err := validLabels(req.GetSelector()); err != nil {
+		return nil, fault.New(fault.InvalidInput, "selector", "%s", fault.MessageOf(err))
 	}
 	change, err := rolloutChange(req.GetChange())
+	if err != nil {
+		return nil, err
+	}
+	gates, err := rolloutGates(req.GetGates())
 	if err != nil {
 		return nil, err
 	}
@@ -79,9 +89,25 @@ func (s *rolloutsAPI) Create(ctx context.Context, req *computev1.RolloutsService
 			if err := poolstore.Lock(ctx, tx, req.GetPoolId()); err != nil {
 				return admission.Outcome{}, err
 			}
+			var previous rollouts.Change
+			if change.Mig != nil {
+				// The pool's layouts now, for a rollback after success.
+				p, err := poolstore.Get(ctx, tx, req.GetTenantId(), req.GetPoolId())
+				if err != nil {
+					return admission.Outcome{}, err
+				}
+				if p.Class != poolstore.ClassGPU {
+					return admission.Outcome{}, fault.New(fault.InvalidInput, "change.mig", "pool %s is a %s pool; MIG layouts apply to gpu pools", p.ID, p.Class)
+				}
+				cur, err := miglayouts.Of(ctx, tx, []string{p.ID}, nil)
+				if err != nil {
+					return admission.Outcome{}, err
+				}
+				previous.Mig = &rollouts.Mig{Layouts: cur.Pools[p.ID]}
+			}
 			r, err := rollouts.Create(ctx, tx, rollouts.Rollout{
-				ID: iam.NewID("rol"), TenantID: req.GetTenantId(), PoolID: req.GetPoolId(),
-				Change: change, Strategy: strategy, Success: success, Failure: failure,
+				ID: iam.NewID("rol"), TenantID: req.GetTenantId(), PoolID: req.GetPoolId(), Selector: req.GetSelector(),
+				Change: change, Previous: previous, Strategy: strategy, Gates: gates, Success: success, Failure: failure,
 			})
 			if err != nil {
 				return admission.Outcome{}, err
@@ -110,7 +136,7 @@ func (s *rolloutsAPI) Create(ctx context.Context, req *computev1.RolloutsService
 func rolloutChange(c *computev1.RolloutChange) (rollouts.Change, error) {
 	paths := c.GetUpdateMask().GetPaths()
 	if len(paths) == 0 {
-		return rollouts.Change{}, fault.New(fault.InvalidInput, "change.updateMask", "required: name the sections to change (site, health, runtime)")
+		return rollouts.Change{}, fault.New(fault.InvalidInput, "change.updateMask", "required: name the sections to change (site, health, runtime, mig)")
 	}
 	var out rollouts.Change
 	for _, path := range paths {
@@ -126,17 +152,19 @@ func rolloutChange(c *computev1.RolloutChange) (rollouts.Change, error) {
 		case "runtime":
 			st = c.GetRuntime()
 		case "mig":
-			// Validated as pools.update validates it, then refused: the
-			// MIG layouts live in their own table and contributor, which
-			// the rollout layer does not reach yet.
-			if _, err := migLayouts(c.GetMig(), true); err != nil {
+			// Validated as pools.update validates it; the capacity.mig
+			// contributor places the layouts on released nodes.
+			layouts, err := migLayouts(c.GetMig(), true)
+			if err != nil {
 				return rollouts.Change{}, err
 			}
-			return rollouts.Change{}, fault.New(fault.Unsupported, "change.updateMask", "%s: a rollout of MIG layouts (use pools.update)", rolloutUnsupported)
+			out.Mask = append(out.Mask, path)
+			out.Mig = &rollouts.Mig{Layouts: layouts}
+			continue
 		case "agent":
 			return rollouts.Change{}, fault.New(fault.Unsupported, "change.updateMask", "%s: agent upgrades", rolloutUnsupported)
 		default:
-			return rollouts.Change{}, fault.New(fault.InvalidInput, "change.updateMask", "%q cannot be rolled out (site, health, runtime can)", path)
+			return rollouts.Change{}, fault.New(fault.InvalidInput, "change.updateMask", "%q cannot be rolled out (site, health, runtime, mig can)", path)
 		}
 		b, err := poolSection(path, st, "change.")
 		if err != nil {
@@ -151,6 +179,33 @@ func rolloutChange(c *computev1.RolloutChange) (rollouts.Change, error) {
 		case "runtime":
 			out.Runtime = b
 		}
+	}
+	return out, nil
+}
+
+// rolloutGates validates a rollout's gates: diag.nvml at a level it knows,
+// within a bounded timeout.
+func rolloutGates(gs []*computev1.RolloutGate) ([]rollouts.Gate, error) {
+	if len(gs) > MaxRolloutGates {
+		return nil, fault.New(fault.InvalidInput, "gates", "at most %d gates, got %d", MaxRolloutGates, len(gs))
+	}
+	out := make([]rollouts.Gate, 0, len(gs))
+	for i, g := range gs {
+		at := fmt.Sprintf("gates[%d]", i)
+		if g.GetCommand() != commands.KindDiagNVML {
+			return nil, fault.New(fault.InvalidInput, at+".command", "expected %q, got %q", commands.KindDiagNVML, g.GetCommand())
+		}
+		if _, ok := commandkinds.DiagRunLevel(g.GetLevel()); !ok {
+			return nil, fault.New(fault.InvalidInput, at+".level", "expected one of %v, got %q", commandkinds.DiagLevels, g.GetLevel())
+		}
+		wait := DefaultRolloutGateWait
+		if d := g.GetTimeout(); d != nil {
+			if err := d.CheckValid(); err != nil || d.AsDuration() < time.Second || d.AsDuration() > MaxRolloutGateWait {
+				return nil, fault.New(fault.InvalidInput, at+".timeout", "expected 1s to %s", MaxRolloutGateWait)
+			}
+			wait = d.AsDuration()
+		}
+		out = append(out, rollouts.Gate{Command: g.GetCommand(), Level: g.GetLevel(), TimeoutMs: wait.Milliseconds()})
 	}
 	return out, nil
 }
@@ -222,6 +277,9 @@ func rolloutPB(ctx context.Context, q rollouts.Querier, r rollouts.Rollout) (*co
 		pb.Strategy.Batches = append(pb.Strategy.Batches, &computev1.RolloutBatchSize{Percent: int32(b.Percent), Count: int32(b.Count)})
 	}
 	for _, sec := range r.Change.Mask {
+		if sec == "mig" {
+			continue
+		}
 		var st structpb.Struct
 		if err := json.Unmarshal(r.Change.Section(sec), &st); err != nil {
 			return nil, err
@@ -234,6 +292,12 @@ func rolloutPB(ctx context.Context, q rollouts.Querier, r rollouts.Rollout) (*co
 		case "runtime":
 			pb.Change.Runtime = &st
 		}
+	}
+	if r.Change.Mig != nil {
+		pb.Change.Mig = migSettingsPB(r.Change.Mig.Layouts)
+	}
+	for _, g := range r.Gates {
+		pb.Gates = append(pb.Gates, &computev1.RolloutGate{Command: g.Command, Level: g.Level, Timeout: durationpb.New(g.Timeout())})
 	}
 	batches, err := rollouts.Batches(ctx, q, r.ID)
 	if err != nil {
@@ -434,8 +498,9 @@ func (s *rolloutsAPI) Rollback(ctx context.Context, req *computev1.RolloutsServi
 			if !wasSucceeded {
 				return invalidateTouched(ctx, tx, q, r)
 			}
-			// The change is the pool's settings now: they go back to what
-			// they were, unless a later rollout changed them since.
+			// The change is the pool's settings (or, with a selector, its
+			// nodes' layer) now: they go back to what they were, unless a
+			// later rollout changed them since.
 			later, ok, err := rollouts.Later(ctx, tx, r)
 			if err != nil {
 				return nil, err
@@ -443,10 +508,29 @@ func (s *rolloutsAPI) Rollback(ctx context.Context, req *computev1.RolloutsServi
 			if ok {
 				return nil, fault.New(fault.Conflict, "rolloutId", "rollout %s came after %s on pool %s", later, r.ID, r.PoolID)
 			}
+			if len(r.Selector) > 0 {
+				// Its layer went with its state: every node it planned
+				// recomputes from what is beneath.
+				planned, err := rollouts.PlanOf(ctx, tx, r.ID)
+				if err != nil {
+					return nil, err
+				}
+				for _, n := range planned {
+					if err := nodespec.Invalidate(ctx, q, n); err != nil {
+						return nil, err
+					}
+				}
+				return map[string]any{"nodes": planned}, nil
+			}
 			if _, err := poolstore.Apply(ctx, tx, r.TenantID, r.PoolID, poolstore.Update{
 				Site: r.Previous.Section("site"), Health: r.Previous.Section("health"), Runtime: r.Previous.Section("runtime"),
 			}); err != nil {
 				return nil, err
+			}
+			if r.Previous.Mig != nil {
+				if err := miglayouts.SetPool(ctx, tx, r.PoolID, r.Previous.Mig.Layouts); err != nil {
+					return nil, err
+				}
 			}
 			if err := nodespec.InvalidatePool(ctx, tx, q, r.PoolID); err != nil {
 				return nil, err
@@ -457,4 +541,18 @@ func (s *rolloutsAPI) Rollback(ctx context.Context, req *computev1.RolloutsServi
 		return nil, err
 	}
 	return &computev1.RolloutsServiceRollbackResponse{Rollout: r}, nil
+}
+
+// migSettingsPB is layouts as the API takes them.
+func migSettingsPB(layouts []miglayouts.Layout) *computev1.MigSettings {
+	out := &computev1.MigSettings{}
+	for _, l := range layouts {
+		spec := &computev1.MigLayoutSpec{Name: l.Name, Profiles: l.Profiles, Disabled: l.Disabled,
+			GpuSelector: &computev1.MigGpuSelector{Model: l.Selector.Model}}
+		for _, ix := range l.Selector.Indices {
+			spec.GpuSelector.Indices = append(spec.GpuSelector.Indices, uint32(max(ix, 0)))
+		}
+		out.Layouts = append(out.Layouts, spec)
+	}
+	return out
 }

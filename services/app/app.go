@@ -421,7 +421,7 @@ func (a *App) startRuntime(ctx context.Context) error {
 		}
 		// The rollout job: pool keys, back every second while a rollout
 		// progresses (docs/rollouts.md).
-		if err := rt.Register(lifecycle.Rollout(lifecycle.RolloutConfig{})); err != nil {
+		if err := rt.Register(lifecycle.Rollout(lifecycle.RolloutConfig{Kinds: a.admitKinds})); err != nil {
 			return err
 		}
 	}

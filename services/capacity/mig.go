@@ -17,6 +17,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/rollouts"
 )
 
 // ModuleMig is the capacity.mig job: the nodespec contributor of the mig
@@ -32,7 +33,9 @@ func RegisterMig(reg *nodespec.Registry) error { return reg.RegisterBatch(Module
 
 // ContributeMig is capacity.mig's part of nodes' desired state: the mig
 // section, one entry per GPU a layout matches (the node's own layouts
-// first, then its pool's; pkg/miglayouts), in index order, with its
+// first, then its pool's; pkg/miglayouts — a node a rollout of MIG layouts
+// released has the rollout's instead of its pool's, pkg/rollouts.Layers),
+// in index order, with its
 // instances placed by proto/migcatalog keeping the placements the GPU has
 // (until the node reports them: the last contributed ones, from the stored
 // spec), so an unchanged layout places the same and a change moves as few
@@ -59,9 +62,24 @@ func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.No
 	if err != nil {
 		return nil, err
 	}
+	// A rollout of MIG layouts: its layouts replace the pool's on the
+	// nodes it released (or, with a selector, planned and succeeded on).
+	layers, err := rollouts.Layers(ctx, q, nodeIDs)
+	if err != nil {
+		return nil, err
+	}
+	poolLayouts := make(map[string][]miglayouts.Layout, len(nodes))
+	for _, n := range nodes {
+		poolLayouts[n.ID] = layouts.Pools[n.PoolID]
+		for _, c := range layers[n.ID] {
+			if c.Mig != nil {
+				poolLayouts[n.ID] = c.Mig.Layouts
+			}
+		}
+	}
 	var managed, marked []string
 	for _, n := range nodes {
-		if len(layouts.Nodes[n.ID]) > 0 || len(layouts.Pools[n.PoolID]) > 0 {
+		if len(layouts.Nodes[n.ID]) > 0 || len(poolLayouts[n.ID]) > 0 {
 			managed = append(managed, n.ID)
 			marked = append(marked, n.ID)
 		} else if layouts.Draining[n.ID] {
@@ -84,7 +102,7 @@ func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.No
 			if in == nil {
 				continue
 			}
-			sec, waiting, err := migSection(in, layouts.Nodes[n.ID], layouts.Pools[n.PoolID], booked[n.ID])
+			sec, waiting, err := migSection(in, layouts.Nodes[n.ID], poolLayouts[n.ID], booked[n.ID])
 			if err != nil {
 				return nil, fmt.Errorf("node %s: %w", n.ID, err)
 			}

@@ -8,7 +8,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/encoding/protojson"
 
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
+
+	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/miglayouts"
+	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/outbox"
 	"github.com/bettercompute/bettercompute/pkg/pools"
@@ -21,6 +27,9 @@ import (
 type RolloutConfig struct {
 	// Now is the clock the bake is measured with; nil is time.Now.
 	Now func() time.Time
+	// Kinds is the command-kind registry the gates are queued through
+	// (signing, as the health job's); nil is commands.Builtin() unsigned.
+	Kinds *commands.Registry
 }
 
 // Rollout is the rollout job (docs/rollouts.md): a ShardByPool reconciler
@@ -45,9 +54,12 @@ type RolloutConfig struct {
 //     threshold, the rollout failed and its nodes return to the pool's.
 //   - paused: nothing happens until rollouts.resume.
 func Rollout(cfg RolloutConfig) reconcile.Reconciler {
-	j := &rolloutJob{now: cfg.Now}
+	j := &rolloutJob{now: cfg.Now, kinds: cfg.Kinds}
 	if j.now == nil {
 		j.now = time.Now
+	}
+	if j.kinds == nil {
+		j.kinds = commands.Builtin()
 	}
 	return reconcile.Reconciler{Name: rollouts.Kind, ShardBy: reconcile.ShardByPool, Role: reconcile.RoleControllers,
 		Run: j.run, Keys: rolloutKeys}
@@ -63,7 +75,8 @@ func rolloutKeys(ctx context.Context, q reconcile.Querier, shards []int) ([]stri
 }
 
 type rolloutJob struct {
-	now func() time.Time
+	now   func() time.Time
+	kinds *commands.Registry
 }
 
 func (j *rolloutJob) run(ctx context.Context, rc *reconcile.RunContext, pool string) (reconcile.Result, error) {
@@ -73,7 +86,7 @@ func (j *rolloutJob) run(ctx context.Context, rc *reconcile.RunContext, pool str
 		if err != nil || !ok {
 			return err
 		}
-		s := &rolloutStep{tx: tx, q: q, r: r, now: j.now()}
+		s := &rolloutStep{tx: tx, q: q, r: r, now: j.now(), kinds: j.kinds}
 		switch r.State {
 		case rollouts.Pending:
 			err = s.start(ctx)
@@ -105,6 +118,7 @@ type rolloutStep struct {
 	q      *reconcile.Queue
 	r      rollouts.Rollout
 	now    time.Time
+	kinds  *commands.Registry
 	events []outbox.Event
 }
 
@@ -189,10 +203,16 @@ func (s *rolloutStep) progress(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkMig(ctx, nodes); err != nil {
+		return err
+	}
 	// Judge the released nodes.
 	var healthy []string
 	for i := range nodes {
 		n := &nodes[i]
+		if n.State == rollouts.NodeUpdating && n.Unhealthy == "" && strings.HasPrefix(n.Gate, "gate ") {
+			n.Unhealthy = n.Gate // a gate that did not pass
+		}
 		switch {
 		case (n.State == rollouts.NodeUpdating || n.State == rollouts.NodeHealthy) && n.Unhealthy != "":
 			n.State = rollouts.NodeFailed
@@ -200,7 +220,11 @@ func (s *rolloutStep) progress(ctx context.Context) error {
 			if err := rollouts.SetNodes(ctx, s.tx, s.r.ID, []string{n.NodeID}, rollouts.NodeFailed, n.Unhealthy); err != nil {
 				return err
 			}
-		case n.State == rollouts.NodeUpdating && n.HasContent:
+		case n.State == rollouts.NodeUpdating && n.HasContent && len(s.r.Gates) > 0 && n.Gate == "":
+			if err := s.queueGates(ctx, n); err != nil {
+				return err
+			}
+		case n.State == rollouts.NodeUpdating && n.HasContent && (len(s.r.Gates) == 0 || n.Gate == "passed"):
 			healthy = append(healthy, n.NodeID)
 			n.State = rollouts.NodeHealthy
 		}
@@ -316,6 +340,98 @@ func (s *rolloutStep) progress(ctx context.Context) error {
 	return s.finish(ctx, nodes, counted)
 }
 
+// checkMig clears HasContent of the updating nodes whose desired state
+// does not hold the change's MIG layouts yet: each GPU a layout selects
+// (the node's own layouts first, then the change's, as capacity.mig
+// resolves them) has an entry with that layout's mode and profiles, and no
+// other GPU has one. A GPU whose change waits for a booking keeps its old
+// entry, so its node keeps converging.
+func (s *rolloutStep) checkMig(ctx context.Context, nodes []rollouts.NodeStatus) error {
+	if s.r.Change.Mig == nil {
+		return nil
+	}
+	var ids []string
+	for _, n := range nodes {
+		if n.State == rollouts.NodeUpdating && n.HasContent {
+			ids = append(ids, n.NodeID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	inputs, err := nodestore.MigInputsOf(ctx, s.tx, ids)
+	if err != nil {
+		return err
+	}
+	own, err := miglayouts.Of(ctx, s.tx, nil, ids)
+	if err != nil {
+		return err
+	}
+	for i := range nodes {
+		n := &nodes[i]
+		if n.State != rollouts.NodeUpdating || !n.HasContent {
+			continue
+		}
+		in := inputs[n.NodeID]
+		var gpus []miglayouts.GPU
+		var spec agentv1.NodeSpec
+		if in != nil {
+			gpus = miglayouts.GPUsOf(in.Devices)
+			if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(in.Spec, &spec); err != nil {
+				return fmt.Errorf("node %s: stored spec: %w", n.NodeID, err)
+			}
+		}
+		n.HasContent = migHolds(spec.GetMig(), miglayouts.Resolve(own.Nodes[n.NodeID], s.r.Change.Mig.Layouts, gpus))
+	}
+	return nil
+}
+
+// migHolds reports whether sec gives each GPU of chosen its layout, and no
+// other GPU an entry.
+func migHolds(sec *agentv1.MigLayout, chosen map[string]miglayouts.Layout) bool {
+	if len(sec.GetGpus()) != len(chosen) {
+		return false
+	}
+	for _, g := range sec.GetGpus() {
+		l, ok := chosen[g.GetGpuUuid()]
+		if !ok || g.GetMigEnabled() == l.Disabled || (!l.Disabled && !slices.Equal(g.GetProfiles(), l.Profiles)) {
+			return false
+		}
+	}
+	return true
+}
+
+// queueGates queues the rollout's gate commands on n, which reported the
+// new content: each presupposes the generation that carries it (the
+// daemon holds it until it applied that generation), within the gate's
+// timeout; owned by the rollout job, which a gate's end wakes.
+func (s *rolloutStep) queueGates(ctx context.Context, n *rollouts.NodeStatus) error {
+	ids := make([]string, 0, len(s.r.Gates))
+	for i, g := range s.r.Gates {
+		var payload any
+		switch g.Command {
+		case commands.KindDiagNVML:
+			payload = &agentv1.DiagNvml{Level: g.Level, Label: "rollout " + s.r.ID}
+		default:
+			return fmt.Errorf("rollout %s: gate %d: unknown command %q", s.r.ID, i, g.Command)
+		}
+		c, created, err := s.kinds.Enqueue(ctx, s.tx, commands.Request{
+			NodeID: n.NodeID, Kind: g.Command, Payload: payload, IdempotencyKey: fmt.Sprintf("rollout:%s:gate:%d", s.r.ID, i),
+			NotAfter: s.now.Add(g.Timeout()), MinGeneration: n.Generation,
+			OwnerKind: rollouts.Kind, OwnerKey: s.r.PoolID, CreatedBy: "rollout", System: true,
+		})
+		if err != nil {
+			return fmt.Errorf("rollout %s: queue gate %s on %s: %w", s.r.ID, g.Command, n.NodeID, err)
+		}
+		if created {
+			s.q.WakeCommands(n.NodeID)
+		}
+		ids = append(ids, c.ID)
+	}
+	n.Gate = "running"
+	return rollouts.SetGateCommands(ctx, s.tx, s.r.ID, n.NodeID, ids)
+}
+
 // finish ends a rollout whose batches are all done: succeeded (the change
 // becomes the pool's settings) or, below the success threshold, failed.
 func (s *rolloutStep) finish(ctx context.Context, nodes []rollouts.NodeStatus, counted int) error {
@@ -343,17 +459,33 @@ func (s *rolloutStep) finish(ctx context.Context, nodes []rollouts.NodeStatus, c
 		}
 		return nil
 	}
-	c := s.r.Change
-	if _, err := pools.Apply(ctx, s.tx, s.r.TenantID, s.r.PoolID, pools.Update{
-		Site: c.Section("site"), Health: c.Section("health"), Runtime: c.Section("runtime"),
-	}); err != nil {
-		return err
-	}
-	// The layer goes with the state: the nodes that had it get the same
-	// content from the pool's settings (no new generation), the skipped
-	// ones and those that joined since get it now.
-	if err := nodespec.InvalidatePool(ctx, s.tx, s.q, s.r.PoolID); err != nil {
-		return err
+	if len(s.r.Selector) > 0 {
+		// A selector's change stays the layer of the nodes it planned (the
+		// pool's settings do not change): the released ones keep their
+		// content, the skipped ones get it now.
+		for _, n := range nodes {
+			if err := nodespec.Invalidate(ctx, s.q, n.NodeID); err != nil {
+				return err
+			}
+		}
+	} else {
+		c := s.r.Change
+		if _, err := pools.Apply(ctx, s.tx, s.r.TenantID, s.r.PoolID, pools.Update{
+			Site: c.Section("site"), Health: c.Section("health"), Runtime: c.Section("runtime"),
+		}); err != nil {
+			return err
+		}
+		if c.Mig != nil {
+			if err := miglayouts.SetPool(ctx, s.tx, s.r.PoolID, c.Mig.Layouts); err != nil {
+				return err
+			}
+		}
+		// The layer goes with the state: the nodes that had it get the same
+		// content from the pool's settings (no new generation), the skipped
+		// ones and those that joined since get it now.
+		if err := nodespec.InvalidatePool(ctx, s.tx, s.q, s.r.PoolID); err != nil {
+			return err
+		}
 	}
 	s.r.State = rollouts.Succeeded
 	s.r.Message = fmt.Sprintf("%d of %d nodes healthy, %d skipped", healthy, counted, skipped)

@@ -199,8 +199,10 @@ func identity(_ context.Context, _ reconcile.Querier, n desired.Node) (*agentv1.
 // poolSettings is the pool's part: the site, health and runtime settings of
 // each node's pool (pools.site, pools.health, pools.runtime), each only when
 // set; every pool of the batch is read once. A node in a released batch of
-// its pool's progressing or paused rollout gets the rollout's sections
-// instead (pkg/rollouts.Layers, one statement for the batch).
+// its pool's progressing or paused rollout, or planned by a succeeded
+// rollout with a selector, gets the rollout's sections instead
+// (pkg/rollouts.Layers, one statement for the batch; oldest first, so the
+// latest wins per section).
 func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node) ([]*agentv1.NodeSpec, error) {
 	var ids []string
 	for _, n := range nodes {
@@ -252,7 +254,7 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node
 		}
 		// Each node gets its own copy: the merge writes into parts.
 		out[i] = proto.CloneOf(p)
-		if c, ok := layers[n.ID]; ok {
+		for _, c := range layers[n.ID] {
 			if err := applyLayer(out[i], c); err != nil {
 				return nil, fmt.Errorf("node %s: rollout layer: %w", n.ID, err)
 			}

@@ -61,7 +61,9 @@ type Rollout struct {
 	// When it was made.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When it last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The commands each released node must pass before it counts healthy.
+	Gates         []*RolloutGate `protobuf:"bytes,17,rep,name=gates,proto3" json:"gates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -208,12 +210,87 @@ func (x *Rollout) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Rollout) GetGates() []*RolloutGate {
+	if x != nil {
+		return x.Gates
+	}
+	return nil
+}
+
+// RolloutGate is a command the rollout job queues on each released node
+// once it reports the new content (the command presupposes that
+// generation); the node counts healthy only when it succeeded, and a gate
+// that fails, is refused or passes its deadline counts the node failed.
+type RolloutGate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The command kind: "diag.nvml" (the only one for now). Required.
+	Command string `protobuf:"bytes,1,opt,name=command,proto3" json:"command,omitempty"`
+	// diag.nvml's level: "quick" (the default), "medium", "long" or "full".
+	Level string `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`
+	// How long the node has to pass it, from when it is queued: 1 s to 1 h;
+	// unset is 10 minutes.
+	Timeout       *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutGate) Reset() {
+	*x = RolloutGate{}
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutGate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutGate) ProtoMessage() {}
+
+func (x *RolloutGate) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutGate.ProtoReflect.Descriptor instead.
+func (*RolloutGate) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RolloutGate) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *RolloutGate) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *RolloutGate) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
 // RolloutChange is the change: a pool settings patch and its mask, as
 // pools.update takes them.
 type RolloutChange struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The sections to change: "site", "health", "runtime" ("mig" and "agent"
-	// are not built yet). Required.
+	// The sections to change: "site", "health", "runtime", "mig" ("agent"
+	// is not built yet). Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,1,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The new site section, when update_mask names "site".
 	Site *structpb.Struct `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
@@ -221,7 +298,8 @@ type RolloutChange struct {
 	Health *structpb.Struct `protobuf:"bytes,3,opt,name=health,proto3" json:"health,omitempty"`
 	// The new runtime section, when update_mask names "runtime".
 	Runtime *structpb.Struct `protobuf:"bytes,4,opt,name=runtime,proto3" json:"runtime,omitempty"`
-	// The new MIG layouts, when update_mask names "mig" (not built yet).
+	// The new MIG layouts of the pool, when update_mask names "mig": the
+	// capacity.mig contributor places them on released nodes.
 	Mig           *MigSettings `protobuf:"bytes,5,opt,name=mig,proto3" json:"mig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -229,7 +307,7 @@ type RolloutChange struct {
 
 func (x *RolloutChange) Reset() {
 	*x = RolloutChange{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[1]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -241,7 +319,7 @@ func (x *RolloutChange) String() string {
 func (*RolloutChange) ProtoMessage() {}
 
 func (x *RolloutChange) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[1]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -254,7 +332,7 @@ func (x *RolloutChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutChange.ProtoReflect.Descriptor instead.
 func (*RolloutChange) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RolloutChange) GetUpdateMask() *fieldmaskpb.FieldMask {
@@ -311,7 +389,7 @@ type RolloutStrategy struct {
 
 func (x *RolloutStrategy) Reset() {
 	*x = RolloutStrategy{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +401,7 @@ func (x *RolloutStrategy) String() string {
 func (*RolloutStrategy) ProtoMessage() {}
 
 func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[2]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +414,7 @@ func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStrategy.ProtoReflect.Descriptor instead.
 func (*RolloutStrategy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RolloutStrategy) GetBatches() []*RolloutBatchSize {
@@ -374,7 +452,7 @@ type RolloutBatchSize struct {
 
 func (x *RolloutBatchSize) Reset() {
 	*x = RolloutBatchSize{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +464,7 @@ func (x *RolloutBatchSize) String() string {
 func (*RolloutBatchSize) ProtoMessage() {}
 
 func (x *RolloutBatchSize) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[3]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +477,7 @@ func (x *RolloutBatchSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutBatchSize.ProtoReflect.Descriptor instead.
 func (*RolloutBatchSize) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RolloutBatchSize) GetPercent() int32 {
@@ -431,7 +509,7 @@ type RolloutThreshold struct {
 
 func (x *RolloutThreshold) Reset() {
 	*x = RolloutThreshold{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +521,7 @@ func (x *RolloutThreshold) String() string {
 func (*RolloutThreshold) ProtoMessage() {}
 
 func (x *RolloutThreshold) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[4]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +534,7 @@ func (x *RolloutThreshold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutThreshold.ProtoReflect.Descriptor instead.
 func (*RolloutThreshold) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RolloutThreshold) GetPercent() int32 {
@@ -499,7 +577,7 @@ type RolloutBatchStatus struct {
 
 func (x *RolloutBatchStatus) Reset() {
 	*x = RolloutBatchStatus{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +589,7 @@ func (x *RolloutBatchStatus) String() string {
 func (*RolloutBatchStatus) ProtoMessage() {}
 
 func (x *RolloutBatchStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[5]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +602,7 @@ func (x *RolloutBatchStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutBatchStatus.ProtoReflect.Descriptor instead.
 func (*RolloutBatchStatus) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RolloutBatchStatus) GetIndex() int32 {
@@ -590,7 +668,9 @@ type RolloutsServiceCreateRequest struct {
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The pool. Required.
 	PoolId string `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
-	// Only nodes with these labels (not built yet: must be empty).
+	// Only nodes with these labels (at most 32; empty: every node of the
+	// pool). A selector's change stays the layer of the nodes it planned
+	// after it succeeds; the pool's settings do not change.
 	Selector map[string]string `protobuf:"bytes,3,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The change. Required.
 	Change *RolloutChange `protobuf:"bytes,4,opt,name=change,proto3" json:"change,omitempty"`
@@ -603,13 +683,16 @@ type RolloutsServiceCreateRequest struct {
 	FailureThreshold *RolloutThreshold `protobuf:"bytes,7,opt,name=failure_threshold,json=failureThreshold,proto3" json:"failure_threshold,omitempty"`
 	// Optional: a retry with the same key returns the first result.
 	IdempotencyKey string `protobuf:"bytes,8,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Commands each released node must pass before it counts healthy; at
+	// most 4.
+	Gates         []*RolloutGate `protobuf:"bytes,9,rep,name=gates,proto3" json:"gates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RolloutsServiceCreateRequest) Reset() {
 	*x = RolloutsServiceCreateRequest{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +704,7 @@ func (x *RolloutsServiceCreateRequest) String() string {
 func (*RolloutsServiceCreateRequest) ProtoMessage() {}
 
 func (x *RolloutsServiceCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[6]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +717,7 @@ func (x *RolloutsServiceCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceCreateRequest.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceCreateRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RolloutsServiceCreateRequest) GetTenantId() string {
@@ -693,6 +776,13 @@ func (x *RolloutsServiceCreateRequest) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *RolloutsServiceCreateRequest) GetGates() []*RolloutGate {
+	if x != nil {
+		return x.Gates
+	}
+	return nil
+}
+
 // RolloutsServiceCreateResponse is the new rollout.
 type RolloutsServiceCreateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -704,7 +794,7 @@ type RolloutsServiceCreateResponse struct {
 
 func (x *RolloutsServiceCreateResponse) Reset() {
 	*x = RolloutsServiceCreateResponse{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +806,7 @@ func (x *RolloutsServiceCreateResponse) String() string {
 func (*RolloutsServiceCreateResponse) ProtoMessage() {}
 
 func (x *RolloutsServiceCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[7]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +819,7 @@ func (x *RolloutsServiceCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceCreateResponse.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceCreateResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RolloutsServiceCreateResponse) GetRollout() *Rollout {
@@ -752,7 +842,7 @@ type RolloutsServiceGetRequest struct {
 
 func (x *RolloutsServiceGetRequest) Reset() {
 	*x = RolloutsServiceGetRequest{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +854,7 @@ func (x *RolloutsServiceGetRequest) String() string {
 func (*RolloutsServiceGetRequest) ProtoMessage() {}
 
 func (x *RolloutsServiceGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +867,7 @@ func (x *RolloutsServiceGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceGetRequest.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceGetRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RolloutsServiceGetRequest) GetTenantId() string {
@@ -805,7 +895,7 @@ type RolloutsServiceGetResponse struct {
 
 func (x *RolloutsServiceGetResponse) Reset() {
 	*x = RolloutsServiceGetResponse{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +907,7 @@ func (x *RolloutsServiceGetResponse) String() string {
 func (*RolloutsServiceGetResponse) ProtoMessage() {}
 
 func (x *RolloutsServiceGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +920,7 @@ func (x *RolloutsServiceGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceGetResponse.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceGetResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RolloutsServiceGetResponse) GetRollout() *Rollout {
@@ -857,7 +947,7 @@ type RolloutsServiceListRequest struct {
 
 func (x *RolloutsServiceListRequest) Reset() {
 	*x = RolloutsServiceListRequest{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +959,7 @@ func (x *RolloutsServiceListRequest) String() string {
 func (*RolloutsServiceListRequest) ProtoMessage() {}
 
 func (x *RolloutsServiceListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +972,7 @@ func (x *RolloutsServiceListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceListRequest.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceListRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RolloutsServiceListRequest) GetTenantId() string {
@@ -926,7 +1016,7 @@ type RolloutsServiceListResponse struct {
 
 func (x *RolloutsServiceListResponse) Reset() {
 	*x = RolloutsServiceListResponse{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1028,7 @@ func (x *RolloutsServiceListResponse) String() string {
 func (*RolloutsServiceListResponse) ProtoMessage() {}
 
 func (x *RolloutsServiceListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1041,7 @@ func (x *RolloutsServiceListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceListResponse.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceListResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RolloutsServiceListResponse) GetRollouts() []*Rollout {
@@ -981,7 +1071,7 @@ type RolloutsServicePauseRequest struct {
 
 func (x *RolloutsServicePauseRequest) Reset() {
 	*x = RolloutsServicePauseRequest{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[12]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1083,7 @@ func (x *RolloutsServicePauseRequest) String() string {
 func (*RolloutsServicePauseRequest) ProtoMessage() {}
 
 func (x *RolloutsServicePauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[12]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1096,7 @@ func (x *RolloutsServicePauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServicePauseRequest.ProtoReflect.Descriptor instead.
 func (*RolloutsServicePauseRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RolloutsServicePauseRequest) GetTenantId() string {
@@ -1034,7 +1124,7 @@ type RolloutsServicePauseResponse struct {
 
 func (x *RolloutsServicePauseResponse) Reset() {
 	*x = RolloutsServicePauseResponse{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[13]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1136,7 @@ func (x *RolloutsServicePauseResponse) String() string {
 func (*RolloutsServicePauseResponse) ProtoMessage() {}
 
 func (x *RolloutsServicePauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[13]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1149,7 @@ func (x *RolloutsServicePauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServicePauseResponse.ProtoReflect.Descriptor instead.
 func (*RolloutsServicePauseResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RolloutsServicePauseResponse) GetRollout() *Rollout {
@@ -1082,7 +1172,7 @@ type RolloutsServiceResumeRequest struct {
 
 func (x *RolloutsServiceResumeRequest) Reset() {
 	*x = RolloutsServiceResumeRequest{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[14]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1184,7 @@ func (x *RolloutsServiceResumeRequest) String() string {
 func (*RolloutsServiceResumeRequest) ProtoMessage() {}
 
 func (x *RolloutsServiceResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[14]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1197,7 @@ func (x *RolloutsServiceResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceResumeRequest.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceResumeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RolloutsServiceResumeRequest) GetTenantId() string {
@@ -1135,7 +1225,7 @@ type RolloutsServiceResumeResponse struct {
 
 func (x *RolloutsServiceResumeResponse) Reset() {
 	*x = RolloutsServiceResumeResponse{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[15]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1237,7 @@ func (x *RolloutsServiceResumeResponse) String() string {
 func (*RolloutsServiceResumeResponse) ProtoMessage() {}
 
 func (x *RolloutsServiceResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[15]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1250,7 @@ func (x *RolloutsServiceResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceResumeResponse.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceResumeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RolloutsServiceResumeResponse) GetRollout() *Rollout {
@@ -1183,7 +1273,7 @@ type RolloutsServiceCancelRequest struct {
 
 func (x *RolloutsServiceCancelRequest) Reset() {
 	*x = RolloutsServiceCancelRequest{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[16]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1285,7 @@ func (x *RolloutsServiceCancelRequest) String() string {
 func (*RolloutsServiceCancelRequest) ProtoMessage() {}
 
 func (x *RolloutsServiceCancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[16]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1298,7 @@ func (x *RolloutsServiceCancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceCancelRequest.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceCancelRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RolloutsServiceCancelRequest) GetTenantId() string {
@@ -1236,7 +1326,7 @@ type RolloutsServiceCancelResponse struct {
 
 func (x *RolloutsServiceCancelResponse) Reset() {
 	*x = RolloutsServiceCancelResponse{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[17]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1338,7 @@ func (x *RolloutsServiceCancelResponse) String() string {
 func (*RolloutsServiceCancelResponse) ProtoMessage() {}
 
 func (x *RolloutsServiceCancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[17]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1351,7 @@ func (x *RolloutsServiceCancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceCancelResponse.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceCancelResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RolloutsServiceCancelResponse) GetRollout() *Rollout {
@@ -1284,7 +1374,7 @@ type RolloutsServiceRollbackRequest struct {
 
 func (x *RolloutsServiceRollbackRequest) Reset() {
 	*x = RolloutsServiceRollbackRequest{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[18]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1386,7 @@ func (x *RolloutsServiceRollbackRequest) String() string {
 func (*RolloutsServiceRollbackRequest) ProtoMessage() {}
 
 func (x *RolloutsServiceRollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[18]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1399,7 @@ func (x *RolloutsServiceRollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceRollbackRequest.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceRollbackRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RolloutsServiceRollbackRequest) GetTenantId() string {
@@ -1337,7 +1427,7 @@ type RolloutsServiceRollbackResponse struct {
 
 func (x *RolloutsServiceRollbackResponse) Reset() {
 	*x = RolloutsServiceRollbackResponse{}
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[19]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1439,7 @@ func (x *RolloutsServiceRollbackResponse) String() string {
 func (*RolloutsServiceRollbackResponse) ProtoMessage() {}
 
 func (x *RolloutsServiceRollbackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[19]
+	mi := &file_bettercompute_compute_v1_rollouts_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1452,7 @@ func (x *RolloutsServiceRollbackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutsServiceRollbackResponse.ProtoReflect.Descriptor instead.
 func (*RolloutsServiceRollbackResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RolloutsServiceRollbackResponse) GetRollout() *Rollout {
@@ -1376,7 +1466,7 @@ var File_bettercompute_compute_v1_rollouts_proto protoreflect.FileDescriptor
 
 const file_bettercompute_compute_v1_rollouts_proto_rawDesc = "" +
 	"\n" +
-	"'bettercompute/compute/v1/rollouts.proto\x12\x18bettercompute.compute.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a$bettercompute/compute/v1/pools.proto\"\xf2\x06\n" +
+	"'bettercompute/compute/v1/rollouts.proto\x12\x18bettercompute.compute.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a$bettercompute/compute/v1/pools.proto\"\xaf\a\n" +
 	"\aRollout\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -1396,10 +1486,15 @@ const file_bettercompute_compute_v1_rollouts_proto_rawDesc = "" +
 	"\vcreate_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x1a;\n" +
+	"updateTime\x12;\n" +
+	"\x05gates\x18\x11 \x03(\v2%.bettercompute.compute.v1.RolloutGateR\x05gates\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x96\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"r\n" +
+	"\vRolloutGate\x12\x18\n" +
+	"\acommand\x18\x01 \x01(\tR\acommand\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level\x123\n" +
+	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x96\x02\n" +
 	"\rRolloutChange\x12;\n" +
 	"\vupdate_mask\x18\x01 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
 	"updateMask\x12+\n" +
@@ -1425,7 +1520,7 @@ const file_bettercompute_compute_v1_rollouts_proto_rawDesc = "" +
 	"\x06failed\x18\x05 \x01(\x05R\x06failed\x12\x18\n" +
 	"\askipped\x18\x06 \x01(\x05R\askipped\x12=\n" +
 	"\frelease_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vreleaseTime\x12A\n" +
-	"\x0econverged_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rconvergedTime\"\xd6\x04\n" +
+	"\x0econverged_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rconvergedTime\"\x93\x05\n" +
 	"\x1cRolloutsServiceCreateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12`\n" +
@@ -1434,7 +1529,8 @@ const file_bettercompute_compute_v1_rollouts_proto_rawDesc = "" +
 	"\bstrategy\x18\x05 \x01(\v2).bettercompute.compute.v1.RolloutStrategyR\bstrategy\x12W\n" +
 	"\x11success_threshold\x18\x06 \x01(\v2*.bettercompute.compute.v1.RolloutThresholdR\x10successThreshold\x12W\n" +
 	"\x11failure_threshold\x18\a \x01(\v2*.bettercompute.compute.v1.RolloutThresholdR\x10failureThreshold\x12'\n" +
-	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\x1a;\n" +
+	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\x12;\n" +
+	"\x05gates\x18\t \x03(\v2%.bettercompute.compute.v1.RolloutGateR\x05gates\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\\\n" +
@@ -1500,85 +1596,89 @@ func file_bettercompute_compute_v1_rollouts_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_rollouts_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_rollouts_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_bettercompute_compute_v1_rollouts_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_bettercompute_compute_v1_rollouts_proto_goTypes = []any{
 	(*Rollout)(nil),                         // 0: bettercompute.compute.v1.Rollout
-	(*RolloutChange)(nil),                   // 1: bettercompute.compute.v1.RolloutChange
-	(*RolloutStrategy)(nil),                 // 2: bettercompute.compute.v1.RolloutStrategy
-	(*RolloutBatchSize)(nil),                // 3: bettercompute.compute.v1.RolloutBatchSize
-	(*RolloutThreshold)(nil),                // 4: bettercompute.compute.v1.RolloutThreshold
-	(*RolloutBatchStatus)(nil),              // 5: bettercompute.compute.v1.RolloutBatchStatus
-	(*RolloutsServiceCreateRequest)(nil),    // 6: bettercompute.compute.v1.RolloutsServiceCreateRequest
-	(*RolloutsServiceCreateResponse)(nil),   // 7: bettercompute.compute.v1.RolloutsServiceCreateResponse
-	(*RolloutsServiceGetRequest)(nil),       // 8: bettercompute.compute.v1.RolloutsServiceGetRequest
-	(*RolloutsServiceGetResponse)(nil),      // 9: bettercompute.compute.v1.RolloutsServiceGetResponse
-	(*RolloutsServiceListRequest)(nil),      // 10: bettercompute.compute.v1.RolloutsServiceListRequest
-	(*RolloutsServiceListResponse)(nil),     // 11: bettercompute.compute.v1.RolloutsServiceListResponse
-	(*RolloutsServicePauseRequest)(nil),     // 12: bettercompute.compute.v1.RolloutsServicePauseRequest
-	(*RolloutsServicePauseResponse)(nil),    // 13: bettercompute.compute.v1.RolloutsServicePauseResponse
-	(*RolloutsServiceResumeRequest)(nil),    // 14: bettercompute.compute.v1.RolloutsServiceResumeRequest
-	(*RolloutsServiceResumeResponse)(nil),   // 15: bettercompute.compute.v1.RolloutsServiceResumeResponse
-	(*RolloutsServiceCancelRequest)(nil),    // 16: bettercompute.compute.v1.RolloutsServiceCancelRequest
-	(*RolloutsServiceCancelResponse)(nil),   // 17: bettercompute.compute.v1.RolloutsServiceCancelResponse
-	(*RolloutsServiceRollbackRequest)(nil),  // 18: bettercompute.compute.v1.RolloutsServiceRollbackRequest
-	(*RolloutsServiceRollbackResponse)(nil), // 19: bettercompute.compute.v1.RolloutsServiceRollbackResponse
-	nil,                                     // 20: bettercompute.compute.v1.Rollout.SelectorEntry
-	nil,                                     // 21: bettercompute.compute.v1.RolloutsServiceCreateRequest.SelectorEntry
-	(*timestamppb.Timestamp)(nil),           // 22: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),           // 23: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),                 // 24: google.protobuf.Struct
-	(*MigSettings)(nil),                     // 25: bettercompute.compute.v1.MigSettings
-	(*durationpb.Duration)(nil),             // 26: google.protobuf.Duration
+	(*RolloutGate)(nil),                     // 1: bettercompute.compute.v1.RolloutGate
+	(*RolloutChange)(nil),                   // 2: bettercompute.compute.v1.RolloutChange
+	(*RolloutStrategy)(nil),                 // 3: bettercompute.compute.v1.RolloutStrategy
+	(*RolloutBatchSize)(nil),                // 4: bettercompute.compute.v1.RolloutBatchSize
+	(*RolloutThreshold)(nil),                // 5: bettercompute.compute.v1.RolloutThreshold
+	(*RolloutBatchStatus)(nil),              // 6: bettercompute.compute.v1.RolloutBatchStatus
+	(*RolloutsServiceCreateRequest)(nil),    // 7: bettercompute.compute.v1.RolloutsServiceCreateRequest
+	(*RolloutsServiceCreateResponse)(nil),   // 8: bettercompute.compute.v1.RolloutsServiceCreateResponse
+	(*RolloutsServiceGetRequest)(nil),       // 9: bettercompute.compute.v1.RolloutsServiceGetRequest
+	(*RolloutsServiceGetResponse)(nil),      // 10: bettercompute.compute.v1.RolloutsServiceGetResponse
+	(*RolloutsServiceListRequest)(nil),      // 11: bettercompute.compute.v1.RolloutsServiceListRequest
+	(*RolloutsServiceListResponse)(nil),     // 12: bettercompute.compute.v1.RolloutsServiceListResponse
+	(*RolloutsServicePauseRequest)(nil),     // 13: bettercompute.compute.v1.RolloutsServicePauseRequest
+	(*RolloutsServicePauseResponse)(nil),    // 14: bettercompute.compute.v1.RolloutsServicePauseResponse
+	(*RolloutsServiceResumeRequest)(nil),    // 15: bettercompute.compute.v1.RolloutsServiceResumeRequest
+	(*RolloutsServiceResumeResponse)(nil),   // 16: bettercompute.compute.v1.RolloutsServiceResumeResponse
+	(*RolloutsServiceCancelRequest)(nil),    // 17: bettercompute.compute.v1.RolloutsServiceCancelRequest
+	(*RolloutsServiceCancelResponse)(nil),   // 18: bettercompute.compute.v1.RolloutsServiceCancelResponse
+	(*RolloutsServiceRollbackRequest)(nil),  // 19: bettercompute.compute.v1.RolloutsServiceRollbackRequest
+	(*RolloutsServiceRollbackResponse)(nil), // 20: bettercompute.compute.v1.RolloutsServiceRollbackResponse
+	nil,                                     // 21: bettercompute.compute.v1.Rollout.SelectorEntry
+	nil,                                     // 22: bettercompute.compute.v1.RolloutsServiceCreateRequest.SelectorEntry
+	(*timestamppb.Timestamp)(nil),           // 23: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),             // 24: google.protobuf.Duration
+	(*fieldmaskpb.FieldMask)(nil),           // 25: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),                 // 26: google.protobuf.Struct
+	(*MigSettings)(nil),                     // 27: bettercompute.compute.v1.MigSettings
 }
 var file_bettercompute_compute_v1_rollouts_proto_depIdxs = []int32{
-	20, // 0: bettercompute.compute.v1.Rollout.selector:type_name -> bettercompute.compute.v1.Rollout.SelectorEntry
-	1,  // 1: bettercompute.compute.v1.Rollout.change:type_name -> bettercompute.compute.v1.RolloutChange
-	2,  // 2: bettercompute.compute.v1.Rollout.strategy:type_name -> bettercompute.compute.v1.RolloutStrategy
-	4,  // 3: bettercompute.compute.v1.Rollout.success_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
-	4,  // 4: bettercompute.compute.v1.Rollout.failure_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
-	5,  // 5: bettercompute.compute.v1.Rollout.batches:type_name -> bettercompute.compute.v1.RolloutBatchStatus
-	22, // 6: bettercompute.compute.v1.Rollout.create_time:type_name -> google.protobuf.Timestamp
-	22, // 7: bettercompute.compute.v1.Rollout.update_time:type_name -> google.protobuf.Timestamp
-	23, // 8: bettercompute.compute.v1.RolloutChange.update_mask:type_name -> google.protobuf.FieldMask
-	24, // 9: bettercompute.compute.v1.RolloutChange.site:type_name -> google.protobuf.Struct
-	24, // 10: bettercompute.compute.v1.RolloutChange.health:type_name -> google.protobuf.Struct
-	24, // 11: bettercompute.compute.v1.RolloutChange.runtime:type_name -> google.protobuf.Struct
-	25, // 12: bettercompute.compute.v1.RolloutChange.mig:type_name -> bettercompute.compute.v1.MigSettings
-	3,  // 13: bettercompute.compute.v1.RolloutStrategy.batches:type_name -> bettercompute.compute.v1.RolloutBatchSize
-	26, // 14: bettercompute.compute.v1.RolloutStrategy.bake:type_name -> google.protobuf.Duration
-	22, // 15: bettercompute.compute.v1.RolloutBatchStatus.release_time:type_name -> google.protobuf.Timestamp
-	22, // 16: bettercompute.compute.v1.RolloutBatchStatus.converged_time:type_name -> google.protobuf.Timestamp
-	21, // 17: bettercompute.compute.v1.RolloutsServiceCreateRequest.selector:type_name -> bettercompute.compute.v1.RolloutsServiceCreateRequest.SelectorEntry
-	1,  // 18: bettercompute.compute.v1.RolloutsServiceCreateRequest.change:type_name -> bettercompute.compute.v1.RolloutChange
-	2,  // 19: bettercompute.compute.v1.RolloutsServiceCreateRequest.strategy:type_name -> bettercompute.compute.v1.RolloutStrategy
-	4,  // 20: bettercompute.compute.v1.RolloutsServiceCreateRequest.success_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
-	4,  // 21: bettercompute.compute.v1.RolloutsServiceCreateRequest.failure_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
-	0,  // 22: bettercompute.compute.v1.RolloutsServiceCreateResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 23: bettercompute.compute.v1.RolloutsServiceGetResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 24: bettercompute.compute.v1.RolloutsServiceListResponse.rollouts:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 25: bettercompute.compute.v1.RolloutsServicePauseResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 26: bettercompute.compute.v1.RolloutsServiceResumeResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 27: bettercompute.compute.v1.RolloutsServiceCancelResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 28: bettercompute.compute.v1.RolloutsServiceRollbackResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	6,  // 29: bettercompute.compute.v1.RolloutsService.Create:input_type -> bettercompute.compute.v1.RolloutsServiceCreateRequest
-	8,  // 30: bettercompute.compute.v1.RolloutsService.Get:input_type -> bettercompute.compute.v1.RolloutsServiceGetRequest
-	10, // 31: bettercompute.compute.v1.RolloutsService.List:input_type -> bettercompute.compute.v1.RolloutsServiceListRequest
-	12, // 32: bettercompute.compute.v1.RolloutsService.Pause:input_type -> bettercompute.compute.v1.RolloutsServicePauseRequest
-	14, // 33: bettercompute.compute.v1.RolloutsService.Resume:input_type -> bettercompute.compute.v1.RolloutsServiceResumeRequest
-	16, // 34: bettercompute.compute.v1.RolloutsService.Cancel:input_type -> bettercompute.compute.v1.RolloutsServiceCancelRequest
-	18, // 35: bettercompute.compute.v1.RolloutsService.Rollback:input_type -> bettercompute.compute.v1.RolloutsServiceRollbackRequest
-	7,  // 36: bettercompute.compute.v1.RolloutsService.Create:output_type -> bettercompute.compute.v1.RolloutsServiceCreateResponse
-	9,  // 37: bettercompute.compute.v1.RolloutsService.Get:output_type -> bettercompute.compute.v1.RolloutsServiceGetResponse
-	11, // 38: bettercompute.compute.v1.RolloutsService.List:output_type -> bettercompute.compute.v1.RolloutsServiceListResponse
-	13, // 39: bettercompute.compute.v1.RolloutsService.Pause:output_type -> bettercompute.compute.v1.RolloutsServicePauseResponse
-	15, // 40: bettercompute.compute.v1.RolloutsService.Resume:output_type -> bettercompute.compute.v1.RolloutsServiceResumeResponse
-	17, // 41: bettercompute.compute.v1.RolloutsService.Cancel:output_type -> bettercompute.compute.v1.RolloutsServiceCancelResponse
-	19, // 42: bettercompute.compute.v1.RolloutsService.Rollback:output_type -> bettercompute.compute.v1.RolloutsServiceRollbackResponse
-	36, // [36:43] is the sub-list for method output_type
-	29, // [29:36] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	21, // 0: bettercompute.compute.v1.Rollout.selector:type_name -> bettercompute.compute.v1.Rollout.SelectorEntry
+	2,  // 1: bettercompute.compute.v1.Rollout.change:type_name -> bettercompute.compute.v1.RolloutChange
+	3,  // 2: bettercompute.compute.v1.Rollout.strategy:type_name -> bettercompute.compute.v1.RolloutStrategy
+	5,  // 3: bettercompute.compute.v1.Rollout.success_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
+	5,  // 4: bettercompute.compute.v1.Rollout.failure_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
+	6,  // 5: bettercompute.compute.v1.Rollout.batches:type_name -> bettercompute.compute.v1.RolloutBatchStatus
+	23, // 6: bettercompute.compute.v1.Rollout.create_time:type_name -> google.protobuf.Timestamp
+	23, // 7: bettercompute.compute.v1.Rollout.update_time:type_name -> google.protobuf.Timestamp
+	1,  // 8: bettercompute.compute.v1.Rollout.gates:type_name -> bettercompute.compute.v1.RolloutGate
+	24, // 9: bettercompute.compute.v1.RolloutGate.timeout:type_name -> google.protobuf.Duration
+	25, // 10: bettercompute.compute.v1.RolloutChange.update_mask:type_name -> google.protobuf.FieldMask
+	26, // 11: bettercompute.compute.v1.RolloutChange.site:type_name -> google.protobuf.Struct
+	26, // 12: bettercompute.compute.v1.RolloutChange.health:type_name -> google.protobuf.Struct
+	26, // 13: bettercompute.compute.v1.RolloutChange.runtime:type_name -> google.protobuf.Struct
+	27, // 14: bettercompute.compute.v1.RolloutChange.mig:type_name -> bettercompute.compute.v1.MigSettings
+	4,  // 15: bettercompute.compute.v1.RolloutStrategy.batches:type_name -> bettercompute.compute.v1.RolloutBatchSize
+	24, // 16: bettercompute.compute.v1.RolloutStrategy.bake:type_name -> google.protobuf.Duration
+	23, // 17: bettercompute.compute.v1.RolloutBatchStatus.release_time:type_name -> google.protobuf.Timestamp
+	23, // 18: bettercompute.compute.v1.RolloutBatchStatus.converged_time:type_name -> google.protobuf.Timestamp
+	22, // 19: bettercompute.compute.v1.RolloutsServiceCreateRequest.selector:type_name -> bettercompute.compute.v1.RolloutsServiceCreateRequest.SelectorEntry
+	2,  // 20: bettercompute.compute.v1.RolloutsServiceCreateRequest.change:type_name -> bettercompute.compute.v1.RolloutChange
+	3,  // 21: bettercompute.compute.v1.RolloutsServiceCreateRequest.strategy:type_name -> bettercompute.compute.v1.RolloutStrategy
+	5,  // 22: bettercompute.compute.v1.RolloutsServiceCreateRequest.success_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
+	5,  // 23: bettercompute.compute.v1.RolloutsServiceCreateRequest.failure_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
+	1,  // 24: bettercompute.compute.v1.RolloutsServiceCreateRequest.gates:type_name -> bettercompute.compute.v1.RolloutGate
+	0,  // 25: bettercompute.compute.v1.RolloutsServiceCreateResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 26: bettercompute.compute.v1.RolloutsServiceGetResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 27: bettercompute.compute.v1.RolloutsServiceListResponse.rollouts:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 28: bettercompute.compute.v1.RolloutsServicePauseResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 29: bettercompute.compute.v1.RolloutsServiceResumeResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 30: bettercompute.compute.v1.RolloutsServiceCancelResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 31: bettercompute.compute.v1.RolloutsServiceRollbackResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	7,  // 32: bettercompute.compute.v1.RolloutsService.Create:input_type -> bettercompute.compute.v1.RolloutsServiceCreateRequest
+	9,  // 33: bettercompute.compute.v1.RolloutsService.Get:input_type -> bettercompute.compute.v1.RolloutsServiceGetRequest
+	11, // 34: bettercompute.compute.v1.RolloutsService.List:input_type -> bettercompute.compute.v1.RolloutsServiceListRequest
+	13, // 35: bettercompute.compute.v1.RolloutsService.Pause:input_type -> bettercompute.compute.v1.RolloutsServicePauseRequest
+	15, // 36: bettercompute.compute.v1.RolloutsService.Resume:input_type -> bettercompute.compute.v1.RolloutsServiceResumeRequest
+	17, // 37: bettercompute.compute.v1.RolloutsService.Cancel:input_type -> bettercompute.compute.v1.RolloutsServiceCancelRequest
+	19, // 38: bettercompute.compute.v1.RolloutsService.Rollback:input_type -> bettercompute.compute.v1.RolloutsServiceRollbackRequest
+	8,  // 39: bettercompute.compute.v1.RolloutsService.Create:output_type -> bettercompute.compute.v1.RolloutsServiceCreateResponse
+	10, // 40: bettercompute.compute.v1.RolloutsService.Get:output_type -> bettercompute.compute.v1.RolloutsServiceGetResponse
+	12, // 41: bettercompute.compute.v1.RolloutsService.List:output_type -> bettercompute.compute.v1.RolloutsServiceListResponse
+	14, // 42: bettercompute.compute.v1.RolloutsService.Pause:output_type -> bettercompute.compute.v1.RolloutsServicePauseResponse
+	16, // 43: bettercompute.compute.v1.RolloutsService.Resume:output_type -> bettercompute.compute.v1.RolloutsServiceResumeResponse
+	18, // 44: bettercompute.compute.v1.RolloutsService.Cancel:output_type -> bettercompute.compute.v1.RolloutsServiceCancelResponse
+	20, // 45: bettercompute.compute.v1.RolloutsService.Rollback:output_type -> bettercompute.compute.v1.RolloutsServiceRollbackResponse
+	39, // [39:46] is the sub-list for method output_type
+	32, // [32:39] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_rollouts_proto_init() }
@@ -1593,7 +1693,7 @@ func file_bettercompute_compute_v1_rollouts_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_rollouts_proto_rawDesc), len(file_bettercompute_compute_v1_rollouts_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
