@@ -418,7 +418,12 @@ func TestRolloutValidation(t *testing.T) {
 		{"negative budget", health, map[string]any{"batches": []any{map[string]any{"percent": 5}}, "maxUnavailable": -1}, nil, 400, "INVALID_INPUT", "strategy.maxUnavailable"},
 		{"failure threshold", health, ok, map[string]any{"failureThreshold": map[string]any{"percent": 200}}, 400, "INVALID_INPUT", "failureThreshold.percent"},
 		{"success threshold", health, ok, map[string]any{"successThreshold": map[string]any{"count": -3}}, 400, "INVALID_INPUT", "successThreshold.count"},
-		{"selector", health, ok, map[string]any{"selector": map[string]any{"rack": "r1"}}, 400, "UNSUPPORTED", "selector"},
+		{"bad selector", health, ok, map[string]any{"selector": map[string]any{"no spaces": "r1"}}, 400, "INVALID_INPUT", "selector"},
+		{"gate command", health, ok, map[string]any{"gates": []any{map[string]any{"command": "node.reboot"}}}, 400, "INVALID_INPUT", "gates[0].command"},
+		{"gate level", health, ok, map[string]any{"gates": []any{map[string]any{"command": "diag.nvml", "level": "forever"}}}, 400, "INVALID_INPUT", "gates[0].level"},
+		{"gate timeout", health, ok, map[string]any{"gates": []any{map[string]any{"command": "diag.nvml", "timeout": "7200s"}}}, 400, "INVALID_INPUT", "gates[0].timeout"},
+		{"too many gates", health, ok, map[string]any{"gates": []any{map[string]any{}, map[string]any{}, map[string]any{}, map[string]any{}, map[string]any{}}}, 400, "INVALID_INPUT", "gates"},
+		{"bad mig", map[string]any{"updateMask": "mig", "mig": map[string]any{"layouts": []any{map[string]any{"name": "x", "gpuSelector": map[string]any{"indices": []any{0}}, "profiles": []any{"9g.999gb"}}}}}, ok, nil, 400, "INVALID_INPUT", "mig.layouts[0].profiles"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			req := map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "change": c.change, "strategy": c.strategy}
