@@ -39,19 +39,23 @@ type RolloutConfig struct {
 // from the database alone (the bus only wakes it sooner); while a rollout
 // progresses its pool's key comes back every second.
 //
-//   - pending: the pool's nodes are cut into the strategy's batches, spread
-//     across failure domains (gateway, and the rack and zone labels), and
-//     the rollout progresses.
+//   - pending: the pool's nodes (those carrying the selector's labels) are
+//     cut into the strategy's batches, spread across failure domains
+//     (gateway, and the rack and zone labels), and the rollout progresses.
 //   - progressing: released nodes are judged (healthy once they report the
-//     new content with every section converged, Ready True, GPUsHealthy
-//     holding and no NeedsRepair; failed when unhealthy after their change);
+//     new content — MIG layouts included — with every section converged,
+//     Ready True, GPUsHealthy holding and no NeedsRepair, and passed every
+//     gate, queued once they reported it; failed when unhealthy after their
+//     change or when a gate did not pass);
 //     the failure threshold reached pauses the rollout naming the nodes; the
 //     current batch's waiting nodes are released while the disruption
 //     budget allows (a node unhealthy before its batch is skipped); a batch
 //     whose released nodes are all judged and that stayed so for the bake
 //     is done, and the next batch comes; after the last the change is
-//     written into the pool's settings (succeeded), or, below the success
-//     threshold, the rollout failed and its nodes return to the pool's.
+//     written into the pool's settings and MIG layouts (succeeded; with a
+//     selector it stays the planned nodes' layer instead), or, below the
+//     success threshold, the rollout failed and its nodes return to the
+//     pool's.
 //   - paused: nothing happens until rollouts.resume.
 func Rollout(cfg RolloutConfig) reconcile.Reconciler {
 	j := &rolloutJob{now: cfg.Now, kinds: cfg.Kinds}
