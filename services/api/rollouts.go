@@ -145,6 +145,8 @@ func rolloutChange(c *computev1.RolloutChange) (rollouts.Change, error) {
 		}
 		var st *structpb.Struct
 		switch path {
+		case "labels":
+			return rollouts.Change{}, fault.New(fault.Unsupported, "change.updateMask", "%s: a node-level patch (a node's labels or own MIG layouts, as nodes.update takes them); roll a pool section out with a selector instead", rolloutUnsupported)
 		case "site":
 			st = c.GetSite()
 		case "health":
