@@ -13,6 +13,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/miglayouts"
 	nodestore "github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
@@ -217,15 +218,18 @@ func (s *rolloutStep) progress(ctx context.Context) error {
 		if n.State == rollouts.NodeUpdating && n.Unhealthy == "" && strings.HasPrefix(n.Gate, "gate ") {
 			n.Unhealthy = n.Gate // a gate that did not pass
 		}
+		if n.State == rollouts.NodeUpdating && n.Unhealthy == "" && n.HasContent && len(s.r.Gates) > 0 && n.Gate == "" {
+			refused, err := s.queueGates(ctx, n)
+			if err != nil {
+				return err
+			}
+			n.Unhealthy = refused
+		}
 		switch {
 		case (n.State == rollouts.NodeUpdating || n.State == rollouts.NodeHealthy) && n.Unhealthy != "":
 			n.State = rollouts.NodeFailed
 			s.event("rollout.node_failed", map[string]any{"nodeId": n.NodeID, "reason": n.Unhealthy})
 			if err := rollouts.SetNodes(ctx, s.tx, s.r.ID, []string{n.NodeID}, rollouts.NodeFailed, n.Unhealthy); err != nil {
-				return err
-			}
-		case n.State == rollouts.NodeUpdating && n.HasContent && len(s.r.Gates) > 0 && n.Gate == "":
-			if err := s.queueGates(ctx, n); err != nil {
 				return err
 			}
 		case n.State == rollouts.NodeUpdating && n.HasContent && (len(s.r.Gates) == 0 || n.Gate == "passed"):
@@ -408,8 +412,10 @@ func migHolds(sec *agentv1.MigLayout, chosen map[string]miglayouts.Layout) bool 
 // queueGates queues the rollout's gate commands on n, which reported the
 // new content: each presupposes the generation that carries it (the
 // daemon holds it until it applied that generation), within the gate's
-// timeout; owned by the rollout job, which a gate's end wakes.
-func (s *rolloutStep) queueGates(ctx context.Context, n *rollouts.NodeStatus) error {
+// timeout; owned by the rollout job, which a gate's end wakes. A gate the
+// commands registry refuses (the node's command slots full, the node gone)
+// is returned as the reason the node failed.
+func (s *rolloutStep) queueGates(ctx context.Context, n *rollouts.NodeStatus) (string, error) {
 	ids := make([]string, 0, len(s.r.Gates))
 	for i, g := range s.r.Gates {
 		var payload any
@@ -417,15 +423,18 @@ func (s *rolloutStep) queueGates(ctx context.Context, n *rollouts.NodeStatus) er
 		case commands.KindDiagNVML:
 			payload = &agentv1.DiagNvml{Level: g.Level, Label: "rollout " + s.r.ID}
 		default:
-			return fmt.Errorf("rollout %s: gate %d: unknown command %q", s.r.ID, i, g.Command)
+			return fmt.Sprintf("gate %d: unknown command %q", i, g.Command), nil
 		}
 		c, created, err := s.kinds.Enqueue(ctx, s.tx, commands.Request{
 			NodeID: n.NodeID, Kind: g.Command, Payload: payload, IdempotencyKey: fmt.Sprintf("rollout:%s:gate:%d", s.r.ID, i),
 			NotAfter: s.now.Add(g.Timeout()), MinGeneration: n.Generation,
 			OwnerKind: rollouts.Kind, OwnerKey: s.r.PoolID, CreatedBy: "rollout", System: true,
 		})
+		if _, refused := fault.As(err); refused {
+			return fmt.Sprintf("gate %s could not be queued: %s", g.Command, fault.MessageOf(err)), nil
+		}
 		if err != nil {
-			return fmt.Errorf("rollout %s: queue gate %s on %s: %w", s.r.ID, g.Command, n.NodeID, err)
+			return "", fmt.Errorf("rollout %s: queue gate %s on %s: %w", s.r.ID, g.Command, n.NodeID, err)
 		}
 		if created {
 			s.q.WakeCommands(n.NodeID)
@@ -433,7 +442,7 @@ func (s *rolloutStep) queueGates(ctx context.Context, n *rollouts.NodeStatus) er
 		ids = append(ids, c.ID)
 	}
 	n.Gate = "running"
-	return rollouts.SetGateCommands(ctx, s.tx, s.r.ID, n.NodeID, ids)
+	return "", rollouts.SetGateCommands(ctx, s.tx, s.r.ID, n.NodeID, ids)
 }
 
 // finish ends a rollout whose batches are all done: succeeded (the change
