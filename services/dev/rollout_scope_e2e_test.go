@@ -78,7 +78,7 @@ func TestRolloutScope(t *testing.T) {
 	fast := func(c *sim.Config) { c.HealthCheckInterval = 100 * time.Millisecond }
 	health := map[string]any{"updateMask": "health", "health": rolloutHealth}
 
-	t.Run("a selector changes only matching nodes, which keep the change after success", func(t *testing.T) {
+	t.Run("NATS stopped, a selector changes only matching nodes, which keep the change after success", func(t *testing.T) {
 		f := simFleet(t, env, db, "rollsel", 6, fast)
 		ids := f.Nodes()
 		pool := poolOf(t, db, ids[0])
@@ -97,6 +97,8 @@ func TestRolloutScope(t *testing.T) {
 		poll.Until(t, time.Minute, "the labels converged", func() bool {
 			return len(idsWhere(t, db, matching, `spec->'identity'->'labels'->>'tier' = 'canary' AND observed_generation = generation`)) == len(matching)
 		})
+		ns.Stop()
+		defer ns.Restart()
 		before := generations(t, db, ids)
 		r := rolloutWith(t, env, "sel", map[string]any{"poolId": pool, "selector": map[string]string{"tier": "canary"},
 			"change": health, "strategy": map[string]any{"batches": []any{map[string]any{"count": 1}}, "bake": "0.2s"}})
@@ -271,7 +273,10 @@ func TestRolloutScope(t *testing.T) {
 		})
 		unchanged(t, db, rest, before)
 
-		// Rolled out to the end, the layouts become the pool's.
+		// Rolled out to the end (NATS stopped), the layouts become the
+		// pool's.
+		ns.Stop()
+		defer ns.Restart()
 		r = rolloutWith(t, env, "mig2", map[string]any{"poolId": pool, "change": mig,
 			"strategy": map[string]any{"batches": []any{map[string]any{"count": 2}}, "bake": "0.2s"}})
 		waitRollout(t, env, r.ID, "succeeded", 2*time.Minute)
