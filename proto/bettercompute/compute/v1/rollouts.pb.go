@@ -668,7 +668,7 @@ type RolloutsServiceCreateRequest struct {
 	TenantId string `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	// The pool. Required.
 	PoolId string `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
-	// Only nodes with these labels (at most 32; empty: every node of the
+	// Only nodes with these labels (at most 64; empty: every node of the
 	// pool). A selector's change stays the layer of the nodes it planned
 	// after it succeeds; the pool's settings do not change.
 	Selector map[string]string `protobuf:"bytes,3,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
