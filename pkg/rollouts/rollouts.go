@@ -83,24 +83,30 @@ type Mig struct {
 // Names reports whether the change's mask names section.
 func (c Change) Names(section string) bool { return slices.Contains(c.Mask, section) }
 
-// Without returns c without the sections of drop (mask and content).
+// Without returns c without the sections of drop (mask and content);
+// every section field is dropped by its JSON name, so a section added to
+// Change needs nothing here.
 func (c Change) Without(drop []string) Change {
-	out := Change{}
-	for _, sec := range c.Mask {
-		if slices.Contains(drop, sec) {
-			continue
-		}
-		out.Mask = append(out.Mask, sec)
-		switch sec {
-		case "site":
-			out.Site = c.Site
-		case "health":
-			out.Health = c.Health
-		case "runtime":
-			out.Runtime = c.Runtime
-		case "mig":
-			out.Mig = c.Mig
-		}
+	if !slices.ContainsFunc(c.Mask, func(sec string) bool { return slices.Contains(drop, sec) }) {
+		return c
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return Change{}
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return Change{}
+	}
+	for _, sec := range drop {
+		delete(fields, sec)
+	}
+	mask := slices.DeleteFunc(slices.Clone(c.Mask), func(sec string) bool { return slices.Contains(drop, sec) })
+	fields["mask"], _ = json.Marshal(mask)
+	b, _ = json.Marshal(fields)
+	var out Change
+	if err := json.Unmarshal(b, &out); err != nil {
+		return Change{}
 	}
 	return out
 }

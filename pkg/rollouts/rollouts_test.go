@@ -8,6 +8,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/miglayouts"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/rollouts"
@@ -213,5 +214,23 @@ func TestSelectorLayersStay(t *testing.T) {
 	}
 	if planned, err := rollouts.PlanOf(ctx, pool, "rol_a"); err != nil || !slices.Equal(planned, []string{"node_1", "node_2"}) {
 		t.Fatalf("plan of rol_a: %v %v", planned, err)
+	}
+}
+
+// TestChangeWithout: the dropped sections leave the mask and the content,
+// the others stay whole.
+func TestChangeWithout(t *testing.T) {
+	c := rollouts.Change{Mask: []string{"health", "mig"}, Health: []byte(`{"maxGpuTemperatureCelsius":90}`),
+		Mig: &rollouts.Mig{Layouts: []miglayouts.Layout{{Name: "halves", Profiles: []string{"3g.71gb", "3g.71gb"}}}}}
+	got := c.Without([]string{"mig", "site"})
+	if !slices.Equal(got.Mask, []string{"health"}) || got.Mig != nil || string(got.Health) != string(c.Health) {
+		t.Fatalf("without mig: %+v", got)
+	}
+	got = c.Without([]string{"health"})
+	if !slices.Equal(got.Mask, []string{"mig"}) || got.Health != nil || got.Mig == nil || got.Mig.Layouts[0].Name != "halves" {
+		t.Fatalf("without health: %+v", got)
+	}
+	if got := c.Without(nil); !slices.Equal(got.Mask, c.Mask) || got.Mig != c.Mig {
+		t.Fatalf("without nothing: %+v", got)
 	}
 }
