@@ -287,5 +287,29 @@ func TestRolloutScope(t *testing.T) {
 		poll.Until(t, time.Minute, "every node on the new layouts", func() bool {
 			return len(idsWhere(t, db, ids, migProfiles(halvesP)+` AND observed_generation = generation`)) == len(ids)
 		})
+
+		// With a selector, the layouts stay on the selected nodes after
+		// success; the pool's and the others' do not change.
+		var upd struct{ Node struct{ ID string } }
+		call(t, env, "nodes/update", map[string]any{"tenantId": "root", "nodeId": ids[0], "updateMask": "labels",
+			"labels": map[string]string{"tier": "canary"}}, &upd)
+		poll.Until(t, time.Minute, "the label converged", func() bool {
+			return len(idsWhere(t, db, ids[:1], `spec->'identity'->'labels'->>'tier' = 'canary' AND observed_generation = generation`)) == 1
+		})
+		before = generations(t, db, ids)
+		r = rolloutWith(t, env, "mig3", map[string]any{"poolId": pool, "selector": map[string]string{"tier": "canary"},
+			"change":   map[string]any{"updateMask": "mig", "mig": whole},
+			"strategy": map[string]any{"batches": []any{map[string]any{"count": 1}}}})
+		waitRollout(t, env, r.ID, "succeeded", 2*time.Minute)
+		poll.Until(t, time.Minute, "the selected node on its layouts", func() bool {
+			return len(idsWhere(t, db, ids[:1], migProfiles(wholeP)+` AND observed_generation = generation`)) == 1
+		})
+		if err := db.QueryRow(t.Context(), `SELECT to_jsonb(profiles)::text FROM mig_layouts WHERE pool_id = $1`, pool).Scan(&profiles); err != nil || profiles != halvesP {
+			t.Fatalf("the pool's layouts after a selector rollout: %s %v", profiles, err)
+		}
+		unchanged(t, db, ids[1:], before)
+		if have := idsWhere(t, db, ids[1:], migProfiles(halvesP)); len(have) != len(ids)-1 {
+			t.Fatalf("unselected nodes on the pool's layouts: %v of %v", have, ids[1:])
+		}
 	})
 }
