@@ -18,14 +18,23 @@ import (
 // mig) and their GPUs p that makes a slice bookable for $2 (the profile),
 // $7 (the model, or ”), $4 (labels) and $5 (lost-after): the node as for a
 // whole GPU (nodeEligibleSQL), the slice present and of the profile, its
-// GPU healthy, present and not quarantined, and neither the slice nor its
-// GPU booked.
+// GPU healthy, present and not quarantined, neither the slice nor its GPU
+// booked, the node's stored mig section not removing it
+// (mig_slice_doomed, migration 00039: a pending layout without it) and
+// its GPU's layout change not waiting for bookings (a draining mark).
 const sliceEligibleSQL = nodeEligibleSQL + `
 	AND d.kind = 'mig' AND d.profile = $2 AND d.missing_since IS NULL
 	AND p.kind = 'gpu' AND p.healthy AND p.missing_since IS NULL AND p.quarantined_at IS NULL
 	AND ($7 = '' OR p.model = $7 OR starts_with(p.model, $7 || ' '))
 	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)
-	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = p.node_id AND b.device_id = p.id AND b.active)`
+	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = p.node_id AND b.device_id = p.id AND b.active)
+	AND ` + sliceStaysSQL
+
+// sliceStaysSQL is the condition on nodes n, slices d and their GPUs p
+// that the slice is not about to go: the node's stored mig section keeps
+// it and its GPU has no draining mark.
+const sliceStaysSQL = `NOT mig_slice_doomed(n.spec, p.id, d.profile, d.mig_start)
+	AND NOT EXISTS (SELECT 1 FROM mig_layouts_draining w WHERE w.node_id = p.node_id AND w.gpu_uuid = p.id)`
 
 // sliceAtom is one free slice a placement may book.
 type sliceAtom struct {
@@ -229,7 +238,8 @@ type SliceCounts struct {
 // MigCounts counts pool's present MIG slices per profile, read now: booked
 // (an active booking), quarantined (its GPU is), free (bookable: see
 // sliceEligibleSQL) and unavailable (the rest: its GPU unhealthy, missing
-// or booked whole, or its node not schedulable or unseen for lostAfter).
+// or booked whole, its node not schedulable or unseen for lostAfter, or
+// the slice about to go: sliceStaysSQL).
 func MigCounts(ctx context.Context, q Querier, pool string, lostAfter time.Duration) ([]SliceCounts, error) {
 	rows, err := q.Query(ctx, `
 		WITH s AS (
@@ -237,7 +247,7 @@ func MigCounts(ctx context.Context, q Querier, pool string, lostAfter time.Durat
 			       EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active) AS booked,
 			       p.quarantined_at IS NOT NULL AS quarantined,
 			       (n.state = 'adopted' AND n.observed_generation >= 1 AND n.last_seen_at > now() - $2::interval
-			        AND p.healthy AND p.missing_since IS NULL
+			        AND p.healthy AND p.missing_since IS NULL AND `+sliceStaysSQL+`
 			        AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = p.node_id AND b.device_id = p.id AND b.active)) AS ok
 			  FROM nodes n JOIN devices d ON d.node_id = n.id AND d.kind = 'mig' AND d.missing_since IS NULL
 			  JOIN devices p ON p.node_id = d.node_id AND p.id = d.parent_id

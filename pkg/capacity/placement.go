@@ -61,7 +61,8 @@ const eligibleSQL = nodeEligibleSQL + `
 	AND ($2 = '' OR d.model = $2 OR starts_with(d.model, $2 || ' ')) AND d.memory_bytes >= $3
 	AND NOT EXISTS (SELECT 1 FROM bookings b WHERE b.node_id = d.node_id AND b.device_id = d.id AND b.active)
 	AND NOT EXISTS (SELECT 1 FROM devices s WHERE s.node_id = d.node_id AND s.kind = 'mig' AND s.parent_id = d.id AND s.missing_since IS NULL)
-	AND NOT coalesce(n.spec->'mig'->'gpus' @> jsonb_build_array(jsonb_build_object('gpuUuid', d.id, 'migEnabled', true)), false)`
+	AND NOT coalesce(n.spec->'mig'->'gpus' @> jsonb_build_array(jsonb_build_object('gpuUuid', d.id, 'migEnabled', true)), false)
+	AND NOT EXISTS (SELECT 1 FROM mig_layouts_draining w WHERE w.node_id = d.node_id AND w.gpu_uuid = d.id)`
 
 // nodeEligibleSQL is the part of eligibleSQL on the node n alone.
 const nodeEligibleSQL = `n.state = 'adopted' AND n.observed_generation >= 1

@@ -45,7 +45,8 @@ func PoolsWithLiveReservations(ctx context.Context, q Querier) ([]string, error)
 
 // PoolsWithDueWork returns the pools with due placer work: pending
 // reservations whose start has come, live ones past their end time, and
-// (unless lostNode is [LostNodeWait]) active bookings on lost nodes.
+// (unless lostNode is [LostNodeWait]) active bookings on lost nodes or of
+// devices a waiting MIG layout change removes ([BookingsDrainedByMIG]).
 func PoolsWithDueWork(ctx context.Context, q Querier, lostNode string) ([]string, error) {
 	rows, err := q.Query(ctx, `
 		SELECT pool_id FROM reservations
@@ -53,7 +54,10 @@ func PoolsWithDueWork(ctx context.Context, q Querier, lostNode string) ([]string
 		    OR (state IN ('pending', 'placed', 'bound') AND end_time <= now())
 		UNION
 		SELECT b.pool_id FROM bookings b JOIN nodes n ON n.id = b.node_id
-		 WHERE b.active AND $1 <> 'wait' AND `+lostSQL,
+		 WHERE b.active AND $1 <> 'wait' AND `+lostSQL+`
+		UNION
+		SELECT b.pool_id FROM mig_layouts_draining w JOIN bookings b ON b.node_id = w.node_id AND b.device_id = ANY(w.devices)
+		 WHERE b.active AND $1 <> 'wait'`,
 		lostNode)
 	if err != nil {
 		return nil, fmt.Errorf("pools with due placer work: %w", err)
@@ -96,6 +100,24 @@ func BookingsOnLostNodes(ctx context.Context, q Querier, pool string) ([]LostBoo
 		return nil, fmt.Errorf("find bookings on lost nodes: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[LostBooking])
+}
+
+// MIGDrain is an active booking of a device (a whole GPU, or a MIG slice)
+// that a GPU's waiting MIG layout change removes (mig_layouts_draining).
+type MIGDrain struct {
+	ReservationID, NodeID, GPU, DeviceID string
+}
+
+// BookingsDrainedByMIG returns pool's active bookings of devices that
+// waiting MIG layout changes remove, by node, GPU, device and reservation.
+func BookingsDrainedByMIG(ctx context.Context, q Querier, pool string) ([]MIGDrain, error) {
+	rows, err := q.Query(ctx, `SELECT b.reservation_id, b.node_id, w.gpu_uuid, b.device_id
+		  FROM mig_layouts_draining w JOIN bookings b ON b.node_id = w.node_id AND b.device_id = ANY(w.devices)
+		 WHERE b.pool_id = $1 AND b.active ORDER BY 2, 3, 4, 1`, pool)
+	if err != nil {
+		return nil, fmt.Errorf("find bookings a MIG layout change drains: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[MIGDrain])
 }
 
 // DuePending returns pool's pending reservations whose start has come,

@@ -417,6 +417,19 @@ func catalog() []Type {
 				"keeps its current layout and the rest of the node is not touched; the layout applies once the booking is gone.",
 		},
 		{
+			Name:    "reservation.device_drained",
+			Subject: "reservation",
+			Fields: reservationFields(
+				Field{"nodeId", "string", "The node of the GPU."},
+				Field{"gpuUuid", "string", "The GPU (GPU-…) whose MIG layout change waited."},
+				Field{"deviceId", "string", "The booked device the change removes: the GPU, or one of its MIG slices (MIG-…)."},
+				Field{"action", "string", "What was done under capacity.lostNode: replaced (booked again elsewhere in the pool) or failed (the reservation ended)."},
+				Field{"reason", "string", "Why: the layout change, and for failed why no replacement was found."}),
+			Doc: "A GPU's MIG layout change removes a device the reservation has booked and capacity.lostNode is replace or " +
+				"fail (the placer): the booking moved to a free GPU or slice of the same profile in the pool, or the reservation " +
+				"failed; the change then applies. Under wait the booking is kept and the change waits (reservation.device_draining).",
+		},
+		{
 			Name:    "node.drained",
 			Subject: "node",
 			Fields: []Field{

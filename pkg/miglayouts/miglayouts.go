@@ -321,24 +321,88 @@ func Of(ctx context.Context, q Querier, pools, nodes []string) (Layouts, error) 
 	return out, rows.Err()
 }
 
-// MarkDraining marks node's gpus as waiting for their bookings to end and
-// returns those not marked before (whose reservation.device_draining event
-// is due).
-func MarkDraining(ctx context.Context, q Querier, node string, gpus []string) ([]string, error) {
-	if len(gpus) == 0 {
+// Waiting is a GPU whose layout change waits for bookings, and the booked
+// devices (the GPU itself, or its MIG slices) the change removes.
+type Waiting struct {
+	GPU     string
+	Devices []string
+}
+
+// MarkDraining marks node's waiting GPUs (mig_layouts_draining, with the
+// booked devices each change removes) and returns the GPUs not marked
+// before (whose reservation.device_draining event is due), sorted.
+func MarkDraining(ctx context.Context, q Querier, node string, waiting []Waiting) ([]string, error) {
+	if len(waiting) == 0 {
 		return nil, nil
 	}
-	rows, err := q.Query(ctx, `INSERT INTO mig_layouts_draining (node_id, gpu_uuid) SELECT $1, unnest($2::text[])
-		ON CONFLICT DO NOTHING RETURNING gpu_uuid`, node, gpus)
+	gpus, devs := make([]string, len(waiting)), make([]string, len(waiting))
+	for i, w := range waiting {
+		gpus[i], devs[i] = w.GPU, arrayLiteral(w.Devices)
+	}
+	rows, err := q.Query(ctx, `INSERT INTO mig_layouts_draining AS d (node_id, gpu_uuid, devices)
+		SELECT $1, g, v::text[] FROM unnest($2::text[], $3::text[]) AS u(g, v)
+		ON CONFLICT (node_id, gpu_uuid) DO UPDATE SET devices = EXCLUDED.devices WHERE d.devices IS DISTINCT FROM EXCLUDED.devices
+		RETURNING gpu_uuid, xmax = 0`, node, gpus, devs)
 	if err != nil {
 		return nil, fmt.Errorf("mark MIG draining on %s: %w", node, err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var out []string
+	var g string
+	var fresh bool
+	_, err = pgx.ForEachRow(rows, []any{&g, &fresh}, func() error {
+		if fresh {
+			out = append(out, g)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("mark MIG draining on %s: %w", node, err)
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// Reset policies of a pool (mig_pool_settings.reset_policy, migration
+// 00038): what the health job runs when a GPU's MIG mode change waits for
+// a reset.
+const (
+	ResetGPU        = "gpu-reset"
+	ResetNodeReboot = "node-reboot"
+)
+
+// ResetPolicies lists the reset policies.
+var ResetPolicies = []string{ResetGPU, ResetNodeReboot}
+
+// SetResetPolicy sets pool's reset policy; "" (or the default) removes its
+// row.
+func SetResetPolicy(ctx context.Context, q Querier, pool, policy string) error {
+	var err error
+	if policy == "" || policy == ResetGPU {
+		_, err = q.Exec(ctx, `DELETE FROM mig_pool_settings WHERE pool_id = $1`, pool)
+	} else {
+		_, err = q.Exec(ctx, `INSERT INTO mig_pool_settings (pool_id, reset_policy) VALUES ($1, $2)
+			ON CONFLICT (pool_id) DO UPDATE SET reset_policy = EXCLUDED.reset_policy`, pool, policy)
+	}
+	if err != nil {
+		return fmt.Errorf("set the MIG reset policy of %s: %w", pool, err)
+	}
+	return nil
+}
+
+// ResetPolicyOf returns pool's reset policy ([ResetGPU] when it set none).
+func ResetPolicyOf(ctx context.Context, q Querier, pool string) (string, error) {
+	rows, err := q.Query(ctx, `SELECT reset_policy FROM mig_pool_settings WHERE pool_id = $1`, pool)
+	if err != nil {
+		return "", fmt.Errorf("read the MIG reset policy of %s: %w", pool, err)
+	}
+	p, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", fmt.Errorf("read the MIG reset policy of %s: %w", pool, err)
+	}
+	if len(p) == 0 {
+		return ResetGPU, nil
+	}
+	return p[0], nil
 }
 
 // ClearDraining removes the draining marks of nodes' GPUs but those in

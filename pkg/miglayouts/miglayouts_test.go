@@ -62,18 +62,30 @@ func TestStoreRoundTrip(t *testing.T) {
 		t.Fatalf("after replacing and clearing %+v", got)
 	}
 
-	fresh, err := miglayouts.MarkDraining(ctx, pool, "node_1", []string{"GPU-b", "GPU-a"})
+	w := func(gpus ...string) []miglayouts.Waiting {
+		var out []miglayouts.Waiting
+		for _, g := range gpus {
+			out = append(out, miglayouts.Waiting{GPU: g, Devices: []string{g}})
+		}
+		return out
+	}
+	fresh, err := miglayouts.MarkDraining(ctx, pool, "node_1", w("GPU-b", "GPU-a"))
 	if err != nil || !slices.Equal(fresh, []string{"GPU-a", "GPU-b"}) {
 		t.Fatalf("first marks %v %v", fresh, err)
 	}
-	fresh, err = miglayouts.MarkDraining(ctx, pool, "node_1", []string{"GPU-a", "GPU-c"})
+	fresh, err = miglayouts.MarkDraining(ctx, pool, "node_1", w("GPU-a", "GPU-c"))
 	if err != nil || !slices.Equal(fresh, []string{"GPU-c"}) {
 		t.Fatalf("second marks %v %v, want only GPU-c new", fresh, err)
+	}
+	// A mark whose devices change is not new (no second event).
+	fresh, err = miglayouts.MarkDraining(ctx, pool, "node_1", []miglayouts.Waiting{{GPU: "GPU-c", Devices: []string{"MIG-1", "MIG-2"}}})
+	if err != nil || len(fresh) != 0 {
+		t.Fatalf("marks with new devices %v %v, want none new", fresh, err)
 	}
 	if err := miglayouts.ClearDraining(ctx, pool, []string{"node_1"}, map[string][]string{"node_1": {"GPU-c"}}); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err = miglayouts.MarkDraining(ctx, pool, "node_1", []string{"GPU-a", "GPU-c"})
+	fresh, err = miglayouts.MarkDraining(ctx, pool, "node_1", w("GPU-a", "GPU-c"))
 	if err != nil || !slices.Equal(fresh, []string{"GPU-a"}) {
 		t.Fatalf("marks after clearing all but GPU-c: %v %v", fresh, err)
 	}

@@ -35,21 +35,25 @@ func RegisterMig(reg *nodespec.Registry) error { return reg.RegisterBatch(Module
 // section, one entry per GPU a layout matches (the node's own layouts
 // first, then its pool's; pkg/miglayouts — a node a rollout of MIG layouts
 // released has the rollout's instead of its pool's, pkg/rollouts.Layers),
-// in index order, with its
-// instances placed by proto/migcatalog keeping the placements the GPU has
-// (until the node reports them: the last contributed ones, from the stored
-// spec), so an unchanged layout places the same and a change moves as few
-// instances as it can.
+// in index order, with its instances placed by proto/migcatalog keeping
+// the placements the GPU has: the slices it reports (devices of kind mig),
+// or while it reports none its last entry (the stored spec). An unchanged
+// layout places the same (the same instances as the entry keep the entry),
+// a change moves as few instances as it can, and a GPU whose actual layout
+// differs from its entry (changed by hand) is re-laid keeping what matches.
 //
 // A GPU with an active booking whose entry would change, or whose new
 // entry would remove one of its booked MIG slices (one of the same profile
 // at the same start stays: that change proceeds), keeps its current
-// entry (none if it had none) until the booking is gone: the booking's
-// reservation gets one reservation.device_draining event, and the change
-// applies when a later computation finds the GPU free (ending a booking
-// recomputes the node). No other GPU's entry depends on it. A GPU whose
-// layout cannot be placed on it (an index selector on a model it does not
-// fit) keeps its current entry.
+// entry (none if it had none) until the booking is gone: it is marked
+// draining with the booked devices the change removes (a draining GPU
+// takes no new booking), the booking's reservation gets one
+// reservation.device_draining event, and the change applies when a later
+// computation finds the GPU free (ending a booking recomputes the node).
+// Under capacity.lostNode replace or fail the placer moves or fails those
+// bookings (services/capacity placer.migDrains). No other GPU's entry
+// depends on it. A GPU whose layout cannot be placed on it (an index
+// selector on a model it does not fit) keeps its current entry.
 func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.Node) ([]*agentv1.NodeSpec, error) {
 	var poolIDs, nodeIDs []string // nodeIDs: every node of the batch
 	for _, n := range nodes {
@@ -87,7 +91,7 @@ func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.No
 		}
 	}
 	out := make([]*agentv1.NodeSpec, len(nodes))
-	draining := map[string][]string{}
+	draining := map[string][]miglayouts.Waiting{}
 	if len(managed) > 0 {
 		inputs, err := nodestore.MigInputsOf(ctx, q, managed)
 		if err != nil {
@@ -121,16 +125,28 @@ func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.No
 	// node has a layout or a mark: a fleet without MIG pays only the read
 	// of layouts).
 	if len(marked) > 0 {
-		if err := miglayouts.ClearDraining(ctx, q, marked, draining); err != nil {
+		keep := map[string][]string{}
+		for n, ws := range draining {
+			for _, w := range ws {
+				keep[n] = append(keep[n], w.GPU)
+			}
+		}
+		if err := miglayouts.ClearDraining(ctx, q, marked, keep); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
+// bookedSlice is a booked MIG slice of a GPU: its placement and id.
+type bookedSlice struct {
+	migcatalog.Placement
+	ID string
+}
+
 // migSection computes one node's mig section and the GPUs whose change
-// waits for a booking.
-func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.Layout, booked *capstore.Assignments) (*agentv1.MigLayout, []string, error) {
+// waits for a booking, each with the booked devices the change removes.
+func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.Layout, booked *capstore.Assignments) (*agentv1.MigLayout, []miglayouts.Waiting, error) {
 	var stored agentv1.NodeSpec
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(in.Spec, &stored); err != nil {
 		return nil, nil, fmt.Errorf("stored spec: %w", err)
@@ -148,26 +164,46 @@ func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.L
 		}
 	}
 	// A GPU's booked MIG slices: a change may keep them (same profile and
-	// start) and proceed, but not remove one.
-	bookedSlices := map[string][]migcatalog.Placement{}
+	// start) and proceed, but not remove one. reported: the slices each
+	// GPU reports now (what it has), which placement keeps first after
+	// the booked ones.
+	bookedSlices := map[string][]bookedSlice{}
+	reported := map[string][]migcatalog.Placement{}
 	for _, d := range in.Devices {
 		for _, sl := range d.MigSlices {
-			if inUse[sl.ID] && sl.MissingSince == nil {
-				bookedSlices[d.ID] = append(bookedSlices[d.ID], migcatalog.Placement{Profile: sl.Profile, Start: sl.Start})
+			if sl.MissingSince != nil {
+				continue
+			}
+			pl := migcatalog.Placement{Profile: sl.Profile, Start: sl.Start}
+			reported[d.ID] = append(reported[d.ID], pl)
+			if inUse[sl.ID] {
+				bookedSlices[d.ID] = append(bookedSlices[d.ID], bookedSlice{pl, sl.ID})
 			}
 		}
 	}
 	gpus := miglayouts.GPUsOf(in.Devices)
 	chosen := miglayouts.Resolve(nodeLayouts, poolLayouts, gpus)
 	sec := &agentv1.MigLayout{}
-	var waiting []string
+	var waiting []miglayouts.Waiting
 	for _, g := range gpus {
 		l, ok := chosen[g.UUID]
 		if !ok {
 			continue
 		}
 		cur := prev[g.UUID]
-		want, err := placeGPU(g, l, cur, bookedSlices[g.UUID])
+		var keep []migcatalog.Placement
+		for _, b := range bookedSlices[g.UUID] {
+			keep = append(keep, b.Placement)
+		}
+		// What the GPU reports it has wins over its last entry (a node
+		// whose actual layout differs, say changed by hand, is re-laid
+		// keeping what matches); the entry counts only while it reports
+		// no slice (MIG off, or not laid out yet).
+		keepCur := true
+		if len(reported[g.UUID]) > 0 {
+			keep, keepCur = append(keep, reported[g.UUID]...), false
+		}
+		want, err := placeGPU(g, l, cur, keepCur, keep)
 		if err != nil {
 			// Admission checked the layout against the models it could
 			// know; this GPU's cannot hold it. It stays as it is.
@@ -176,8 +212,13 @@ func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.L
 			}
 			continue
 		}
-		if (inUse[g.UUID] && changes(cur, want, g)) || !keepsAll(want, bookedSlices[g.UUID]) {
-			waiting = append(waiting, g.UUID)
+		var removed []string
+		if inUse[g.UUID] && changes(cur, want, g) {
+			removed = append(removed, g.UUID)
+		}
+		removed = append(removed, dropped(want, bookedSlices[g.UUID])...)
+		if len(removed) > 0 {
+			waiting = append(waiting, miglayouts.Waiting{GPU: g.UUID, Devices: removed})
 			if cur != nil {
 				sec.Gpus = append(sec.Gpus, proto.CloneOf(cur))
 			}
@@ -188,34 +229,47 @@ func migSection(in *nodestore.MigInputs, nodeLayouts, poolLayouts []miglayouts.L
 	return sec, waiting, nil
 }
 
-// keepsAll reports whether want keeps every booked slice: MIG on and an
-// instance of the same profile at the same start.
-func keepsAll(want *agentv1.GpuMigLayout, booked []migcatalog.Placement) bool {
+// dropped lists the booked slices want removes: MIG off, or no instance of
+// the same profile at the same start.
+func dropped(want *agentv1.GpuMigLayout, booked []bookedSlice) []string {
+	var out []string
 	for _, b := range booked {
 		if !want.GetMigEnabled() || !slices.ContainsFunc(want.GetInstances(), func(in *agentv1.MigInstance) bool {
 			return in.GetProfile() == b.Profile && int(in.GetStart()) == b.Start
 		}) {
-			return false
+			out = append(out, b.ID)
 		}
 	}
-	return true
+	return out
 }
 
-// placeGPU is g's entry under layout l, keeping cur's placements, the
-// booked slices' first.
-func placeGPU(g miglayouts.GPU, l miglayouts.Layout, cur *agentv1.GpuMigLayout, booked []migcatalog.Placement) (*agentv1.GpuMigLayout, error) {
+// placeGPU is g's entry under layout l, keeping the placements of keep
+// (the booked slices, then those the GPU reports), then, with keepCur
+// (the GPU reports no slice), cur's, each where the rest still fits. A
+// placement of the same instances as cur is cur.
+func placeGPU(g miglayouts.GPU, l miglayouts.Layout, cur *agentv1.GpuMigLayout, keepCur bool, keep []migcatalog.Placement) (*agentv1.GpuMigLayout, error) {
 	if l.Disabled {
 		return &agentv1.GpuMigLayout{GpuUuid: g.UUID}, nil
 	}
 	if g.Model == nil {
 		return nil, fmt.Errorf("GPU %s is not a MIG-capable model", g.UUID)
 	}
-	keep := slices.Clone(booked)
-	if cur.GetMigEnabled() {
+	keep = slices.Clone(keep)
+	if keepCur && cur.GetMigEnabled() {
 		for _, in := range cur.GetInstances() {
 			keep = append(keep, migcatalog.Placement{Profile: in.GetProfile(), Start: int(in.GetStart())})
 		}
 	}
+	// Each placement once (the booked slices are also reported, and what
+	// the GPU reports is mostly cur), in the order given.
+	var seen []migcatalog.Placement
+	keep = slices.DeleteFunc(keep, func(p migcatalog.Placement) bool {
+		if slices.Contains(seen, p) {
+			return true
+		}
+		seen = append(seen, p)
+		return false
+	})
 	placed, err := g.Model.Place(l.Profiles, keep)
 	if err != nil {
 		return nil, err
@@ -224,7 +278,29 @@ func placeGPU(g miglayouts.GPU, l miglayouts.Layout, cur *agentv1.GpuMigLayout, 
 	for _, p := range placed {
 		out.Instances = append(out.Instances, &agentv1.MigInstance{Profile: p.Profile, Start: uint32(p.Start)})
 	}
+	if sameLayout(cur, out) {
+		// The same instances, perhaps placed in another order: the entry
+		// stays byte for byte (the generation does not move).
+		return proto.CloneOf(cur), nil
+	}
 	return out, nil
+}
+
+// sameLayout reports whether a and b have MIG on, the same profiles and
+// the same set of instances, in any order.
+func sameLayout(a, b *agentv1.GpuMigLayout) bool {
+	if !a.GetMigEnabled() || !b.GetMigEnabled() || !slices.Equal(a.GetProfiles(), b.GetProfiles()) || len(a.GetInstances()) != len(b.GetInstances()) {
+		return false
+	}
+	key := func(g *agentv1.GpuMigLayout) []string {
+		var out []string
+		for _, in := range g.GetInstances() {
+			out = append(out, fmt.Sprintf("%s@%d", in.GetProfile(), in.GetStart()))
+		}
+		slices.Sort(out)
+		return out
+	}
+	return slices.Equal(key(a), key(b))
 }
 
 // changes reports whether applying want changes the GPU: its entry differs
@@ -240,7 +316,7 @@ func changes(cur, want *agentv1.GpuMigLayout, g miglayouts.GPU) bool {
 // drainEvents marks the waiting GPUs and writes one
 // reservation.device_draining event per reservation booking each newly
 // marked GPU.
-func drainEvents(ctx context.Context, q reconcile.Querier, draining map[string][]string, booked map[string]*capstore.Assignments,
+func drainEvents(ctx context.Context, q reconcile.Querier, draining map[string][]miglayouts.Waiting, booked map[string]*capstore.Assignments,
 	inputs map[string]*nodestore.MigInputs) error {
 	type ev struct{ rsv, node, gpu string }
 	var evs []ev

@@ -48,6 +48,9 @@ func (p *placer) run(ctx context.Context, rc *reconcile.RunContext, pool string)
 		if err := p.lost(ctx, tx, q, pool); err != nil {
 			return err
 		}
+		if err := p.migDrains(ctx, tx, q, pool); err != nil {
+			return err
+		}
 		return p.placePending(ctx, tx, q, pool)
 	})
 	return reconcile.Done, err
@@ -156,6 +159,83 @@ func (p *placer) lost(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, pool s
 			continue
 		}
 		if err := p.fail(ctx, tx, q, r, fmt.Sprintf("node %s was lost (capacity.lostNode is fail)", l.NodeID)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// migDrains applies the lost-node policy to the pool's bookings of
+// devices that a waiting MIG layout change removes (capacity.mig marks the
+// GPU draining with them): replace books the same count of the same
+// profile (a slice) or a whole GPU elsewhere in the pool, never on a GPU
+// whose change waits (a draining GPU is not bookable), and fails the
+// reservation when none is free; fail ends the reservation. Either way
+// the GPU's node is recomputed, and with the booking gone its change
+// applies; no other GPU of the node is touched. wait keeps the booking
+// (the change waits for it to end). An operator's change, so unbraked.
+func (p *placer) migDrains(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, pool string) error {
+	if p.cfg.LostNode == capstore.LostNodeWait {
+		return nil
+	}
+	drains, err := capstore.BookingsDrainedByMIG(ctx, tx, pool)
+	if err != nil {
+		return err
+	}
+	for _, d := range drains {
+		r, err := capstore.Lock(ctx, tx, d.ReservationID)
+		if err != nil {
+			return err
+		}
+		if !capstore.Live(r.State) {
+			continue
+		}
+		payload := map[string]any{"reservationId": r.ID, "nodeId": d.NodeID, "gpuUuid": d.GPU, "deviceId": d.DeviceID}
+		why := fmt.Sprintf("a MIG layout change of GPU %s on node %s removes %s", d.GPU, d.NodeID, d.DeviceID)
+		if p.cfg.LostNode == capstore.LostNodeReplace {
+			n, err := capstore.UnbookDevice(ctx, tx, r.ID, d.NodeID, d.DeviceID)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				continue
+			}
+			if err := nodespec.Invalidate(ctx, q, d.NodeID); err != nil {
+				return err
+			}
+			nodes, err := capstore.Place(ctx, tx, &r, capstore.PlaceOptions{LostAfter: p.cfg.LostAfter, Count: n})
+			if err == nil {
+				if err := invalidate(ctx, q, nodes); err != nil {
+					return err
+				}
+				payload["action"], payload["reason"] = "replaced", why+" (capacity.lostNode is replace)"
+				if err := event(ctx, tx, r.TenantID, "reservation.device_drained", payload); err != nil {
+					return err
+				}
+				continue
+			}
+			if !capstore.Refused(err) {
+				return err
+			}
+			reason := why + " and it could not be re-placed: " + fault.MessageOf(err)
+			payload["action"], payload["reason"] = "failed", reason
+			if err := event(ctx, tx, r.TenantID, "reservation.device_drained", payload); err != nil {
+				return err
+			}
+			if err := p.fail(ctx, tx, q, r, reason); err != nil {
+				return err
+			}
+			continue
+		}
+		reason := why + " (capacity.lostNode is fail)"
+		payload["action"], payload["reason"] = "failed", reason
+		if err := event(ctx, tx, r.TenantID, "reservation.device_drained", payload); err != nil {
+			return err
+		}
+		if err := p.fail(ctx, tx, q, r, reason); err != nil {
+			return err
+		}
+		if err := nodespec.Invalidate(ctx, q, d.NodeID); err != nil {
 			return err
 		}
 	}
