@@ -65,14 +65,27 @@ type Remediation struct {
 	StartedAt  time.Time
 	FinishedAt *time.Time
 	ClearedAt  *time.Time
+	// Cause is why the ladder runs: [CauseQuarantine] (the default when
+	// empty) or [CauseMIG].
+	Cause string
 }
 
-const cols = `id, tenant_id, node_id, pool_id, step, state, command_id, devices, reason, started_at, finished_at, cleared_at`
+// Causes of a ladder (remediations.cause, migration 00038).
+const (
+	// CauseQuarantine: quarantined GPUs (gpu.reset, then node.reboot,
+	// then needs_repair).
+	CauseQuarantine = "quarantine"
+	// CauseMIG: a GPU's MIG mode change waits for a reset (one step:
+	// gpu.reset, or node.reboot when the pool's MIG resetPolicy says so).
+	CauseMIG = "mig"
+)
+
+const cols = `id, tenant_id, node_id, pool_id, step, state, command_id, devices, reason, started_at, finished_at, cleared_at, cause`
 
 func scan(r pgx.Row) (Remediation, error) {
 	var m Remediation
 	err := r.Scan(&m.ID, &m.TenantID, &m.NodeID, &m.PoolID, &m.Step, &m.State, &m.CommandID, &m.Devices, &m.Reason,
-		&m.StartedAt, &m.FinishedAt, &m.ClearedAt)
+		&m.StartedAt, &m.FinishedAt, &m.ClearedAt, &m.Cause)
 	return m, err
 }
 
@@ -96,14 +109,17 @@ func Start(ctx context.Context, q Querier, m Remediation, now time.Time) (Remedi
 	if m.Devices == nil {
 		m.Devices = []string{}
 	}
+	if m.Cause == "" {
+		m.Cause = CauseQuarantine
+	}
 	var finished *time.Time
 	if m.State != Running {
 		finished = &now
 	}
 	out, err := scan(q.QueryRow(ctx, `
-		INSERT INTO remediations (id, tenant_id, node_id, pool_id, step, state, command_id, devices, reason, started_at, finished_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING `+cols,
-		m.ID, m.TenantID, m.NodeID, m.PoolID, m.Step, m.State, m.CommandID, m.Devices, cut(m.Reason), now, finished))
+		INSERT INTO remediations (id, tenant_id, node_id, pool_id, step, state, command_id, devices, reason, started_at, finished_at, cause)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING `+cols,
+		m.ID, m.TenantID, m.NodeID, m.PoolID, m.Step, m.State, m.CommandID, m.Devices, cut(m.Reason), now, finished, m.Cause))
 	if err != nil {
 		return Remediation{}, fmt.Errorf("start remediation %s on %s: %w", m.Step, m.NodeID, err)
 	}
@@ -158,12 +174,13 @@ func OfNode(ctx context.Context, q Querier, node string) ([]Remediation, error) 
 }
 
 // LaddersSince counts the ladders started on node at or after since that
-// count against its budget: its gpu.reset steps (each ladder starts with
-// one) not cleared by nodes.clearRepair.
+// count against its budget: its gpu.reset steps (each quarantine ladder
+// starts with one) and its MIG steps (each one a ladder), not cleared by
+// nodes.clearRepair.
 func LaddersSince(ctx context.Context, q Querier, node string, since time.Time) (int, error) {
 	var n int
 	err := q.QueryRow(ctx, `SELECT count(*) FROM remediations
-		WHERE node_id = $1 AND step = 'gpu.reset' AND cleared_at IS NULL AND started_at >= $2`, node, since).Scan(&n)
+		WHERE node_id = $1 AND (step = 'gpu.reset' OR cause = 'mig') AND cleared_at IS NULL AND started_at >= $2`, node, since).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count ladders of %s: %w", node, err)
 	}

@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,6 +23,11 @@ import (
 // selector can match). A node's are validated against its inventory
 // ([setNodeMig]).
 func migLayouts(m *computev1.MigSettings, check bool) ([]miglayouts.Layout, error) {
+	if p := m.GetResetPolicy(); p != "" && !check {
+		return nil, fault.New(fault.InvalidInput, "mig.resetPolicy", "a pool's setting (pools.update); a node takes its pool's")
+	} else if p != "" && !slices.Contains(miglayouts.ResetPolicies, p) {
+		return nil, fault.New(fault.InvalidInput, "mig.resetPolicy", "expected %s, got %q", strings.Join(miglayouts.ResetPolicies, " or "), p)
+	}
 	if len(m.GetLayouts()) > miglayouts.MaxLayouts {
 		return nil, fault.New(fault.InvalidInput, "mig.layouts", "at most %d layouts, got %d", miglayouts.MaxLayouts, len(m.GetLayouts()))
 	}
@@ -40,13 +47,17 @@ func migLayouts(m *computev1.MigSettings, check bool) ([]miglayouts.Layout, erro
 	return out, nil
 }
 
-// setPoolMig stores pool p's layouts and invalidates its nodes' desired
-// state in tx: capacity.mig recomputes each one's mig section.
-func setPoolMig(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, p poolstore.Pool, layouts []miglayouts.Layout) error {
-	if p.Class != poolstore.ClassGPU && len(layouts) > 0 {
+// setPoolMig stores pool p's layouts and reset policy (checked by
+// migLayouts) and invalidates its nodes' desired state in tx: capacity.mig
+// recomputes each one's mig section.
+func setPoolMig(ctx context.Context, tx pgx.Tx, q *reconcile.Queue, p poolstore.Pool, layouts []miglayouts.Layout, resetPolicy string) error {
+	if p.Class != poolstore.ClassGPU && (len(layouts) > 0 || resetPolicy != "") {
 		return fault.New(fault.InvalidInput, "mig", "pool %s is a %s pool; MIG layouts apply to gpu pools", p.ID, p.Class)
 	}
 	if err := miglayouts.SetPool(ctx, tx, p.ID, layouts); err != nil {
+		return err
+	}
+	if err := miglayouts.SetResetPolicy(ctx, tx, p.ID, resetPolicy); err != nil {
 		return err
 	}
 	return nodespec.InvalidatePool(ctx, tx, q, p.ID)

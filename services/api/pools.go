@@ -351,7 +351,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				} else if ok && r.Change.Names("mig") {
 					return admission.Outcome{}, fault.New(fault.Conflict, "updateMask", "pool %s has an active rollout %s (%s) of its MIG layouts: cancel it or wait for it", p.ID, r.ID, r.State)
 				}
-				if err := setPoolMig(ctx, tx, q, p, *mig); err != nil {
+				if err := setPoolMig(ctx, tx, q, p, *mig, req.GetMig().GetResetPolicy()); err != nil {
 					return admission.Outcome{}, err
 				}
 			}

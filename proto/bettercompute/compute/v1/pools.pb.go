@@ -789,7 +789,15 @@ type MigSettings struct {
 	// whose selector matches it applies; a GPU no layout matches is left as
 	// it is. Empty clears them. A node's layouts (nodes.update, mask "mig")
 	// apply to its GPUs before the pool's.
-	Layouts       []*MigLayoutSpec `protobuf:"bytes,1,rep,name=layouts,proto3" json:"layouts,omitempty"`
+	Layouts []*MigLayoutSpec `protobuf:"bytes,1,rep,name=layouts,proto3" json:"layouts,omitempty"`
+	// A pool's only (nodes.update refuses it): what the control plane runs
+	// when a GPU reports that its MIG mode change waits for a reset
+	// ("reset-required" in the node's mig section): "gpu-reset" (the braked
+	// gpu.reset of that GPU; the default when empty) or "node-reboot" (the
+	// node is drained, then rebooted). Either runs under the remediation
+	// brakes (health.*) and only on a GPU no reservation books. pools.update
+	// with mask "mig" replaces it with the layouts (empty: the default).
+	ResetPolicy   string `protobuf:"bytes,2,opt,name=reset_policy,json=resetPolicy,proto3" json:"reset_policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -829,6 +837,13 @@ func (x *MigSettings) GetLayouts() []*MigLayoutSpec {
 		return x.Layouts
 	}
 	return nil
+}
+
+func (x *MigSettings) GetResetPolicy() string {
+	if x != nil {
+		return x.ResetPolicy
+	}
+	return ""
 }
 
 // MigLayoutSpec is one named MIG layout and the GPUs it is for.
@@ -1285,9 +1300,10 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\x03mig\x18\x0f \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"s\n" +
 	"\vMigSettings\x12A\n" +
-	"\alayouts\x18\x01 \x03(\v2'.bettercompute.compute.v1.MigLayoutSpecR\alayouts\"\xa8\x01\n" +
+	"\alayouts\x18\x01 \x03(\v2'.bettercompute.compute.v1.MigLayoutSpecR\alayouts\x12!\n" +
+	"\freset_policy\x18\x02 \x01(\tR\vresetPolicy\"\xa8\x01\n" +
 	"\rMigLayoutSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12K\n" +
 	"\fgpu_selector\x18\x02 \x01(\v2(.bettercompute.compute.v1.MigGpuSelectorR\vgpuSelector\x12\x1a\n" +
