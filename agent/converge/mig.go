@@ -36,10 +36,12 @@ const MaxMigGPUs = 64
 // ("GPU-…: 3g.71gb@0 MIG-…, 1g.18gb@4 MIG-…"), or its typed failure
 // ("GPU-…: reset-required: …", "busy: …", "profile-unsupported: …",
 // "invalid-layout: …"). CONVERGED only when every GPU has its layout;
-// FAILED (retried) while a GPU is busy, waits for a reset, is not in the
-// inventory or failed otherwise; FAILED_TERMINAL when the only failures
-// are layouts the GPU cannot take. A malformed section is FAILED_TERMINAL
-// naming the field, and nothing is applied.
+// FAILED (retried) while a GPU is busy, is not in the inventory or failed
+// otherwise; FAILED_TERMINAL when the only failures are layouts the GPU
+// cannot take or GPUs that wait for a reset (the control plane's gpu.reset
+// or node.reboot, which presupposes this generation applied; every pass
+// still tries, so the pass after the reset lays them out). A malformed
+// section is FAILED_TERMINAL naming the field, and nothing is applied.
 //
 // Every converge reads the GPUs' layouts, so a node whose instances are
 // gone (rebooted, GPU reset) re-creates them before it reports the
@@ -190,7 +192,12 @@ func (h *migHandler) outcome() (agentv1.SectionState, string, bool) {
 		r := h.results[u]
 		switch {
 		case r.err != nil:
-			if e := (*mig.Error)(nil); errors.As(r.err, &e) && e.Terminal() {
+			if e := (*mig.Error)(nil); errors.As(r.err, &e) && (e.Terminal() || e.Kind == mig.ResetRequired) {
+				// A reset-required GPU cannot progress by itself: the
+				// control plane resets it (gpu.reset, or node.reboot), which
+				// it can do only once the node has applied this generation,
+				// so it does not hold the observed generation back. The
+				// next pass after the reset lays the GPU out.
 				terminal = true
 			} else {
 				retry = true

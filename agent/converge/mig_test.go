@@ -269,7 +269,9 @@ func TestMig_OtherGPUsNeverTouched(t *testing.T) {
 }
 
 // TestMig_ResetRequired: a GPU that needs a reset to enter MIG mode
-// reports reset-required (FAILED, retried) with nothing else changed;
+// reports reset-required (FAILED_TERMINAL: the node cannot progress by
+// itself, so the generation counts as observed and the control plane's
+// gpu.reset, which presupposes it, can run) with nothing else changed;
 // after the reset the next pass lays it out.
 func TestMig_ResetRequired(t *testing.T) {
 	t.Parallel()
@@ -280,11 +282,11 @@ func TestMig_ResetRequired(t *testing.T) {
 	c := n.converger(t)
 	ds := migSpec(layout(t, n.gpus[1], seven...), layout(t, n.gpus[2], mixed...))
 	st := n.converge(t, c, 1, ds)
-	if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED || !strings.Contains(st.GetReason(), n.gpus[2]+": reset-required: MIG mode on is pending") {
+	if st.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(st.GetReason(), n.gpus[2]+": reset-required: MIG mode on is pending") {
 		t.Fatalf("mig %v", st)
 	}
-	if c.ObservedGeneration() != 0 {
-		t.Fatalf("observed %d", c.ObservedGeneration())
+	if c.ObservedGeneration() != 1 {
+		t.Fatalf("observed %d, want 1 (a reset-required GPU does not hold it back)", c.ObservedGeneration())
 	}
 	got := n.read(t)
 	if got[2].Enabled || !got[2].Pending || len(got[2].Instances) > 0 {

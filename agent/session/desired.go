@@ -29,6 +29,15 @@ func (r *runner) offerDesired(ctx context.Context, ds *agentv1.DesiredState) {
 	}
 }
 
+// kickConverge asks the converge loop for a pass now, as a periodic one
+// (published only when its result differs).
+func (r *runner) kickConverge() {
+	select {
+	case r.reconverge <- struct{}{}:
+	default:
+	}
+}
+
 func (r *runner) takeDesired() *agentv1.DesiredState {
 	r.slotMu.Lock()
 	defer r.slotMu.Unlock()
@@ -70,7 +79,8 @@ func (r *runner) putBackResult(o *agentv1.Observed) {
 }
 
 // convergeLoop converges the newest desired state whenever one arrives,
-// every ReconvergeInterval, and when a DriftCheckInterval check finds the
+// every ReconvergeInterval, after a command's inventory report
+// (kickConverge: a gpu.reset), and when a DriftCheckInterval check finds the
 // CDI spec edited or removed by hand or the driver changed
 // (converge.Converger.DevicesStale), and publishes each result; a periodic
 // result identical to the last one is not published again.
@@ -94,6 +104,11 @@ func (r *runner) convergeLoop(ctx context.Context) {
 			}
 			latest = ds
 		case <-tick.C:
+			if latest == nil {
+				continue
+			}
+			periodic = true
+		case <-r.reconverge:
 			if latest == nil {
 				continue
 			}

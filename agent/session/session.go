@@ -262,7 +262,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	r := &runner{
 		cfg: cfg, gws: gws, key: key, journalID: journalID, log: log, conv: conv,
-		desiredReady: make(chan struct{}, 1), resultReady: make(chan struct{}, 1), outReady: make(chan struct{}, 1),
+		desiredReady: make(chan struct{}, 1), resultReady: make(chan struct{}, 1), outReady: make(chan struct{}, 1), reconverge: make(chan struct{}, 1),
 		sentCh: make(chan struct{}),
 	}
 	if err := r.setIdentity(id); err != nil {
@@ -286,6 +286,10 @@ func Run(ctx context.Context, cfg Config) error {
 		OnInventory: func(rep *agentv1.InventoryReport) {
 			r.health.note(rep)
 			r.queue(&agentv1.SessionRequest{Body: &agentv1.SessionRequest_Inventory{Inventory: rep}})
+			// A command changed the GPUs (gpu.reset) or read them again:
+			// converge now, so a GPU whose MIG mode waited for the reset
+			// is laid out without waiting for ReconvergeInterval.
+			r.kickConverge()
 		},
 		LogFile: cfg.LogFile, Logs: cfg.LogSources, CommandKey: cfg.CommandKey, TrustDomain: trustDomain(id), DenyKinds: cfg.DenyKinds, RebootHook: cfg.RebootHook,
 		Executors: cfg.CommandExecutors, Logger: log, Ramdisk: cfg.Ramdisk, ResultKey: cfg.ResultKey, Instances: rebooter,
@@ -335,6 +339,9 @@ type runner struct {
 	// desiredReady signals a new desired state in desired; resultReady a
 	// new Observed in result (both buffered, one slot: coalescing).
 	desiredReady, resultReady chan struct{}
+	// reconverge asks the converge loop for a pass over the newest
+	// desired state now (kickConverge).
+	reconverge chan struct{}
 	slotMu                    sync.Mutex
 	desired                   *agentv1.DesiredState
 	highestGen                int64 // highest generation received this run

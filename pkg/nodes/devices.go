@@ -273,15 +273,23 @@ func DeviceStates(ctx context.Context, q Querier, node string) ([]DeviceState, e
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeviceState])
 }
 
+// migResetSQL is the condition on nodes n that the node's last report has
+// a GPU in its mig section waiting for a reset ("GPU-…: reset-required: …"
+// in the section's reason, as agent/converge writes it) and the node has
+// no NeedsRepair latched: the health job may reset it.
+const migResetSQL = `(NOT n.needs_repair AND jsonb_typeof(n.section_status) = 'array'
+	AND jsonb_path_exists(n.section_status, '$[*] ? (@.section == "mig" && @.reason like_regex ": reset-required: ")'))`
+
 // NeedingHealthInShards returns the nodes of shards with an unhealthy,
-// missing or quarantined GPU, or a running remediation step: the health
-// job's resync keys.
+// missing or quarantined GPU, a running remediation step, or a GPU whose
+// MIG mode change waits for a reset: the health job's resync keys.
 func NeedingHealthInShards(ctx context.Context, q Querier, shards []int) ([]string, error) {
 	rows, err := q.Query(ctx, `
 		SELECT n.id FROM nodes n WHERE n.shard = ANY($1) AND (
 		    EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.kind = 'gpu'
 		             AND (d.quarantined_at IS NOT NULL OR NOT d.healthy OR d.missing_since IS NOT NULL))
-		 OR EXISTS (SELECT 1 FROM remediations r WHERE r.node_id = n.id AND r.state = 'running'))`, shards)
+		 OR EXISTS (SELECT 1 FROM remediations r WHERE r.node_id = n.id AND r.state = 'running')
+		 OR `+migResetSQL+`)`, shards)
 	if err != nil {
 		return nil, fmt.Errorf("nodes needing health: %w", err)
 	}
@@ -290,12 +298,13 @@ func NeedingHealthInShards(ctx context.Context, q Querier, shards []int) ([]stri
 
 // WaitingForLadder returns up to 100 adopted nodes of pool other than
 // except, in id order, that wait for a remediation ladder: a quarantined
-// GPU, no running step and no NeedsRepair.
+// GPU or a GPU whose MIG mode change waits for a reset, no running step
+// and no NeedsRepair.
 func WaitingForLadder(ctx context.Context, q Querier, pool, except string) ([]string, error) {
 	rows, err := q.Query(ctx, `
 		SELECT n.id FROM nodes n
 		 WHERE n.pool_id = $1 AND n.id <> $2 AND NOT n.needs_repair AND n.state = 'adopted'
-		   AND EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.quarantined_at IS NOT NULL)
+		   AND (EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.quarantined_at IS NOT NULL) OR `+migResetSQL+`)
 		   AND NOT EXISTS (SELECT 1 FROM remediations r WHERE r.node_id = n.id AND r.state = 'running')
 		 ORDER BY n.id LIMIT 100`, pool, except)
 	if err != nil {
@@ -328,4 +337,19 @@ func DesiredToDeliver(ctx context.Context, q Querier, ids []string, epochs, deli
 		return nil, fmt.Errorf("read desired state: %w", err)
 	}
 	return out, nil
+}
+
+// WaitingForMigReset keeps those of ids (nodes whose convergence report
+// was just stored) that the health job should look at for MIG: a GPU
+// waiting for a reset, or a running MIG remediation step (it succeeds once
+// the node reports the GPU laid out).
+func WaitingForMigReset(ctx context.Context, q Querier, ids []string) ([]string, error) {
+	rows, err := q.Query(ctx, `
+		SELECT n.id FROM nodes n WHERE n.id = ANY($1) AND (`+migResetSQL+`
+		    OR EXISTS (SELECT 1 FROM remediations r WHERE r.node_id = n.id AND r.state = 'running' AND r.cause = 'mig'))
+		 ORDER BY n.id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("nodes waiting for a MIG reset: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

@@ -5,11 +5,13 @@ import (
 
 	capstore "github.com/bettercompute/bettercompute/pkg/capacity"
 	"github.com/bettercompute/bettercompute/pkg/config"
+	nodelife "github.com/bettercompute/bettercompute/pkg/lifecycle"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/capacity"
 	"github.com/bettercompute/bettercompute/services/gateway"
+	"github.com/bettercompute/bettercompute/services/lifecycle"
 	"github.com/bettercompute/bettercompute/services/nodespec"
 	"github.com/bettercompute/bettercompute/services/vps"
 )
@@ -64,5 +66,9 @@ func (a *App) apiCapacity() api.CapacityOptions {
 
 // observedKinds are the work kinds the gateway enqueues, with the node id,
 // when it stores a node's observed generation: capacity's bind check, for
-// the nodes with a booking waiting to bind.
-var observedKinds = []gateway.ObservedKind{{Kind: capstore.KindBind, Waiting: capacity.AwaitingBind}}
+// the nodes with a booking waiting to bind, and the health job, for the
+// nodes with a GPU waiting for a MIG reset or a MIG step running.
+var observedKinds = []gateway.ObservedKind{
+	{Kind: capstore.KindBind, Waiting: capacity.AwaitingBind},
+	{Kind: nodelife.KindHealth, Waiting: lifecycle.WaitingForMigReset},
+}

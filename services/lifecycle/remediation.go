@@ -66,6 +66,9 @@ func (h *health) remediate(ctx context.Context, p *pass) error {
 		return err
 	}
 	if running {
+		if run.Cause == remediations.CauseMIG {
+			return h.advanceMig(ctx, p, run)
+		}
 		return h.advance(ctx, p, run)
 	}
 	// Re-read the devices: this run may have quarantined or lifted some.
@@ -75,7 +78,10 @@ func (h *health) remediate(ctx context.Context, p *pass) error {
 	}
 	p.n = n
 	gpus := quarantinedGPUs(n, nil)
-	if len(gpus) == 0 || n.NeedsRepair || n.State != nodes.StateAdopted {
+	if len(gpus) == 0 {
+		return h.migReset(ctx, p)
+	}
+	if n.NeedsRepair || n.State != nodes.StateAdopted {
 		return nil
 	}
 	if len(gpus) > commands.MaxResetGPUs {
@@ -258,24 +264,31 @@ func (h *health) succeed(ctx context.Context, p *pass, m remediations.Remediatio
 		return err
 	}
 	if p.n.DrainBy == nodes.DrainByRemediation && (p.n.State == nodes.StateDraining || p.n.State == nodes.StateDrained) {
-		n, err := lifecycle.Undrain(ctx, p.tx, p.q, p.n.ID)
-		if err != nil {
-			return err
-		}
-		// node.undrained's payload is nodes.undrain's response, in its
-		// proto3 JSON: the node (its identity and state; nodes.get has the
-		// rest). API types stay at the edges, so it is spelled out here.
-		b, err := json.Marshal(map[string]any{"node": map[string]any{
-			"id": n.ID, "tenantId": n.TenantID, "poolId": n.PoolID, "state": n.State,
-		}})
-		if err != nil {
-			return err
-		}
-		if _, err := outbox.Write(ctx, p.tx, outbox.Event{TenantID: n.TenantID, Type: "node.undrained", Resource: n.ID, Payload: json.RawMessage(b)}); err != nil {
+		if err := h.undrain(ctx, p); err != nil {
 			return err
 		}
 	}
 	return h.wakePool(ctx, p)
+}
+
+// undrain undrains the node (the ladder drained it) and writes
+// node.undrained.
+func (h *health) undrain(ctx context.Context, p *pass) error {
+	n, err := lifecycle.Undrain(ctx, p.tx, p.q, p.n.ID)
+	if err != nil {
+		return err
+	}
+	// node.undrained's payload is nodes.undrain's response, in its proto3
+	// JSON: the node (its identity and state; nodes.get has the rest). API
+	// types stay at the edges, so it is spelled out here.
+	b, err := json.Marshal(map[string]any{"node": map[string]any{
+		"id": n.ID, "tenantId": n.TenantID, "poolId": n.PoolID, "state": n.State,
+	}})
+	if err != nil {
+		return err
+	}
+	_, err = outbox.Write(ctx, p.tx, outbox.Event{TenantID: n.TenantID, Type: "node.undrained", Resource: n.ID, Payload: json.RawMessage(b)})
+	return err
 }
 
 // startReboot starts step 2 after reset step m failed: a node.reboot step
@@ -323,6 +336,9 @@ func (h *health) reboot(ctx context.Context, p *pass, m remediations.Remediation
 		return nil
 	default:
 		failure := fmt.Sprintf("node.reboot not sent: the node is %s, not drained", p.n.State)
+		if m.Cause == remediations.CauseMIG {
+			return h.endMig(ctx, p, m, remediations.Failed, failure)
+		}
 		if err := h.finish(ctx, p, m, remediations.Failed, failure); err != nil {
 			return err
 		}
