@@ -123,6 +123,35 @@ func TestMigLayoutsAdmission(t *testing.T) {
 		}
 	})
 
+	t.Run("resetPolicy", func(t *testing.T) {
+		set := func(policy string) error {
+			_, err := pools.Update(ctx, &computev1.PoolsServiceUpdateRequest{TenantId: "root", PoolId: poolID, UpdateMask: migMask(),
+				Mig: &computev1.MigSettings{Layouts: []*computev1.MigLayoutSpec{byModel("H200 141GB", "7g.141gb")}, ResetPolicy: policy}})
+			return err
+		}
+		refused(t, set("power-cycle"), "mig.resetPolicy", "gpu-reset or node-reboot")
+		if err := set("node-reboot"); err != nil {
+			t.Fatal(err)
+		}
+		if n := h.count(t, `SELECT count(*) FROM mig_pool_settings WHERE pool_id = $1 AND reset_policy = 'node-reboot'`, poolID); n != 1 {
+			t.Fatalf("%d stored node-reboot policies", n)
+		}
+		// Empty is the default (gpu-reset): no row.
+		if err := set(""); err != nil {
+			t.Fatal(err)
+		}
+		if n := h.count(t, `SELECT count(*) FROM mig_pool_settings WHERE pool_id = $1`, poolID); n != 0 {
+			t.Fatalf("%d stored policies after the default", n)
+		}
+		fixture.Node(t, h.db, fixture.NodeOpts{ID: "node_rp", Pool: poolID, State: nodes.StateAdopted, GPUs: 1})
+		if err := authz.Put(t.Context(), h.db, authz.Resource{Type: authz.TypeNode, ID: "node_rp", TenantID: "root", PoolID: poolID}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := computev1.NewNodesServiceClient(h.conn).Update(ctx, &computev1.NodesServiceUpdateRequest{TenantId: "root", NodeId: "node_rp",
+			UpdateMask: migMask(), Mig: &computev1.MigSettings{ResetPolicy: "gpu-reset"}})
+		refused(t, err, "mig.resetPolicy", "pool")
+	})
+
 	t.Run("a vps-host pool has none", func(t *testing.T) {
 		vp, err := pools.Create(ctx, &computev1.PoolsServiceCreateRequest{TenantId: "root", Name: "hosts", Class: "vps-host"})
 		if err != nil {
