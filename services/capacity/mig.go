@@ -117,7 +117,7 @@ func ContributeMig(ctx context.Context, q reconcile.Querier, nodes []nodespec.No
 				draining[n.ID] = waiting
 			}
 		}
-		if err := drainEvents(ctx, q, draining, booked, inputs); err != nil {
+		if err := drainEvents(ctx, q, draining, booked); err != nil {
 			return nil, err
 		}
 	}
@@ -314,10 +314,9 @@ func changes(cur, want *agentv1.GpuMigLayout, g miglayouts.GPU) bool {
 }
 
 // drainEvents marks the waiting GPUs and writes one
-// reservation.device_draining event per reservation booking each newly
-// marked GPU.
-func drainEvents(ctx context.Context, q reconcile.Querier, draining map[string][]miglayouts.Waiting, booked map[string]*capstore.Assignments,
-	inputs map[string]*nodestore.MigInputs) error {
+// reservation.device_draining event per reservation booking a device that
+// a newly marked GPU's change removes.
+func drainEvents(ctx context.Context, q reconcile.Querier, draining map[string][]miglayouts.Waiting, booked map[string]*capstore.Assignments) error {
 	type ev struct{ rsv, node, gpu string }
 	var evs []ev
 	var rsvs []string
@@ -333,13 +332,13 @@ func drainEvents(ctx context.Context, q reconcile.Querier, draining map[string][
 		}
 		a := booked[n]
 		for _, g := range fresh {
-			// The GPU and its slices: a reservation booking either.
-			on := []string{g}
-			for _, d := range inputs[n].Devices {
-				if d.ID == g {
-					for _, sl := range d.MigSlices {
-						on = append(on, sl.ID)
-					}
+			// The booked devices the change removes (the GPU, or its
+			// slices): a reservation booking one. One whose slice stays
+			// is not drained.
+			var on []string
+			for _, w := range draining[n] {
+				if w.GPU == g {
+					on = w.Devices
 				}
 			}
 			for _, rsv := range a.Order {
