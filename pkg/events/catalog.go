@@ -507,20 +507,23 @@ func catalog() []Type {
 			Subject: "node",
 			Fields:  remediationFields(),
 			Doc: "A step of a node's remediation ladder started: gpu.reset of its quarantined GPUs, then node.reboot once " +
-				"the node is drained (the health job).",
+				"the node is drained (the health job). Also a MIG step: gpu.reset of unbooked GPUs whose MIG mode change waits " +
+				"for a reset, or node.reboot when the pool's MIG resetPolicy is node-reboot (reason \"MIG mode change waits for a reset: …\").",
 		},
 		{
 			Name:    "remediation.succeeded",
 			Subject: "node",
 			Fields:  remediationFields(),
-			Doc:     "A remediation step's command succeeded and the node's next report showed its GPUs healthy: their quarantine is lifted (the health job).",
+			Doc: "A remediation step's command succeeded and the node's next report showed its GPUs healthy: their quarantine is lifted " +
+				"(the health job). A MIG step succeeds when the node reports its GPUs no longer waiting for a reset (laid out).",
 		},
 		{
 			Name:    "remediation.failed",
 			Subject: "node",
 			Fields:  remediationFields(),
 			Doc: "A remediation step's command failed or expired, or the GPUs were still unhealthy after it (the health job): " +
-				"the ladder goes on to the next step, or the node needs repair.",
+				"the ladder goes on to the next step, or the node needs repair. A MIG step ends there (a GPU still waiting starts " +
+				"another while the node's remediation budget lasts).",
 		},
 		{
 			Name:    "node.needs_repair",
