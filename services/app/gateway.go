@@ -86,8 +86,12 @@ func (a *App) startGateway(ctx context.Context) error {
 			relay.Close()
 		}
 	}
+	var busUp func() bool
+	if nc := a.nc; nc != nil {
+		busUp = nc.IsConnected
+	}
 	gw, err := gateway.New(gateway.Config{
-		ID: gc.ID, DB: a.pool, Joiner: joiner, TrustDomain: td,
+		ID: gc.ID, DB: a.pool, Joiner: joiner, TrustDomain: td, BusUp: busUp,
 		Revoked: func(ctx context.Context, serials []string) ([]string, error) {
 			return nodeca.RevokedAmong(ctx, a.pool, serials)
 		},

@@ -79,6 +79,15 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// LivenessInterval is how often liveness is written; default 5s.
 	LivenessInterval time.Duration
+	// BusUp says whether the bus carries command wakes now (the process's
+	// NATS connection is up); nil means it never does. While it is up the
+	// gateway resyncs commands every LivenessInterval, a safety net under
+	// the wakes; while it is down every CommandPollBusDown, so a command
+	// reaches its node within about that long with no bus.
+	BusUp func() bool
+	// CommandPollBusDown is the command resync period without the bus;
+	// default 500ms.
+	CommandPollBusDown time.Duration
 	// Kinds is the command kinds registry; nil means commands.Builtin().
 	// The gateway sends each command with the signature stored when it was
 	// queued and holds no signing key: it cannot sign, so it cannot forge,
@@ -139,8 +148,10 @@ type Gateway struct {
 	// reports feeds the batch writer of sessions' reports.
 	reports     chan *report
 	reportsDone chan struct{}
-	admission   *admission
-	skew        skewWindow
+	// commandsDone is closed when the command resync loop has ended.
+	commandsDone chan struct{}
+	admission    *admission
+	skew         skewWindow
 
 	// sites are the site agents' sessions (see site.go).
 	sites     siteSessions
@@ -270,6 +281,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, 10*time.Second)
 	cfg.LivenessInterval = cmp.Or(cfg.LivenessInterval, 5*time.Second)
+	cfg.CommandPollBusDown = cmp.Or(cfg.CommandPollBusDown, 500*time.Millisecond)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -282,7 +294,7 @@ func New(cfg Config) (*Gateway, error) {
 		kinds = commands.Builtin()
 	}
 	return &Gateway{cfg: cfg, log: cfg.Logger, kinds: kinds, sessions: map[string]*session{}, stop: make(chan struct{}), done: make(chan struct{}),
-		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{}),
+		reports: make(chan *report, maxReportBatch), reportsDone: make(chan struct{}), commandsDone: make(chan struct{}),
 		admission: newAdmission(cfg.AdmitRate, cfg.AdmitBurst, cmp.Or(cfg.AdmitWait, 10*time.Second)), skew: skew,
 		sites: siteSessions{m: map[string]*siteSession{}}, siteWakes: siteWakes{m: map[string]*siteWake{}}}, nil
 }
@@ -296,6 +308,7 @@ func (g *Gateway) Start(context.Context) error {
 		g.mu.Unlock()
 		go g.livenessLoop()
 		go g.reportLoop()
+		go g.commandLoop()
 		return nil
 	})
 	if err != nil {
@@ -323,6 +336,7 @@ func (g *Gateway) Stop() {
 		if started {
 			<-g.done
 			<-g.reportsDone
+			<-g.commandsDone
 		}
 	})
 }
@@ -657,7 +671,6 @@ func (g *Gateway) livenessLoop() {
 				{"write liveness", g.FlushLiveness},
 				{"recheck certificates", g.RecheckCertificates},
 				{"resync desired state", g.Resync},
-				{"resync commands", g.ResyncCommands},
 			} {
 				ctx, cancel := context.WithTimeout(context.Background(), step)
 				if err := s.fn(ctx); err != nil {
@@ -665,6 +678,34 @@ func (g *Gateway) livenessLoop() {
 				}
 				cancel()
 			}
+		}
+	}
+}
+
+// commandLoop resyncs commands (ResyncCommands): every LivenessInterval
+// while the bus is up (the wakes deliver at once; this is the net under
+// them), every CommandPollBusDown while it is down.
+func (g *Gateway) commandLoop() {
+	defer close(g.commandsDone)
+	t := time.NewTicker(min(g.cfg.CommandPollBusDown, g.cfg.LivenessInterval))
+	defer t.Stop()
+	// Each session dispatches what is queued when it opens: the first
+	// resync is due an interval after the start.
+	last := time.Now()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case now := <-t.C:
+			if g.cfg.BusUp != nil && g.cfg.BusUp() && now.Sub(last) < g.cfg.LivenessInterval {
+				continue
+			}
+			last = now
+			ctx, cancel := context.WithTimeout(context.Background(), max(g.cfg.LivenessInterval, 2*time.Second))
+			if err := g.ResyncCommands(ctx); err != nil {
+				g.log.Warn("resync commands", "err", err)
+			}
+			cancel()
 		}
 	}
 }
