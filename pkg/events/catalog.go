@@ -362,6 +362,16 @@ func catalog() []Type {
 			Fields:  convergenceFields(),
 			Doc:     "A node reported a section of its desired state failed to apply (the gateway); every report with a failed section writes one.",
 		},
+		{
+			Name:    "node.upgrade_failed",
+			Subject: "node",
+			Fields: []Field{
+				{Name: "nodeId", Type: "string", Doc: "The node."},
+				{Name: "agentVersion", Type: "string", Doc: "The bcd version it runs (rolled back to)."},
+				{Name: "reason", Type: "string", Doc: "Its agent section's reason: \"UpgradeFailed: …\" with the version and why."},
+			},
+			Doc: "A node's agent section reported a failed upgrade that bcd rolled back and latched (the gateway): its UpgradeFailed condition holds until nodes.clearUpgrade and its next report without it.",
+		},
 
 		// Drain and retire (the drain job, services/lifecycle).
 		{

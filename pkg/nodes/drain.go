@@ -240,6 +240,9 @@ func LiveReservationsOn(ctx context.Context, q Querier, id string) ([]Reservatio
 const (
 	ConditionDraining    = "Draining"
 	ConditionNeedsRepair = "NeedsRepair"
+	// ConditionUpgradeFailed holds while the node's agent section reports
+	// a latched failed upgrade (nodes.upgrade_failed, see [RecordObserved]).
+	ConditionUpgradeFailed = "UpgradeFailed"
 )
 
 // InventoryConditions are the condition types the inventory controller
@@ -274,7 +277,7 @@ func ParseCondition(s string) (ConditionFilter, error) {
 	if !hasValue {
 		value = ReadyTrue
 	}
-	known := append([]string{ConditionReady, ConditionDraining, ConditionNeedsRepair, ConditionDrifted}, InventoryConditions...)
+	known := append([]string{ConditionReady, ConditionDraining, ConditionNeedsRepair, ConditionDrifted, ConditionUpgradeFailed}, InventoryConditions...)
 	if !contains(known, typ) {
 		return bad("unknown condition type %q in %q: expected one of %s", typ, s, strings.Join(known, ", "))
 	}
@@ -310,6 +313,8 @@ func (f ConditionFilter) sql(arg string) (string, any) {
 		cond, v = "(state IN ('draining', 'drained')) = "+arg+"::boolean", f.Value == "True"
 	case ConditionNeedsRepair:
 		cond, v = "needs_repair = "+arg+"::boolean", f.Value == "True"
+	case ConditionUpgradeFailed:
+		cond, v = "(upgrade_failed <> '') = "+arg+"::boolean", f.Value == "True"
 	default:
 		// The inventory controller's conditions and Drifted: a JSON array of
 		// {type, status, …}; a node without the condition matches neither

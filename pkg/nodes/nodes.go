@@ -99,6 +99,13 @@ type Node struct {
 	NeedsRepair       bool
 	NeedsRepairReason string
 	NeedsRepairSince  *time.Time
+	// AgentVersion is the bcd version its latest session's Hello
+	// reported. UpgradeFailed is its agent section's reason while that
+	// reports a latched failed upgrade ("UpgradeFailed: …"), since
+	// UpgradeFailedSince; "" otherwise.
+	AgentVersion       string
+	UpgradeFailed      string
+	UpgradeFailedSince *time.Time
 	// Devices are filled by [Get] and [List].
 	Devices []Device
 }
@@ -175,7 +182,8 @@ const cols = `id, tenant_id, pool_id, state, shard, labels, hostname, hardware_k
 	CASE WHEN jsonb_typeof(section_status) = 'array' THEN section_status ELSE '[]' END, conditions,
 	ready, ready_reason, ready_since,
 	drain_deadline, drain_reason, drain_by, drain_started_at, retiring, retired_at,
-	needs_repair, needs_repair_reason, needs_repair_since`
+	needs_repair, needs_repair_reason, needs_repair_since,
+	agent_version, upgrade_failed, upgrade_failed_at`
 
 func scan(r pgx.Row) (Node, error) {
 	var n Node
@@ -183,7 +191,8 @@ func scan(r pgx.Row) (Node, error) {
 		&n.Generation, &n.ObservedGeneration, &n.BootID, &n.JournalID, &n.SessionEpoch, &n.GatewayID, &n.SpecError, &n.LastSeenAt,
 		&n.CreatedAt, &n.UpdatedAt, &n.Sections, &n.Conditions, &n.Ready, &n.ReadyReason, &n.ReadySince,
 		&n.DrainDeadline, &n.DrainReason, &n.DrainBy, &n.DrainStartedAt, &n.Retiring, &n.RetiredAt,
-		&n.NeedsRepair, &n.NeedsRepairReason, &n.NeedsRepairSince)
+		&n.NeedsRepair, &n.NeedsRepairReason, &n.NeedsRepairSince,
+		&n.AgentVersion, &n.UpgradeFailed, &n.UpgradeFailedSince)
 	return n, err
 }
 

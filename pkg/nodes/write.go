@@ -32,15 +32,15 @@ type Session struct {
 // the epoch, change nothing), marks the node seen, and returns the new epoch
 // with the boot and journal the node had before. The node stays locked until
 // q's transaction ends. It wraps [pgx.ErrNoRows] when there is no node id.
-func OpenSession(ctx context.Context, q Querier, id, gatewayID, bootID, journalID string) (Session, error) {
+func OpenSession(ctx context.Context, q Querier, id, gatewayID, bootID, journalID, agentVersion string) (Session, error) {
 	var s Session
 	err := q.QueryRow(ctx, `
 		WITH old AS (SELECT id, boot_id, journal_id FROM nodes WHERE id = $1 FOR UPDATE)
 		UPDATE nodes n SET session_epoch = session_epoch + 1, gateway_id = $2, boot_id = $3, journal_id = $4,
-		       last_seen_at = now(), observed_generation = least(n.observed_generation, n.generation)
+		       last_seen_at = now(), observed_generation = least(n.observed_generation, n.generation), agent_version = $5
 		  FROM old WHERE n.id = old.id
 		RETURNING n.session_epoch, n.observed_generation, old.boot_id, old.journal_id`,
-		id, gatewayID, bootID, journalID).Scan(&s.Epoch, &s.ObservedGeneration, &s.PrevBootID, &s.PrevJournalID)
+		id, gatewayID, bootID, journalID, agentVersion).Scan(&s.Epoch, &s.ObservedGeneration, &s.PrevBootID, &s.PrevJournalID)
 	if err != nil {
 		return Session{}, fmt.Errorf("bump session epoch of node %s: %w", id, err)
 	}
@@ -127,7 +127,21 @@ type Observed struct {
 	// reported drifted (a reason starting [DriftedReasonPrefix]), so the
 	// node's Drifted condition may clear now.
 	PrevDrifted bool
+	// UpgradeFailed is the node's UpgradeFailed reason after the write
+	// ("" when it does not hold); NewUpgradeFailed says this report set
+	// it (it did not hold before).
+	UpgradeFailed    string
+	NewUpgradeFailed bool
 }
+
+// UpgradeFailedPrefix starts the reason of an agent section that reports
+// a latched failed upgrade (FAILED_TERMINAL): bcd keeps the latch until
+// nodes.clearUpgrade, and the node's UpgradeFailed condition holds as long
+// as its report says so.
+const UpgradeFailedPrefix = "UpgradeFailed:"
+
+// maxUpgradeFailed bounds the stored UpgradeFailed reason.
+const maxUpgradeFailed = 1024
 
 // RecordObserved stores a batch of convergence reports in one statement and
 // returns what it did with each, in order. The node keeps the highest
@@ -139,7 +153,9 @@ type Observed struct {
 // is no longer its node's (a superseded session's) changes nothing. Several
 // reports of one session in a batch count as their highest generation with
 // the last one's section status, and each sees the node as the batch left
-// it.
+// it. The node's UpgradeFailed condition (nodes.upgrade_failed) follows
+// the report: its agent section's reason while that is FAILED_TERMINAL
+// starting [UpgradeFailedPrefix], "" otherwise.
 //
 // The nodes are locked in id order, as writers of several nodes in one
 // transaction must lock them, so two batches never deadlock on each other.
@@ -166,20 +182,27 @@ func RecordObserved(ctx context.Context, q Querier, obs []Observation) ([]Observ
 		WITH s AS (
 			SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[]) WITH ORDINALITY AS s(id, epoch, observed, status, ord)),
 		v AS (
-			SELECT DISTINCT ON (id, epoch) id, epoch, max(observed) OVER (PARTITION BY id, epoch) AS observed, status
+			SELECT DISTINCT ON (id, epoch) id, epoch, max(observed) OVER (PARTITION BY id, epoch) AS observed, status,
+			       coalesce((SELECT left(x->>'reason', $8) FROM jsonb_array_elements(CASE WHEN jsonb_typeof(status::jsonb) = 'array' THEN status::jsonb ELSE '[]' END) x
+			          WHERE x->>'section' = 'agent' AND x->>'state' = $6 AND starts_with(x->>'reason', $7) LIMIT 1), '') AS upgrade_failed
 			  FROM s ORDER BY id, epoch, ord DESC),
 		l AS MATERIALIZED (
-			SELECT n.id, coalesce(jsonb_path_exists(n.section_status, '$[*] ? (@.reason starts with $p)', jsonb_build_object('p', $5::text)), false) AS drifted
+			SELECT n.id, coalesce(jsonb_path_exists(n.section_status, '$[*] ? (@.reason starts with $p)', jsonb_build_object('p', $5::text)), false) AS drifted,
+			       n.upgrade_failed AS prev_upgrade_failed
 			  FROM nodes n JOIN v ON v.id = n.id AND v.epoch = n.session_epoch
 			 ORDER BY n.id FOR NO KEY UPDATE OF n),
 		u AS (
 			UPDATE nodes n SET observed_generation = least(greatest(n.observed_generation, v.observed), n.generation), section_status = v.status::jsonb,
+			       upgrade_failed = v.upgrade_failed,
+			       upgrade_failed_at = CASE WHEN v.upgrade_failed = '' THEN NULL ELSE coalesce(n.upgrade_failed_at, now()) END,
 			       updated_at = now()
 			  FROM v JOIN l ON l.id = v.id
 			 WHERE n.id = v.id AND n.session_epoch = v.epoch
-			RETURNING n.id, n.session_epoch, n.tenant_id, n.generation, n.observed_generation, n.pool_id, l.drifted)
-		SELECT s.ord, u.tenant_id, u.generation, u.observed_generation, u.pool_id, u.drifted
-		  FROM s JOIN u ON u.id = s.id AND u.session_epoch = s.epoch`, ids, epochs, gens, status, DriftedReasonPrefix)
+			RETURNING n.id, n.session_epoch, n.tenant_id, n.generation, n.observed_generation, n.pool_id, l.drifted,
+			          n.upgrade_failed, l.prev_upgrade_failed = '' AND n.upgrade_failed <> '' AS new_upgrade_failed)
+		SELECT s.ord, u.tenant_id, u.generation, u.observed_generation, u.pool_id, u.drifted, u.upgrade_failed, u.new_upgrade_failed
+		  FROM s JOIN u ON u.id = s.id AND u.session_epoch = s.epoch`, ids, epochs, gens, status, DriftedReasonPrefix,
+		SectionFailedTerminal, UpgradeFailedPrefix, maxUpgradeFailed)
 	if err != nil {
 		return nil, fmt.Errorf("store observed generations: %w", err)
 	}
@@ -187,7 +210,7 @@ func RecordObserved(ctx context.Context, q Querier, obs []Observation) ([]Observ
 	for rows.Next() {
 		var ord int64
 		var o Observed
-		if err := rows.Scan(&ord, &o.TenantID, &o.Generation, &o.ObservedGeneration, &o.PoolID, &o.PrevDrifted); err != nil {
+		if err := rows.Scan(&ord, &o.TenantID, &o.Generation, &o.ObservedGeneration, &o.PoolID, &o.PrevDrifted, &o.UpgradeFailed, &o.NewUpgradeFailed); err != nil {
 			return nil, fmt.Errorf("store observed generations: %w", err)
 		}
 		o.Stored = true

@@ -34,7 +34,7 @@ func setup(t *testing.T, ids ...string) *pgxpool.Pool {
 		if _, err := nodes.Create(t.Context(), db, nodes.Node{ID: id, TenantID: "acme", PoolID: "pool_a", HardwareKey: "hw-" + id}); err != nil {
 			t.Fatal(err)
 		}
-		if s, err := nodes.OpenSession(t.Context(), db, id, "gw-1", "boot-1", "journal-1"); err != nil || s.Epoch != 1 {
+		if s, err := nodes.OpenSession(t.Context(), db, id, "gw-1", "boot-1", "journal-1", "v0.1.0"); err != nil || s.Epoch != 1 {
 			t.Fatalf("open session of %s: %+v %v", id, s, err)
 		}
 	}
@@ -106,7 +106,7 @@ func TestRecordObserved(t *testing.T) {
 	t.Run("a superseded session's report changes nothing", func(t *testing.T) {
 		t.Parallel()
 		db := setup(t, "node_a")
-		if _, err := nodes.OpenSession(t.Context(), db, "node_a", "gw-2", "boot-2", "journal-1"); err != nil {
+		if _, err := nodes.OpenSession(t.Context(), db, "node_a", "gw-2", "boot-2", "journal-1", "v0.1.0"); err != nil {
 			t.Fatal(err)
 		}
 		before := lookup(t, db, "node_a")
@@ -286,7 +286,7 @@ func TestNextCommandSeq(t *testing.T) {
 func TestOpenSession(t *testing.T) {
 	t.Parallel()
 	db := setup(t, "node_a")
-	s, err := nodes.OpenSession(t.Context(), db, "node_a", "gw-2", "boot-2", "journal-2")
+	s, err := nodes.OpenSession(t.Context(), db, "node_a", "gw-2", "boot-2", "journal-2", "v0.1.0")
 	if want := (nodes.Session{Epoch: 2, PrevBootID: "boot-1", PrevJournalID: "journal-1"}); err != nil || s != want {
 		t.Fatalf("second session: %+v (%v), want %+v", s, err, want)
 	}
@@ -294,7 +294,7 @@ func TestOpenSession(t *testing.T) {
 	if n.SessionEpoch != 2 || n.GatewayID != "gw-2" || n.BootID != "boot-2" || n.JournalID != "journal-2" || n.LastSeenAt == nil {
 		t.Fatalf("after the second session: %+v", n)
 	}
-	if _, err := nodes.OpenSession(t.Context(), db, "node_nope", "gw-2", "b", "j"); !errors.Is(err, pgx.ErrNoRows) {
+	if _, err := nodes.OpenSession(t.Context(), db, "node_nope", "gw-2", "b", "j", "v0.1.0"); !errors.Is(err, pgx.ErrNoRows) {
 		t.Fatalf("unknown node: %v, want pgx.ErrNoRows", err)
 	}
 }
@@ -305,7 +305,7 @@ func TestWriteLiveness(t *testing.T) {
 	if _, err := db.Exec(t.Context(), `UPDATE nodes SET last_seen_at = NULL`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := nodes.OpenSession(t.Context(), db, "node_c", "gw-2", "boot-1", "journal-1"); err != nil {
+	if _, err := nodes.OpenSession(t.Context(), db, "node_c", "gw-2", "boot-1", "journal-1", "v0.1.0"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(t.Context(), `UPDATE nodes SET last_seen_at = NULL WHERE id = 'node_c'`); err != nil {
@@ -549,7 +549,7 @@ func TestNodeCannotReportAGenerationAheadOfItsSpec(t *testing.T) {
 	if _, err := db.Exec(t.Context(), `UPDATE nodes SET observed_generation = $2 WHERE id = $1`, "node_b", int64(1)<<62); err != nil {
 		t.Fatal(err)
 	}
-	s, err := nodes.OpenSession(t.Context(), db, "node_b", "gw-1", "boot-1", "journal-1")
+	s, err := nodes.OpenSession(t.Context(), db, "node_b", "gw-1", "boot-1", "journal-1", "v0.1.0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -141,6 +141,10 @@ type Update struct {
 	// Site, Health and Runtime, when set, replace the pool's NodeSpec site,
 	// health and runtime sections (proto3 JSON, validated by the caller).
 	Site, Health, Runtime []byte
+	// Agent, when set, replaces the pool's NodeSpec agent section (proto3
+	// JSON of AgentSettings: its signed release manifest, validated by the
+	// caller).
+	Agent []byte
 	// Acceptance, when not nil, replaces the pool's acceptance checks.
 	Acceptance []string
 	// Sharing and DefaultQuota, when not nil, replace the pool's.
@@ -169,10 +173,10 @@ func Apply(ctx context.Context, q Querier, tenant, id string, u Update) (Pool, e
 			site = coalesce($6::jsonb, site), health = coalesce($7::jsonb, health),
 			acceptance = coalesce($8::text[], acceptance),
 			sharing = coalesce($9, sharing), default_quota = coalesce($10::int, default_quota),
-			runtime = coalesce($11::jsonb, runtime),
+			runtime = coalesce($11::jsonb, runtime), agent = coalesce($12::jsonb, agent),
 			generation = generation + 1, updated_at = now()
 		WHERE tenant_id = $1 AND id = $2 RETURNING `+cols, tenant, id, u.Description, u.SetLabels, labels, nullJSON(u.Site), nullJSON(u.Health), u.Acceptance,
-		u.Sharing, u.DefaultQuota, nullJSON(u.Runtime)))
+		u.Sharing, u.DefaultQuota, nullJSON(u.Runtime), nullJSON(u.Agent)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Pool{}, fault.New(fault.NotFound, "id", "pool %q not found in tenant %s", id, tenant)
 	}
@@ -197,16 +201,17 @@ func IDsOfClass(ctx context.Context, q Querier, class string) ([]string, error) 
 }
 
 // NodeSettings is the settings a pool gives its nodes' desired state: the
-// proto3 JSON of its site, health and runtime sections ("{}" when unset).
+// proto3 JSON of its site, health, runtime and agent sections ("{}" when
+// unset).
 type NodeSettings struct {
-	ID                    string
-	Site, Health, Runtime []byte
+	ID                           string
+	Site, Health, Runtime, Agent []byte
 }
 
 // NodeSettingsOf returns the node settings of each pool of ids that exists,
 // in no particular order.
 func NodeSettingsOf(ctx context.Context, q Querier, ids []string) ([]NodeSettings, error) {
-	rows, err := q.Query(ctx, `SELECT id, site::text, health::text, runtime::text FROM pools WHERE id = ANY($1)`, ids)
+	rows, err := q.Query(ctx, `SELECT id, site::text, health::text, runtime::text, agent::text FROM pools WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read pools: %w", err)
 	}

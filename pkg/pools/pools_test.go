@@ -97,3 +97,40 @@ func TestPoolNodeSettings(t *testing.T) {
 		t.Fatalf("clearing the runtime: runtime %s site %s", s["pool_a"].Runtime, s["pool_a"].Site)
 	}
 }
+
+// TestPoolAgentSettings: the agent section a pool gives its nodes is
+// stored, kept by an update that does not name it, and cleared with '{}'.
+func TestPoolAgentSettings(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	if _, err := pools.Create(ctx, db, pools.Pool{ID: "pool_a", TenantID: "root", Name: "a", Class: pools.ClassGPU}); err != nil {
+		t.Fatal(err)
+	}
+	agent := func() string {
+		t.Helper()
+		got, err := pools.NodeSettingsOf(ctx, db, []string{"pool_a"})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("settings %+v %v", got, err)
+		}
+		return string(got[0].Agent)
+	}
+	if a := agent(); a != "{}" {
+		t.Fatalf("a new pool's agent section: %s", a)
+	}
+	if _, err := pools.Apply(ctx, db, "root", "pool_a", pools.Update{Agent: []byte(`{"releaseManifest": "eyJ9"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pools.Apply(ctx, db, "root", "pool_a", pools.Update{Site: []byte(`{"logLevel": "debug"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if a := agent(); a != `{"releaseManifest": "eyJ9"}` {
+		t.Fatalf("agent section after an update of site: %s", a)
+	}
+	if _, err := pools.Apply(ctx, db, "root", "pool_a", pools.Update{Agent: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if a := agent(); a != "{}" {
+		t.Fatalf("cleared agent section: %s", a)
+	}
+}

@@ -61,8 +61,8 @@ const (
 )
 
 // Sections a change may name: the pool settings the rollout layer applies
-// (site, health, runtime) and the pool's MIG layouts (mig).
-var Sections = []string{"site", "health", "runtime", "mig"}
+// (site, health, runtime, agent) and the pool's MIG layouts (mig).
+var Sections = []string{"site", "health", "runtime", "mig", "agent"}
 
 // Change is a pool settings patch: the sections Mask names, each the
 // proto3 JSON of its NodeSpec section ('{}' clears it), and the pool's MIG
@@ -73,6 +73,11 @@ type Change struct {
 	Health  json.RawMessage `json:"health,omitempty"`
 	Runtime json.RawMessage `json:"runtime,omitempty"`
 	Mig     *Mig            `json:"mig,omitempty"`
+	// Agent is the NodeSpec agent section (its signed release manifest);
+	// AgentVersion the manifest's version, which a node's Hello must
+	// report before it counts healthy.
+	Agent        json.RawMessage `json:"agent,omitempty"`
+	AgentVersion string          `json:"agentVersion,omitempty"`
 }
 
 // Mig is a change's MIG layouts: the pool's, whole (empty clears them).
@@ -132,6 +137,8 @@ func (c Change) Section(name string) json.RawMessage {
 		return c.Health
 	case "runtime":
 		return c.Runtime
+	case "agent":
+		return c.Agent
 	}
 	return nil
 }
@@ -286,7 +293,8 @@ func Create(ctx context.Context, q Querier, r Rollout) (Rollout, error) {
 			  || CASE WHEN $5::jsonb->'mask' ? 'site' THEN jsonb_build_object('site', p.site) ELSE '{}' END
 			  || CASE WHEN $5::jsonb->'mask' ? 'health' THEN jsonb_build_object('health', p.health) ELSE '{}' END
 			  || CASE WHEN $5::jsonb->'mask' ? 'runtime' THEN jsonb_build_object('runtime', p.runtime) ELSE '{}' END
-			  || CASE WHEN $5::jsonb->'mask' ? 'mig' THEN jsonb_build_object('mig', $12::jsonb) ELSE '{}' END,
+			  || CASE WHEN $5::jsonb->'mask' ? 'mig' THEN jsonb_build_object('mig', $12::jsonb) ELSE '{}' END
+			  || CASE WHEN $5::jsonb->'mask' ? 'agent' THEN jsonb_build_object('agent', p.agent) ELSE '{}' END,
 			$6, $7, $8, $9, $10, $11
 		FROM pools p WHERE p.id = $3 AND p.tenant_id = $2
 		RETURNING `+cols,
@@ -477,7 +485,13 @@ func Nodes(ctx context.Context, q Querier, r Rollout) ([]NodeStatus, error) {
 			  AND NOT jsonb_path_exists(n.section_status, '$.* ? (@.state != "converged")')
 			  AND (NOT $2::jsonb->'mask' ? 'site' OR coalesce(n.spec->'site', '{}') = $2::jsonb->'site')
 			  AND (NOT $2::jsonb->'mask' ? 'health' OR coalesce(n.spec->'health', '{}') = $2::jsonb->'health')
-			  AND (NOT $2::jsonb->'mask' ? 'runtime' OR coalesce(n.spec->'runtime', '{}') = $2::jsonb->'runtime'),
+			  AND (NOT $2::jsonb->'mask' ? 'runtime' OR coalesce(n.spec->'runtime', '{}') = $2::jsonb->'runtime')
+			  -- An upgrade: the agent section converged and the Hello
+			  -- reports the manifest's version.
+			  AND (NOT $2::jsonb->'mask' ? 'agent' OR (coalesce(n.spec->'agent', '{}') = $2::jsonb->'agent'
+			    AND ($2::jsonb->>'agentVersion' IS NULL OR n.agent_version = $2::jsonb->>'agentVersion')
+			    AND ($2::jsonb->'agent' = '{}' OR jsonb_path_exists(n.section_status,
+			      '$[*] ? (@.section == "agent" && @.state == "SECTION_STATE_CONVERGED")')))),
 			n.generation,
 			CASE WHEN cardinality(rn.gate_commands) = 0 THEN ''
 			  ELSE coalesce((SELECT 'gate ' || c.kind || ' (' || c.id || ') ' || c.state || ': ' || c.reason FROM commands c
@@ -489,6 +503,7 @@ func Nodes(ctx context.Context, q Querier, r Rollout) ([]NodeStatus, error) {
 			  WHEN n.state <> 'adopted' THEN 'node is ' || n.state
 			  WHEN n.ready <> 'True' THEN 'Ready is ' || n.ready
 			  WHEN n.needs_repair THEN 'NeedsRepair: ' || n.needs_repair_reason
+			  WHEN n.upgrade_failed <> '' THEN n.upgrade_failed
 			  WHEN n.conditions @> '[{"type": "GPUsHealthy", "status": false}]' THEN 'GPUsHealthy is False'
 			  WHEN EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.quarantined_at IS NOT NULL) THEN 'a GPU is quarantined'
 			  WHEN jsonb_path_exists(n.section_status, '$.* ? (@.state like_regex "^failed")') THEN 'a section failed'

@@ -39,6 +39,7 @@ func nodePB(n nodestore.Node) *computev1.Node {
 		Generation: n.Generation, ObservedGeneration: n.ObservedGeneration, SpecError: n.SpecError,
 		CreateTime: ts(n.CreatedAt), UpdateTime: ts(n.UpdatedAt), Schedulable: n.Schedulable(),
 		DrainDeadline: tsp(n.DrainDeadline), DrainReason: n.DrainReason, Retiring: n.Retiring,
+		AgentVersion: n.AgentVersion,
 	}
 	for _, st := range n.Sections {
 		out.Sections = append(out.Sections, &computev1.SectionStatus{Section: st.Section, State: st.State, Reason: st.Reason, Generation: st.Generation})
@@ -48,8 +49,9 @@ func nodePB(n nodestore.Node) *computev1.Node {
 		r := n.ReadyCondition()
 		out.Conditions = append(out.Conditions, &computev1.NodeCondition{Type: r.Type, Status: r.Status, Reason: r.Reason, Since: ts(r.Since), Value: n.Ready})
 	}
-	// Draining (while draining or drained) and NeedsRepair (while latched)
-	// are shown only while they hold.
+	// Draining (while draining or drained), NeedsRepair (while latched)
+	// and UpgradeFailed (while the agent section reports it) are shown
+	// only while they hold.
 	if n.State == nodestore.StateDraining || n.State == nodestore.StateDrained {
 		c := &computev1.NodeCondition{Type: nodestore.ConditionDraining, Status: true, Value: "True", Reason: drainReason(n)}
 		if n.DrainStartedAt != nil {
@@ -61,6 +63,13 @@ func nodePB(n nodestore.Node) *computev1.Node {
 		c := &computev1.NodeCondition{Type: nodestore.ConditionNeedsRepair, Status: true, Value: "True", Reason: n.NeedsRepairReason}
 		if n.NeedsRepairSince != nil {
 			c.Since = ts(*n.NeedsRepairSince)
+		}
+		out.Conditions = append(out.Conditions, c)
+	}
+	if n.UpgradeFailed != "" {
+		c := &computev1.NodeCondition{Type: nodestore.ConditionUpgradeFailed, Status: true, Value: "True", Reason: n.UpgradeFailed}
+		if n.UpgradeFailedSince != nil {
+			c.Since = ts(*n.UpgradeFailedSince)
 		}
 		out.Conditions = append(out.Conditions, c)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/bettercompute/bettercompute/proto/agentrelease"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 	"github.com/bettercompute/bettercompute/proto/runtimespec"
@@ -224,6 +226,58 @@ func poolSection(name string, st *structpb.Struct, prefix string) ([]byte, error
 	return nil, fault.New(fault.InvalidInput, prefix+"updateMask", "%q is not a pool settings section (site, health, runtime)", name)
 }
 
+// agentSection validates a pool's agent settings as pools.update and
+// rollouts.create take them: a release manifest that parses, is well formed
+// and signed, as agent.upgrade's admission checks it (the signature itself,
+// the expiry and the counter are each node's to check, against the release
+// key it pins: the control plane need not hold it). It returns the NodeSpec
+// agent section's canonical proto3 JSON (the manifest re-encoded) and the
+// manifest's version. An expired manifest is refused here too (every node
+// would refuse it). No manifest clears the section ("{}", version "").
+// Error fields are prefix + "agent.releaseManifest".
+func agentSection(st *computev1.PoolAgentSettings, prefix string) ([]byte, string, error) {
+	field := prefix + "agent.releaseManifest"
+	raw := st.GetReleaseManifest()
+	if raw == "" {
+		return []byte("{}"), "", nil
+	}
+	if len(raw) > agentrelease.MaxManifestBytes {
+		return nil, "", fault.New(fault.InvalidInput, field, "at most %d bytes, got %d", agentrelease.MaxManifestBytes, len(raw))
+	}
+	m, err := agentrelease.Parse([]byte(raw))
+	if err == nil {
+		err = agentrelease.Check(m)
+	}
+	if err != nil {
+		return nil, "", fault.Wrap(err, fault.InvalidInput, field, "%v", err)
+	}
+	if len(m.Signature) == 0 || m.KeyID == "" {
+		return nil, "", fault.New(fault.InvalidInput, field, "the manifest is not signed (better-compute artifacts publish)")
+	}
+	if !time.Now().Before(m.NotAfter) {
+		return nil, "", fault.New(fault.InvalidInput, field, "the manifest of %s expired at %s: publish it again", m.Version, m.NotAfter.UTC().Format(time.RFC3339))
+	}
+	enc, err := agentrelease.Encode(m)
+	if err != nil {
+		return nil, "", fault.Wrap(err, fault.InvalidInput, field, "%v", err)
+	}
+	b, err := protojson.Marshal(&agentv1.AgentSettings{ReleaseManifest: enc})
+	if err != nil {
+		return nil, "", err
+	}
+	return b, m.Version, nil
+}
+
+// poolAgentPB is a stored agent section (proto3 JSON of AgentSettings) as
+// the API shows it: the manifest's JSON text.
+func poolAgentPB(section []byte) *computev1.PoolAgentSettings {
+	var a agentv1.AgentSettings
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(section, &a); err != nil {
+		return &computev1.PoolAgentSettings{}
+	}
+	return &computev1.PoolAgentSettings{ReleaseManifest: string(a.GetReleaseManifest())}
+}
+
 // jsonName is the JSON name of msg's field named (in proto) field.
 func jsonName(msg proto.Message, field string) string {
 	if fd := msg.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(field)); fd != nil {
@@ -237,7 +291,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, runtime, mig, acceptance, sharing, defaultQuota, vps, provider)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, runtime, mig, agent, acceptance, sharing, defaultQuota, vps, provider)")
 	}
 	var u poolstore.Update
 	var vps *instances.Settings
@@ -274,6 +328,12 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 				return nil, err
 			}
 			u.Runtime = b
+		case "agent":
+			b, _, err := agentSection(req.GetAgent(), "")
+			if err != nil {
+				return nil, err
+			}
+			u.Agent = b
 		case "acceptance":
 			a, err := validAcceptance(req.GetAcceptance())
 			if err != nil {
@@ -314,7 +374,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			u.DefaultQuota = &n
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, runtime, mig, acceptance, sharing, defaultQuota, vps, provider can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, runtime, mig, agent, acceptance, sharing, defaultQuota, vps, provider can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
@@ -355,13 +415,13 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 					return admission.Outcome{}, err
 				}
 			}
-			if u.Site != nil || u.Health != nil || u.Runtime != nil {
+			if u.Site != nil || u.Health != nil || u.Runtime != nil || u.Agent != nil {
 				// A rollout in flight owns the pool's settings until it
 				// ends: its success writes them (docs/rollouts.md).
 				if r, ok, err := rollouts.ActiveOf(ctx, tx, p.ID); err != nil {
 					return admission.Outcome{}, err
 				} else if ok {
-					return admission.Outcome{}, fault.New(fault.Conflict, "updateMask", "pool %s has an active rollout %s (%s): cancel it or wait for it before changing site, health or runtime", p.ID, r.ID, r.State)
+					return admission.Outcome{}, fault.New(fault.Conflict, "updateMask", "pool %s has an active rollout %s (%s): cancel it or wait for it before changing site, health, runtime or agent", p.ID, r.ID, r.State)
 				}
 				// Every node of the pool gets a new desired state, in this
 				// transaction.

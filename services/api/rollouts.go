@@ -136,7 +136,7 @@ func (s *rolloutsAPI) Create(ctx context.Context, req *computev1.RolloutsService
 func rolloutChange(c *computev1.RolloutChange) (rollouts.Change, error) {
 	paths := c.GetUpdateMask().GetPaths()
 	if len(paths) == 0 {
-		return rollouts.Change{}, fault.New(fault.InvalidInput, "change.updateMask", "required: name the sections to change (site, health, runtime, mig)")
+		return rollouts.Change{}, fault.New(fault.InvalidInput, "change.updateMask", "required: name the sections to change (site, health, runtime, mig, agent)")
 	}
 	var out rollouts.Change
 	for _, path := range paths {
@@ -164,9 +164,16 @@ func rolloutChange(c *computev1.RolloutChange) (rollouts.Change, error) {
 			out.Mig = &rollouts.Mig{Layouts: layouts}
 			continue
 		case "agent":
-			return rollouts.Change{}, fault.New(fault.Unsupported, "change.updateMask", "%s: agent upgrades", rolloutUnsupported)
+			// An upgrade of the pool's bcd (docs/agent-upgrades.md).
+			b, version, err := agentSection(c.GetAgent(), "change.")
+			if err != nil {
+				return rollouts.Change{}, err
+			}
+			out.Mask = append(out.Mask, path)
+			out.Agent, out.AgentVersion = b, version
+			continue
 		default:
-			return rollouts.Change{}, fault.New(fault.InvalidInput, "change.updateMask", "%q cannot be rolled out (site, health, runtime, mig can)", path)
+			return rollouts.Change{}, fault.New(fault.InvalidInput, "change.updateMask", "%q cannot be rolled out (site, health, runtime, mig, agent can)", path)
 		}
 		b, err := poolSection(path, st, "change.")
 		if err != nil {
@@ -293,6 +300,8 @@ func rolloutPB(ctx context.Context, q rollouts.Querier, r rollouts.Rollout) (*co
 			pb.Change.Health = &st
 		case "runtime":
 			pb.Change.Runtime = &st
+		case "agent":
+			pb.Change.Agent = poolAgentPB(r.Change.Agent)
 		}
 	}
 	if r.Change.Mig != nil {
@@ -526,6 +535,7 @@ func (s *rolloutsAPI) Rollback(ctx context.Context, req *computev1.RolloutsServi
 			}
 			if _, err := poolstore.Apply(ctx, tx, r.TenantID, r.PoolID, poolstore.Update{
 				Site: r.Previous.Section("site"), Health: r.Previous.Section("health"), Runtime: r.Previous.Section("runtime"),
+				Agent: r.Previous.Section("agent"),
 			}); err != nil {
 				return nil, err
 			}

@@ -339,6 +339,10 @@ func (g *Gateway) storeReports(ctx context.Context, reports []*report) error {
 					if e, ok := observedEvent(r.observed, st); ok {
 						events = append(events, e)
 					}
+					if st.NewUpgradeFailed {
+						events = append(events, outbox.Event{TenantID: st.TenantID, Type: "node.upgrade_failed", Resource: r.nodeID,
+							Payload: map[string]any{"nodeId": r.nodeID, "agentVersion": r.observed.s.agentVersion, "reason": st.UpgradeFailed}})
+					}
 					if st.PrevDrifted || r.observed.drifted() {
 						drifted = append(drifted, st.PoolID)
 					}

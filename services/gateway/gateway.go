@@ -168,6 +168,8 @@ type session struct {
 	// every liveness tick.
 	serial   string
 	notAfter time.Time
+	// agentVersion is the bcd version its Hello reported.
+	agentVersion string
 	// ramdisk: the certificate has role ramdisk (bcd ramdisk, a machine in
 	// commissioning): the session is sent only the commissioning flow's
 	// commands (see commands.go).
@@ -427,6 +429,10 @@ func (g *Gateway) verifiedNode(ctx context.Context) ([]*x509.Certificate, string
 	return chain, nodeID, nil
 }
 
+// maxAgentVersion bounds a Hello's agent_version (stored in
+// nodes.agent_version).
+const maxAgentVersion = 64
+
 // Session holds one node's stream. See the package comment.
 func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	ctx := stream.Context()
@@ -455,6 +461,9 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	if hello.GetNodeId() != certNode {
 		return status.Errorf(codes.PermissionDenied, "certificate is for %s, Hello says %s", certNode, hello.GetNodeId())
 	}
+	if len(hello.GetAgentVersion()) > maxAgentVersion {
+		return status.Errorf(codes.InvalidArgument, "Hello: agent_version is at most %d bytes", maxAgentVersion)
+	}
 	if err := g.skew.admit(hello.GetAgentVersion()); err != nil {
 		g.log.WarnContext(ctx, "session refused: agent version outside the skew window", "node", certNode, "agent", hello.GetAgentVersion(), "err", err)
 		return err.Status().Err()
@@ -474,7 +483,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	// (a new boot, a new journal) commit together.
 	var epoch, observed int64
 	err = reconcile.InTx(ctx, g.cfg.DB, g.cfg.Waker, func(tx pgx.Tx, q *reconcile.Queue) error {
-		opened, err := nodestore.OpenSession(ctx, tx, certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId())
+		opened, err := nodestore.OpenSession(ctx, tx, certNode, g.cfg.ID, hello.GetBootId(), hello.GetJournalId(), hello.GetAgentVersion())
 		if err != nil {
 			return err
 		}
@@ -496,7 +505,8 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	// ended), and the daemon reports only after a converge, so it is sent
 	// again and the node reports it on this session.
 	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, stream: stream, delivered: min(hello.GetObservedGeneration(), observed),
-		serial: chain[0].SerialNumber.Text(16), notAfter: chain[0].NotAfter, ramdisk: role == nodeca.RoleRamdisk}
+		serial: chain[0].SerialNumber.Text(16), notAfter: chain[0].NotAfter, ramdisk: role == nodeca.RoleRamdisk,
+		agentVersion: hello.GetAgentVersion()}
 	g.mu.Lock()
 	select {
 	case <-g.stop:

@@ -191,6 +191,12 @@ func (ss *SiteService) Session(stream agentv1.SiteAgentService_SessionServer) er
 	case hello.GetAgentId() != agentID:
 		return status.Errorf(codes.PermissionDenied, "certificate is for site agent %s, Hello says %s", agentID, hello.GetAgentId())
 	}
+	// The version-skew window applies to site agents too (they are bcd),
+	// before the session writes anything.
+	if err := g.skew.admitAs(hello.GetVersion(), "hello.version"); err != nil {
+		g.log.WarnContext(ctx, "site session refused: agent version outside the skew window", "site", siteID, "agent", agentID, "version", hello.GetVersion(), "err", err)
+		return err.Status().Err()
+	}
 	agent, err := sites.GetAgent(ctx, g.cfg.DB, agentID)
 	switch {
 	case fault.CodeOf(err) == fault.NotFound:

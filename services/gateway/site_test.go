@@ -77,7 +77,7 @@ func (l *logBuffer) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-func setupSite(t *testing.T) *siteFixture {
+func setupSite(t *testing.T, tune ...func(*gateway.Config)) *siteFixture {
 	t.Helper()
 	f := &siteFixture{db: pgtest.New(t), logs: &logBuffer{}}
 	var err error
@@ -91,14 +91,18 @@ func setupSite(t *testing.T) *siteFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.gw, err = gateway.New(gateway.Config{
+	gcfg := gateway.Config{
 		ID: "gw-1", DB: f.db, Joiner: joinservice.NewJoiner(svc), TrustDomain: trustDomain,
 		Revoked: func(ctx context.Context, serials []string) ([]string, error) {
 			return nodeca.RevokedAmong(ctx, f.db, serials)
 		},
 		LivenessInterval: time.Hour, // rechecked by hand
 		Logger:           f.logs.logger(),
-	})
+	}
+	for _, fn := range tune {
+		fn(&gcfg)
+	}
+	f.gw, err = gateway.New(gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,21 +31,27 @@ func newSkewWindow(oldest, newest string) (skewWindow, error) {
 	return w, nil
 }
 
-// admit refuses an agent version outside the window, AGENT_TOO_OLD or
+// admit refuses a node agent's version outside the window, AGENT_TOO_OLD or
 // AGENT_TOO_NEW with the field hello.agent_version; nil admits it.
 func (w skewWindow) admit(version string) *fault.Error {
+	return w.admitAs(version, "hello.agent_version")
+}
+
+// admitAs is admit with the error naming field (a site agent's Hello says
+// hello.version).
+func (w skewWindow) admitAs(version, field string) *fault.Error {
 	if w.oldest == nil && w.newest == nil {
 		return nil
 	}
 	v, err := agentrelease.ParseVersion(version)
 	if err != nil {
-		return fault.New(fault.AgentTooOld, "hello.agent_version", "bcd %q is not a release version; this gateway accepts %s", version, w)
+		return fault.New(fault.AgentTooOld, field, "bcd %q is not a release version; this gateway accepts %s", version, w)
 	}
 	if w.oldest != nil && v.Compare(*w.oldest) < 0 {
-		return fault.New(fault.AgentTooOld, "hello.agent_version", "bcd %s is older than this gateway accepts (%s)", v, w)
+		return fault.New(fault.AgentTooOld, field, "bcd %s is older than this gateway accepts (%s)", v, w)
 	}
 	if w.newest != nil && v.Compare(*w.newest) > 0 {
-		return fault.New(fault.AgentTooNew, "hello.agent_version", "bcd %s is newer than this gateway accepts (%s)", v, w)
+		return fault.New(fault.AgentTooNew, field, "bcd %s is newer than this gateway accepts (%s)", v, w)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	agentinv "github.com/bettercompute/bettercompute/agent/inventory"
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/session"
+	"github.com/bettercompute/bettercompute/agent/site"
 	"github.com/bettercompute/bettercompute/agent/state"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
@@ -151,4 +152,46 @@ func TestSkewWindowRefusesTheRealAgent(t *testing.T) {
 	upgraded := run("v0.3.0", io.Discard)
 	defer upgraded.stop(t)
 	poll.Until(t, 30*time.Second, "the upgraded agent's session to open", func() bool { return f.gw.Holds(id.NodeID) })
+}
+
+// TestSkewWindowRefusesATooOldSiteAgent: gateway.agentVersions applies to
+// site agents' sessions too (their Hello's version): the real site agent
+// as v0.1.0, below the oldest, is refused AGENT_TOO_OLD on hello.version
+// (FAILED_PRECONDITION, before the session writes anything) and never
+// serves; as v0.3.0 it serves.
+func TestSkewWindowRefusesATooOldSiteAgent(t *testing.T) {
+	t.Parallel()
+	f := setupSite(t, func(c *gateway.Config) { c.OldestAgent, c.NewestAgent = "v0.3.0", "v0.4.0" })
+	id, st := f.enroll(t, f.token(t, 1), "pxe-old")
+	old := f.runWith(t, id, st, f.addr, func(c *site.Config) { c.Version = "v0.1.0" })
+	poll.Until(t, 30*time.Second, "two refused sessions", func() bool {
+		_, ends := old.boot.snapshot()
+		n := 0
+		for _, err := range ends {
+			st, _ := status.FromError(err)
+			for _, d := range st.Details() {
+				if i, ok := d.(*errdetails.ErrorInfo); ok && st.Code() == codes.FailedPrecondition &&
+					i.GetReason() == string(fault.AgentTooOld) && i.GetMetadata()["field"] == "hello.version" {
+					n++
+				}
+			}
+		}
+		return n >= 2
+	})
+	if ok, _ := old.boot.serving(); ok || f.gw.SiteSessions() != 0 {
+		t.Fatalf("a too-old site agent serves (%v) or holds a session (%d)", ok, f.gw.SiteSessions())
+	}
+	var seal string
+	if err := f.db.QueryRow(t.Context(), `SELECT coalesce(seal_key, '') FROM site_agents WHERE id = $1`, id.AgentID).Scan(&seal); err != nil {
+		t.Fatal(err)
+	}
+	if seal != "" {
+		t.Fatalf("a refused site session stored its seal key %q", seal)
+	}
+	old.stop()
+	cur := f.runWith(t, id, st, f.addr, func(c *site.Config) { c.Version = "v0.3.0" })
+	poll.Until(t, 30*time.Second, "the v0.3.0 agent serving", func() bool {
+		ok, _ := cur.boot.serving()
+		return ok && f.gw.SiteSessions() == 1
+	})
 }

@@ -484,7 +484,7 @@ func (s *rolloutStep) finish(ctx context.Context, nodes []rollouts.NodeStatus, c
 	} else {
 		c := s.r.Change
 		if _, err := pools.Apply(ctx, s.tx, s.r.TenantID, s.r.PoolID, pools.Update{
-			Site: c.Section("site"), Health: c.Section("health"), Runtime: c.Section("runtime"),
+			Site: c.Section("site"), Health: c.Section("health"), Runtime: c.Section("runtime"), Agent: c.Section("agent"),
 		}); err != nil {
 			return err
 		}

@@ -44,8 +44,8 @@ type Config struct {
 }
 
 // Builtin returns a registry with the system's contributors: "system"
-// (identity, from the nodes row) and "pool" (site, health and runtime, from
-// the pool's settings). Modules register theirs after.
+// (identity, from the nodes row) and "pool" (site, health, runtime and
+// agent, from the pool's settings). Modules register theirs after.
 func Builtin() *desired.Registry {
 	r := &desired.Registry{}
 	_ = r.Register(ModuleSystem, identity)
@@ -196,13 +196,13 @@ func identity(_ context.Context, _ reconcile.Querier, n desired.Node) (*agentv1.
 	}}, nil
 }
 
-// poolSettings is the pool's part: the site, health and runtime settings of
-// each node's pool (pools.site, pools.health, pools.runtime), each only when
-// set; every pool of the batch is read once. A node in a released batch of
-// its pool's progressing or paused rollout, or planned by a succeeded
-// rollout with a selector, gets the rollout's sections instead
-// (pkg/rollouts.Layers, one statement for the batch; oldest first, so the
-// latest wins per section).
+// poolSettings is the pool's part: the site, health, runtime and agent
+// settings of each node's pool (pools.site, pools.health, pools.runtime,
+// pools.agent: its bcd release manifest), each only when set; every pool
+// of the batch is read once. A node in a released batch of its pool's
+// progressing or paused rollout, or planned by a succeeded rollout with a
+// selector, gets the rollout's sections instead (pkg/rollouts.Layers, one
+// statement for the batch; oldest first, so the latest wins per section).
 func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node) ([]*agentv1.NodeSpec, error) {
 	var ids []string
 	for _, n := range nodes {
@@ -216,7 +216,8 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node
 	}
 	parts := map[string]*agentv1.NodeSpec{}
 	for _, ps := range settings {
-		out := &agentv1.NodeSpec{Site: &agentv1.SiteSettings{}, Health: &agentv1.HealthSettings{}, Runtime: &agentv1.RuntimeSettings{}}
+		out := &agentv1.NodeSpec{Site: &agentv1.SiteSettings{}, Health: &agentv1.HealthSettings{}, Runtime: &agentv1.RuntimeSettings{},
+			Agent: &agentv1.AgentSettings{}}
 		opts := protojson.UnmarshalOptions{DiscardUnknown: true}
 		if err := opts.Unmarshal(ps.Site, out.Site); err != nil {
 			return nil, fmt.Errorf("pool %s site settings: %w", ps.ID, err)
@@ -227,6 +228,9 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node
 		if err := opts.Unmarshal(ps.Runtime, out.Runtime); err != nil {
 			return nil, fmt.Errorf("pool %s runtime settings: %w", ps.ID, err)
 		}
+		if err := opts.Unmarshal(ps.Agent, out.Agent); err != nil {
+			return nil, fmt.Errorf("pool %s agent settings: %w", ps.ID, err)
+		}
 		if proto.Size(out.Site) == 0 {
 			out.Site = nil
 		}
@@ -235,6 +239,9 @@ func poolSettings(ctx context.Context, q reconcile.Querier, nodes []desired.Node
 		}
 		if proto.Size(out.Runtime) == 0 {
 			out.Runtime = nil
+		}
+		if proto.Size(out.Agent) == 0 {
+			out.Agent = nil
 		}
 		parts[ps.ID] = out
 	}
@@ -280,6 +287,9 @@ func applyLayer(part *agentv1.NodeSpec, c rollouts.Change) error {
 		case "runtime":
 			part.Runtime = &agentv1.RuntimeSettings{}
 			msg = part.Runtime
+		case "agent":
+			part.Agent = &agentv1.AgentSettings{}
+			msg = part.Agent
 		default:
 			continue
 		}
@@ -295,6 +305,9 @@ func applyLayer(part *agentv1.NodeSpec, c rollouts.Change) error {
 	}
 	if proto.Size(part.Runtime) == 0 {
 		part.Runtime = nil
+	}
+	if proto.Size(part.Agent) == 0 {
+		part.Agent = nil
 	}
 	return nil
 }

@@ -910,7 +910,7 @@ type Node struct {
 	// liveness job's: value True, Unknown or Lost), InventoryReported,
 	// GPUsHealthy, DevicesPresent and, in pools with acceptance checks,
 	// AcceptancePassed (false with the reason while a check runs or after one
-	// failed).
+	// failed); UpgradeFailed while its bcd reports a latched failed upgrade.
 	Conditions []*NodeCondition `protobuf:"bytes,18,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// While draining: when its bookings must be gone; unset otherwise.
 	DrainDeadline *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=drain_deadline,json=drainDeadline,proto3" json:"drain_deadline,omitempty"`
@@ -924,8 +924,11 @@ type Node struct {
 	RolloutBatch int32 `protobuf:"varint,23,opt,name=rollout_batch,json=rolloutBatch,proto3" json:"rollout_batch,omitempty"`
 	// Whether its batch was released (the node has the rollout's content).
 	RolloutReleased bool `protobuf:"varint,24,opt,name=rollout_released,json=rolloutReleased,proto3" json:"rollout_released,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The bcd version its latest session's Hello reported; empty before its
+	// first session (docs/agent-upgrades.md).
+	AgentVersion  string `protobuf:"bytes,25,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1124,6 +1127,13 @@ func (x *Node) GetRolloutReleased() bool {
 		return x.RolloutReleased
 	}
 	return false
+}
+
+func (x *Node) GetAgentVersion() string {
+	if x != nil {
+		return x.AgentVersion
+	}
+	return ""
 }
 
 // NodeCondition is one condition of a node.
@@ -1713,7 +1723,7 @@ type NodesServiceListRequest struct {
 	// Only nodes with this condition, as "Type" (it holds), "Type=Value"
 	// (e.g. "Ready=Unknown", "Ready=Lost", "NeedsRepair=True") or "!Type" (it
 	// does not hold). Types: Ready, GPUsHealthy, DevicesPresent, Draining,
-	// NeedsRepair, Drifted, AcceptancePassed, InventoryReported.
+	// NeedsRepair, Drifted, UpgradeFailed, AcceptancePassed, InventoryReported.
 	Condition     string `protobuf:"bytes,7,opt,name=condition,proto3" json:"condition,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2053,7 +2063,7 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\x1aNodesServiceUpdateResponse\x122\n" +
-	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xc6\b\n" +
+	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\"\xeb\b\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -2089,7 +2099,8 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\n" +
 	"rollout_id\x18\x16 \x01(\tR\trolloutId\x12#\n" +
 	"\rrollout_batch\x18\x17 \x01(\x05R\frolloutBatch\x12)\n" +
-	"\x10rollout_released\x18\x18 \x01(\bR\x0frolloutReleased\x1a9\n" +
+	"\x10rollout_released\x18\x18 \x01(\bR\x0frolloutReleased\x12#\n" +
+	"\ragent_version\x18\x19 \x01(\tR\fagentVersion\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +

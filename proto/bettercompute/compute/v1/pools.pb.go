@@ -599,7 +599,7 @@ type PoolsServiceUpdateRequest struct {
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Which fields to change: "description", "labels", "site", "health",
 	// "runtime", "acceptance", "sharing", "default_quota", "vps", "provider",
-	// "mig".
+	// "mig", "agent".
 	// Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The site settings every node of the pool gets (the NodeSpec "site"
@@ -641,7 +641,13 @@ type PoolsServiceUpdateRequest struct {
 	// checked against the MIG profile catalog for the GPU models its
 	// selector can match. Changing them recomputes every node's desired
 	// state (its "mig" section).
-	Mig           *MigSettings `protobuf:"bytes,15,opt,name=mig,proto3" json:"mig,omitempty"`
+	Mig *MigSettings `protobuf:"bytes,15,opt,name=mig,proto3" json:"mig,omitempty"`
+	// The bcd build every node of the pool runs, when update_mask names
+	// "agent": its signed release manifest, which every node of the pool gets
+	// as its NodeSpec "agent" section (docs/agent-upgrades.md). Empty clears
+	// it (nodes keep the build they run). Prefer rolling it out
+	// (rollouts.create, mask "agent"): pools.update reaches every node at once.
+	Agent         *PoolAgentSettings `protobuf:"bytes,16,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -782,6 +788,63 @@ func (x *PoolsServiceUpdateRequest) GetMig() *MigSettings {
 	return nil
 }
 
+func (x *PoolsServiceUpdateRequest) GetAgent() *PoolAgentSettings {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+// PoolAgentSettings is the bcd build a pool's nodes run.
+type PoolAgentSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The signed release manifest as `better-compute artifacts publish`
+	// wrote it (the manifest file's JSON text, at most 16 KiB): parsed, well
+	// formed and signed, or INVALID_INPUT agent.releaseManifest. Each node
+	// checks the signature against the release key it pins, the expiry and
+	// the counter. Empty: no upgrade.
+	ReleaseManifest string `protobuf:"bytes,1,opt,name=release_manifest,json=releaseManifest,proto3" json:"release_manifest,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PoolAgentSettings) Reset() {
+	*x = PoolAgentSettings{}
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolAgentSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolAgentSettings) ProtoMessage() {}
+
+func (x *PoolAgentSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolAgentSettings.ProtoReflect.Descriptor instead.
+func (*PoolAgentSettings) Descriptor() ([]byte, []int) {
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PoolAgentSettings) GetReleaseManifest() string {
+	if x != nil {
+		return x.ReleaseManifest
+	}
+	return ""
+}
+
 // MigSettings are MIG layouts: the pool's, or one node's overrides.
 type MigSettings struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -804,7 +867,7 @@ type MigSettings struct {
 
 func (x *MigSettings) Reset() {
 	*x = MigSettings{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +879,7 @@ func (x *MigSettings) String() string {
 func (*MigSettings) ProtoMessage() {}
 
 func (x *MigSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[8]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +892,7 @@ func (x *MigSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigSettings.ProtoReflect.Descriptor instead.
 func (*MigSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MigSettings) GetLayouts() []*MigLayoutSpec {
@@ -869,7 +932,7 @@ type MigLayoutSpec struct {
 
 func (x *MigLayoutSpec) Reset() {
 	*x = MigLayoutSpec{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +944,7 @@ func (x *MigLayoutSpec) String() string {
 func (*MigLayoutSpec) ProtoMessage() {}
 
 func (x *MigLayoutSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[9]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +957,7 @@ func (x *MigLayoutSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigLayoutSpec.ProtoReflect.Descriptor instead.
 func (*MigLayoutSpec) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MigLayoutSpec) GetName() string {
@@ -943,7 +1006,7 @@ type MigGpuSelector struct {
 
 func (x *MigGpuSelector) Reset() {
 	*x = MigGpuSelector{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1018,7 @@ func (x *MigGpuSelector) String() string {
 func (*MigGpuSelector) ProtoMessage() {}
 
 func (x *MigGpuSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[10]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1031,7 @@ func (x *MigGpuSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigGpuSelector.ProtoReflect.Descriptor instead.
 func (*MigGpuSelector) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MigGpuSelector) GetModel() string {
@@ -1004,7 +1067,7 @@ type ProviderSettings struct {
 
 func (x *ProviderSettings) Reset() {
 	*x = ProviderSettings{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1079,7 @@ func (x *ProviderSettings) String() string {
 func (*ProviderSettings) ProtoMessage() {}
 
 func (x *ProviderSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[11]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1092,7 @@ func (x *ProviderSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderSettings.ProtoReflect.Descriptor instead.
 func (*ProviderSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ProviderSettings) GetEndpoint() string {
@@ -1066,7 +1129,7 @@ type VpsSettings struct {
 
 func (x *VpsSettings) Reset() {
 	*x = VpsSettings{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[12]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1141,7 @@ func (x *VpsSettings) String() string {
 func (*VpsSettings) ProtoMessage() {}
 
 func (x *VpsSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[12]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1154,7 @@ func (x *VpsSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VpsSettings.ProtoReflect.Descriptor instead.
 func (*VpsSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *VpsSettings) GetHost() *VpsSize {
@@ -1123,7 +1186,7 @@ type VpsSize struct {
 
 func (x *VpsSize) Reset() {
 	*x = VpsSize{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[13]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1198,7 @@ func (x *VpsSize) String() string {
 func (*VpsSize) ProtoMessage() {}
 
 func (x *VpsSize) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[13]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1211,7 @@ func (x *VpsSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VpsSize.ProtoReflect.Descriptor instead.
 func (*VpsSize) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *VpsSize) GetVcpus() int32 {
@@ -1183,7 +1246,7 @@ type PoolsServiceUpdateResponse struct {
 
 func (x *PoolsServiceUpdateResponse) Reset() {
 	*x = PoolsServiceUpdateResponse{}
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[14]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1258,7 @@ func (x *PoolsServiceUpdateResponse) String() string {
 func (*PoolsServiceUpdateResponse) ProtoMessage() {}
 
 func (x *PoolsServiceUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[14]
+	mi := &file_bettercompute_compute_v1_pools_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1271,7 @@ func (x *PoolsServiceUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolsServiceUpdateResponse.ProtoReflect.Descriptor instead.
 func (*PoolsServiceUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_compute_v1_pools_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PoolsServiceUpdateResponse) GetPool() *Pool {
@@ -1277,7 +1340,7 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x82\x06\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc5\x06\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12 \n" +
@@ -1297,10 +1360,13 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\x03vps\x18\f \x01(\v2%.bettercompute.compute.v1.VpsSettingsR\x03vps\x12F\n" +
 	"\bprovider\x18\r \x01(\v2*.bettercompute.compute.v1.ProviderSettingsR\bprovider\x121\n" +
 	"\aruntime\x18\x0e \x01(\v2\x17.google.protobuf.StructR\aruntime\x127\n" +
-	"\x03mig\x18\x0f \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x1a9\n" +
+	"\x03mig\x18\x0f \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x12A\n" +
+	"\x05agent\x18\x10 \x01(\v2+.bettercompute.compute.v1.PoolAgentSettingsR\x05agent\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"s\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\x11PoolAgentSettings\x12)\n" +
+	"\x10release_manifest\x18\x01 \x01(\tR\x0freleaseManifest\"s\n" +
 	"\vMigSettings\x12A\n" +
 	"\alayouts\x18\x01 \x03(\v2'.bettercompute.compute.v1.MigLayoutSpecR\alayouts\x12!\n" +
 	"\freset_policy\x18\x02 \x01(\tR\vresetPolicy\"\xa8\x01\n" +
@@ -1344,7 +1410,7 @@ func file_bettercompute_compute_v1_pools_proto_rawDescGZIP() []byte {
 	return file_bettercompute_compute_v1_pools_proto_rawDescData
 }
 
-var file_bettercompute_compute_v1_pools_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_bettercompute_compute_v1_pools_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	(*Pool)(nil),                       // 0: bettercompute.compute.v1.Pool
 	(*PoolsServiceCreateRequest)(nil),  // 1: bettercompute.compute.v1.PoolsServiceCreateRequest
@@ -1354,54 +1420,56 @@ var file_bettercompute_compute_v1_pools_proto_goTypes = []any{
 	(*PoolsServiceListRequest)(nil),    // 5: bettercompute.compute.v1.PoolsServiceListRequest
 	(*PoolsServiceListResponse)(nil),   // 6: bettercompute.compute.v1.PoolsServiceListResponse
 	(*PoolsServiceUpdateRequest)(nil),  // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest
-	(*MigSettings)(nil),                // 8: bettercompute.compute.v1.MigSettings
-	(*MigLayoutSpec)(nil),              // 9: bettercompute.compute.v1.MigLayoutSpec
-	(*MigGpuSelector)(nil),             // 10: bettercompute.compute.v1.MigGpuSelector
-	(*ProviderSettings)(nil),           // 11: bettercompute.compute.v1.ProviderSettings
-	(*VpsSettings)(nil),                // 12: bettercompute.compute.v1.VpsSettings
-	(*VpsSize)(nil),                    // 13: bettercompute.compute.v1.VpsSize
-	(*PoolsServiceUpdateResponse)(nil), // 14: bettercompute.compute.v1.PoolsServiceUpdateResponse
-	nil,                                // 15: bettercompute.compute.v1.Pool.LabelsEntry
-	nil,                                // 16: bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
-	nil,                                // 17: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 18: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),      // 19: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),            // 20: google.protobuf.Struct
+	(*PoolAgentSettings)(nil),          // 8: bettercompute.compute.v1.PoolAgentSettings
+	(*MigSettings)(nil),                // 9: bettercompute.compute.v1.MigSettings
+	(*MigLayoutSpec)(nil),              // 10: bettercompute.compute.v1.MigLayoutSpec
+	(*MigGpuSelector)(nil),             // 11: bettercompute.compute.v1.MigGpuSelector
+	(*ProviderSettings)(nil),           // 12: bettercompute.compute.v1.ProviderSettings
+	(*VpsSettings)(nil),                // 13: bettercompute.compute.v1.VpsSettings
+	(*VpsSize)(nil),                    // 14: bettercompute.compute.v1.VpsSize
+	(*PoolsServiceUpdateResponse)(nil), // 15: bettercompute.compute.v1.PoolsServiceUpdateResponse
+	nil,                                // 16: bettercompute.compute.v1.Pool.LabelsEntry
+	nil,                                // 17: bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
+	nil,                                // 18: bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 19: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),      // 20: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),            // 21: google.protobuf.Struct
 }
 var file_bettercompute_compute_v1_pools_proto_depIdxs = []int32{
-	15, // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
-	18, // 1: bettercompute.compute.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	18, // 2: bettercompute.compute.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
-	16, // 3: bettercompute.compute.v1.PoolsServiceCreateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
+	16, // 0: bettercompute.compute.v1.Pool.labels:type_name -> bettercompute.compute.v1.Pool.LabelsEntry
+	19, // 1: bettercompute.compute.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	19, // 2: bettercompute.compute.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
+	17, // 3: bettercompute.compute.v1.PoolsServiceCreateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceCreateRequest.LabelsEntry
 	0,  // 4: bettercompute.compute.v1.PoolsServiceCreateResponse.pool:type_name -> bettercompute.compute.v1.Pool
 	0,  // 5: bettercompute.compute.v1.PoolsServiceGetResponse.pool:type_name -> bettercompute.compute.v1.Pool
 	0,  // 6: bettercompute.compute.v1.PoolsServiceListResponse.pools:type_name -> bettercompute.compute.v1.Pool
-	17, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
-	19, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
-	20, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
-	20, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
-	12, // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.vps:type_name -> bettercompute.compute.v1.VpsSettings
-	11, // 12: bettercompute.compute.v1.PoolsServiceUpdateRequest.provider:type_name -> bettercompute.compute.v1.ProviderSettings
-	20, // 13: bettercompute.compute.v1.PoolsServiceUpdateRequest.runtime:type_name -> google.protobuf.Struct
-	8,  // 14: bettercompute.compute.v1.PoolsServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
-	9,  // 15: bettercompute.compute.v1.MigSettings.layouts:type_name -> bettercompute.compute.v1.MigLayoutSpec
-	10, // 16: bettercompute.compute.v1.MigLayoutSpec.gpu_selector:type_name -> bettercompute.compute.v1.MigGpuSelector
-	13, // 17: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
-	13, // 18: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
-	0,  // 19: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
-	1,  // 20: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
-	3,  // 21: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
-	5,  // 22: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
-	7,  // 23: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
-	2,  // 24: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
-	4,  // 25: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
-	6,  // 26: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
-	14, // 27: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
-	24, // [24:28] is the sub-list for method output_type
-	20, // [20:24] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	18, // 7: bettercompute.compute.v1.PoolsServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.PoolsServiceUpdateRequest.LabelsEntry
+	20, // 8: bettercompute.compute.v1.PoolsServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
+	21, // 9: bettercompute.compute.v1.PoolsServiceUpdateRequest.site:type_name -> google.protobuf.Struct
+	21, // 10: bettercompute.compute.v1.PoolsServiceUpdateRequest.health:type_name -> google.protobuf.Struct
+	13, // 11: bettercompute.compute.v1.PoolsServiceUpdateRequest.vps:type_name -> bettercompute.compute.v1.VpsSettings
+	12, // 12: bettercompute.compute.v1.PoolsServiceUpdateRequest.provider:type_name -> bettercompute.compute.v1.ProviderSettings
+	21, // 13: bettercompute.compute.v1.PoolsServiceUpdateRequest.runtime:type_name -> google.protobuf.Struct
+	9,  // 14: bettercompute.compute.v1.PoolsServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
+	8,  // 15: bettercompute.compute.v1.PoolsServiceUpdateRequest.agent:type_name -> bettercompute.compute.v1.PoolAgentSettings
+	10, // 16: bettercompute.compute.v1.MigSettings.layouts:type_name -> bettercompute.compute.v1.MigLayoutSpec
+	11, // 17: bettercompute.compute.v1.MigLayoutSpec.gpu_selector:type_name -> bettercompute.compute.v1.MigGpuSelector
+	14, // 18: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
+	14, // 19: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
+	0,  // 20: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
+	1,  // 21: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
+	3,  // 22: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
+	5,  // 23: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
+	7,  // 24: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
+	2,  // 25: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
+	4,  // 26: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
+	6,  // 27: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
+	15, // 28: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
+	25, // [25:29] is the sub-list for method output_type
+	21, // [21:25] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_pools_proto_init() }
@@ -1415,7 +1483,7 @@ func file_bettercompute_compute_v1_pools_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_compute_v1_pools_proto_rawDesc), len(file_bettercompute_compute_v1_pools_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -289,8 +289,8 @@ func (x *RolloutGate) GetTimeout() *durationpb.Duration {
 // pools.update takes them.
 type RolloutChange struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The sections to change: "site", "health", "runtime", "mig" ("agent"
-	// is not built yet). Required.
+	// The sections to change: "site", "health", "runtime", "mig", "agent".
+	// Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,1,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The new site section, when update_mask names "site".
 	Site *structpb.Struct `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
@@ -300,7 +300,12 @@ type RolloutChange struct {
 	Runtime *structpb.Struct `protobuf:"bytes,4,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// The new MIG layouts of the pool, when update_mask names "mig": the
 	// capacity.mig contributor places them on released nodes.
-	Mig           *MigSettings `protobuf:"bytes,5,opt,name=mig,proto3" json:"mig,omitempty"`
+	Mig *MigSettings `protobuf:"bytes,5,opt,name=mig,proto3" json:"mig,omitempty"`
+	// The new bcd build, when update_mask names "agent": a node counts
+	// healthy once its agent section converged and its Hello reports the
+	// manifest's version; a node whose upgrade failed (UpgradeFailed) counts
+	// as a failure.
+	Agent         *PoolAgentSettings `protobuf:"bytes,6,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,6 +371,13 @@ func (x *RolloutChange) GetRuntime() *structpb.Struct {
 func (x *RolloutChange) GetMig() *MigSettings {
 	if x != nil {
 		return x.Mig
+	}
+	return nil
+}
+
+func (x *RolloutChange) GetAgent() *PoolAgentSettings {
+	if x != nil {
+		return x.Agent
 	}
 	return nil
 }
@@ -1494,14 +1506,15 @@ const file_bettercompute_compute_v1_rollouts_proto_rawDesc = "" +
 	"\vRolloutGate\x12\x18\n" +
 	"\acommand\x18\x01 \x01(\tR\acommand\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\tR\x05level\x123\n" +
-	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x96\x02\n" +
+	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\xd9\x02\n" +
 	"\rRolloutChange\x12;\n" +
 	"\vupdate_mask\x18\x01 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
 	"updateMask\x12+\n" +
 	"\x04site\x18\x02 \x01(\v2\x17.google.protobuf.StructR\x04site\x12/\n" +
 	"\x06health\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x06health\x121\n" +
 	"\aruntime\x18\x04 \x01(\v2\x17.google.protobuf.StructR\aruntime\x127\n" +
-	"\x03mig\x18\x05 \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\"\xaf\x01\n" +
+	"\x03mig\x18\x05 \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x12A\n" +
+	"\x05agent\x18\x06 \x01(\v2+.bettercompute.compute.v1.PoolAgentSettingsR\x05agent\"\xaf\x01\n" +
 	"\x0fRolloutStrategy\x12D\n" +
 	"\abatches\x18\x01 \x03(\v2*.bettercompute.compute.v1.RolloutBatchSizeR\abatches\x12-\n" +
 	"\x04bake\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04bake\x12'\n" +
@@ -1626,6 +1639,7 @@ var file_bettercompute_compute_v1_rollouts_proto_goTypes = []any{
 	(*fieldmaskpb.FieldMask)(nil),           // 25: google.protobuf.FieldMask
 	(*structpb.Struct)(nil),                 // 26: google.protobuf.Struct
 	(*MigSettings)(nil),                     // 27: bettercompute.compute.v1.MigSettings
+	(*PoolAgentSettings)(nil),               // 28: bettercompute.compute.v1.PoolAgentSettings
 }
 var file_bettercompute_compute_v1_rollouts_proto_depIdxs = []int32{
 	21, // 0: bettercompute.compute.v1.Rollout.selector:type_name -> bettercompute.compute.v1.Rollout.SelectorEntry
@@ -1643,42 +1657,43 @@ var file_bettercompute_compute_v1_rollouts_proto_depIdxs = []int32{
 	26, // 12: bettercompute.compute.v1.RolloutChange.health:type_name -> google.protobuf.Struct
 	26, // 13: bettercompute.compute.v1.RolloutChange.runtime:type_name -> google.protobuf.Struct
 	27, // 14: bettercompute.compute.v1.RolloutChange.mig:type_name -> bettercompute.compute.v1.MigSettings
-	4,  // 15: bettercompute.compute.v1.RolloutStrategy.batches:type_name -> bettercompute.compute.v1.RolloutBatchSize
-	24, // 16: bettercompute.compute.v1.RolloutStrategy.bake:type_name -> google.protobuf.Duration
-	23, // 17: bettercompute.compute.v1.RolloutBatchStatus.release_time:type_name -> google.protobuf.Timestamp
-	23, // 18: bettercompute.compute.v1.RolloutBatchStatus.converged_time:type_name -> google.protobuf.Timestamp
-	22, // 19: bettercompute.compute.v1.RolloutsServiceCreateRequest.selector:type_name -> bettercompute.compute.v1.RolloutsServiceCreateRequest.SelectorEntry
-	2,  // 20: bettercompute.compute.v1.RolloutsServiceCreateRequest.change:type_name -> bettercompute.compute.v1.RolloutChange
-	3,  // 21: bettercompute.compute.v1.RolloutsServiceCreateRequest.strategy:type_name -> bettercompute.compute.v1.RolloutStrategy
-	5,  // 22: bettercompute.compute.v1.RolloutsServiceCreateRequest.success_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
-	5,  // 23: bettercompute.compute.v1.RolloutsServiceCreateRequest.failure_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
-	1,  // 24: bettercompute.compute.v1.RolloutsServiceCreateRequest.gates:type_name -> bettercompute.compute.v1.RolloutGate
-	0,  // 25: bettercompute.compute.v1.RolloutsServiceCreateResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 26: bettercompute.compute.v1.RolloutsServiceGetResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 27: bettercompute.compute.v1.RolloutsServiceListResponse.rollouts:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 28: bettercompute.compute.v1.RolloutsServicePauseResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 29: bettercompute.compute.v1.RolloutsServiceResumeResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 30: bettercompute.compute.v1.RolloutsServiceCancelResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	0,  // 31: bettercompute.compute.v1.RolloutsServiceRollbackResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
-	7,  // 32: bettercompute.compute.v1.RolloutsService.Create:input_type -> bettercompute.compute.v1.RolloutsServiceCreateRequest
-	9,  // 33: bettercompute.compute.v1.RolloutsService.Get:input_type -> bettercompute.compute.v1.RolloutsServiceGetRequest
-	11, // 34: bettercompute.compute.v1.RolloutsService.List:input_type -> bettercompute.compute.v1.RolloutsServiceListRequest
-	13, // 35: bettercompute.compute.v1.RolloutsService.Pause:input_type -> bettercompute.compute.v1.RolloutsServicePauseRequest
-	15, // 36: bettercompute.compute.v1.RolloutsService.Resume:input_type -> bettercompute.compute.v1.RolloutsServiceResumeRequest
-	17, // 37: bettercompute.compute.v1.RolloutsService.Cancel:input_type -> bettercompute.compute.v1.RolloutsServiceCancelRequest
-	19, // 38: bettercompute.compute.v1.RolloutsService.Rollback:input_type -> bettercompute.compute.v1.RolloutsServiceRollbackRequest
-	8,  // 39: bettercompute.compute.v1.RolloutsService.Create:output_type -> bettercompute.compute.v1.RolloutsServiceCreateResponse
-	10, // 40: bettercompute.compute.v1.RolloutsService.Get:output_type -> bettercompute.compute.v1.RolloutsServiceGetResponse
-	12, // 41: bettercompute.compute.v1.RolloutsService.List:output_type -> bettercompute.compute.v1.RolloutsServiceListResponse
-	14, // 42: bettercompute.compute.v1.RolloutsService.Pause:output_type -> bettercompute.compute.v1.RolloutsServicePauseResponse
-	16, // 43: bettercompute.compute.v1.RolloutsService.Resume:output_type -> bettercompute.compute.v1.RolloutsServiceResumeResponse
-	18, // 44: bettercompute.compute.v1.RolloutsService.Cancel:output_type -> bettercompute.compute.v1.RolloutsServiceCancelResponse
-	20, // 45: bettercompute.compute.v1.RolloutsService.Rollback:output_type -> bettercompute.compute.v1.RolloutsServiceRollbackResponse
-	39, // [39:46] is the sub-list for method output_type
-	32, // [32:39] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	28, // 15: bettercompute.compute.v1.RolloutChange.agent:type_name -> bettercompute.compute.v1.PoolAgentSettings
+	4,  // 16: bettercompute.compute.v1.RolloutStrategy.batches:type_name -> bettercompute.compute.v1.RolloutBatchSize
+	24, // 17: bettercompute.compute.v1.RolloutStrategy.bake:type_name -> google.protobuf.Duration
+	23, // 18: bettercompute.compute.v1.RolloutBatchStatus.release_time:type_name -> google.protobuf.Timestamp
+	23, // 19: bettercompute.compute.v1.RolloutBatchStatus.converged_time:type_name -> google.protobuf.Timestamp
+	22, // 20: bettercompute.compute.v1.RolloutsServiceCreateRequest.selector:type_name -> bettercompute.compute.v1.RolloutsServiceCreateRequest.SelectorEntry
+	2,  // 21: bettercompute.compute.v1.RolloutsServiceCreateRequest.change:type_name -> bettercompute.compute.v1.RolloutChange
+	3,  // 22: bettercompute.compute.v1.RolloutsServiceCreateRequest.strategy:type_name -> bettercompute.compute.v1.RolloutStrategy
+	5,  // 23: bettercompute.compute.v1.RolloutsServiceCreateRequest.success_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
+	5,  // 24: bettercompute.compute.v1.RolloutsServiceCreateRequest.failure_threshold:type_name -> bettercompute.compute.v1.RolloutThreshold
+	1,  // 25: bettercompute.compute.v1.RolloutsServiceCreateRequest.gates:type_name -> bettercompute.compute.v1.RolloutGate
+	0,  // 26: bettercompute.compute.v1.RolloutsServiceCreateResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 27: bettercompute.compute.v1.RolloutsServiceGetResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 28: bettercompute.compute.v1.RolloutsServiceListResponse.rollouts:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 29: bettercompute.compute.v1.RolloutsServicePauseResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 30: bettercompute.compute.v1.RolloutsServiceResumeResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 31: bettercompute.compute.v1.RolloutsServiceCancelResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	0,  // 32: bettercompute.compute.v1.RolloutsServiceRollbackResponse.rollout:type_name -> bettercompute.compute.v1.Rollout
+	7,  // 33: bettercompute.compute.v1.RolloutsService.Create:input_type -> bettercompute.compute.v1.RolloutsServiceCreateRequest
+	9,  // 34: bettercompute.compute.v1.RolloutsService.Get:input_type -> bettercompute.compute.v1.RolloutsServiceGetRequest
+	11, // 35: bettercompute.compute.v1.RolloutsService.List:input_type -> bettercompute.compute.v1.RolloutsServiceListRequest
+	13, // 36: bettercompute.compute.v1.RolloutsService.Pause:input_type -> bettercompute.compute.v1.RolloutsServicePauseRequest
+	15, // 37: bettercompute.compute.v1.RolloutsService.Resume:input_type -> bettercompute.compute.v1.RolloutsServiceResumeRequest
+	17, // 38: bettercompute.compute.v1.RolloutsService.Cancel:input_type -> bettercompute.compute.v1.RolloutsServiceCancelRequest
+	19, // 39: bettercompute.compute.v1.RolloutsService.Rollback:input_type -> bettercompute.compute.v1.RolloutsServiceRollbackRequest
+	8,  // 40: bettercompute.compute.v1.RolloutsService.Create:output_type -> bettercompute.compute.v1.RolloutsServiceCreateResponse
+	10, // 41: bettercompute.compute.v1.RolloutsService.Get:output_type -> bettercompute.compute.v1.RolloutsServiceGetResponse
+	12, // 42: bettercompute.compute.v1.RolloutsService.List:output_type -> bettercompute.compute.v1.RolloutsServiceListResponse
+	14, // 43: bettercompute.compute.v1.RolloutsService.Pause:output_type -> bettercompute.compute.v1.RolloutsServicePauseResponse
+	16, // 44: bettercompute.compute.v1.RolloutsService.Resume:output_type -> bettercompute.compute.v1.RolloutsServiceResumeResponse
+	18, // 45: bettercompute.compute.v1.RolloutsService.Cancel:output_type -> bettercompute.compute.v1.RolloutsServiceCancelResponse
+	20, // 46: bettercompute.compute.v1.RolloutsService.Rollback:output_type -> bettercompute.compute.v1.RolloutsServiceRollbackResponse
+	40, // [40:47] is the sub-list for method output_type
+	33, // [33:40] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_rollouts_proto_init() }
