@@ -50,6 +50,7 @@ import (
 	"github.com/bettercompute/bettercompute/agent/siteconf"
 	"github.com/bettercompute/bettercompute/agent/state"
 	"github.com/bettercompute/bettercompute/agent/telemetry"
+	"github.com/bettercompute/bettercompute/agent/upgrade"
 	"github.com/bettercompute/bettercompute/agent/vps"
 	vpssim "github.com/bettercompute/bettercompute/agent/vps/sim"
 )
@@ -134,6 +135,19 @@ type Config struct {
 	// OnExport, when set with Telemetry, hears every daemon's every OTLP
 	// export attempt (nil error: delivered).
 	OnExport func(err error)
+	// AgentVersion is the bcd version every daemon reports in its Hello
+	// until a simulated upgrade; default "sim".
+	AgentVersion string
+	// ReleaseKey, when set, is the release public key every daemon pins:
+	// its agent section admits, downloads, checks and stages builds with
+	// bcd's installer, and hands over to them in a SIMULATED trial and
+	// exec (upgrade.go): the daemon reconnects reporting the new version,
+	// the build itself never runs. Nil refuses every release manifest, as
+	// bcd without --release-key.
+	ReleaseKey ed25519.PublicKey
+	// FailUpgrade, when set, says whether daemon i's simulated trial of
+	// version fails: it rolls back and latches UpgradeFailed.
+	FailUpgrade func(i int, version string) bool
 }
 
 // Fleet is a running fleet.
@@ -167,6 +181,11 @@ type daemon struct {
 	telMu sync.Mutex
 	tel   *telemetry.Telemetry // while running, with Config.Telemetry
 	prom  http.Handler         // tel's scrape handler
+
+	// version is what its Hello reports; installer its release installer
+	// (Config.ReleaseKey), nil without one.
+	version   string
+	installer *upgrade.Installer
 }
 
 // Start joins (where needed) and runs n simulated nodes until Stop. It
@@ -216,7 +235,12 @@ func Start(ctx context.Context, cfg Config, n int) (*Fleet, error) {
 			}
 		}
 		f.nodes = append(f.nodes, id.NodeID)
-		f.ds = append(f.ds, &daemon{store: stores[i], inv: invs[i], log: lf, nodeID: id.NodeID})
+		d := &daemon{store: stores[i], inv: invs[i], log: lf, nodeID: id.NodeID}
+		if cfg.ReleaseKey != nil {
+			d.installer = upgrade.New(upgrade.Config{Root: stores[i].Root(), Key: cfg.ReleaseKey})
+		}
+		d.version = cmp.Or(d.installedVersion(), cfg.AgentVersion, "sim")
+		f.ds = append(f.ds, d)
 		f.start(i)
 	}
 	return f, nil
@@ -256,7 +280,7 @@ func (f *Fleet) run(i int) {
 	}
 	cfg := session.Config{
 		Gateway: f.cfg.Gateway, ServerName: f.cfg.ServerName, State: d.store, Inventory: d.inv,
-		BootID: d.boot, AgentVersion: "sim", Logger: logger, OnSession: f.cfg.OnSession,
+		BootID: d.boot, AgentVersion: d.version, Agent: f.agent(i), Logger: logger, OnSession: f.cfg.OnSession,
 		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
 		CommandExecutors: f.cfg.Executors, HealthCheckInterval: f.cfg.HealthCheckInterval,
 		DriftCheckInterval: cmp.Or(f.cfg.DriftCheckInterval, SimDriftCheckInterval),
