@@ -148,6 +148,10 @@ type Config struct {
 	// FailUpgrade, when set, says whether daemon i's simulated trial of
 	// version fails: it rolls back and latches UpgradeFailed.
 	FailUpgrade func(i int, version string) bool
+	// ReconvergeInterval, when set, replaces every daemon's periodic
+	// converge of its newest desired state (session.Config; a minute by
+	// default): a cleared UpgradeFailed latch is retried at the next one.
+	ReconvergeInterval time.Duration
 }
 
 // Fleet is a running fleet.
@@ -282,7 +286,7 @@ func (f *Fleet) run(i int) {
 		Gateway: f.cfg.Gateway, ServerName: f.cfg.ServerName, State: d.store, Inventory: d.inv,
 		BootID: d.boot, AgentVersion: d.version, Agent: f.agent(i), Logger: logger, OnSession: f.cfg.OnSession,
 		CommandKey: f.cfg.CommandKey, DenyKinds: f.cfg.DenyKinds, RebootHook: reboot,
-		CommandExecutors: f.cfg.Executors, HealthCheckInterval: f.cfg.HealthCheckInterval,
+		CommandExecutors: f.cfg.Executors, HealthCheckInterval: f.cfg.HealthCheckInterval, ReconvergeInterval: f.cfg.ReconvergeInterval,
 		DriftCheckInterval: cmp.Or(f.cfg.DriftCheckInterval, SimDriftCheckInterval),
 		// A simulated node has no kernel or journal of its own: it never
 		// reads the host's. Its kernel, journal and nvidia sources are

@@ -24,6 +24,9 @@ type Session struct {
 	// PrevBootID and PrevJournalID are the boot and journal the node had
 	// before this session.
 	PrevBootID, PrevJournalID string
+	// PrevAgentVersion is the bcd version the node's previous session
+	// reported ("" before its first).
+	PrevAgentVersion string
 }
 
 // OpenSession records a new session of node id, held by gateway gatewayID,
@@ -35,12 +38,12 @@ type Session struct {
 func OpenSession(ctx context.Context, q Querier, id, gatewayID, bootID, journalID, agentVersion string) (Session, error) {
 	var s Session
 	err := q.QueryRow(ctx, `
-		WITH old AS (SELECT id, boot_id, journal_id FROM nodes WHERE id = $1 FOR UPDATE)
+		WITH old AS (SELECT id, boot_id, journal_id, agent_version FROM nodes WHERE id = $1 FOR UPDATE)
 		UPDATE nodes n SET session_epoch = session_epoch + 1, gateway_id = $2, boot_id = $3, journal_id = $4,
 		       last_seen_at = now(), observed_generation = least(n.observed_generation, n.generation), agent_version = $5
 		  FROM old WHERE n.id = old.id
-		RETURNING n.session_epoch, n.observed_generation, old.boot_id, old.journal_id`,
-		id, gatewayID, bootID, journalID, agentVersion).Scan(&s.Epoch, &s.ObservedGeneration, &s.PrevBootID, &s.PrevJournalID)
+		RETURNING n.session_epoch, n.observed_generation, old.boot_id, old.journal_id, old.agent_version`,
+		id, gatewayID, bootID, journalID, agentVersion).Scan(&s.Epoch, &s.ObservedGeneration, &s.PrevBootID, &s.PrevJournalID, &s.PrevAgentVersion)
 	if err != nil {
 		return Session{}, fmt.Errorf("bump session epoch of node %s: %w", id, err)
 	}

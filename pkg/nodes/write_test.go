@@ -287,7 +287,7 @@ func TestOpenSession(t *testing.T) {
 	t.Parallel()
 	db := setup(t, "node_a")
 	s, err := nodes.OpenSession(t.Context(), db, "node_a", "gw-2", "boot-2", "journal-2", "v0.1.0")
-	if want := (nodes.Session{Epoch: 2, PrevBootID: "boot-1", PrevJournalID: "journal-1"}); err != nil || s != want {
+	if want := (nodes.Session{Epoch: 2, PrevBootID: "boot-1", PrevJournalID: "journal-1", PrevAgentVersion: "v0.1.0"}); err != nil || s != want {
 		t.Fatalf("second session: %+v (%v), want %+v", s, err, want)
 	}
 	n := lookup(t, db, "node_a")

@@ -7,6 +7,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/bettercompute/bettercompute/proto/agentrelease"
+
 	"github.com/bettercompute/bettercompute/pkg/authz"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/instances"
@@ -61,6 +63,7 @@ var (
 		"bettercompute.compute.v1.ProviderSettings.endpoint":               providers.MaxEndpointLength,
 		"bettercompute.compute.v1.ProviderSettings.token":                  providers.MaxTokenLength,
 		"bettercompute.compute.v1.MachineBMC.ca_pem":                       sitetasks.MaxCAPEM,
+		"bettercompute.compute.v1.PoolAgentSettings.release_manifest":      agentrelease.MaxManifestBytes,
 	}
 )
 
@@ -71,6 +74,7 @@ var textFields = map[protoreflect.FullName]bool{
 	"bettercompute.compute.v1.MetalServiceDeployRequest.cloud_init":    true,
 	"bettercompute.compute.v1.InstancesServiceCreateRequest.user_data": true,
 	"bettercompute.compute.v1.MachineBMC.ca_pem":                       true,
+	"bettercompute.compute.v1.PoolAgentSettings.release_manifest":      true,
 }
 
 // maxIDLength bounds an id field (a tenant id's 200 characters).

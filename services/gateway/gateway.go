@@ -488,6 +488,13 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 			return err
 		}
 		epoch, observed = opened.Epoch, opened.ObservedGeneration
+		if opened.PrevAgentVersion != hello.GetAgentVersion() {
+			// Another build than last session's (an upgrade, a
+			// rollback): it gets its desired state again and reports
+			// every section as this build sees it (the agent section
+			// converged on its new version, or its UpgradeFailed).
+			observed = 0
+		}
 		return g.kinds.Reconnect(ctx, tx, q, certNode, opened.PrevBootID, opened.PrevJournalID, hello.GetBootId(), hello.GetJournalId())
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
