@@ -409,7 +409,7 @@ func TestRolloutValidation(t *testing.T) {
 		{"no mask", map[string]any{}, ok, nil, 400, "INVALID_INPUT", "change.updateMask"},
 		{"unknown section", map[string]any{"updateMask": "vps"}, ok, nil, 400, "INVALID_INPUT", "change.updateMask"},
 		{"node-level patch", map[string]any{"updateMask": "labels"}, ok, nil, 400, "UNSUPPORTED", "change.updateMask"},
-		{"agent", map[string]any{"updateMask": "agent"}, ok, nil, 400, "UNSUPPORTED", "change.updateMask"},
+		{"bad agent", map[string]any{"updateMask": "agent", "agent": map[string]any{"releaseManifest": "{}"}}, ok, nil, 400, "INVALID_INPUT", "change.agent.releaseManifest"},
 		{"bad site", map[string]any{"updateMask": "site", "site": map[string]any{"logLevel": "loud"}}, ok, nil, 400, "INVALID_INPUT", "change.site.logLevel"},
 		{"bad runtime", map[string]any{"updateMask": "runtime", "runtime": map[string]any{"nope": 1}}, ok, nil, 400, "INVALID_INPUT", "change.runtime"},
 		{"no batches", health, map[string]any{}, nil, 400, "INVALID_INPUT", "strategy.batches"},
