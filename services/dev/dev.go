@@ -80,6 +80,12 @@ type Env struct {
 	wantProm bool
 	simMig   bool
 	stops    []func()
+	// SimPoolID is the simulated nodes' pool "sim". ReleaseKeyPath is dev's
+	// release key (under dev.dataDir/pki), which they pin;
+	// SimUpgradeManifest the signed manifest of the simulated second build
+	// dev published for them (upgrade.go), or "".
+	SimPoolID, ReleaseKeyPath, SimUpgradeManifest string
+	releaseKey                                    ed25519.PrivateKey
 }
 
 // RunOptions are what [Run] adds to [Start].
@@ -204,6 +210,18 @@ func start(ctx context.Context, cfg *config.Config, opts app.Options, run RunOpt
 		}
 	}
 
+	// The release key and the artifacts directory of make run's second
+	// build (upgrade.go).
+	if *cfg.Dev.SimNodes > 0 {
+		env.ReleaseKeyPath = filepath.Join(dataDir, "pki", ReleaseKeyFile)
+		if env.releaseKey, err = ensureReleaseKey(env.ReleaseKeyPath); err != nil {
+			return nil, fmt.Errorf("release key: %w", err)
+		}
+		if cfg.Artifacts.Dir == "" {
+			cfg.Artifacts.Dir = filepath.Join(dataDir, "artifacts")
+		}
+	}
+
 	// Webhooks to a receiver on this machine (http://127.0.0.1:…) work in
 	// dev; a deployment must opt in to both.
 	cfg.Webhooks.AllowInsecure = true
@@ -250,6 +268,9 @@ func start(ctx context.Context, cfg *config.Config, opts app.Options, run RunOpt
 		tel := run.Prometheus && lookErr == nil
 		if env.Fleet, err = startFleet(ctx, env, filepath.Join(dataDir, "sim"), n, tel, run.SimMig, logger); err != nil {
 			return nil, fmt.Errorf("simulated fleet: %w", err)
+		}
+		if env.SimUpgradeManifest, err = publishSimBuild(cfg.Artifacts.Dir, loopbackBaseURL(env), env.releaseKey); err != nil {
+			return nil, fmt.Errorf("simulated second build: %w", err)
 		}
 	}
 	if n := *cfg.Dev.SimMachines; n > 0 && env.App.GatewayAddr() != "" {
@@ -405,6 +426,7 @@ func (e *Env) Banner() string {
 			fmt.Fprintf(&b, "           %s's GPU 0 is MIG 3g.71gb+2g.35gb+2×1g.18gb: better-compute api nodes.getSpec tenantId=root nodeId=%s\n", e.Fleet.Nodes()[0], e.Fleet.Nodes()[0])
 		}
 	}
+	b.WriteString(e.simUpgradeBanner())
 	if e.Metal != nil {
 		fmt.Fprintf(&b, "  Metal    site %q (%s; its agent in process, PXE over HTTP at %s): %d simulated machines (fake Redfish BMCs) in pool %q;\n",
 			SimSiteName, e.MetalSiteID, e.Metal.PXE.Addrs().BaseURL, len(e.MetalMachines), SimMetalPool)

@@ -3,6 +3,7 @@ package dev
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
@@ -69,13 +70,21 @@ func startFleet(ctx context.Context, env *Env, root string, n int, telemetry, mi
 		// signed node.reboot runs (the simulator's reboot restarts the
 		// daemon with a new boot id) and an unsigned one is BAD_SIGNATURE.
 		CommandKey: env.CommandKey,
+		// They pin dev's release key: a rollout with mask agent upgrades
+		// them to the simulated second build (upgrade.go), in a
+		// simulated handover.
+		ReleaseKey: releasePub(env),
 		Logger:     logger.With("component", "sim"),
 		// The simulated machines can host VPS instances (a process each).
 		VPS:       true,
 		Telemetry: telemetry,
 	}, n)
-	if err != nil || !mig {
+	if err != nil {
 		return f, err
+	}
+	env.SimPoolID = pool.Pool.ID
+	if !mig {
+		return f, nil
 	}
 	env.simMig = true
 	// One simulated node carries a MIG layout: its GPU 0 split in four
@@ -178,4 +187,12 @@ func (e *Env) call(ctx context.Context, method string, body, out any) error {
 		return fmt.Errorf("%s: %s", method, raw)
 	}
 	return json.Unmarshal(raw, out)
+}
+
+// releasePub is the public half of dev's release key, or nil.
+func releasePub(env *Env) ed25519.PublicKey {
+	if env.releaseKey == nil {
+		return nil
+	}
+	return env.releaseKey.Public().(ed25519.PublicKey)
 }

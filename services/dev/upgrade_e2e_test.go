@@ -1,12 +1,16 @@
 package dev_test
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -17,10 +21,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/bettercompute/bettercompute/agent/sim"
+	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/natstest"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/proto/agentrelease"
+	"github.com/bettercompute/bettercompute/services/cli"
+	"github.com/bettercompute/bettercompute/services/dev"
 )
 
 // signedBuild serves a simulated build of version at base/<version> (srv)
@@ -185,4 +192,125 @@ func TestAgentUpgradeRollout(t *testing.T) {
 	if len(list.Nodes) != 0 {
 		t.Fatalf("nodes.list condition=UpgradeFailed after the clear: %+v", list)
 	}
+}
+
+// bannerCommand returns the banner's line that starts with prefix, split
+// into arguments as a shell would (single quotes only).
+func bannerCommand(t *testing.T, banner, prefix string) []string {
+	t.Helper()
+	for _, line := range strings.Split(banner, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		var args []string
+		var cur strings.Builder
+		quoted, any := false, false
+		for _, r := range line {
+			switch {
+			case r == '\'':
+				quoted, any = !quoted, true
+			case r == ' ' && !quoted:
+				if any {
+					args = append(args, cur.String())
+				}
+				cur.Reset()
+				any = false
+			default:
+				cur.WriteRune(r)
+				any = true
+			}
+		}
+		if any {
+			args = append(args, cur.String())
+		}
+		return args
+	}
+	t.Fatalf("the banner has no line %q:\n%s", prefix, banner)
+	return nil
+}
+
+// TestDevRollsItsSimulatedNodesToASecondBuild: dev publishes a second,
+// simulated bcd build signed with its release key and served by the api
+// role; the exact command its banner prints (run through the real CLI)
+// rolls the simulated pool to it, and every simulated node reconnects
+// reporting the new version.
+func TestDevRollsItsSimulatedNodesToASecondBuild(t *testing.T) {
+	t.Parallel()
+	port, three, none, no := 0, 3, 0, false
+	dataDir := t.TempDir()
+	cfg := &config.Config{
+		Database: config.Database{URL: pgtest.NewDB(t)},
+		Server:   config.Server{Host: "127.0.0.1", Port: &port},
+		Dev:      config.Dev{DataDir: dataDir, SimNodes: &three, SimMachines: &none, SimInstances: &no},
+		Gateway:  config.Gateway{Listen: "127.0.0.1:0"},
+		Runtime:  config.Runtime{PollBusDown: config.Duration(50 * time.Millisecond)},
+	}
+	cfg.Defaults()
+	env, err := dev.Start(t.Context(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Stop(context.Background())
+	banner := env.Banner()
+	args := bannerCommand(t, banner, "better-compute api rollouts.create")
+	if !strings.Contains(banner, "a second simulated bcd build "+dev.SimUpgradeVersion) || !slices.Contains(args, "change.agent.releaseManifest=@"+env.SimUpgradeManifest) {
+		t.Fatalf("banner:\n%s", banner)
+	}
+	// The manifest verifies against dev's release key and names a build the
+	// api role serves with its size and SHA-256.
+	keyPEM, err := os.ReadFile(filepath.Join(dataDir, "pki", dev.ReleaseKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := agentrelease.ParsePrivateKey(keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(env.SimUpgradeManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := agentrelease.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agentrelease.Verify(m, key.Public().(ed25519.PublicKey), time.Now()); err != nil || m.Version != dev.SimUpgradeVersion {
+		t.Fatalf("manifest %+v: %v", m, err)
+	}
+	resp, err := http.Get(m.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	build, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if sum := sha256.Sum256(build); resp.StatusCode != http.StatusOK || int64(len(build)) != m.Size || hex.EncodeToString(sum[:]) != m.SHA256 {
+		t.Fatalf("GET %s: %d, %d bytes", m.URL, resp.StatusCode, len(build))
+	}
+
+	ids := env.Fleet.Nodes()
+	var stdout, stderr strings.Builder
+	if code := cli.Main(append([]string{"api", "--url", env.BaseURL(), "--token", env.Credential}, args[2:]...), &stdout, &stderr); code != 0 {
+		t.Fatalf("%v: exit %d\n%s\n%s", args, code, stdout.String(), stderr.String())
+	}
+	db, err := pgxpool.New(t.Context(), cfg.Database.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	poll.Until(t, 2*time.Minute, "every simulated node reporting "+dev.SimUpgradeVersion, func() bool {
+		return agentVersions(t, db, ids)[dev.SimUpgradeVersion] == len(ids)
+	})
+	for i := range ids {
+		if v := env.Fleet.Version(i); v != dev.SimUpgradeVersion {
+			t.Fatalf("simulated node %d reports %s", i, v)
+		}
+	}
+	poll.Until(t, time.Minute, "the rollout succeeded", func() bool {
+		var state string
+		if err := db.QueryRow(t.Context(), `SELECT state FROM rollouts WHERE pool_id = $1`, env.SimPoolID).Scan(&state); err != nil {
+			t.Fatal(err)
+		}
+		return state == "succeeded"
+	})
 }
