@@ -50,7 +50,7 @@ func TestUpgradeFailedFollowsTheAgentSection(t *testing.T) {
 	if since == nil {
 		t.Fatal("no since")
 	}
-	if o := report("node_a", failed); !(o.UpgradeFailed != "" && !o.NewUpgradeFailed) {
+	if o := report("node_a", failed); o.UpgradeFailed == "" || o.NewUpgradeFailed {
 		t.Fatalf("second failed report: %+v", o)
 	}
 	if n := lookup(t, db, "node_a"); n.UpgradeFailedSince == nil || !n.UpgradeFailedSince.Equal(*since) {

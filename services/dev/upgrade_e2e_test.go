@@ -205,23 +205,23 @@ func bannerCommand(t *testing.T, banner, prefix string) []string {
 		}
 		var args []string
 		var cur strings.Builder
-		quoted, any := false, false
+		quoted, started := false, false
 		for _, r := range line {
 			switch {
 			case r == '\'':
-				quoted, any = !quoted, true
+				quoted, started = !quoted, true
 			case r == ' ' && !quoted:
-				if any {
+				if started {
 					args = append(args, cur.String())
 				}
 				cur.Reset()
-				any = false
+				started = false
 			default:
 				cur.WriteRune(r)
-				any = true
+				started = true
 			}
 		}
-		if any {
+		if started {
 			args = append(args, cur.String())
 		}
 		return args
