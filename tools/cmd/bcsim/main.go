@@ -30,6 +30,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/x509"
 	"errors"
 	"flag"
@@ -48,6 +49,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/agent/join"
 	"github.com/bettercompute/bettercompute/agent/sim"
+	"github.com/bettercompute/bettercompute/proto/agentrelease"
 )
 
 // prefixRE is what --prefix takes: it names hosts and state directories.
@@ -86,6 +88,8 @@ func run() error {
 		vpsHosts    = flag.Bool("vps", false, "run every node's instances section on the simulated VPS runtime (a process per running instance), so the nodes can host a vps-host pool")
 		otlp        = flag.String("otlp-endpoint", "", "export every node's telemetry over OTLP/gRPC here (http://host:port plain, https://host:port or host:port TLS), as bcd node does; empty: no telemetry")
 		telEvery    = flag.Duration("telemetry-interval", 10*time.Second, "how often each node collects and exports its telemetry (1s to 1h; the site section's wins)")
+		releaseKey  = flag.String("release-key", "", "the release public key (PEM, `better-compute artifacts keygen`'s release.pub) the nodes pin: a signed manifest in their agent section is downloaded and checked, then the handover is simulated (docs/agent-upgrades.md); empty: every manifest is refused")
+		agentVer    = flag.String("agent-version", "", "the bcd version the nodes report in their Hello until a simulated upgrade (default sim)")
 		cpuEvery    = flag.Duration("cpu-every", 0, "print the simulator's CPU use (cores, per node) and the telemetry exports this often (0: never)")
 	)
 	flag.Parse()
@@ -117,6 +121,16 @@ func run() error {
 			return err
 		}
 	}
+	var release ed25519.PublicKey
+	if *releaseKey != "" {
+		b, err := os.ReadFile(*releaseKey)
+		if err != nil {
+			return err
+		}
+		if release, err = agentrelease.ParsePublicKey(b); err != nil {
+			return err
+		}
+	}
 	logger := slog.New(slog.DiscardHandler)
 	if *verbose {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -132,6 +146,7 @@ func run() error {
 		Gateway: *gateway, ServerName: *serverName, RootCAs: roots, Token: *token, Prefix: *prefix,
 		JoinserviceKey: pub, JoinserviceKeyID: keyID, Root: *root,
 		JoinConcurrency: *concurrency, Logger: logger, NoLogFiles: !*logFiles, VPS: *vpsHosts,
+		ReleaseKey: release, AgentVersion: *agentVer,
 		OnSession: func(up bool) {
 			if up {
 				sessions.Add(1)
