@@ -601,7 +601,7 @@ func catalog() []Type {
 			Name:    "pool.updated",
 			Subject: "pool",
 			Payload: &computev1.PoolsServiceUpdateResponse{},
-			Doc:     "A pool was changed (pools.update); a changed site, health or runtime section gives every node of the pool a new desired state.",
+			Doc:     "A pool was changed (pools.update); a changed site, health, runtime or agent section gives every node of the pool a new desired state.",
 		},
 
 		// Rollouts (docs/rollouts.md).

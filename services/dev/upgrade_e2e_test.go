@@ -117,6 +117,19 @@ func TestAgentUpgradeRollout(t *testing.T) {
 		"change":   map[string]any{"updateMask": "agent", "agent": map[string]any{"releaseManifest": manifest}},
 		"strategy": map[string]any{"batches": []any{map[string]any{"count": 4}, map[string]any{"count": 3}}, "bake": "0.2s"}}, &created)
 	r := created.Rollout
+	var answered struct {
+		Rollout struct {
+			Change struct {
+				UpdateMask string
+				Agent      struct{ ReleaseManifest string }
+			}
+		}
+	}
+	call(t, env, "rollouts/get", map[string]any{"tenantId": "root", "rolloutId": r.ID}, &answered)
+	if m, err := agentrelease.Parse([]byte(answered.Rollout.Change.Agent.ReleaseManifest)); err != nil || m.Version != "v0.2.0" ||
+		answered.Rollout.Change.UpdateMask != "agent" {
+		t.Fatalf("rollouts.get change %+v: %v", answered.Rollout.Change, err)
+	}
 	const hasAgent = `spec ? 'agent'`
 	poll.Until(t, 2*time.Minute, "the rollout paused at the failed upgrade", func() bool {
 		cur := getRollout(t, env, r.ID)
