@@ -84,3 +84,59 @@ func TestAgentChange(t *testing.T) {
 		t.Fatalf("UpgradeFailed: %+v", s)
 	}
 }
+
+// TestNodesSeeSectionStates: a node whose other section is not converged
+// has not the new content yet, and one whose section failed is unhealthy,
+// naming the section (section_status is an array of proto enum names).
+func TestNodesSeeSectionStates(t *testing.T) {
+	t.Parallel()
+	pool, err := db.Open(t.Context(), db.Config{URL: pgtest.NewDB(t), MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ctx := t.Context()
+	fixture.Pool(t, pool, fixture.PoolOpts{ID: "pool_a"})
+	fixture.Node(t, pool, fixture.NodeOpts{ID: "node_1", Pool: "pool_a", State: "adopted", Gateway: "gw-1"})
+	change := rollouts.Change{Mask: []string{"site"}, Site: []byte(`{"logLevel":"debug"}`)}
+	r, err := rollouts.Create(ctx, pool, rollouts.Rollout{ID: "rol_1", TenantID: fixture.DefaultTenant, PoolID: "pool_a", Change: change,
+		Strategy: rollouts.Strategy{Batches: []rollouts.BatchSize{{Percent: 100}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rollouts.Plan(ctx, pool, "rol_1", []rollouts.Planned{{NodeID: "node_1", Batch: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes.StoreSpecs(ctx, pool, []nodes.SpecWrite{{ID: "node_1", Spec: []byte(`{"site": {"logLevel": "debug"}}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := nodes.OpenSession(ctx, pool, "node_1", "gw-1", "boot-1", "journal-1", "v0.1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(sections string) rollouts.NodeStatus {
+		t.Helper()
+		n, err := nodes.Lookup(ctx, pool, "node_1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nodes.RecordObserved(ctx, pool, []nodes.Observation{{NodeID: "node_1", Epoch: s.Epoch, Generation: n.Generation, SectionStatus: []byte(sections)}}); err != nil {
+			t.Fatal(err)
+		}
+		ns, err := rollouts.Nodes(ctx, pool, r)
+		if err != nil || len(ns) != 1 {
+			t.Fatalf("nodes %+v %v", ns, err)
+		}
+		return ns[0]
+	}
+	if st := status(`[{"section": "site", "state": "SECTION_STATE_CONVERGED"}, {"section": "devices", "state": "SECTION_STATE_CONVERGED"}]`); !st.HasContent || st.Unhealthy != "" {
+		t.Fatalf("every section converged: %+v", st)
+	}
+	if st := status(`[{"section": "site", "state": "SECTION_STATE_CONVERGED"}, {"section": "devices", "state": "SECTION_STATE_PROGRESSING"}]`); st.HasContent {
+		t.Fatalf("a section still progressing counts as the new content: %+v", st)
+	}
+	st := status(`[{"section": "site", "state": "SECTION_STATE_CONVERGED"}, {"section": "devices", "state": "SECTION_STATE_FAILED", "reason": "GPUs not in this node's inventory"}]`)
+	if st.HasContent || st.Unhealthy != "a section failed: devices GPUs not in this node's inventory" {
+		t.Fatalf("a failed section: %+v", st)
+	}
+}

@@ -482,7 +482,9 @@ func Nodes(ctx context.Context, q Querier, r Rollout) ([]NodeStatus, error) {
 	rows, err := q.Query(ctx, `
 		SELECT rn.node_id, rn.batch, rn.state, rn.acked, rn.reason,
 			n.observed_generation >= n.generation AND n.generation > 0
-			  AND NOT jsonb_path_exists(n.section_status, '$.* ? (@.state != "converged")')
+			  -- section_status is an array of {section, state, reason,
+			  -- generation}, state the proto enum's name.
+			  AND NOT jsonb_path_exists(n.section_status, '$[*] ? (@.state != "SECTION_STATE_CONVERGED")')
 			  AND (NOT $2::jsonb->'mask' ? 'site' OR coalesce(n.spec->'site', '{}') = $2::jsonb->'site')
 			  AND (NOT $2::jsonb->'mask' ? 'health' OR coalesce(n.spec->'health', '{}') = $2::jsonb->'health')
 			  AND (NOT $2::jsonb->'mask' ? 'runtime' OR coalesce(n.spec->'runtime', '{}') = $2::jsonb->'runtime')
@@ -506,7 +508,10 @@ func Nodes(ctx context.Context, q Querier, r Rollout) ([]NodeStatus, error) {
 			  WHEN n.upgrade_failed <> '' THEN n.upgrade_failed
 			  WHEN n.conditions @> '[{"type": "GPUsHealthy", "status": false}]' THEN 'GPUsHealthy is False'
 			  WHEN EXISTS (SELECT 1 FROM devices d WHERE d.node_id = n.id AND d.quarantined_at IS NOT NULL) THEN 'a GPU is quarantined'
-			  WHEN jsonb_path_exists(n.section_status, '$.* ? (@.state like_regex "^failed")') THEN 'a section failed'
+			  WHEN jsonb_path_exists(n.section_status, '$[*] ? (@.state like_regex "^SECTION_STATE_FAILED")')
+			    THEN 'a section failed: ' || (SELECT s->>'section' || ' ' || coalesce(s->>'reason', '') FROM jsonb_array_elements(
+			      CASE WHEN jsonb_typeof(n.section_status) = 'array' THEN n.section_status ELSE '[]' END) s
+			      WHERE s->>'state' LIKE 'SECTION_STATE_FAILED%' LIMIT 1)
 			  WHEN rn.released_at IS NOT NULL AND EXISTS (SELECT 1 FROM remediations m
 			    WHERE m.node_id = n.id AND m.started_at >= rn.released_at) THEN 'remediated since its change'
 			  ELSE '' END,
