@@ -34,7 +34,7 @@ func TestServeRejectsBadInputBeforeStarting(t *testing.T) {
 		want string
 	}{
 		{"unknown role", []string{"serve", "--roles", "bogus"}, serve.ExitConfig, `error: INVALID_CONFIG roles: unknown role "bogus"`},
-		{"unbuilt role", []string{"serve", "--roles", "api,iam"}, serve.ExitConfig, `error: UNSUPPORTED roles: role "iam" is not built yet`},
+		{"the worker mode gets as far as the database", []string{"serve", "--roles", "worker", "--port", "0"}, serve.ExitError, "error: UNAVAILABLE database.url: cannot reach the database"},
 		{"bad port", []string{"serve", "--port", "70000"}, serve.ExitConfig, "error: INVALID_CONFIG server.port: expected a port from 0 to 65535, got 70000"},
 		{"bad flag", []string{"serve", "--rolez", "api"}, serve.ExitConfig, "unknown flag: --rolez"},
 		{"bad log level", []string{"serve", "--log-level", "loud"}, serve.ExitConfig, "error: INVALID_CONFIG log.level"},

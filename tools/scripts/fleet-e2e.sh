@@ -5,9 +5,13 @@
 # nats-server, N simulated nodes joined through bcsim, and a pool's site
 # settings changed through the CLI. It times every node's convergence (in the
 # database) with the bus up, with nats-server SIGKILLed, and after it restarts
-# empty. Not part of `make test`: run it by hand, it prints its numbers.
+# empty. With GATEWAYS=3 (or more) it runs that many gateway processes, the
+# nodes given all of them (bcsim --gateway a,b,c), and then SIGKILLs one
+# gateway: it times every node back in session on a survivor and a fleet
+# change converged after the kill. Not part of `make test`: run it by hand,
+# it prints its numbers.
 #
-#   tools/scripts/fleet-e2e.sh [nodes, default 1000]
+#   [GATEWAYS=3] tools/scripts/fleet-e2e.sh [nodes, default 1000]
 #
 # The node CA, joinservice's key and the command-signing key are made once by
 # a short `better-compute dev` run in the work directory (the development
@@ -15,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${1:-1000}
+G=${GATEWAYS:-1}
 W=$(mktemp -d /tmp/bc-fleet-e2e.XXXX)
 SIM=$(mktemp -d /dev/shm/bc-fleet-e2e.XXXX 2>/dev/null || mktemp -d /tmp/bc-fleet-e2e-sim.XXXX)
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
@@ -54,7 +59,14 @@ serve() { # $1 role, $2 port
 }
 serve api "$API_PORT"
 for r in nodespec-controller controllers placer command-sweeper outbox-relay; do serve "$r" 0; done
-BC_GATEWAY_LISTEN=127.0.0.1:$GW_PORT BC_GATEWAY_ID=gw-e2e serve gateway 0
+GWS=""
+gwpids=()
+for g in $(seq "$G"); do
+	port=$((GW_PORT + 10 * (g - 1)))
+	BC_GATEWAY_LISTEN=127.0.0.1:$port BC_GATEWAY_ID=gw-e2e-$g serve gateway 0
+	gwpids+=("${pids[-1]}")
+	GWS="${GWS:+$GWS,}127.0.0.1:$port"
+done
 BASE="http://127.0.0.1:$API_PORT"
 for _ in $(seq 100); do curl -sf "$BASE/readyz" >/dev/null && break; sleep 0.1; done
 export BETTER_COMPUTE_URL=$BASE BETTER_COMPUTE_TOKEN=$TOKEN
@@ -64,7 +76,7 @@ JT=$("$BC" api joinTokens.create tenantId=root poolId="$POOL" uses:="$N" | pytho
 for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$GW_PORT") 2>/dev/null && break; sleep 0.1; done
 
 echo "joining $N simulated nodes through bcsim"
-"$W/bcsim" --gateway "127.0.0.1:$GW_PORT" --ca "$W/dev/pki/ca.pem" --joinservice-key "$W/dev/pki/joinservice.pub" \
+"$W/bcsim" --gateway "$GWS" --ca "$W/dev/pki/ca.pem" --joinservice-key "$W/dev/pki/joinservice.pub" \
 	--token "$JT" --nodes "$N" --root "$SIM" --every 500ms >"$W/bcsim.log" 2>&1 & pids+=($!)
 
 converged() { # $1 site log level ("" for any): nodes converged on it
@@ -96,6 +108,26 @@ change "nats-server SIGKILLed" warn
 start_nats 2
 sleep 3
 change "nats-server empty" info
+if [ "$G" -gt 1 ]; then
+	# SIGKILL the gateway holding the most sessions; time every node back in
+	# session on a survivor, then a change made right after the kill.
+	victim=$(psql "$DATABASE_URL" -Atc "SELECT gateway_id FROM nodes WHERE pool_id = '$POOL' AND gateway_id <> ''
+		GROUP BY gateway_id ORDER BY count(*) DESC LIMIT 1")
+	held=$(psql "$DATABASE_URL" -Atc "SELECT count(*) FROM nodes WHERE pool_id = '$POOL' AND gateway_id = '$victim'")
+	t0=$(date +%s.%N)
+	kill -9 "${gwpids[$((${victim##*-} - 1))]}"
+	"$BC" api pools.update tenantId=root poolId="$POOL" site:='{"logLevel":"debug"}' updateMask=site >/dev/null
+	start=$SECONDS
+	until [ "$(psql "$DATABASE_URL" -Atc "SELECT count(*) FROM nodes WHERE pool_id = '$POOL' AND gateway_id NOT IN ('', '$victim')")" -ge "$N" ]; do
+		if [ $((SECONDS - start)) -gt 300 ]; then echo "timed out waiting for the sessions to move" >&2; exit 1; fi
+		sleep 0.05
+	done
+	t1=$(date +%s.%N)
+	printf '%-22s every node back in session %.2f s after SIGKILL of %s (it held %d)\n' "gateway SIGKILLed" "$(echo "$t1 - $t0" | bc)" "$victim" "$held"
+	wait_converged debug 300
+	t2=$(date +%s.%N)
+	printf '%-22s every node converged %.2f s after the SIGKILL and pools.update\n' "" "$(echo "$t2 - $t0" | bc)"
+fi
 sleep 1
 echo "bcsim saw:"; grep "change: all" "$W/bcsim.log" || true
 echo "the processes' logs are in $W"
