@@ -231,6 +231,7 @@ type Converger struct {
 	devices  *devicesHandler
 	booked   bookings
 	site     *siteHandler
+	tunnels  *tunnelsHandler
 	mu       sync.Mutex // serialises Converge
 	// seen is the driver version and minor numbers the last Converge saw
 	// (guarded by mu).
@@ -263,7 +264,7 @@ func New(cfg Config) (*Converger, error) {
 		cfg.Runtime.Root = cfg.Root
 	}
 	c := &Converger{cfg: cfg, health: &healthHandler{}, devices: newDevicesHandler(cfg.CDI, cfg.Runtime.Root, cfg.MIGDevices, cfg.Runtime.Runner), site: &siteHandler{
-		root: cfg.Site.Root, level: cfg.Site.LogLevel, def: cfg.Site.DefaultLogLevel, onChange: cfg.Site.OnChange}}
+		root: cfg.Site.Root, level: cfg.Site.LogLevel, def: cfg.Site.DefaultLogLevel, onChange: cfg.Site.OnChange}, tunnels: &tunnelsHandler{}}
 	c.handlers = []Handler{
 		identityHandler{},
 		c.site,
@@ -274,6 +275,7 @@ func New(cfg Config) (*Converger, error) {
 		instances(cfg.VPS),
 		c.health,
 		&agentHandler{cfg: cfg.Agent},
+		c.tunnels,
 	}
 	b, err := os.ReadFile(filepath.Join(cfg.Root, ObservedGenerationFile))
 	switch {
@@ -291,6 +293,9 @@ func New(cfg Config) (*Converger, error) {
 		return nil, err
 	}
 	if err := c.site.load(cfg.Root, true); err != nil {
+		return nil, err
+	}
+	if err := c.tunnels.load(cfg.Root); err != nil {
 		return nil, err
 	}
 	if err := c.resume(); err != nil {

@@ -147,6 +147,7 @@ func TestConverge_TerminalFailures(t *testing.T) {
 		Health:    &agentv1.HealthSettings{DiagnosticsLevel: "extreme"},
 		Agent:     &agentv1.AgentSettings{Channel: "beta"},
 		Devices:   &agentv1.DeviceAssignments{Assignments: []*agentv1.DeviceAssignment{{ReservationId: "rsv_1", GpuUuids: []string{"GPU-a"}}, {ReservationId: "rsv_2", GpuUuids: []string{"GPU-a"}}}},
+		Tunnels:   &agentv1.TunnelSettings{Allow: []*agentv1.TunnelRule{{Host: "localhost"}}},
 	}
 	ss, obs := c.Converge(context.Background(), &agentv1.DesiredState{Generation: 1, Spec: spec})
 	if obs != 1 {
@@ -161,6 +162,7 @@ func TestConverge_TerminalFailures(t *testing.T) {
 		"health":    `diagnostics level "extreme"`,
 		"agent":     "not built yet: would follow release channel beta",
 		"devices":   "GPU GPU-a is assigned to both rsv_1 and rsv_2",
+		"tunnels":   "invalid tunnels section (nothing is allowed): allow[0]: ports 0-0",
 	}
 	for _, s := range ss {
 		if s.GetState() != agentv1.SectionState_SECTION_STATE_FAILED_TERMINAL || !strings.Contains(s.GetReason(), want[s.GetSection()]) {

@@ -33,6 +33,10 @@
 // plane last heard it, an InventoryReport of the GPUs is queued. Updates produced while disconnected
 // are sent on the next session; the gateway also re-sends in-flight
 // commands on reconnect and the journal answers them with their state.
+//
+// OpenTunnel opens a Tunnel stream on the same connection, to a target the
+// node's tunnels section allows (see tunnel.go); tunnels end with their
+// session.
 package session
 
 import (
@@ -46,6 +50,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -359,6 +364,8 @@ type runner struct {
 	// sentCh is closed and replaced whenever sent moves.
 	queued, sent uint64
 	sentCh       chan struct{}
+	// tunnelCount is the tunnels open (see tunnel.go).
+	tunnelCount atomic.Int64
 }
 
 // sessionLoop runs sessions until ctx ends, backing off between them.
@@ -515,6 +522,9 @@ func (r *runner) session(ctx context.Context) (welcomed bool, err error) {
 				r.cmds.Handle(b.Command)
 			case *agentv1.SessionResponse_Cancel:
 				r.cmds.Cancel(b.Cancel)
+			case *agentv1.SessionResponse_OpenTunnel:
+				// On the session's own connection; it ends with the session.
+				wg.Go(func() { r.openTunnel(sctx, conn, b.OpenTunnel) })
 			case *agentv1.SessionResponse_InventoryRequest:
 				rep, err := r.cfg.Inventory.Report(sctx, b.InventoryRequest.GetSections())
 				if err != nil {

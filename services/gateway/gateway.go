@@ -11,7 +11,8 @@
 // it writes liveness for all its sessions in one statement per interval; and
 // it delivers commands (see commands.go) — to a session whose certificate
 // has role ramdisk (bcd ramdisk) only the commissioning flow's kinds. It also holds the site agents'
-// SiteAgentService sessions and their boot leases (see site.go).
+// SiteAgentService sessions and their boot leases (see site.go), and the
+// nodes' Tunnel streams (see tunnels.go).
 package gateway
 
 import (
@@ -156,6 +157,9 @@ type Gateway struct {
 	// sites are the site agents' sessions (see site.go).
 	sites     siteSessions
 	siteWakes siteWakes
+
+	// tunnels are the tunnels opening (see tunnels.go).
+	tunnels tunnelTable
 }
 
 type session struct {
@@ -163,6 +167,8 @@ type session struct {
 	epoch  int64
 	seen   bool // a message arrived since the last liveness write
 	cancel context.CancelCauseFunc
+	// ctx ends with the session (its tunnels end with it).
+	ctx context.Context
 
 	// serial and notAfter are the session's certificate's, rechecked
 	// every liveness tick.
@@ -511,7 +517,7 @@ func (g *Gateway) Session(stream agentv1.NodeService_SessionServer) error {
 	// of it may have been lost with its last session (sent as that session
 	// ended), and the daemon reports only after a converge, so it is sent
 	// again and the node reports it on this session.
-	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, stream: stream, delivered: min(hello.GetObservedGeneration(), observed),
+	s := &session{nodeID: certNode, epoch: epoch, cancel: cancel, ctx: sctx, stream: stream, delivered: min(hello.GetObservedGeneration(), observed),
 		serial: chain[0].SerialNumber.Text(16), notAfter: chain[0].NotAfter, ramdisk: role == nodeca.RoleRamdisk,
 		agentVersion: hello.GetAgentVersion()}
 	g.mu.Lock()

@@ -81,6 +81,9 @@ type Server struct {
 	// Outputs receives the CommandUpdates that carry an output chunk
 	// (buffered; dropped when full, as no test reads them all).
 	Outputs chan *agentv1.CommandUpdate
+	// Tunnels receives every Tunnel stream a daemon opens (buffered); the
+	// stream stays open until Done is closed or the daemon ends it.
+	Tunnels chan TunnelStream
 	// Heartbeats counts heartbeats.
 	Heartbeats atomic.Int64
 	// Joins counts successful joins; JoinAttempts every Join call.
@@ -145,7 +148,7 @@ func New(t testing.TB, opts ...Option) *Server {
 		PublicKey: hk.PublicKey().Bytes(), KeyID: join.KeyID(hk.PublicKey().Bytes()),
 		Hellos: make(chan Hello, 100), Reports: make(chan *agentv1.InventoryReport, 100), Renewed: make(chan *x509.Certificate, 100),
 		Observed: make(chan *agentv1.Observed, 100), Updates: make(chan *agentv1.CommandUpdate, 100),
-		Outputs: make(chan *agentv1.CommandUpdate, 1000),
+		Outputs: make(chan *agentv1.CommandUpdate, 1000), Tunnels: make(chan TunnelStream, 16),
 		caKey:   caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.SessionResponse{},
 	}
 
@@ -260,6 +263,34 @@ func (s *Server) OpenSessions() int {
 // reports how many sessions it went to.
 func (s *Server) SendCommand(c *agentv1.Command) int {
 	return s.broadcast(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_Command{Command: c}})
+}
+
+// TunnelStream is one daemon Tunnel stream; close Done to end it.
+type TunnelStream struct {
+	agentv1.NodeService_TunnelServer
+	Done chan struct{}
+}
+
+// SendOpenTunnel sends o on every open session and reports how many.
+func (s *Server) SendOpenTunnel(o *agentv1.OpenTunnel) int {
+	return s.broadcast(&agentv1.SessionResponse{Body: &agentv1.SessionResponse_OpenTunnel{OpenTunnel: o}})
+}
+
+// Tunnel implements agentv1.NodeServiceServer: it hands the stream to
+// Tunnels.
+func (s *Server) Tunnel(stream agentv1.NodeService_TunnelServer) error {
+	ts := TunnelStream{NodeService_TunnelServer: stream, Done: make(chan struct{})}
+	select {
+	case s.Tunnels <- ts:
+	case <-stream.Context().Done():
+		return stream.Context().Err()
+	}
+	select {
+	case <-ts.Done:
+		return nil
+	case <-stream.Context().Done():
+		return stream.Context().Err()
+	}
 }
 
 // SendCancel sends cc on every open session and reports how many.

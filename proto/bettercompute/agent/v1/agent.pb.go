@@ -84,6 +84,136 @@ func (SectionState) EnumDescriptor() ([]byte, []int) {
 	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+// TunnelRequest is one frame of a Tunnel stream from the node.
+type TunnelRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tunnel_id names the tunnel (tun_…): set on the node's first frame,
+	// ignored on later ones.
+	TunnelId string `protobuf:"bytes,1,opt,name=tunnel_id,json=tunnelId,proto3" json:"tunnel_id,omitempty"`
+	// data is the next bytes from the target, at most 32 KiB.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// close_write says the target sent all its data.
+	CloseWrite bool `protobuf:"varint,3,opt,name=close_write,json=closeWrite,proto3" json:"close_write,omitempty"`
+	// error, on the node's first frame, is why the node refused the tunnel
+	// (at most 1 KiB); the stream then ends.
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelRequest) Reset() {
+	*x = TunnelRequest{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelRequest) ProtoMessage() {}
+
+func (x *TunnelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelRequest.ProtoReflect.Descriptor instead.
+func (*TunnelRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *TunnelRequest) GetTunnelId() string {
+	if x != nil {
+		return x.TunnelId
+	}
+	return ""
+}
+
+func (x *TunnelRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TunnelRequest) GetCloseWrite() bool {
+	if x != nil {
+		return x.CloseWrite
+	}
+	return false
+}
+
+func (x *TunnelRequest) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// TunnelResponse is one frame of a Tunnel stream to the node.
+type TunnelResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// data is the next bytes for the target, at most 32 KiB.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// close_write says the caller sent all its data.
+	CloseWrite    bool `protobuf:"varint,2,opt,name=close_write,json=closeWrite,proto3" json:"close_write,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelResponse) Reset() {
+	*x = TunnelResponse{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelResponse) ProtoMessage() {}
+
+func (x *TunnelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelResponse.ProtoReflect.Descriptor instead.
+func (*TunnelResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TunnelResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TunnelResponse) GetCloseWrite() bool {
+	if x != nil {
+		return x.CloseWrite
+	}
+	return false
+}
+
 // JoinRequest redeems a join token.
 type JoinRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -110,7 +240,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -122,7 +252,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -135,7 +265,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *JoinRequest) GetSealedToken() []byte {
@@ -197,7 +327,7 @@ type HardwareClaims struct {
 
 func (x *HardwareClaims) Reset() {
 	*x = HardwareClaims{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -209,7 +339,7 @@ func (x *HardwareClaims) String() string {
 func (*HardwareClaims) ProtoMessage() {}
 
 func (x *HardwareClaims) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -222,7 +352,7 @@ func (x *HardwareClaims) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HardwareClaims.ProtoReflect.Descriptor instead.
 func (*HardwareClaims) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HardwareClaims) GetHostname() string {
@@ -277,7 +407,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +419,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +432,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JoinResponse) GetNodeId() string {
@@ -358,7 +488,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +500,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +513,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenewRequest) GetCsr() []byte {
@@ -406,7 +536,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +548,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +561,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewResponse) GetCertificateChain() [][]byte {
@@ -468,7 +598,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +610,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +623,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SessionRequest) GetBody() isSessionRequest_Body {
@@ -605,7 +735,7 @@ type Observed struct {
 
 func (x *Observed) Reset() {
 	*x = Observed{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -617,7 +747,7 @@ func (x *Observed) String() string {
 func (*Observed) ProtoMessage() {}
 
 func (x *Observed) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -630,7 +760,7 @@ func (x *Observed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Observed.ProtoReflect.Descriptor instead.
 func (*Observed) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Observed) GetGeneration() int64 {
@@ -674,7 +804,7 @@ type SectionStatus struct {
 
 func (x *SectionStatus) Reset() {
 	*x = SectionStatus{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +816,7 @@ func (x *SectionStatus) String() string {
 func (*SectionStatus) ProtoMessage() {}
 
 func (x *SectionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +829,7 @@ func (x *SectionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SectionStatus.ProtoReflect.Descriptor instead.
 func (*SectionStatus) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SectionStatus) GetSection() string {
@@ -765,7 +895,7 @@ type InstanceStatus struct {
 
 func (x *InstanceStatus) Reset() {
 	*x = InstanceStatus{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +907,7 @@ func (x *InstanceStatus) String() string {
 func (*InstanceStatus) ProtoMessage() {}
 
 func (x *InstanceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +920,7 @@ func (x *InstanceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceStatus.ProtoReflect.Descriptor instead.
 func (*InstanceStatus) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *InstanceStatus) GetId() string {
@@ -869,7 +999,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +1011,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +1024,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Hello) GetNodeId() string {
@@ -943,7 +1073,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1085,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1098,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Heartbeat) GetSequence() uint64 {
@@ -993,7 +1123,7 @@ type InventoryReport struct {
 
 func (x *InventoryReport) Reset() {
 	*x = InventoryReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1005,7 +1135,7 @@ func (x *InventoryReport) String() string {
 func (*InventoryReport) ProtoMessage() {}
 
 func (x *InventoryReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1018,7 +1148,7 @@ func (x *InventoryReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryReport.ProtoReflect.Descriptor instead.
 func (*InventoryReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InventoryReport) GetSections() []string {
@@ -1068,7 +1198,7 @@ type Host struct {
 
 func (x *Host) Reset() {
 	*x = Host{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1210,7 @@ func (x *Host) String() string {
 func (*Host) ProtoMessage() {}
 
 func (x *Host) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1223,7 @@ func (x *Host) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Host.ProtoReflect.Descriptor instead.
 func (*Host) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Host) GetHostname() string {
@@ -1180,7 +1310,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1322,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1335,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -1307,7 +1437,7 @@ type MigSlice struct {
 
 func (x *MigSlice) Reset() {
 	*x = MigSlice{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1449,7 @@ func (x *MigSlice) String() string {
 func (*MigSlice) ProtoMessage() {}
 
 func (x *MigSlice) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1462,7 @@ func (x *MigSlice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigSlice.ProtoReflect.Descriptor instead.
 func (*MigSlice) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MigSlice) GetUuid() string {
@@ -1383,6 +1513,7 @@ type SessionResponse struct {
 	//	*SessionResponse_DesiredState
 	//	*SessionResponse_Command
 	//	*SessionResponse_Cancel
+	//	*SessionResponse_OpenTunnel
 	Body          isSessionResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1390,7 +1521,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1533,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1546,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SessionResponse) GetBody() isSessionResponse_Body {
@@ -1470,6 +1601,15 @@ func (x *SessionResponse) GetCancel() *CommandCancel {
 	return nil
 }
 
+func (x *SessionResponse) GetOpenTunnel() *OpenTunnel {
+	if x != nil {
+		if x, ok := x.Body.(*SessionResponse_OpenTunnel); ok {
+			return x.OpenTunnel
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Body interface {
 	isSessionResponse_Body()
 }
@@ -1500,6 +1640,12 @@ type SessionResponse_Cancel struct {
 	Cancel *CommandCancel `protobuf:"bytes,5,opt,name=cancel,proto3,oneof"`
 }
 
+type SessionResponse_OpenTunnel struct {
+	// open_tunnel asks the node to open a Tunnel stream for a port
+	// forward; the node checks the target against its tunnels allowlist.
+	OpenTunnel *OpenTunnel `protobuf:"bytes,6,opt,name=open_tunnel,json=openTunnel,proto3,oneof"`
+}
+
 func (*SessionResponse_Welcome) isSessionResponse_Body() {}
 
 func (*SessionResponse_InventoryRequest) isSessionResponse_Body() {}
@@ -1509,6 +1655,66 @@ func (*SessionResponse_DesiredState) isSessionResponse_Body() {}
 func (*SessionResponse_Command) isSessionResponse_Body() {}
 
 func (*SessionResponse_Cancel) isSessionResponse_Body() {}
+
+func (*SessionResponse_OpenTunnel) isSessionResponse_Body() {}
+
+// OpenTunnel asks the node to open a Tunnel stream to a target.
+type OpenTunnel struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tunnel_id names the tunnel, "tun_…"; the node's first TunnelRequest
+	// carries it.
+	TunnelId string `protobuf:"bytes,1,opt,name=tunnel_id,json=tunnelId,proto3" json:"tunnel_id,omitempty"`
+	// target is what the node connects to: "host:port" (TCP) or
+	// "unix:/absolute/path" (a unix socket), at most 512 bytes. The node
+	// connects only when its tunnels section allows the target.
+	Target        string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenTunnel) Reset() {
+	*x = OpenTunnel{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenTunnel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenTunnel) ProtoMessage() {}
+
+func (x *OpenTunnel) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenTunnel.ProtoReflect.Descriptor instead.
+func (*OpenTunnel) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *OpenTunnel) GetTunnelId() string {
+	if x != nil {
+		return x.TunnelId
+	}
+	return ""
+}
+
+func (x *OpenTunnel) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
 
 // DesiredState is the node's full desired state.
 type DesiredState struct {
@@ -1523,7 +1729,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1741,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1754,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DesiredState) GetGeneration() int64 {
@@ -1581,7 +1787,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1799,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1812,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Welcome) GetSessionEpoch() int64 {
@@ -1641,7 +1847,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1859,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1872,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *InventoryRequest) GetSections() []string {
@@ -1680,7 +1886,17 @@ var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a%bettercompute/agent/v1/commands.proto\x1a%bettercompute/agent/v1/nodespec.proto\"\xef\x01\n" +
+	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a%bettercompute/agent/v1/commands.proto\x1a%bettercompute/agent/v1/nodespec.proto\"w\n" +
+	"\rTunnelRequest\x12\x1b\n" +
+	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x1f\n" +
+	"\vclose_write\x18\x03 \x01(\bR\n" +
+	"closeWrite\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"E\n" +
+	"\x0eTunnelResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1f\n" +
+	"\vclose_write\x18\x02 \x01(\bR\n" +
+	"closeWrite\"\xef\x01\n" +
 	"\vJoinRequest\x12!\n" +
 	"\fsealed_token\x18\x01 \x01(\fR\vsealedToken\x12)\n" +
 	"\x10encapsulated_key\x18\x02 \x01(\fR\x0fencapsulatedKey\x12,\n" +
@@ -1781,14 +1997,20 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\aprofile\x18\x02 \x01(\tR\aprofile\x12\x14\n" +
 	"\x05start\x18\x03 \x01(\rR\x05start\x12!\n" +
 	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\x12&\n" +
-	"\x0fgpu_instance_id\x18\x05 \x01(\rR\rgpuInstanceId\"\xfa\x02\n" +
+	"\x0fgpu_instance_id\x18\x05 \x01(\rR\rgpuInstanceId\"\xc1\x03\n" +
 	"\x0fSessionResponse\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12W\n" +
 	"\x11inventory_request\x18\x02 \x01(\v2(.bettercompute.agent.v1.InventoryRequestH\x00R\x10inventoryRequest\x12K\n" +
 	"\rdesired_state\x18\x03 \x01(\v2$.bettercompute.agent.v1.DesiredStateH\x00R\fdesiredState\x12;\n" +
 	"\acommand\x18\x04 \x01(\v2\x1f.bettercompute.agent.v1.CommandH\x00R\acommand\x12?\n" +
-	"\x06cancel\x18\x05 \x01(\v2%.bettercompute.agent.v1.CommandCancelH\x00R\x06cancelB\x06\n" +
-	"\x04body\"d\n" +
+	"\x06cancel\x18\x05 \x01(\v2%.bettercompute.agent.v1.CommandCancelH\x00R\x06cancel\x12E\n" +
+	"\vopen_tunnel\x18\x06 \x01(\v2\".bettercompute.agent.v1.OpenTunnelH\x00R\n" +
+	"openTunnelB\x06\n" +
+	"\x04body\"A\n" +
+	"\n" +
+	"OpenTunnel\x12\x1b\n" +
+	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"d\n" +
 	"\fDesiredState\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x03R\n" +
@@ -1806,11 +2028,12 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x17SECTION_STATE_CONVERGED\x10\x01\x12\x1d\n" +
 	"\x19SECTION_STATE_PROGRESSING\x10\x02\x12\x18\n" +
 	"\x14SECTION_STATE_FAILED\x10\x03\x12!\n" +
-	"\x1dSECTION_STATE_FAILED_TERMINAL\x10\x042\x96\x02\n" +
+	"\x1dSECTION_STATE_FAILED_TERMINAL\x10\x042\xf3\x02\n" +
 	"\vNodeService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
 	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse\x12^\n" +
-	"\aSession\x12&.bettercompute.agent.v1.SessionRequest\x1a'.bettercompute.agent.v1.SessionResponse(\x010\x01BMZKgithub.com/bettercompute/bettercompute/proto/bettercompute/agent/v1;agentv1b\x06proto3"
+	"\aSession\x12&.bettercompute.agent.v1.SessionRequest\x1a'.bettercompute.agent.v1.SessionResponse(\x010\x01\x12[\n" +
+	"\x06Tunnel\x12%.bettercompute.agent.v1.TunnelRequest\x1a&.bettercompute.agent.v1.TunnelResponse(\x010\x01BMZKgithub.com/bettercompute/bettercompute/proto/bettercompute/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_bettercompute_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1825,64 +2048,70 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(SectionState)(0),        // 0: bettercompute.agent.v1.SectionState
-	(*JoinRequest)(nil),      // 1: bettercompute.agent.v1.JoinRequest
-	(*HardwareClaims)(nil),   // 2: bettercompute.agent.v1.HardwareClaims
-	(*JoinResponse)(nil),     // 3: bettercompute.agent.v1.JoinResponse
-	(*RenewRequest)(nil),     // 4: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),    // 5: bettercompute.agent.v1.RenewResponse
-	(*SessionRequest)(nil),   // 6: bettercompute.agent.v1.SessionRequest
-	(*Observed)(nil),         // 7: bettercompute.agent.v1.Observed
-	(*SectionStatus)(nil),    // 8: bettercompute.agent.v1.SectionStatus
-	(*InstanceStatus)(nil),   // 9: bettercompute.agent.v1.InstanceStatus
-	(*Hello)(nil),            // 10: bettercompute.agent.v1.Hello
-	(*Heartbeat)(nil),        // 11: bettercompute.agent.v1.Heartbeat
-	(*InventoryReport)(nil),  // 12: bettercompute.agent.v1.InventoryReport
-	(*Host)(nil),             // 13: bettercompute.agent.v1.Host
-	(*GPU)(nil),              // 14: bettercompute.agent.v1.GPU
-	(*MigSlice)(nil),         // 15: bettercompute.agent.v1.MigSlice
-	(*SessionResponse)(nil),  // 16: bettercompute.agent.v1.SessionResponse
-	(*DesiredState)(nil),     // 17: bettercompute.agent.v1.DesiredState
-	(*Welcome)(nil),          // 18: bettercompute.agent.v1.Welcome
-	(*InventoryRequest)(nil), // 19: bettercompute.agent.v1.InventoryRequest
-	(*CommandUpdate)(nil),    // 20: bettercompute.agent.v1.CommandUpdate
-	(*Command)(nil),          // 21: bettercompute.agent.v1.Command
-	(*CommandCancel)(nil),    // 22: bettercompute.agent.v1.CommandCancel
-	(*NodeSpec)(nil),         // 23: bettercompute.agent.v1.NodeSpec
+	(*TunnelRequest)(nil),    // 1: bettercompute.agent.v1.TunnelRequest
+	(*TunnelResponse)(nil),   // 2: bettercompute.agent.v1.TunnelResponse
+	(*JoinRequest)(nil),      // 3: bettercompute.agent.v1.JoinRequest
+	(*HardwareClaims)(nil),   // 4: bettercompute.agent.v1.HardwareClaims
+	(*JoinResponse)(nil),     // 5: bettercompute.agent.v1.JoinResponse
+	(*RenewRequest)(nil),     // 6: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),    // 7: bettercompute.agent.v1.RenewResponse
+	(*SessionRequest)(nil),   // 8: bettercompute.agent.v1.SessionRequest
+	(*Observed)(nil),         // 9: bettercompute.agent.v1.Observed
+	(*SectionStatus)(nil),    // 10: bettercompute.agent.v1.SectionStatus
+	(*InstanceStatus)(nil),   // 11: bettercompute.agent.v1.InstanceStatus
+	(*Hello)(nil),            // 12: bettercompute.agent.v1.Hello
+	(*Heartbeat)(nil),        // 13: bettercompute.agent.v1.Heartbeat
+	(*InventoryReport)(nil),  // 14: bettercompute.agent.v1.InventoryReport
+	(*Host)(nil),             // 15: bettercompute.agent.v1.Host
+	(*GPU)(nil),              // 16: bettercompute.agent.v1.GPU
+	(*MigSlice)(nil),         // 17: bettercompute.agent.v1.MigSlice
+	(*SessionResponse)(nil),  // 18: bettercompute.agent.v1.SessionResponse
+	(*OpenTunnel)(nil),       // 19: bettercompute.agent.v1.OpenTunnel
+	(*DesiredState)(nil),     // 20: bettercompute.agent.v1.DesiredState
+	(*Welcome)(nil),          // 21: bettercompute.agent.v1.Welcome
+	(*InventoryRequest)(nil), // 22: bettercompute.agent.v1.InventoryRequest
+	(*CommandUpdate)(nil),    // 23: bettercompute.agent.v1.CommandUpdate
+	(*Command)(nil),          // 24: bettercompute.agent.v1.Command
+	(*CommandCancel)(nil),    // 25: bettercompute.agent.v1.CommandCancel
+	(*NodeSpec)(nil),         // 26: bettercompute.agent.v1.NodeSpec
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
-	2,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.HardwareClaims
-	14, // 1: bettercompute.agent.v1.HardwareClaims.gpus:type_name -> bettercompute.agent.v1.GPU
-	10, // 2: bettercompute.agent.v1.SessionRequest.hello:type_name -> bettercompute.agent.v1.Hello
-	11, // 3: bettercompute.agent.v1.SessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	12, // 4: bettercompute.agent.v1.SessionRequest.inventory:type_name -> bettercompute.agent.v1.InventoryReport
-	7,  // 5: bettercompute.agent.v1.SessionRequest.observed:type_name -> bettercompute.agent.v1.Observed
-	20, // 6: bettercompute.agent.v1.SessionRequest.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	8,  // 7: bettercompute.agent.v1.Observed.sections:type_name -> bettercompute.agent.v1.SectionStatus
+	4,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.HardwareClaims
+	16, // 1: bettercompute.agent.v1.HardwareClaims.gpus:type_name -> bettercompute.agent.v1.GPU
+	12, // 2: bettercompute.agent.v1.SessionRequest.hello:type_name -> bettercompute.agent.v1.Hello
+	13, // 3: bettercompute.agent.v1.SessionRequest.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	14, // 4: bettercompute.agent.v1.SessionRequest.inventory:type_name -> bettercompute.agent.v1.InventoryReport
+	9,  // 5: bettercompute.agent.v1.SessionRequest.observed:type_name -> bettercompute.agent.v1.Observed
+	23, // 6: bettercompute.agent.v1.SessionRequest.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	10, // 7: bettercompute.agent.v1.Observed.sections:type_name -> bettercompute.agent.v1.SectionStatus
 	0,  // 8: bettercompute.agent.v1.SectionStatus.state:type_name -> bettercompute.agent.v1.SectionState
-	9,  // 9: bettercompute.agent.v1.SectionStatus.instances:type_name -> bettercompute.agent.v1.InstanceStatus
-	13, // 10: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
-	14, // 11: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
-	15, // 12: bettercompute.agent.v1.GPU.mig_slices:type_name -> bettercompute.agent.v1.MigSlice
-	18, // 13: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
-	19, // 14: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	17, // 15: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
-	21, // 16: bettercompute.agent.v1.SessionResponse.command:type_name -> bettercompute.agent.v1.Command
-	22, // 17: bettercompute.agent.v1.SessionResponse.cancel:type_name -> bettercompute.agent.v1.CommandCancel
-	23, // 18: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
-	1,  // 19: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	4,  // 20: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	6,  // 21: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
-	3,  // 22: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	5,  // 23: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	16, // 24: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
-	22, // [22:25] is the sub-list for method output_type
-	19, // [19:22] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	11, // 9: bettercompute.agent.v1.SectionStatus.instances:type_name -> bettercompute.agent.v1.InstanceStatus
+	15, // 10: bettercompute.agent.v1.InventoryReport.host:type_name -> bettercompute.agent.v1.Host
+	16, // 11: bettercompute.agent.v1.InventoryReport.gpus:type_name -> bettercompute.agent.v1.GPU
+	17, // 12: bettercompute.agent.v1.GPU.mig_slices:type_name -> bettercompute.agent.v1.MigSlice
+	21, // 13: bettercompute.agent.v1.SessionResponse.welcome:type_name -> bettercompute.agent.v1.Welcome
+	22, // 14: bettercompute.agent.v1.SessionResponse.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	20, // 15: bettercompute.agent.v1.SessionResponse.desired_state:type_name -> bettercompute.agent.v1.DesiredState
+	24, // 16: bettercompute.agent.v1.SessionResponse.command:type_name -> bettercompute.agent.v1.Command
+	25, // 17: bettercompute.agent.v1.SessionResponse.cancel:type_name -> bettercompute.agent.v1.CommandCancel
+	19, // 18: bettercompute.agent.v1.SessionResponse.open_tunnel:type_name -> bettercompute.agent.v1.OpenTunnel
+	26, // 19: bettercompute.agent.v1.DesiredState.spec:type_name -> bettercompute.agent.v1.NodeSpec
+	3,  // 20: bettercompute.agent.v1.NodeService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	6,  // 21: bettercompute.agent.v1.NodeService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	8,  // 22: bettercompute.agent.v1.NodeService.Session:input_type -> bettercompute.agent.v1.SessionRequest
+	1,  // 23: bettercompute.agent.v1.NodeService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
+	5,  // 24: bettercompute.agent.v1.NodeService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	7,  // 25: bettercompute.agent.v1.NodeService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	18, // 26: bettercompute.agent.v1.NodeService.Session:output_type -> bettercompute.agent.v1.SessionResponse
+	2,  // 27: bettercompute.agent.v1.NodeService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
+	24, // [24:28] is the sub-list for method output_type
+	20, // [20:24] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -1892,19 +2121,20 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	}
 	file_bettercompute_agent_v1_commands_proto_init()
 	file_bettercompute_agent_v1_nodespec_proto_init()
-	file_bettercompute_agent_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*SessionRequest_Hello)(nil),
 		(*SessionRequest_Heartbeat)(nil),
 		(*SessionRequest_Inventory)(nil),
 		(*SessionRequest_Observed)(nil),
 		(*SessionRequest_CommandUpdate)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*SessionResponse_Welcome)(nil),
 		(*SessionResponse_InventoryRequest)(nil),
 		(*SessionResponse_DesiredState)(nil),
 		(*SessionResponse_Command)(nil),
 		(*SessionResponse_Cancel)(nil),
+		(*SessionResponse_OpenTunnel)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1912,7 +2142,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	NodeService_Join_FullMethodName    = "/bettercompute.agent.v1.NodeService/Join"
 	NodeService_Renew_FullMethodName   = "/bettercompute.agent.v1.NodeService/Renew"
 	NodeService_Session_FullMethodName = "/bettercompute.agent.v1.NodeService/Session"
+	NodeService_Tunnel_FullMethodName  = "/bettercompute.agent.v1.NodeService/Tunnel"
 )
 
 // NodeServiceClient is the client API for NodeService service.
@@ -44,6 +45,17 @@ type NodeServiceClient interface {
 	// heartbeats and reports; the control plane answers Welcome, then asks for
 	// inventory (and, in later releases, sends desired state and commands).
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
+	// Tunnel carries one port forward (docs/tunnels.md). The daemon opens it,
+	// on the same connection as its Session, when the session sends
+	// OpenTunnel: the node still only dials out. Its first frame names the
+	// tunnel (tunnel_id) and, when the node refused it (a target outside the
+	// NodeSpec's tunnels allowlist, a ramdisk, a target that did not answer),
+	// says why in error and ends the stream. Then both sides send data frames
+	// of at most 32 KiB; close_write says a side sent all it will (the TCP
+	// half-close). gRPC's flow control applies per stream: a side that stops
+	// reading stops the other's Send, and each side holds at most one frame in
+	// flight per direction.
+	Tunnel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TunnelRequest, TunnelResponse], error)
 }
 
 type nodeServiceClient struct {
@@ -87,6 +99,19 @@ func (c *nodeServiceClient) Session(ctx context.Context, opts ...grpc.CallOption
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type NodeService_SessionClient = grpc.BidiStreamingClient[SessionRequest, SessionResponse]
 
+func (c *nodeServiceClient) Tunnel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TunnelRequest, TunnelResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &NodeService_ServiceDesc.Streams[1], NodeService_Tunnel_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TunnelRequest, TunnelResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type NodeService_TunnelClient = grpc.BidiStreamingClient[TunnelRequest, TunnelResponse]
+
 // NodeServiceServer is the server API for NodeService service.
 // All implementations must embed UnimplementedNodeServiceServer
 // for forward compatibility.
@@ -107,6 +132,17 @@ type NodeServiceServer interface {
 	// heartbeats and reports; the control plane answers Welcome, then asks for
 	// inventory (and, in later releases, sends desired state and commands).
 	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
+	// Tunnel carries one port forward (docs/tunnels.md). The daemon opens it,
+	// on the same connection as its Session, when the session sends
+	// OpenTunnel: the node still only dials out. Its first frame names the
+	// tunnel (tunnel_id) and, when the node refused it (a target outside the
+	// NodeSpec's tunnels allowlist, a ramdisk, a target that did not answer),
+	// says why in error and ends the stream. Then both sides send data frames
+	// of at most 32 KiB; close_write says a side sent all it will (the TCP
+	// half-close). gRPC's flow control applies per stream: a side that stops
+	// reading stops the other's Send, and each side holds at most one frame in
+	// flight per direction.
+	Tunnel(grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]) error
 	mustEmbedUnimplementedNodeServiceServer()
 }
 
@@ -125,6 +161,9 @@ func (UnimplementedNodeServiceServer) Renew(context.Context, *RenewRequest) (*Re
 }
 func (UnimplementedNodeServiceServer) Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error {
 	return status.Error(codes.Unimplemented, "method Session not implemented")
+}
+func (UnimplementedNodeServiceServer) Tunnel(grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]) error {
+	return status.Error(codes.Unimplemented, "method Tunnel not implemented")
 }
 func (UnimplementedNodeServiceServer) mustEmbedUnimplementedNodeServiceServer() {}
 func (UnimplementedNodeServiceServer) testEmbeddedByValue()                     {}
@@ -190,6 +229,13 @@ func _NodeService_Session_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type NodeService_SessionServer = grpc.BidiStreamingServer[SessionRequest, SessionResponse]
 
+func _NodeService_Tunnel_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(NodeServiceServer).Tunnel(&grpc.GenericServerStream[TunnelRequest, TunnelResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type NodeService_TunnelServer = grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]
+
 // NodeService_ServiceDesc is the grpc.ServiceDesc for NodeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -210,6 +256,12 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Session",
 			Handler:       _NodeService_Session_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Tunnel",
+			Handler:       _NodeService_Tunnel_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

@@ -48,7 +48,12 @@ type NodeSpec struct {
 	// contributed by health (today: the pool's health settings).
 	Health *HealthSettings `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"`
 	// agent is the desired version and channel of bcd: contributed by rollout.
-	Agent         *AgentSettings `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent *AgentSettings `protobuf:"bytes,8,opt,name=agent,proto3" json:"agent,omitempty"`
+	// tunnels is which targets the node may open port forwards to: the
+	// pool's default allowlist, narrowed by the node's own. Empty (the
+	// default) allows nothing. The node enforces it on every open, whatever
+	// the control plane asks.
+	Tunnels       *TunnelSettings `protobuf:"bytes,9,opt,name=tunnels,proto3" json:"tunnels,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -139,6 +144,158 @@ func (x *NodeSpec) GetAgent() *AgentSettings {
 	return nil
 }
 
+func (x *NodeSpec) GetTunnels() *TunnelSettings {
+	if x != nil {
+		return x.Tunnels
+	}
+	return nil
+}
+
+// TunnelSettings is the node's tunnels allowlist.
+type TunnelSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// allow are the rules, at most 64; a target is allowed when one rule
+	// matches it (and, when narrow is set, one of narrow's too). The pool's
+	// tunnels setting.
+	Allow []*TunnelRule `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	// narrow, when set, are the node's own rules (nodes.update), at most 64:
+	// a target must match one of them as well, so a node can only narrow its
+	// pool's allowlist, never widen it.
+	Narrow        []*TunnelRule `protobuf:"bytes,2,rep,name=narrow,proto3" json:"narrow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelSettings) Reset() {
+	*x = TunnelSettings{}
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelSettings) ProtoMessage() {}
+
+func (x *TunnelSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelSettings.ProtoReflect.Descriptor instead.
+func (*TunnelSettings) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TunnelSettings) GetAllow() []*TunnelRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *TunnelSettings) GetNarrow() []*TunnelRule {
+	if x != nil {
+		return x.Narrow
+	}
+	return nil
+}
+
+// TunnelRule allows TCP targets by host or CIDR and port range, or one
+// unix socket by path. Exactly one of host, cidr and unix_path is set.
+type TunnelRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// host is a host name or IP literal the target must name exactly
+	// (compared case-insensitively), at most 253 bytes.
+	Host string `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	// cidr is a network ("10.0.0.0/8", "127.0.0.1/32") the target's IP
+	// literal must be in; a target naming a host name never matches it.
+	Cidr string `protobuf:"bytes,2,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	// port_min and port_max are the TCP ports allowed (1 to 65535,
+	// port_min <= port_max); a port_max of 0 means port_min alone.
+	PortMin uint32 `protobuf:"varint,3,opt,name=port_min,json=portMin,proto3" json:"port_min,omitempty"`
+	PortMax uint32 `protobuf:"varint,4,opt,name=port_max,json=portMax,proto3" json:"port_max,omitempty"`
+	// unix_path is the absolute path of a unix socket the target must name
+	// exactly ("unix:<path>").
+	UnixPath      string `protobuf:"bytes,5,opt,name=unix_path,json=unixPath,proto3" json:"unix_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelRule) Reset() {
+	*x = TunnelRule{}
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelRule) ProtoMessage() {}
+
+func (x *TunnelRule) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelRule.ProtoReflect.Descriptor instead.
+func (*TunnelRule) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TunnelRule) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *TunnelRule) GetCidr() string {
+	if x != nil {
+		return x.Cidr
+	}
+	return ""
+}
+
+func (x *TunnelRule) GetPortMin() uint32 {
+	if x != nil {
+		return x.PortMin
+	}
+	return 0
+}
+
+func (x *TunnelRule) GetPortMax() uint32 {
+	if x != nil {
+		return x.PortMax
+	}
+	return 0
+}
+
+func (x *TunnelRule) GetUnixPath() string {
+	if x != nil {
+		return x.UnixPath
+	}
+	return ""
+}
+
 // NodeIdentity is who the node is.
 type NodeIdentity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -156,7 +313,7 @@ type NodeIdentity struct {
 
 func (x *NodeIdentity) Reset() {
 	*x = NodeIdentity{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[1]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -168,7 +325,7 @@ func (x *NodeIdentity) String() string {
 func (*NodeIdentity) ProtoMessage() {}
 
 func (x *NodeIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[1]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -181,7 +338,7 @@ func (x *NodeIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeIdentity.ProtoReflect.Descriptor instead.
 func (*NodeIdentity) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodeIdentity) GetNodeId() string {
@@ -224,7 +381,7 @@ type StringList struct {
 
 func (x *StringList) Reset() {
 	*x = StringList{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +393,7 @@ func (x *StringList) String() string {
 func (*StringList) ProtoMessage() {}
 
 func (x *StringList) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +406,7 @@ func (x *StringList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringList.ProtoReflect.Descriptor instead.
 func (*StringList) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StringList) GetValues() []string {
@@ -295,7 +452,7 @@ type SiteSettings struct {
 
 func (x *SiteSettings) Reset() {
 	*x = SiteSettings{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -307,7 +464,7 @@ func (x *SiteSettings) String() string {
 func (*SiteSettings) ProtoMessage() {}
 
 func (x *SiteSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -320,7 +477,7 @@ func (x *SiteSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SiteSettings.ProtoReflect.Descriptor instead.
 func (*SiteSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SiteSettings) GetGateways() *StringList {
@@ -411,7 +568,7 @@ type RuntimeSettings struct {
 
 func (x *RuntimeSettings) Reset() {
 	*x = RuntimeSettings{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +580,7 @@ func (x *RuntimeSettings) String() string {
 func (*RuntimeSettings) ProtoMessage() {}
 
 func (x *RuntimeSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +593,7 @@ func (x *RuntimeSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeSettings.ProtoReflect.Descriptor instead.
 func (*RuntimeSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RuntimeSettings) GetEngines() []string {
@@ -472,7 +629,7 @@ type DeviceAssignments struct {
 
 func (x *DeviceAssignments) Reset() {
 	*x = DeviceAssignments{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +641,7 @@ func (x *DeviceAssignments) String() string {
 func (*DeviceAssignments) ProtoMessage() {}
 
 func (x *DeviceAssignments) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +654,7 @@ func (x *DeviceAssignments) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignments.ProtoReflect.Descriptor instead.
 func (*DeviceAssignments) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeviceAssignments) GetAssignments() []*DeviceAssignment {
@@ -520,7 +677,7 @@ type DeviceAssignment struct {
 
 func (x *DeviceAssignment) Reset() {
 	*x = DeviceAssignment{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +689,7 @@ func (x *DeviceAssignment) String() string {
 func (*DeviceAssignment) ProtoMessage() {}
 
 func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +702,7 @@ func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignment.ProtoReflect.Descriptor instead.
 func (*DeviceAssignment) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeviceAssignment) GetReservationId() string {
@@ -574,7 +731,7 @@ type MigLayout struct {
 
 func (x *MigLayout) Reset() {
 	*x = MigLayout{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +743,7 @@ func (x *MigLayout) String() string {
 func (*MigLayout) ProtoMessage() {}
 
 func (x *MigLayout) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +756,7 @@ func (x *MigLayout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigLayout.ProtoReflect.Descriptor instead.
 func (*MigLayout) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MigLayout) GetGpus() []*GpuMigLayout {
@@ -632,7 +789,7 @@ type GpuMigLayout struct {
 
 func (x *GpuMigLayout) Reset() {
 	*x = GpuMigLayout{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +801,7 @@ func (x *GpuMigLayout) String() string {
 func (*GpuMigLayout) ProtoMessage() {}
 
 func (x *GpuMigLayout) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +814,7 @@ func (x *GpuMigLayout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuMigLayout.ProtoReflect.Descriptor instead.
 func (*GpuMigLayout) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GpuMigLayout) GetGpuUuid() string {
@@ -703,7 +860,7 @@ type MigInstance struct {
 
 func (x *MigInstance) Reset() {
 	*x = MigInstance{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +872,7 @@ func (x *MigInstance) String() string {
 func (*MigInstance) ProtoMessage() {}
 
 func (x *MigInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +885,7 @@ func (x *MigInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
 func (*MigInstance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MigInstance) GetProfile() string {
@@ -759,7 +916,7 @@ type Instances struct {
 
 func (x *Instances) Reset() {
 	*x = Instances{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +928,7 @@ func (x *Instances) String() string {
 func (*Instances) ProtoMessage() {}
 
 func (x *Instances) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +941,7 @@ func (x *Instances) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instances.ProtoReflect.Descriptor instead.
 func (*Instances) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Instances) GetInstances() []*Instance {
@@ -836,7 +993,7 @@ type Instance struct {
 
 func (x *Instance) Reset() {
 	*x = Instance{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1005,7 @@ func (x *Instance) String() string {
 func (*Instance) ProtoMessage() {}
 
 func (x *Instance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1018,7 @@ func (x *Instance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Instance.ProtoReflect.Descriptor instead.
 func (*Instance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Instance) GetId() string {
@@ -985,7 +1142,7 @@ type HealthSettings struct {
 
 func (x *HealthSettings) Reset() {
 	*x = HealthSettings{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1154,7 @@ func (x *HealthSettings) String() string {
 func (*HealthSettings) ProtoMessage() {}
 
 func (x *HealthSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1167,7 @@ func (x *HealthSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthSettings.ProtoReflect.Descriptor instead.
 func (*HealthSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HealthSettings) GetCheckInterval() *durationpb.Duration {
@@ -1097,7 +1254,7 @@ type AgentSettings struct {
 
 func (x *AgentSettings) Reset() {
 	*x = AgentSettings{}
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1266,7 @@ func (x *AgentSettings) String() string {
 func (*AgentSettings) ProtoMessage() {}
 
 func (x *AgentSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_nodespec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1279,7 @@ func (x *AgentSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentSettings.ProtoReflect.Descriptor instead.
 func (*AgentSettings) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AgentSettings) GetDesiredVersion() string {
@@ -1150,7 +1307,7 @@ var File_bettercompute_agent_v1_nodespec_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"\n" +
-	"%bettercompute/agent/v1/nodespec.proto\x12\x16bettercompute.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\x81\x04\n" +
+	"%bettercompute/agent/v1/nodespec.proto\x12\x16bettercompute.agent.v1\x1a\x1egoogle/protobuf/duration.proto\"\xc3\x04\n" +
 	"\bNodeSpec\x12@\n" +
 	"\bidentity\x18\x01 \x01(\v2$.bettercompute.agent.v1.NodeIdentityR\bidentity\x128\n" +
 	"\x04site\x18\x02 \x01(\v2$.bettercompute.agent.v1.SiteSettingsR\x04site\x12A\n" +
@@ -1159,7 +1316,18 @@ const file_bettercompute_agent_v1_nodespec_proto_rawDesc = "" +
 	"\x03mig\x18\x05 \x01(\v2!.bettercompute.agent.v1.MigLayoutR\x03mig\x12?\n" +
 	"\tinstances\x18\x06 \x01(\v2!.bettercompute.agent.v1.InstancesR\tinstances\x12>\n" +
 	"\x06health\x18\a \x01(\v2&.bettercompute.agent.v1.HealthSettingsR\x06health\x12;\n" +
-	"\x05agent\x18\b \x01(\v2%.bettercompute.agent.v1.AgentSettingsR\x05agent\"\xe2\x01\n" +
+	"\x05agent\x18\b \x01(\v2%.bettercompute.agent.v1.AgentSettingsR\x05agent\x12@\n" +
+	"\atunnels\x18\t \x01(\v2&.bettercompute.agent.v1.TunnelSettingsR\atunnels\"\x86\x01\n" +
+	"\x0eTunnelSettings\x128\n" +
+	"\x05allow\x18\x01 \x03(\v2\".bettercompute.agent.v1.TunnelRuleR\x05allow\x12:\n" +
+	"\x06narrow\x18\x02 \x03(\v2\".bettercompute.agent.v1.TunnelRuleR\x06narrow\"\x87\x01\n" +
+	"\n" +
+	"TunnelRule\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n" +
+	"\x04cidr\x18\x02 \x01(\tR\x04cidr\x12\x19\n" +
+	"\bport_min\x18\x03 \x01(\rR\aportMin\x12\x19\n" +
+	"\bport_max\x18\x04 \x01(\rR\aportMax\x12\x1b\n" +
+	"\tunix_path\x18\x05 \x01(\tR\bunixPath\"\xe2\x01\n" +
 	"\fNodeIdentity\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -1253,52 +1421,57 @@ func file_bettercompute_agent_v1_nodespec_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_nodespec_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_nodespec_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_bettercompute_agent_v1_nodespec_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_bettercompute_agent_v1_nodespec_proto_goTypes = []any{
 	(*NodeSpec)(nil),            // 0: bettercompute.agent.v1.NodeSpec
-	(*NodeIdentity)(nil),        // 1: bettercompute.agent.v1.NodeIdentity
-	(*StringList)(nil),          // 2: bettercompute.agent.v1.StringList
-	(*SiteSettings)(nil),        // 3: bettercompute.agent.v1.SiteSettings
-	(*RuntimeSettings)(nil),     // 4: bettercompute.agent.v1.RuntimeSettings
-	(*DeviceAssignments)(nil),   // 5: bettercompute.agent.v1.DeviceAssignments
-	(*DeviceAssignment)(nil),    // 6: bettercompute.agent.v1.DeviceAssignment
-	(*MigLayout)(nil),           // 7: bettercompute.agent.v1.MigLayout
-	(*GpuMigLayout)(nil),        // 8: bettercompute.agent.v1.GpuMigLayout
-	(*MigInstance)(nil),         // 9: bettercompute.agent.v1.MigInstance
-	(*Instances)(nil),           // 10: bettercompute.agent.v1.Instances
-	(*Instance)(nil),            // 11: bettercompute.agent.v1.Instance
-	(*HealthSettings)(nil),      // 12: bettercompute.agent.v1.HealthSettings
-	(*AgentSettings)(nil),       // 13: bettercompute.agent.v1.AgentSettings
-	nil,                         // 14: bettercompute.agent.v1.NodeIdentity.LabelsEntry
-	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
+	(*TunnelSettings)(nil),      // 1: bettercompute.agent.v1.TunnelSettings
+	(*TunnelRule)(nil),          // 2: bettercompute.agent.v1.TunnelRule
+	(*NodeIdentity)(nil),        // 3: bettercompute.agent.v1.NodeIdentity
+	(*StringList)(nil),          // 4: bettercompute.agent.v1.StringList
+	(*SiteSettings)(nil),        // 5: bettercompute.agent.v1.SiteSettings
+	(*RuntimeSettings)(nil),     // 6: bettercompute.agent.v1.RuntimeSettings
+	(*DeviceAssignments)(nil),   // 7: bettercompute.agent.v1.DeviceAssignments
+	(*DeviceAssignment)(nil),    // 8: bettercompute.agent.v1.DeviceAssignment
+	(*MigLayout)(nil),           // 9: bettercompute.agent.v1.MigLayout
+	(*GpuMigLayout)(nil),        // 10: bettercompute.agent.v1.GpuMigLayout
+	(*MigInstance)(nil),         // 11: bettercompute.agent.v1.MigInstance
+	(*Instances)(nil),           // 12: bettercompute.agent.v1.Instances
+	(*Instance)(nil),            // 13: bettercompute.agent.v1.Instance
+	(*HealthSettings)(nil),      // 14: bettercompute.agent.v1.HealthSettings
+	(*AgentSettings)(nil),       // 15: bettercompute.agent.v1.AgentSettings
+	nil,                         // 16: bettercompute.agent.v1.NodeIdentity.LabelsEntry
+	(*durationpb.Duration)(nil), // 17: google.protobuf.Duration
 }
 var file_bettercompute_agent_v1_nodespec_proto_depIdxs = []int32{
-	1,  // 0: bettercompute.agent.v1.NodeSpec.identity:type_name -> bettercompute.agent.v1.NodeIdentity
-	3,  // 1: bettercompute.agent.v1.NodeSpec.site:type_name -> bettercompute.agent.v1.SiteSettings
-	4,  // 2: bettercompute.agent.v1.NodeSpec.runtime:type_name -> bettercompute.agent.v1.RuntimeSettings
-	5,  // 3: bettercompute.agent.v1.NodeSpec.devices:type_name -> bettercompute.agent.v1.DeviceAssignments
-	7,  // 4: bettercompute.agent.v1.NodeSpec.mig:type_name -> bettercompute.agent.v1.MigLayout
-	10, // 5: bettercompute.agent.v1.NodeSpec.instances:type_name -> bettercompute.agent.v1.Instances
-	12, // 6: bettercompute.agent.v1.NodeSpec.health:type_name -> bettercompute.agent.v1.HealthSettings
-	13, // 7: bettercompute.agent.v1.NodeSpec.agent:type_name -> bettercompute.agent.v1.AgentSettings
-	14, // 8: bettercompute.agent.v1.NodeIdentity.labels:type_name -> bettercompute.agent.v1.NodeIdentity.LabelsEntry
-	2,  // 9: bettercompute.agent.v1.SiteSettings.gateways:type_name -> bettercompute.agent.v1.StringList
-	2,  // 10: bettercompute.agent.v1.SiteSettings.ntp_servers:type_name -> bettercompute.agent.v1.StringList
-	2,  // 11: bettercompute.agent.v1.SiteSettings.dns_servers:type_name -> bettercompute.agent.v1.StringList
-	2,  // 12: bettercompute.agent.v1.SiteSettings.no_proxy:type_name -> bettercompute.agent.v1.StringList
-	2,  // 13: bettercompute.agent.v1.SiteSettings.search_domains:type_name -> bettercompute.agent.v1.StringList
-	15, // 14: bettercompute.agent.v1.SiteSettings.telemetry_interval:type_name -> google.protobuf.Duration
-	6,  // 15: bettercompute.agent.v1.DeviceAssignments.assignments:type_name -> bettercompute.agent.v1.DeviceAssignment
-	8,  // 16: bettercompute.agent.v1.MigLayout.gpus:type_name -> bettercompute.agent.v1.GpuMigLayout
-	9,  // 17: bettercompute.agent.v1.GpuMigLayout.instances:type_name -> bettercompute.agent.v1.MigInstance
-	11, // 18: bettercompute.agent.v1.Instances.instances:type_name -> bettercompute.agent.v1.Instance
-	15, // 19: bettercompute.agent.v1.HealthSettings.check_interval:type_name -> google.protobuf.Duration
-	15, // 20: bettercompute.agent.v1.HealthSettings.diagnostics_interval:type_name -> google.protobuf.Duration
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	3,  // 0: bettercompute.agent.v1.NodeSpec.identity:type_name -> bettercompute.agent.v1.NodeIdentity
+	5,  // 1: bettercompute.agent.v1.NodeSpec.site:type_name -> bettercompute.agent.v1.SiteSettings
+	6,  // 2: bettercompute.agent.v1.NodeSpec.runtime:type_name -> bettercompute.agent.v1.RuntimeSettings
+	7,  // 3: bettercompute.agent.v1.NodeSpec.devices:type_name -> bettercompute.agent.v1.DeviceAssignments
+	9,  // 4: bettercompute.agent.v1.NodeSpec.mig:type_name -> bettercompute.agent.v1.MigLayout
+	12, // 5: bettercompute.agent.v1.NodeSpec.instances:type_name -> bettercompute.agent.v1.Instances
+	14, // 6: bettercompute.agent.v1.NodeSpec.health:type_name -> bettercompute.agent.v1.HealthSettings
+	15, // 7: bettercompute.agent.v1.NodeSpec.agent:type_name -> bettercompute.agent.v1.AgentSettings
+	1,  // 8: bettercompute.agent.v1.NodeSpec.tunnels:type_name -> bettercompute.agent.v1.TunnelSettings
+	2,  // 9: bettercompute.agent.v1.TunnelSettings.allow:type_name -> bettercompute.agent.v1.TunnelRule
+	2,  // 10: bettercompute.agent.v1.TunnelSettings.narrow:type_name -> bettercompute.agent.v1.TunnelRule
+	16, // 11: bettercompute.agent.v1.NodeIdentity.labels:type_name -> bettercompute.agent.v1.NodeIdentity.LabelsEntry
+	4,  // 12: bettercompute.agent.v1.SiteSettings.gateways:type_name -> bettercompute.agent.v1.StringList
+	4,  // 13: bettercompute.agent.v1.SiteSettings.ntp_servers:type_name -> bettercompute.agent.v1.StringList
+	4,  // 14: bettercompute.agent.v1.SiteSettings.dns_servers:type_name -> bettercompute.agent.v1.StringList
+	4,  // 15: bettercompute.agent.v1.SiteSettings.no_proxy:type_name -> bettercompute.agent.v1.StringList
+	4,  // 16: bettercompute.agent.v1.SiteSettings.search_domains:type_name -> bettercompute.agent.v1.StringList
+	17, // 17: bettercompute.agent.v1.SiteSettings.telemetry_interval:type_name -> google.protobuf.Duration
+	8,  // 18: bettercompute.agent.v1.DeviceAssignments.assignments:type_name -> bettercompute.agent.v1.DeviceAssignment
+	10, // 19: bettercompute.agent.v1.MigLayout.gpus:type_name -> bettercompute.agent.v1.GpuMigLayout
+	11, // 20: bettercompute.agent.v1.GpuMigLayout.instances:type_name -> bettercompute.agent.v1.MigInstance
+	13, // 21: bettercompute.agent.v1.Instances.instances:type_name -> bettercompute.agent.v1.Instance
+	17, // 22: bettercompute.agent.v1.HealthSettings.check_interval:type_name -> google.protobuf.Duration
+	17, // 23: bettercompute.agent.v1.HealthSettings.diagnostics_interval:type_name -> google.protobuf.Duration
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_nodespec_proto_init() }
@@ -1306,14 +1479,14 @@ func file_bettercompute_agent_v1_nodespec_proto_init() {
 	if File_bettercompute_agent_v1_nodespec_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_nodespec_proto_msgTypes[3].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_nodespec_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_nodespec_proto_rawDesc), len(file_bettercompute_agent_v1_nodespec_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
