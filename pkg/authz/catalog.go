@@ -112,6 +112,16 @@ const (
 	NodesUpdate Action = "compute:nodes:update"
 	// NodesRevoke revokes a node's certificates and so ends its sessions.
 	NodesRevoke Action = "compute:nodes:revoke"
+	// NodesTunnel opens a port forward to a target the node allows
+	// (tunnels.open).
+	NodesTunnel Action = "compute:nodes:tunnel"
+	// TunnelsList lists a tenant's tunnels; TunnelsClose closes one (on
+	// its node).
+	TunnelsList  Action = "compute:tunnels:list"
+	TunnelsClose Action = "compute:tunnels:close"
+	// TunnelsConnect carries a tunnel's bytes: anonymous, the connect
+	// token is the credential.
+	TunnelsConnect Action = "compute:tunnels:connect"
 
 	CommandsRun  Action = "compute:commands:run"
 	CommandsGet  Action = "compute:commands:get"
@@ -183,6 +193,7 @@ var catalog = []Action{
 	WebhooksCreate, WebhooksGet, WebhooksList, WebhooksUpdate, WebhooksDelete,
 	WebhooksRotateSecret, WebhooksTest, WebhooksRedeliver,
 	NodesGet, NodesList, NodesDrain, NodesExec, NodesUpdate, NodesRevoke, NodesRetire, NodesRepair,
+	NodesTunnel, TunnelsList, TunnelsClose, TunnelsConnect,
 	CommandsRun, CommandsGet, CommandsList,
 	JoinTokensCreate, JoinTokensList, JoinTokensRevoke,
 	ReservationsCreate, ReservationsGet, ReservationsList, ReservationsCancel,

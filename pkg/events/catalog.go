@@ -313,6 +313,21 @@ func catalog() []Type {
 			Doc:     "A node's labels were replaced (nodes.update); its desired state is recomputed.",
 		},
 		{
+			Name:    "tunnel.opened",
+			Subject: "node",
+			Payload: &computev1.Tunnel{},
+			Doc: "A caller opened a tunnel to a target on the node (tunnels.open): who, which target, why and until when. " +
+				"The node's daemon connects only when its tunnels allowlist allows the target (docs/tunnels.md).",
+		},
+		{
+			Name:    "tunnel.closed",
+			Subject: "node",
+			Payload: &computev1.Tunnel{},
+			Doc: "A tunnel closed, at both ends: closeReason says why (closed, tunnels.close, expired, revoked, node_retired, " +
+				"session_ended, refused, token_expired, unroutable, api_stopped, error); bytesIn and bytesOut are what flowed " +
+				"caller to target and back.",
+		},
+		{
 			Name:    "node.revoked",
 			Subject: "node",
 			Payload: &computev1.NodesServiceRevokeResponse{},

@@ -122,6 +122,11 @@ type Config struct {
 	// one node in 7 days (health.maxRepairClearsPerNode); 0 means
 	// [DefaultMaxRepairClearsPerNode].
 	MaxRepairClearsPerNode int
+	// Tunnels opens the node's side of tunnels (the gateway holding the
+	// node); nil answers Connect UNSUPPORTED.
+	Tunnels TunnelDialer
+	// TunnelLimits bound tunnels.
+	TunnelLimits TunnelLimits
 }
 
 // CapacityOptions tune inline placement.
@@ -197,6 +202,11 @@ type Server struct {
 	tail                  *tailer
 	closing               chan struct{}
 	closeOnce             sync.Once
+
+	tunnels      TunnelDialer
+	tunnelLimits TunnelLimits
+	relays       relaySet
+	proc         string // names this process in tunnels.relay_process
 }
 
 // New builds the gRPC server with every service registered and checks the
@@ -257,7 +267,11 @@ func New(cfg Config) (*Server, error) {
 		proxies:               cfg.TrustedProxies,
 		maxDL:                 cmp.Or(cfg.MaxDeadline, 30*time.Second),
 		now:                   now,
+		tunnels:               cfg.Tunnels,
+		tunnelLimits:          cfg.TunnelLimits,
+		proc:                  processID(),
 	}
+	s.tunnelLimits.CheckInterval = cmp.Or(s.tunnelLimits.CheckInterval, time.Second)
 	s.tail = newTailer(s, cfg.Watch)
 	waker.OnPolicies(s.tail.policiesChanged)
 	var err error
@@ -288,6 +302,7 @@ func New(cfg Config) (*Server, error) {
 	computev1.RegisterSitesServiceServer(gs, &sitesAPI{Server: s})
 	computev1.RegisterMetalServiceServer(gs, &metalAPI{Server: s})
 	computev1.RegisterInstancesServiceServer(gs, &instancesAPI{Server: s})
+	computev1.RegisterTunnelsServiceServer(gs, &tunnelsAPI{Server: s})
 	if err := CheckMethods(gs, s.methods); err != nil {
 		return nil, err
 	}
@@ -363,6 +378,7 @@ func (s *Server) Gateway(ctx context.Context) (http.Handler, error) {
 		"sites":        computev1.RegisterSitesServiceHandler,
 		"metal":        computev1.RegisterMetalServiceHandler,
 		"instances":    computev1.RegisterInstancesServiceHandler,
+		"tunnels":      computev1.RegisterTunnelsServiceHandler,
 	} {
 		if err := register(ctx, mux, conn); err != nil {
 			return nil, fmt.Errorf("register %s gateway: %w", name, err)

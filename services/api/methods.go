@@ -94,6 +94,12 @@ var methods = map[string]Method{
 	computev1.MetalService_Rescue_FullMethodName:  {Action: authz.MetalRescue},
 	computev1.MetalService_Delete_FullMethodName:  {Action: authz.MetalDelete},
 
+	computev1.TunnelsService_Open_FullMethodName:  {Action: authz.NodesTunnel},
+	computev1.TunnelsService_List_FullMethodName:  {Action: authz.TunnelsList},
+	computev1.TunnelsService_Close_FullMethodName: {Action: authz.TunnelsClose},
+	// The connect token is Connect's credential (tunnels.Connect).
+	computev1.TunnelsService_Connect_FullMethodName: {Action: authz.TunnelsConnect, Anonymous: true},
+
 	computev1.JoinTokensService_Create_FullMethodName: {Action: authz.JoinTokensCreate},
 	computev1.JoinTokensService_List_FullMethodName:   {Action: authz.JoinTokensList},
 	computev1.JoinTokensService_Revoke_FullMethodName: {Action: authz.JoinTokensRevoke},

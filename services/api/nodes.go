@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
@@ -24,6 +25,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/rollouts"
+	"github.com/bettercompute/bettercompute/pkg/tunnels"
 )
 
 // nodes implements computev1.NodesServiceServer.
@@ -228,12 +230,19 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 	}
 	paths := req.GetUpdateMask().GetPaths()
 	if len(paths) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (labels, mig)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (labels, mig, tunnels)")
 	}
 	var setLabels bool
 	var mig *[]miglayouts.Layout
+	var tunnelRules *[]*agentv1.TunnelRule
 	for _, p := range paths {
 		switch p {
+		case "tunnels":
+			r, err := tunnelRulesOf(req.GetTunnels(), "tunnels")
+			if err != nil {
+				return nil, err
+			}
+			tunnelRules = &r
 		case "labels":
 			if err := validLabels(req.GetLabels()); err != nil {
 				return nil, err
@@ -246,7 +255,7 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 			}
 			mig = &l
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (labels, mig can)", p)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (labels, mig, tunnels can)", p)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypeNode, req.GetNodeId(), "nodeId")
@@ -269,6 +278,11 @@ func (s *nodes) Update(ctx context.Context, req *computev1.NodesServiceUpdateReq
 			}
 			if mig != nil {
 				if err := setNodeMig(ctx, tx, q, req.GetTenantId(), req.GetNodeId(), *mig); err != nil {
+					return admission.Outcome{}, err
+				}
+			}
+			if tunnelRules != nil {
+				if err := tunnels.SetNodeRules(ctx, tx, req.GetNodeId(), *tunnelRules); err != nil {
 					return admission.Outcome{}, err
 				}
 			}

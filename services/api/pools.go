@@ -28,6 +28,7 @@ import (
 	poolstore "github.com/bettercompute/bettercompute/pkg/pools"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/rollouts"
+	"github.com/bettercompute/bettercompute/pkg/tunnels"
 )
 
 // pools implements computev1.PoolsServiceServer.
@@ -291,14 +292,21 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 		return nil, err
 	}
 	if len(req.GetUpdateMask().GetPaths()) == 0 {
-		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, runtime, mig, agent, acceptance, sharing, defaultQuota, vps, provider)")
+		return nil, fault.New(fault.InvalidInput, "updateMask", "required: name the fields to change (description, labels, site, health, runtime, mig, agent, acceptance, sharing, defaultQuota, vps, provider, tunnels)")
 	}
 	var u poolstore.Update
 	var vps *instances.Settings
 	var provider *providerUpdate
 	var mig *[]miglayouts.Layout
+	var tunnelRules *[]*agentv1.TunnelRule
 	for _, path := range req.GetUpdateMask().GetPaths() {
 		switch path {
+		case "tunnels":
+			r, err := tunnelRulesOf(req.GetTunnels(), "tunnels")
+			if err != nil {
+				return nil, err
+			}
+			tunnelRules = &r
 		case "description":
 			if len(req.GetDescription()) > MaxDescription {
 				return nil, fault.New(fault.InvalidInput, "description", "at most %d bytes", MaxDescription)
@@ -374,7 +382,7 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 			}
 			u.DefaultQuota = &n
 		default:
-			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, runtime, mig, agent, acceptance, sharing, defaultQuota, vps, provider can)", path)
+			return nil, fault.New(fault.InvalidInput, "updateMask", "field %q cannot be updated (description, labels, site, health, runtime, mig, agent, acceptance, sharing, defaultQuota, vps, provider, tunnels can)", path)
 		}
 	}
 	res, err := authz.Get(ctx, s.db, req.GetTenantId(), authz.TypePool, req.GetPoolId(), "poolId")
@@ -412,6 +420,14 @@ func (s *pools) Update(ctx context.Context, req *computev1.PoolsServiceUpdateReq
 					return admission.Outcome{}, fault.New(fault.Conflict, "updateMask", "pool %s has an active rollout %s (%s) of its MIG layouts: cancel it or wait for it", p.ID, r.ID, r.State)
 				}
 				if err := setPoolMig(ctx, tx, q, p, *mig, req.GetMig().GetResetPolicy()); err != nil {
+					return admission.Outcome{}, err
+				}
+			}
+			if tunnelRules != nil {
+				if err := tunnels.SetPoolRules(ctx, tx, p.ID, *tunnelRules); err != nil {
+					return admission.Outcome{}, err
+				}
+				if err := nodespec.InvalidatePool(ctx, tx, q, p.ID); err != nil {
 					return admission.Outcome{}, err
 				}
 			}

@@ -528,6 +528,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 			AllowPrivateWebhooks: a.cfg.Webhooks.AllowPrivateNetworks, Providers: a.cfg.Providers.Outbound(), Kinds: a.admitKinds,
 			AuditKey: a.auditKey(), Registerer: a.reg, Secrets: keyring,
 			MaxRepairClearsPerNode: a.cfg.Health.MaxRepairClearsPerNode,
+			Tunnels:                tunnelDialer{a},
 			Watch: api.WatchLimits{
 				MaxLifetime: a.cfg.Events.MaxStreamLifetime.Std(), PerIdentity: a.cfg.Events.MaxWatchesPerIdentity, Total: a.cfg.Events.MaxWatches,
 			},
@@ -546,6 +547,7 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 			return nil, err
 		}
 		mux.HandleFunc("GET "+api.WatchPath, a.api.ServeWatch)
+		mux.HandleFunc("GET "+api.TunnelConnectPath, a.api.ServeTunnel)
 		mux.Handle(api.Prefix, gw)
 		con, err := console.New(console.Config{Conn: a.api.Conn(), Watch: a.api.ServeWatch, Kinds: a.admitKinds, Logger: a.logger,
 			TrustedProxies: proxies, DB: a.pool, Now: a.opts.API.Now,

@@ -8,6 +8,7 @@ import (
 	nodelife "github.com/bettercompute/bettercompute/pkg/lifecycle"
 	desired "github.com/bettercompute/bettercompute/pkg/nodespec"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
+	"github.com/bettercompute/bettercompute/pkg/tunnels"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/capacity"
 	"github.com/bettercompute/bettercompute/services/gateway"
@@ -28,6 +29,9 @@ func nodeSpecRegistry() (*desired.Registry, error) {
 		return nil, err
 	}
 	if err := vps.Register(reg); err != nil {
+		return nil, err
+	}
+	if err := tunnels.Register(reg); err != nil {
 		return nil, err
 	}
 	return reg, nil

@@ -20,6 +20,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
+	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/gateway"
 	"github.com/bettercompute/bettercompute/services/joinservice"
 )
@@ -204,4 +205,23 @@ func (a *App) GatewaySessions() int {
 		return gw.Sessions()
 	}
 	return 0
+}
+
+// tunnelDialer opens tunnels through this process's gateway (the API's
+// api.TunnelDialer). A node held by a gateway in another process is
+// UNSUPPORTED: relaying across processes over internal mutual TLS is not
+// built yet (docs/tunnels.md).
+type tunnelDialer struct{ a *App }
+
+func (d tunnelDialer) DialTunnel(ctx context.Context, nodeID, gatewayID, tunnelID, target string) (api.TunnelConn, error) {
+	gw := d.a.localGW.Load()
+	if gw == nil || gatewayID != d.a.cfg.Gateway.ID {
+		return nil, fault.New(fault.Unsupported, "nodeId",
+			"not built yet: node %s's session is on gateway %q, not in this API process; relaying a tunnel to another process's gateway (internal mutual TLS) is not built yet", nodeID, gatewayID)
+	}
+	t, err := gw.OpenTunnel(ctx, nodeID, tunnelID, target)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
 }

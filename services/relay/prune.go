@@ -14,6 +14,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
 	"github.com/bettercompute/bettercompute/pkg/sites"
 	"github.com/bettercompute/bettercompute/pkg/sitetasks"
+	"github.com/bettercompute/bettercompute/pkg/tunnels"
 )
 
 // pruneBatch bounds one prune statement, so no transaction holds many row
@@ -42,6 +43,8 @@ type Pruned struct {
 	// SiteTokens counts site tokens deleted sites.TokenRetention after
 	// they expired or were revoked.
 	SiteTokens int64
+	// Tunnels counts tunnels deleted tunnels.Retention after they closed.
+	Tunnels int64
 }
 
 // PruneOnce deletes events older than events.retention that the fan-out
@@ -55,7 +58,7 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 	before := time.Now().Add(-s.cfg.Events.Retention.Std())
 	certBefore := time.Now().Add(-s.cfg.Events.CertificateGrace.Std())
 	for {
-		var ev, idem, certs, tasks, toks int64
+		var ev, idem, certs, tasks, toks, tuns int64
 		err := s.leader.InTx(ctx, func(tx pgx.Tx) error {
 			var err error
 			if ev, err = events.Prune(ctx, tx, before, pruneBatch); err != nil {
@@ -70,7 +73,10 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 			if tasks, err = sitetasks.Prune(ctx, tx, time.Now().Add(-sitetasks.Retention), pruneBatch); err != nil {
 				return err
 			}
-			toks, err = sites.PruneTokens(ctx, tx, pruneBatch)
+			if toks, err = sites.PruneTokens(ctx, tx, pruneBatch); err != nil {
+				return err
+			}
+			tuns, err = tunnels.Prune(ctx, tx, time.Now().Add(-tunnels.Retention), pruneBatch)
 			return err
 		})
 		if err != nil {
@@ -81,7 +87,8 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 		p.Certificates += certs
 		p.SiteTasks += tasks
 		p.SiteTokens += toks
-		if ev < pruneBatch && idem < pruneBatch && certs < pruneBatch && tasks < pruneBatch && toks < pruneBatch {
+		p.Tunnels += tuns
+		if ev < pruneBatch && idem < pruneBatch && certs < pruneBatch && tasks < pruneBatch && toks < pruneBatch && tuns < pruneBatch {
 			break
 		}
 	}

@@ -726,7 +726,7 @@ type NodesServiceUpdateRequest struct {
 	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The new labels (replacing all), when update_mask names "labels".
 	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Which fields to change: "labels", "mig". Required.
+	// Which fields to change: "labels", "mig", "tunnels". Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,4,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// Deprecated: accepted for one release; use node_id.
 	//
@@ -738,7 +738,12 @@ type NodesServiceUpdateRequest struct {
 	// node's inventory, and each layout against the catalog for the models
 	// of the GPUs it matches (or, before the node reported any, of its
 	// selector). Empty clears them: the pool's layouts apply again.
-	Mig           *MigSettings `protobuf:"bytes,6,opt,name=mig,proto3" json:"mig,omitempty"`
+	Mig *MigSettings `protobuf:"bytes,6,opt,name=mig,proto3" json:"mig,omitempty"`
+	// The node's own narrowing of its pool's tunnels allowlist, when
+	// update_mask names "tunnels": {"allow": [rules]} as pools.update takes
+	// them; a target must then match one of these too, so a node can narrow
+	// its pool's allowlist, never widen it. Empty clears the narrowing.
+	Tunnels       *structpb.Struct `protobuf:"bytes,7,opt,name=tunnels,proto3" json:"tunnels,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -812,6 +817,13 @@ func (x *NodesServiceUpdateRequest) GetId() string {
 func (x *NodesServiceUpdateRequest) GetMig() *MigSettings {
 	if x != nil {
 		return x.Mig
+	}
+	return nil
+}
+
+func (x *NodesServiceUpdateRequest) GetTunnels() *structpb.Struct {
+	if x != nil {
+		return x.Tunnels
 	}
 	return nil
 }
@@ -2050,7 +2062,7 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\x02id\x18\x04 \x01(\tB\x02\x18\x01R\x02id\"\x83\x01\n" +
 	"\x1aNodesServiceRevokeResponse\x122\n" +
 	"\x04node\x18\x01 \x01(\v2\x1e.bettercompute.compute.v1.NodeR\x04node\x121\n" +
-	"\x14revoked_certificates\x18\x02 \x01(\x03R\x13revokedCertificates\"\xef\x02\n" +
+	"\x14revoked_certificates\x18\x02 \x01(\x03R\x13revokedCertificates\"\xa2\x03\n" +
 	"\x19NodesServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12W\n" +
@@ -2058,7 +2070,8 @@ const file_bettercompute_compute_v1_nodes_proto_rawDesc = "" +
 	"\vupdate_mask\x18\x04 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
 	"updateMask\x12\x12\n" +
 	"\x02id\x18\x05 \x01(\tB\x02\x18\x01R\x02id\x127\n" +
-	"\x03mig\x18\x06 \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x1a9\n" +
+	"\x03mig\x18\x06 \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x121\n" +
+	"\atunnels\x18\a \x01(\v2\x17.google.protobuf.StructR\atunnels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
@@ -2238,8 +2251,8 @@ var file_bettercompute_compute_v1_nodes_proto_goTypes = []any{
 	(*Command)(nil),                          // 28: bettercompute.compute.v1.Command
 	(*fieldmaskpb.FieldMask)(nil),            // 29: google.protobuf.FieldMask
 	(*MigSettings)(nil),                      // 30: bettercompute.compute.v1.MigSettings
-	(*timestamppb.Timestamp)(nil),            // 31: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                  // 32: google.protobuf.Struct
+	(*structpb.Struct)(nil),                  // 31: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),            // 32: google.protobuf.Timestamp
 }
 var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
 	14, // 0: bettercompute.compute.v1.NodesServiceDrainResponse.node:type_name -> bettercompute.compute.v1.Node
@@ -2251,49 +2264,50 @@ var file_bettercompute_compute_v1_nodes_proto_depIdxs = []int32{
 	25, // 6: bettercompute.compute.v1.NodesServiceUpdateRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceUpdateRequest.LabelsEntry
 	29, // 7: bettercompute.compute.v1.NodesServiceUpdateRequest.update_mask:type_name -> google.protobuf.FieldMask
 	30, // 8: bettercompute.compute.v1.NodesServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
-	14, // 9: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
-	26, // 10: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
-	17, // 11: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
-	31, // 12: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	31, // 13: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	31, // 14: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
-	16, // 15: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
-	15, // 16: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
-	31, // 17: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
-	31, // 18: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
-	31, // 19: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
-	31, // 20: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
-	18, // 21: bettercompute.compute.v1.Device.mig_slices:type_name -> bettercompute.compute.v1.MigSlice
-	31, // 22: bettercompute.compute.v1.MigSlice.missing_since:type_name -> google.protobuf.Timestamp
-	14, // 23: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
-	27, // 24: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
-	14, // 25: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
-	32, // 26: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
-	19, // 27: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
-	21, // 28: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
-	23, // 29: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
-	12, // 30: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
-	10, // 31: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
-	0,  // 32: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
-	2,  // 33: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
-	4,  // 34: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
-	6,  // 35: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
-	8,  // 36: bettercompute.compute.v1.NodesService.ClearUpgrade:input_type -> bettercompute.compute.v1.NodesServiceClearUpgradeRequest
-	20, // 37: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
-	22, // 38: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
-	24, // 39: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
-	13, // 40: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
-	11, // 41: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
-	1,  // 42: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
-	3,  // 43: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
-	5,  // 44: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
-	7,  // 45: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
-	9,  // 46: bettercompute.compute.v1.NodesService.ClearUpgrade:output_type -> bettercompute.compute.v1.NodesServiceClearUpgradeResponse
-	37, // [37:47] is the sub-list for method output_type
-	27, // [27:37] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	31, // 9: bettercompute.compute.v1.NodesServiceUpdateRequest.tunnels:type_name -> google.protobuf.Struct
+	14, // 10: bettercompute.compute.v1.NodesServiceUpdateResponse.node:type_name -> bettercompute.compute.v1.Node
+	26, // 11: bettercompute.compute.v1.Node.labels:type_name -> bettercompute.compute.v1.Node.LabelsEntry
+	17, // 12: bettercompute.compute.v1.Node.devices:type_name -> bettercompute.compute.v1.Device
+	32, // 13: bettercompute.compute.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	32, // 14: bettercompute.compute.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	32, // 15: bettercompute.compute.v1.Node.update_time:type_name -> google.protobuf.Timestamp
+	16, // 16: bettercompute.compute.v1.Node.sections:type_name -> bettercompute.compute.v1.SectionStatus
+	15, // 17: bettercompute.compute.v1.Node.conditions:type_name -> bettercompute.compute.v1.NodeCondition
+	32, // 18: bettercompute.compute.v1.Node.drain_deadline:type_name -> google.protobuf.Timestamp
+	32, // 19: bettercompute.compute.v1.NodeCondition.since:type_name -> google.protobuf.Timestamp
+	32, // 20: bettercompute.compute.v1.Device.missing_since:type_name -> google.protobuf.Timestamp
+	32, // 21: bettercompute.compute.v1.Device.quarantine_time:type_name -> google.protobuf.Timestamp
+	18, // 22: bettercompute.compute.v1.Device.mig_slices:type_name -> bettercompute.compute.v1.MigSlice
+	32, // 23: bettercompute.compute.v1.MigSlice.missing_since:type_name -> google.protobuf.Timestamp
+	14, // 24: bettercompute.compute.v1.NodesServiceGetResponse.node:type_name -> bettercompute.compute.v1.Node
+	27, // 25: bettercompute.compute.v1.NodesServiceListRequest.labels:type_name -> bettercompute.compute.v1.NodesServiceListRequest.LabelsEntry
+	14, // 26: bettercompute.compute.v1.NodesServiceListResponse.nodes:type_name -> bettercompute.compute.v1.Node
+	31, // 27: bettercompute.compute.v1.NodesServiceGetSpecResponse.spec:type_name -> google.protobuf.Struct
+	19, // 28: bettercompute.compute.v1.NodesService.Get:input_type -> bettercompute.compute.v1.NodesServiceGetRequest
+	21, // 29: bettercompute.compute.v1.NodesService.List:input_type -> bettercompute.compute.v1.NodesServiceListRequest
+	23, // 30: bettercompute.compute.v1.NodesService.GetSpec:input_type -> bettercompute.compute.v1.NodesServiceGetSpecRequest
+	12, // 31: bettercompute.compute.v1.NodesService.Update:input_type -> bettercompute.compute.v1.NodesServiceUpdateRequest
+	10, // 32: bettercompute.compute.v1.NodesService.Revoke:input_type -> bettercompute.compute.v1.NodesServiceRevokeRequest
+	0,  // 33: bettercompute.compute.v1.NodesService.Drain:input_type -> bettercompute.compute.v1.NodesServiceDrainRequest
+	2,  // 34: bettercompute.compute.v1.NodesService.Undrain:input_type -> bettercompute.compute.v1.NodesServiceUndrainRequest
+	4,  // 35: bettercompute.compute.v1.NodesService.Retire:input_type -> bettercompute.compute.v1.NodesServiceRetireRequest
+	6,  // 36: bettercompute.compute.v1.NodesService.ClearRepair:input_type -> bettercompute.compute.v1.NodesServiceClearRepairRequest
+	8,  // 37: bettercompute.compute.v1.NodesService.ClearUpgrade:input_type -> bettercompute.compute.v1.NodesServiceClearUpgradeRequest
+	20, // 38: bettercompute.compute.v1.NodesService.Get:output_type -> bettercompute.compute.v1.NodesServiceGetResponse
+	22, // 39: bettercompute.compute.v1.NodesService.List:output_type -> bettercompute.compute.v1.NodesServiceListResponse
+	24, // 40: bettercompute.compute.v1.NodesService.GetSpec:output_type -> bettercompute.compute.v1.NodesServiceGetSpecResponse
+	13, // 41: bettercompute.compute.v1.NodesService.Update:output_type -> bettercompute.compute.v1.NodesServiceUpdateResponse
+	11, // 42: bettercompute.compute.v1.NodesService.Revoke:output_type -> bettercompute.compute.v1.NodesServiceRevokeResponse
+	1,  // 43: bettercompute.compute.v1.NodesService.Drain:output_type -> bettercompute.compute.v1.NodesServiceDrainResponse
+	3,  // 44: bettercompute.compute.v1.NodesService.Undrain:output_type -> bettercompute.compute.v1.NodesServiceUndrainResponse
+	5,  // 45: bettercompute.compute.v1.NodesService.Retire:output_type -> bettercompute.compute.v1.NodesServiceRetireResponse
+	7,  // 46: bettercompute.compute.v1.NodesService.ClearRepair:output_type -> bettercompute.compute.v1.NodesServiceClearRepairResponse
+	9,  // 47: bettercompute.compute.v1.NodesService.ClearUpgrade:output_type -> bettercompute.compute.v1.NodesServiceClearUpgradeResponse
+	38, // [38:48] is the sub-list for method output_type
+	28, // [28:38] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_nodes_proto_init() }

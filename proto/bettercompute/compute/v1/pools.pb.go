@@ -599,7 +599,7 @@ type PoolsServiceUpdateRequest struct {
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Which fields to change: "description", "labels", "site", "health",
 	// "runtime", "acceptance", "sharing", "default_quota", "vps", "provider",
-	// "mig", "agent".
+	// "mig", "agent", "tunnels".
 	// Required.
 	UpdateMask *fieldmaskpb.FieldMask `protobuf:"bytes,5,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	// The site settings every node of the pool gets (the NodeSpec "site"
@@ -647,7 +647,13 @@ type PoolsServiceUpdateRequest struct {
 	// as its NodeSpec "agent" section (docs/agent-upgrades.md). Empty clears
 	// it (nodes keep the build they run). Prefer rolling it out
 	// (rollouts.create, mask "agent"): pools.update reaches every node at once.
-	Agent         *PoolAgentSettings `protobuf:"bytes,16,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent *PoolAgentSettings `protobuf:"bytes,16,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The pool's default tunnels allowlist, when update_mask names
+	// "tunnels": {"allow": [rules]}, each rule {"host" | "cidr" |
+	// "unixPath", "portMin", "portMax"}, at most 64 (docs/tunnels.md).
+	// Empty allows nothing. Changing it recomputes every node's desired
+	// state (its "tunnels" section).
+	Tunnels       *structpb.Struct `protobuf:"bytes,17,opt,name=tunnels,proto3" json:"tunnels,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -791,6 +797,13 @@ func (x *PoolsServiceUpdateRequest) GetMig() *MigSettings {
 func (x *PoolsServiceUpdateRequest) GetAgent() *PoolAgentSettings {
 	if x != nil {
 		return x.Agent
+	}
+	return nil
+}
+
+func (x *PoolsServiceUpdateRequest) GetTunnels() *structpb.Struct {
+	if x != nil {
+		return x.Tunnels
 	}
 	return nil
 }
@@ -1340,7 +1353,7 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"x\n" +
 	"\x18PoolsServiceListResponse\x124\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1e.bettercompute.compute.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc5\x06\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf8\x06\n" +
 	"\x19PoolsServiceUpdateRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12 \n" +
@@ -1361,7 +1374,8 @@ const file_bettercompute_compute_v1_pools_proto_rawDesc = "" +
 	"\bprovider\x18\r \x01(\v2*.bettercompute.compute.v1.ProviderSettingsR\bprovider\x121\n" +
 	"\aruntime\x18\x0e \x01(\v2\x17.google.protobuf.StructR\aruntime\x127\n" +
 	"\x03mig\x18\x0f \x01(\v2%.bettercompute.compute.v1.MigSettingsR\x03mig\x12A\n" +
-	"\x05agent\x18\x10 \x01(\v2+.bettercompute.compute.v1.PoolAgentSettingsR\x05agent\x1a9\n" +
+	"\x05agent\x18\x10 \x01(\v2+.bettercompute.compute.v1.PoolAgentSettingsR\x05agent\x121\n" +
+	"\atunnels\x18\x11 \x01(\v2\x17.google.protobuf.StructR\atunnels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
@@ -1452,24 +1466,25 @@ var file_bettercompute_compute_v1_pools_proto_depIdxs = []int32{
 	21, // 13: bettercompute.compute.v1.PoolsServiceUpdateRequest.runtime:type_name -> google.protobuf.Struct
 	9,  // 14: bettercompute.compute.v1.PoolsServiceUpdateRequest.mig:type_name -> bettercompute.compute.v1.MigSettings
 	8,  // 15: bettercompute.compute.v1.PoolsServiceUpdateRequest.agent:type_name -> bettercompute.compute.v1.PoolAgentSettings
-	10, // 16: bettercompute.compute.v1.MigSettings.layouts:type_name -> bettercompute.compute.v1.MigLayoutSpec
-	11, // 17: bettercompute.compute.v1.MigLayoutSpec.gpu_selector:type_name -> bettercompute.compute.v1.MigGpuSelector
-	14, // 18: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
-	14, // 19: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
-	0,  // 20: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
-	1,  // 21: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
-	3,  // 22: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
-	5,  // 23: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
-	7,  // 24: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
-	2,  // 25: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
-	4,  // 26: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
-	6,  // 27: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
-	15, // 28: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
-	25, // [25:29] is the sub-list for method output_type
-	21, // [21:25] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	21, // 16: bettercompute.compute.v1.PoolsServiceUpdateRequest.tunnels:type_name -> google.protobuf.Struct
+	10, // 17: bettercompute.compute.v1.MigSettings.layouts:type_name -> bettercompute.compute.v1.MigLayoutSpec
+	11, // 18: bettercompute.compute.v1.MigLayoutSpec.gpu_selector:type_name -> bettercompute.compute.v1.MigGpuSelector
+	14, // 19: bettercompute.compute.v1.VpsSettings.host:type_name -> bettercompute.compute.v1.VpsSize
+	14, // 20: bettercompute.compute.v1.VpsSettings.reserve:type_name -> bettercompute.compute.v1.VpsSize
+	0,  // 21: bettercompute.compute.v1.PoolsServiceUpdateResponse.pool:type_name -> bettercompute.compute.v1.Pool
+	1,  // 22: bettercompute.compute.v1.PoolsService.Create:input_type -> bettercompute.compute.v1.PoolsServiceCreateRequest
+	3,  // 23: bettercompute.compute.v1.PoolsService.Get:input_type -> bettercompute.compute.v1.PoolsServiceGetRequest
+	5,  // 24: bettercompute.compute.v1.PoolsService.List:input_type -> bettercompute.compute.v1.PoolsServiceListRequest
+	7,  // 25: bettercompute.compute.v1.PoolsService.Update:input_type -> bettercompute.compute.v1.PoolsServiceUpdateRequest
+	2,  // 26: bettercompute.compute.v1.PoolsService.Create:output_type -> bettercompute.compute.v1.PoolsServiceCreateResponse
+	4,  // 27: bettercompute.compute.v1.PoolsService.Get:output_type -> bettercompute.compute.v1.PoolsServiceGetResponse
+	6,  // 28: bettercompute.compute.v1.PoolsService.List:output_type -> bettercompute.compute.v1.PoolsServiceListResponse
+	15, // 29: bettercompute.compute.v1.PoolsService.Update:output_type -> bettercompute.compute.v1.PoolsServiceUpdateResponse
+	26, // [26:30] is the sub-list for method output_type
+	22, // [22:26] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_compute_v1_pools_proto_init() }
