@@ -1,0 +1,261 @@
+package dev_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/bettercompute/bettercompute/pkg/poll"
+	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/dev"
+)
+
+// tunnelEnv starts a control plane with one simulated node whose pool
+// allows loopback ports 1024-65535, converged, and returns it, its
+// database and the node.
+func tunnelEnv(t *testing.T) (*dev.Env, *pgxpool.Pool, string) {
+	t.Helper()
+	env, db := commandEnv(t, "")
+	t.Cleanup(func() { env.Stop(context.Background()) })
+	f := simFleet(t, env, db, "tun", 1, nil)
+	node := f.Nodes()[0]
+	var pool string
+	if err := db.QueryRow(t.Context(), `SELECT pool_id FROM nodes WHERE id = $1`, node).Scan(&pool); err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	call(t, env, "pools/update", map[string]any{"tenantId": "root", "poolId": pool, "updateMask": "tunnels",
+		"tunnels": map[string]any{"allow": []any{map[string]any{"cidr": "127.0.0.1/32", "portMin": 1024, "portMax": 65535}}}}, &out)
+	poll.Until(t, time.Minute, "the node to apply its tunnels section", func() bool {
+		var ok bool
+		err := db.QueryRow(t.Context(), `SELECT spec ? 'tunnels' AND observed_generation = generation FROM nodes WHERE id = $1`, node).Scan(&ok)
+		return err == nil && ok
+	})
+	return env, db, node
+}
+
+// echo listens on loopback and echoes each connection until its EOF.
+func echo(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				_, _ = io.Copy(c, c)
+				_ = c.(*net.TCPConn).CloseWrite()
+				_ = c.Close()
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// The node's session ending (here: its certificates revoked) closes its
+// tunnels at both ends.
+func TestTunnelEndsWithTheNodesSession(t *testing.T) {
+	t.Parallel()
+	env, db, node := tunnelEnv(t)
+	o := openTunnel(t, env, node, "127.0.0.1:"+strconv.Itoa(echo(t)), 0)
+	c, err := dialTunnel(t, env, o.ConnectToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	call(t, env, "nodes/revoke", map[string]any{"tenantId": "root", "nodeId": node, "reason": "e2e"}, &out)
+	if _, err := readUntilClosed(t.Context(), c); websocket.CloseStatus(err) != websocket.StatusInternalError {
+		t.Errorf("closed with %v", err)
+	}
+	if ev := closedEvent(t, db, o.Tunnel.ID); ev["closeReason"] != "session_ended" {
+		t.Errorf("tunnel.closed %v, want session_ended", ev)
+	}
+}
+
+type openedTunnel struct {
+	Tunnel       struct{ ID string }
+	ConnectToken string
+}
+
+func openTunnel(t *testing.T, env *dev.Env, node, target string, secs int) openedTunnel {
+	t.Helper()
+	var o openedTunnel
+	call(t, env, "tunnels/open", map[string]any{"tenantId": "root", "nodeId": node, "target": target, "reason": "e2e", "notAfterSeconds": secs}, &o)
+	return o
+}
+
+// dialTunnel connects a tunnel's WebSocket; the error is the node's
+// refusal, if any.
+func dialTunnel(t *testing.T, env *dev.Env, token string) (*websocket.Conn, error) {
+	t.Helper()
+	c, _, err := websocket.Dial(t.Context(), "ws://"+env.App.Addr()+api.TunnelConnectPath,
+		&websocket.DialOptions{HTTPHeader: http.Header{api.TunnelTokenHeader: {token}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadLimit(64 << 10)
+	typ, b, err := c.Read(t.Context())
+	if err != nil {
+		return nil, err
+	}
+	if typ != websocket.MessageText || !json.Valid(b) {
+		t.Fatalf("first message %v %q", typ, b)
+	}
+	return c, nil
+}
+
+// closedEvent waits for the tunnel's tunnel.closed event and returns its
+// payload.
+func closedEvent(t *testing.T, db *pgxpool.Pool, id string) map[string]any {
+	t.Helper()
+	var raw []byte
+	poll.Until(t, time.Minute, "tunnel.closed of "+id, func() bool {
+		err := db.QueryRow(context.Background(), `SELECT payload FROM outbox WHERE type = 'tunnel.closed' AND payload->>'id' = $1`, id).Scan(&raw)
+		return err == nil
+	})
+	var p map[string]any
+	if err := json.Unmarshal(raw, &p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// readUntilClosed reads a tunnel's WebSocket to its end and returns the
+// data and the close error.
+func readUntilClosed(ctx context.Context, c *websocket.Conn) ([]byte, error) {
+	var got []byte
+	for {
+		_, b, err := c.Read(ctx)
+		if err != nil {
+			return got, err
+		}
+		got = append(got, b...)
+	}
+}
+
+func TestTunnelEndToEnd(t *testing.T) {
+	t.Parallel()
+	env, db, node := tunnelEnv(t)
+	port := echo(t)
+	target := "127.0.0.1:" + strconv.Itoa(port)
+
+	t.Run("bytes both ways, counted exactly in tunnel.closed", func(t *testing.T) {
+		o := openTunnel(t, env, node, target, 0)
+		c, err := dialTunnel(t, env, o.ConnectToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		payload := bytes.Repeat([]byte("tunnel!"), 40000) // 280,000 bytes
+		go func() {
+			for i := 0; i < len(payload); i += 20000 {
+				_ = c.Write(t.Context(), websocket.MessageBinary, payload[i:min(i+20000, len(payload))])
+			}
+			_ = c.Write(t.Context(), websocket.MessageBinary, nil) // all sent
+		}()
+		got, err := readUntilClosed(t.Context(), c)
+		if websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+			t.Errorf("closed with %v", err)
+		}
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("echoed %d bytes, want %d equal", len(got), len(payload))
+		}
+		ev := closedEvent(t, db, o.Tunnel.ID)
+		want := strconv.Itoa(len(payload))
+		if ev["bytesIn"] != want || ev["bytesOut"] != want || ev["closeReason"] != "closed" {
+			t.Errorf("tunnel.closed %v, want %s bytes each way, closed", ev, want)
+		}
+	})
+
+	t.Run("a target outside the allowlist is refused by the node", func(t *testing.T) {
+		o := openTunnel(t, env, node, "127.0.0.1:22", 0) // port 22 < 1024
+		if _, err := dialTunnel(t, env, o.ConnectToken); err == nil || websocket.CloseStatus(err) != websocket.StatusInternalError {
+			t.Fatalf("refused tunnel: %v", err)
+		}
+		if ev := closedEvent(t, db, o.Tunnel.ID); ev["closeReason"] != "refused" {
+			t.Errorf("tunnel.closed %v, want refused", ev)
+		}
+	})
+
+	t.Run("tunnels.close ends the stream", func(t *testing.T) {
+		o := openTunnel(t, env, node, target, 0)
+		c, err := dialTunnel(t, env, o.ConnectToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Write(t.Context(), websocket.MessageBinary, []byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		if _, b, err := c.Read(t.Context()); err != nil || string(b) != "hello" {
+			t.Fatalf("echo %q %v", b, err)
+		}
+		var out map[string]map[string]any
+		call(t, env, "tunnels/close", map[string]any{"tenantId": "root", "tunnelId": o.Tunnel.ID}, &out)
+		if out["tunnel"]["closeReason"] != "tunnels.close" || out["tunnel"]["bytesIn"] != "5" {
+			t.Errorf("closed %v", out)
+		}
+		if _, err := readUntilClosed(t.Context(), c); websocket.CloseStatus(err) == -1 {
+			t.Errorf("the WebSocket did not close: %v", err)
+		}
+	})
+
+	t.Run("revoking the opener's key ends the stream", func(t *testing.T) {
+		var who struct{ IdentityID string }
+		call(t, env, "system/whoAmI", map[string]any{}, &who)
+		var key struct {
+			APIKey struct{ ID string }
+			Secret string
+		}
+		call(t, env, "apiKeys/create", map[string]any{"tenantId": "root", "identityId": who.IdentityID, "name": "tunnel-e2e"}, &key)
+		if key.Secret == "" || key.APIKey.ID == "" {
+			t.Fatalf("key %+v", key)
+		}
+		mine := *env
+		mine.Credential = key.Secret
+		o := openTunnel(t, &mine, node, target, 0)
+		c, err := dialTunnel(t, env, o.ConnectToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out map[string]any
+		call(t, env, "apiKeys/revoke", map[string]any{"tenantId": "root", "apiKeyId": key.APIKey.ID}, &out)
+		if _, err := readUntilClosed(t.Context(), c); websocket.CloseStatus(err) != websocket.StatusInternalError {
+			t.Errorf("closed with %v", err)
+		}
+		if ev := closedEvent(t, db, o.Tunnel.ID); ev["closeReason"] != "revoked" {
+			t.Errorf("tunnel.closed %v, want revoked", ev)
+		}
+	})
+
+	t.Run("expiry ends the stream", func(t *testing.T) {
+		o := openTunnel(t, env, node, target, 1)
+		c, err := dialTunnel(t, env, o.ConnectToken)
+		if err != nil {
+			if ev := closedEvent(t, db, o.Tunnel.ID); ev["closeReason"] == "expired" {
+				return // it expired before the connect finished
+			}
+			t.Fatal(err)
+		}
+		if _, err := readUntilClosed(t.Context(), c); errors.Is(err, context.Canceled) {
+			t.Fatal(err)
+		}
+		if ev := closedEvent(t, db, o.Tunnel.ID); ev["closeReason"] != "expired" {
+			t.Errorf("tunnel.closed %v, want expired", ev)
+		}
+	})
+}
