@@ -54,6 +54,8 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		newArtifacts(stdout),
 		newJoinScript(stdout, stderr),
 		newMCP(stdout, stderr),
+		newTunnel(stdout, stderr),
+		newSSH(stdout, stderr),
 	)
 	return root
 }

@@ -104,8 +104,11 @@ func openTunnel(t *testing.T, env *dev.Env, node, target string, secs int) opene
 // refusal, if any.
 func dialTunnel(t *testing.T, env *dev.Env, token string) (*websocket.Conn, error) {
 	t.Helper()
-	c, _, err := websocket.Dial(t.Context(), "ws://"+env.App.Addr()+api.TunnelConnectPath,
+	c, resp, err := websocket.Dial(t.Context(), "ws://"+env.App.Addr()+api.TunnelConnectPath,
 		&websocket.DialOptions{HTTPHeader: http.Header{api.TunnelTokenHeader: {token}}})
+	if resp != nil && resp.Body != nil {
+		_ = resp.Body.Close()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

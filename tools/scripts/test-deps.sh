@@ -5,6 +5,9 @@
 #     chromedp);
 #   - qemu-system-x86 and a distribution kernel: the VPS guest boot under
 #     software emulation (agent/vps/libvirt);
+#   - openssh-server (and openssh-client): real ssh through
+#     `better-compute ssh` to an sshd on loopback (services/dev
+#     TestTunnelOpenSSH);
 #   - podman, runc and busybox-static: a real container engine given a
 #     reservation's GPUs through the CDI spec bcd writes (agent/bcd
 #     TestPodman_SeesExactlyTheBookedGPUs; runc where Debian's crun cannot
@@ -21,6 +24,8 @@ command -v chromium >/dev/null 2>&1 || want+=(chromium)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || want+=(qemu-system-x86)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || want+=(linux-image-amd64)
 command -v podman >/dev/null 2>&1 || want+=(podman)
+[[ -x /usr/sbin/sshd ]] || want+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || want+=(openssh-client)
 command -v runc >/dev/null 2>&1 || [[ -x /usr/sbin/runc ]] || want+=(runc)
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || want+=(busybox-static)
 [[ ${#want[@]} -eq 0 ]] && exit 0
