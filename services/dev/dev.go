@@ -422,6 +422,8 @@ func (e *Env) Banner() string {
 	}
 	if e.Fleet != nil {
 		fmt.Fprintf(&b, "  Fleet    %d simulated nodes (mock DGX H200) in pool \"sim\": better-compute api nodes.list tenantId=root\n", len(e.Fleet.Nodes()))
+		fmt.Fprintf(&b, "  Tunnel   the pool allows 127.0.0.1 ports 1024-65535: better-compute tunnel %s --target 127.0.0.1:8000 --local 127.0.0.1:8000\n", e.Fleet.Nodes()[0])
+		fmt.Fprintf(&b, "           (or better-compute ssh %s --target 127.0.0.1:2222 to an sshd on port 2222)\n", e.Fleet.Nodes()[0])
 		if e.simMig {
 			fmt.Fprintf(&b, "           %s's GPU 0 is MIG 3g.71gb+2g.35gb+2×1g.18gb: better-compute api nodes.getSpec tenantId=root nodeId=%s\n", e.Fleet.Nodes()[0], e.Fleet.Nodes()[0])
 		}

@@ -27,10 +27,18 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/migrate"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
+	"github.com/bettercompute/bettercompute/services/cli"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	// TestTunnelOpenSSH's ssh runs this binary as its ProxyCommand
+	// (`better-compute tunnel --stdio`).
+	if os.Getenv(asCLI) == "1" {
+		os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	pgtest.Main(m)
+}
 
 func TestDevBootsAndAnswers(t *testing.T) {
 	t.Parallel()
@@ -56,7 +64,7 @@ func TestDevBootsAndAnswers(t *testing.T) {
 	}
 	banner := env.Banner()
 	for _, want := range []string{env.BaseURL() + "/readyz", env.BaseURL() + "/api/compute/openapi.json", env.BaseURL() + "/console/", env.BaseURL() + "/mcp", env.NATSURL, "roles: api", "3 simulated nodes", "3 simulated machines", "metal.list tenantId=root",
-		"2 simulated hosts", "fake provider at http://127.0.0.1:", "instances.create tenantId=root poolId=" + env.VPSPoolID} {
+		"2 simulated hosts", "fake provider at http://127.0.0.1:", "better-compute tunnel " + env.Fleet.Nodes()[0], "instances.create tenantId=root poolId=" + env.VPSPoolID} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("banner lacks %q:\n%s", want, banner)
 		}

@@ -22,6 +22,11 @@ import (
 // CDI specs from /var/run/cdi.
 var simRuntime = map[string]any{"engines": []any{"containerd"}, "cdiSpecDirs": []any{"/var/run/cdi"}}
 
+// simTunnels is the tunnels allowlist of dev's pool "sim": loopback ports
+// 1024-65535, so a first tunnel works at once (a simulated node runs on
+// this machine: its loopback is this machine's).
+var simTunnels = map[string]any{"allow": []any{map[string]any{"cidr": "127.0.0.1/32", "portMin": 1024, "portMax": 65535}}}
+
 // startFleet joins n simulated nodes to the pool "sim" of the root tenant,
 // through the API as an operator would: create the pool (idempotent), mint a
 // token for the nodes that have not joined yet, and run them. With
@@ -38,7 +43,7 @@ func startFleet(ctx context.Context, env *Env, root string, n int, telemetry, mi
 	// runtime section (a simulated node keeps the CDI directory under its
 	// own state root). Set on every start: dev's pool is dev's.
 	if err := env.call(ctx, "pools/update", map[string]any{
-		"tenantId": "root", "poolId": pool.Pool.ID, "updateMask": "runtime", "runtime": simRuntime,
+		"tenantId": "root", "poolId": pool.Pool.ID, "updateMask": "runtime,tunnels", "runtime": simRuntime, "tunnels": simTunnels,
 	}, &struct{}{}); err != nil {
 		return nil, err
 	}

@@ -5,10 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +23,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/cli"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
 
@@ -260,5 +267,89 @@ func TestTunnelEndToEnd(t *testing.T) {
 		if ev := closedEvent(t, db, o.Tunnel.ID); ev["closeReason"] != "expired" {
 			t.Errorf("tunnel.closed %v, want expired", ev)
 		}
+	})
+}
+
+// asCLI makes this test binary the better-compute CLI (see TestMain).
+const asCLI = "BETTER_COMPUTE_TEST_AS_CLI"
+
+// TestTunnelOpenSSH runs Debian's OpenSSH client through `better-compute
+// ssh` (its ProxyCommand `better-compute tunnel --stdio`) to an sshd
+// listening on loopback on the simulated node's host: a command runs and
+// its output comes back.
+func TestTunnelOpenSSH(t *testing.T) {
+	sshd := "/usr/sbin/sshd"
+	if _, err := os.Stat(sshd); err != nil {
+		t.Skip("no OpenSSH server (Debian's openssh-server; tools/scripts/test-deps.sh installs it)")
+	}
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("no OpenSSH client (openssh-client)")
+	}
+	if os.Geteuid() == 0 {
+		// sshd's privilege separation directory.
+		if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
+			t.Skipf("sshd needs /run/sshd: %v", err)
+		}
+	}
+	dir := t.TempDir()
+	for _, k := range []string{"host", "client"} {
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", filepath.Join(dir, k)).CombinedOutput(); err != nil {
+			t.Fatalf("ssh-keygen: %v %s", err, out)
+		}
+	}
+	pub, err := os.ReadFile(filepath.Join(dir, "client.pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "authorized_keys"), pub, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	cfg := fmt.Sprintf("Port %d\nListenAddress 127.0.0.1\nHostKey %s\nPidFile %s\nAuthorizedKeysFile %s\n"+
+		"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin yes\n",
+		port, filepath.Join(dir, "host"), filepath.Join(dir, "sshd.pid"), filepath.Join(dir, "authorized_keys"))
+	if err := os.WriteFile(filepath.Join(dir, "sshd_config"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var sshdLog bytes.Buffer
+	d := exec.Command(sshd, "-D", "-e", "-f", filepath.Join(dir, "sshd_config"))
+	d.Stdout, d.Stderr = &sshdLog, &sshdLog
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Process.Kill(); _ = d.Wait() })
+	target := "127.0.0.1:" + strconv.Itoa(port)
+	poll.Until(t, 30*time.Second, "sshd to listen", func() bool {
+		c, err := net.Dial("tcp", target)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	})
+
+	env, db, node := tunnelEnv(t)
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(asCLI, "1") // the ProxyCommand is this binary
+	var stdout, stderr bytes.Buffer
+	code := cli.Main([]string{"ssh", "--url", env.BaseURL(), "--token", env.Credential, "--target", target, "--reason", "e2e ssh",
+		u.Username + "@" + node, "-n", "-i", filepath.Join(dir, "client"), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "echo", "hello-from", "$(hostname)"}, &stdout, &stderr)
+	if code != 0 || !strings.HasPrefix(stdout.String(), "hello-from ") {
+		t.Fatalf("better-compute ssh: exit %d, stdout %q, stderr %q; sshd: %s", code, stdout.String(), stderr.String(), sshdLog.String())
+	}
+	// It went through a tunnel, audited with its bytes.
+	poll.Until(t, time.Minute, "the ssh tunnel's tunnel.closed", func() bool {
+		var n int
+		err := db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE type = 'tunnel.closed' AND resource_id = $1
+			AND payload->>'target' = $2 AND (payload->>'bytesIn')::bigint > 0 AND (payload->>'bytesOut')::bigint > 0`, node, target).Scan(&n)
+		return err == nil && n == 1
 	})
 }
