@@ -116,8 +116,11 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	ctx := ss.Context()
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = withRequestID(ctx, first(md, RequestIDHeader))
-	if m.Anonymous && !s.anon.Allow(s.clientAddr(ctx, md)) {
+	if m.Anonymous && !m.OwnCredential && !s.anon.Allow(s.clientAddr(ctx, md)) {
 		return fault.New(fault.RateLimited, "", "too many requests without a credential from this address; retry later").Status().Err()
+	}
+	if m.OwnCredential {
+		ctx = withClientAddr(ctx, s.clientAddr(ctx, md))
 	}
 	if !m.Anonymous {
 		p, err := s.authenticate(ctx, s.clientAddr(ctx, md), first(md, "authorization"))

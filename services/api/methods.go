@@ -20,6 +20,11 @@ type Method struct {
 	// Anonymous methods need no credential (version, health). They still
 	// declare an action, so the catalog names everything the API does.
 	Anonymous bool
+	// OwnCredential marks an anonymous method that checks a credential of
+	// its own (TunnelsService.Connect's connect token): it is not held to
+	// the per-address anonymous rate; its failed checks spend the
+	// address's failed-authentication budget instead.
+	OwnCredential bool
 }
 
 // APIPackage is the proto package whose services must all be registered.
@@ -98,7 +103,7 @@ var methods = map[string]Method{
 	computev1.TunnelsService_List_FullMethodName:  {Action: authz.TunnelsList},
 	computev1.TunnelsService_Close_FullMethodName: {Action: authz.TunnelsClose},
 	// The connect token is Connect's credential (tunnels.Connect).
-	computev1.TunnelsService_Connect_FullMethodName: {Action: authz.TunnelsConnect, Anonymous: true},
+	computev1.TunnelsService_Connect_FullMethodName: {Action: authz.TunnelsConnect, Anonymous: true, OwnCredential: true},
 
 	computev1.JoinTokensService_Create_FullMethodName: {Action: authz.JoinTokensCreate},
 	computev1.JoinTokensService_List_FullMethodName:   {Action: authz.JoinTokensList},

@@ -377,6 +377,9 @@ func (s *Server) serveTunnel(ctx context.Context, token string, peer tunnelPeer)
 		return fault.New(fault.Unsupported, "", "tunnels are not built into this process (no gateway to relay to)")
 	}
 	t, err := tunnels.Connect(ctx, s.db, token, s.proc, s.now())
+	if fault.CodeOf(err) == fault.Unauthenticated && !s.failedAuth.Allow(clientAddrOf(ctx)) {
+		return fault.New(fault.RateLimited, "", "too many failed authentications from this address; retry later")
+	}
 	if err != nil {
 		return err
 	}
@@ -550,6 +553,19 @@ func tunnelRulesOf(st *structpb.Struct, field string) ([]*agentv1.TunnelRule, er
 		return nil, fault.New(fault.InvalidInput, field, "%s", bad[0])
 	}
 	return ts.GetAllow(), nil
+}
+
+type clientAddrKey struct{}
+
+// withClientAddr and clientAddrOf carry the caller's address (the key of
+// the failed-authentication budget) to serveTunnel.
+func withClientAddr(ctx context.Context, addr string) context.Context {
+	return context.WithValue(ctx, clientAddrKey{}, addr)
+}
+
+func clientAddrOf(ctx context.Context) string {
+	a, _ := ctx.Value(clientAddrKey{}).(string)
+	return a
 }
 
 // processID names this API process in tunnels.relay_process.

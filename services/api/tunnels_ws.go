@@ -24,19 +24,16 @@ const TunnelTokenHeader = "X-Tunnel-Token"
 
 // ServeTunnel serves GET /api/compute/tunnels/connect: a WebSocket carrying
 // one tunnel. The connect token (header X-Tunnel-Token, or the token query
-// parameter) is the credential. Once the node connected, the server sends
+// parameter) is the credential; a wrong one spends the address's
+// failed-authentication budget, as a wrong API key does. Once the node connected, the server sends
 // one text message, the Tunnel as JSON; then binary messages carry the
 // bytes both ways, at most 32 KiB each, and an empty binary message says
 // its sender sent all it will (the TCP half-close). The server closes the
 // WebSocket when the tunnel ends: status 1000 when both sides finished,
-// else 1011 with why. A refusal before the upgrade answers the error
-// envelope.
+// else 1011 with why (a spent or unknown token too). A request without a
+// token answers the error envelope.
 func (s *Server) ServeTunnel(w http.ResponseWriter, r *http.Request) {
-	ctx := withRequestID(r.Context(), r.Header.Get(RequestIDHeader))
-	if !s.anon.Allow(s.proxies.FromRequest(r)) {
-		writeEnvelope(w, fault.ToStatus(fault.New(fault.RateLimited, "", "too many requests without a credential from this address; retry later")))
-		return
-	}
+	ctx := withClientAddr(withRequestID(r.Context(), r.Header.Get(RequestIDHeader)), s.proxies.FromRequest(r))
 	token := r.Header.Get(TunnelTokenHeader)
 	if token == "" {
 		token = r.URL.Query().Get("token")

@@ -30,7 +30,7 @@ import (
 // tunnelEnv starts a control plane with one simulated node whose pool
 // allows loopback ports 1024-65535, converged, and returns it, its
 // database and the node.
-func tunnelEnv(t *testing.T) (*dev.Env, *pgxpool.Pool, string) {
+func tunnelEnv(t testing.TB) (*dev.Env, *pgxpool.Pool, string) {
 	t.Helper()
 	env, db := commandEnv(t, "")
 	t.Cleanup(func() { env.Stop(context.Background()) })
@@ -52,7 +52,7 @@ func tunnelEnv(t *testing.T) (*dev.Env, *pgxpool.Pool, string) {
 }
 
 // echo listens on loopback and echoes each connection until its EOF.
-func echo(t *testing.T) int {
+func echo(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -100,7 +100,7 @@ type openedTunnel struct {
 	ConnectToken string
 }
 
-func openTunnel(t *testing.T, env *dev.Env, node, target string, secs int) openedTunnel {
+func openTunnel(t testing.TB, env *dev.Env, node, target string, secs int) openedTunnel {
 	t.Helper()
 	var o openedTunnel
 	call(t, env, "tunnels/open", map[string]any{"tenantId": "root", "nodeId": node, "target": target, "reason": "e2e", "notAfterSeconds": secs}, &o)
@@ -109,7 +109,7 @@ func openTunnel(t *testing.T, env *dev.Env, node, target string, secs int) opene
 
 // dialTunnel connects a tunnel's WebSocket; the error is the node's
 // refusal, if any.
-func dialTunnel(t *testing.T, env *dev.Env, token string) (*websocket.Conn, error) {
+func dialTunnel(t testing.TB, env *dev.Env, token string) (*websocket.Conn, error) {
 	t.Helper()
 	c, resp, err := websocket.Dial(t.Context(), "ws://"+env.App.Addr()+api.TunnelConnectPath,
 		&websocket.DialOptions{HTTPHeader: http.Header{api.TunnelTokenHeader: {token}}})
