@@ -152,8 +152,8 @@ func TestDesiredState(t *testing.T) {
 		if o.GetObservedGeneration() != 1 {
 			t.Errorf("observed_generation %d, want 1", o.GetObservedGeneration())
 		}
-		if len(o.GetSections()) != 8 {
-			t.Errorf("%d sections, want 8", len(o.GetSections()))
+		if len(o.GetSections()) != 9 {
+			t.Errorf("%d sections, want 9 (one per section, tunnels included)", len(o.GetSections()))
 		}
 		for _, s := range o.GetSections() {
 			if s.GetState() != agentv1.SectionState_SECTION_STATE_CONVERGED || s.GetGeneration() != 1 {

@@ -252,6 +252,43 @@ func TestTunnelEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("a node narrows its pool's allowlist, never widens it", func(t *testing.T) {
+		other := "127.0.0.1:" + strconv.Itoa(echo(t))
+		var gen int64
+		_ = db.QueryRow(t.Context(), `SELECT generation FROM nodes WHERE id = $1`, node).Scan(&gen)
+		var out map[string]any
+		call(t, env, "nodes/update", map[string]any{"tenantId": "root", "nodeId": node, "updateMask": "tunnels",
+			"tunnels": map[string]any{"allow": []any{
+				map[string]any{"cidr": "127.0.0.1/32", "portMin": port},
+				map[string]any{"cidr": "10.0.0.0/8", "portMin": 22}, // outside the pool's: still refused
+			}}}, &out)
+		poll.Until(t, time.Minute, "the node to apply its narrowing", func() bool {
+			var ok bool
+			err := db.QueryRow(t.Context(), `SELECT spec->'tunnels' ? 'narrow' AND observed_generation = generation AND generation > $2
+				FROM nodes WHERE id = $1`, node, gen).Scan(&ok)
+			return err == nil && ok
+		})
+		for _, outside := range []string{other, "10.0.0.1:22"} {
+			o := openTunnel(t, env, node, outside, 0)
+			if _, err := dialTunnel(t, env, o.ConnectToken); err == nil {
+				t.Fatalf("%s, outside the node's narrowing or its pool's allowlist, was reached", outside)
+			}
+		}
+		o := openTunnel(t, env, node, target, 0)
+		c, err := dialTunnel(t, env, o.ConnectToken)
+		if err != nil {
+			t.Fatalf("the narrowed-to target: %v", err)
+		}
+		_ = c.Close(websocket.StatusNormalClosure, "")
+		// A bad rule never reaches a node.
+		code, body := post(t, env, "pools/update", map[string]any{"tenantId": "root", "poolId": "x", "updateMask": "tunnels",
+			"tunnels": map[string]any{"allow": []any{map[string]any{"cidr": "127.0.0.1/33", "portMin": 1}}}})
+		if code != http.StatusBadRequest || !strings.Contains(string(body), "cidr") {
+			t.Errorf("bad rule: %d %s", code, body)
+		}
+		call(t, env, "nodes/update", map[string]any{"tenantId": "root", "nodeId": node, "updateMask": "tunnels"}, &out)
+	})
+
 	t.Run("expiry ends the stream", func(t *testing.T) {
 		o := openTunnel(t, env, node, target, 1)
 		c, err := dialTunnel(t, env, o.ConnectToken)
