@@ -13,8 +13,10 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -388,5 +390,72 @@ func TestTunnelOpenSSH(t *testing.T) {
 		err := db.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE type = 'tunnel.closed' AND resource_id = $1
 			AND payload->>'target' = $2 AND (payload->>'bytesIn')::bigint > 0 AND (payload->>'bytesOut')::bigint > 0`, node, target).Scan(&n)
 		return err == nil && n == 1
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// `better-compute tunnel --local` forwards each accepted connection
+// through its own tunnel, like kubectl port-forward.
+func TestTunnelCLILocal(t *testing.T) {
+	t.Parallel()
+	env, db, node := tunnelEnv(t)
+	target := "127.0.0.1:" + strconv.Itoa(echo(t))
+	var stdout, stderr syncBuffer
+	root := cli.NewRoot(&stdout, &stderr)
+	root.SetArgs([]string{"tunnel", node, "--url", env.BaseURL(), "--token", env.Credential, "--target", target, "--local", "127.0.0.1:0"})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("tunnel: %v; stderr %s", err, stderr.String())
+		}
+	}()
+	var local string
+	re := regexp.MustCompile(`Forwarding (127\.0\.0\.1:\d+) -> `)
+	poll.Until(t, 30*time.Second, "the CLI to listen", func() bool {
+		if m := re.FindStringSubmatch(stdout.String()); m != nil {
+			local = m[1]
+		}
+		return local != ""
+	})
+	for i := range 2 {
+		c, err := net.Dial("tcp", local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := fmt.Sprintf("through the CLI, connection %d", i)
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.(*net.TCPConn).CloseWrite()
+		got, err := io.ReadAll(c)
+		_ = c.Close()
+		if err != nil || string(got) != msg {
+			t.Fatalf("connection %d: %q %v; stderr %s", i, got, err, stderr.String())
+		}
+	}
+	poll.Until(t, time.Minute, "two tunnels closed", func() bool {
+		var n int
+		err := db.QueryRow(context.Background(), `SELECT count(*) FROM tunnels WHERE node_id = $1 AND target = $2 AND close_reason = 'closed'`, node, target).Scan(&n)
+		return err == nil && n == 2
 	})
 }
