@@ -86,6 +86,8 @@ type Config struct {
 	Providers Providers `yaml:"providers"`
 	// Audit configures the audit hash chain and its signed checkpoints.
 	Audit Audit `yaml:"audit"`
+	// Tunnels bounds port forwards.
+	Tunnels Tunnels `yaml:"tunnels"`
 	// Secrets configures the key that seals secrets (BMC credentials) at
 	// rest.
 	Secrets Secrets `yaml:"secrets"`
@@ -434,6 +436,7 @@ const DefaultPort = 8080
 // Defaults fills every unset field with its default.
 func (c *Config) Defaults() {
 	c.Console.defaults()
+	c.Tunnels.defaults()
 	c.Metal.defaults()
 	c.Server.Host = cmp.Or(c.Server.Host, "0.0.0.0")
 	if c.Server.Port == nil {
@@ -704,6 +707,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Secrets.validate()...)
 	errs = append(errs, c.Metal.validate()...)
 	errs = append(errs, c.validateInterfaces()...)
+	errs = append(errs, c.Tunnels.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -69,6 +70,51 @@ type TunnelLimits struct {
 	// CheckInterval is how often a relaying process checks its tunnels
 	// and flushes their byte counts; 1 s by default.
 	CheckInterval time.Duration
+	// NodeBytesPerSecond and TenantBytesPerSecond shape what this process
+	// relays for one node's tunnels, and one tenant's, each direction
+	// apart; 0 shapes nothing (config tunnels.*BytesPerSecond).
+	NodeBytesPerSecond, TenantBytesPerSecond int64
+}
+
+// shapers are the byte-rate limiters of one process's relays, by node and
+// by tenant, one per direction.
+type shapers struct {
+	mu sync.Mutex
+	m  map[string]*rate.Limiter
+}
+
+// maxShapers bounds the limiters kept; at the bound all are forgotten
+// (only ever letting more through for a moment).
+const maxShapers = 100_000
+
+func (sh *shapers) get(key string, bps int64) *rate.Limiter {
+	if bps <= 0 {
+		return nil
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.m == nil || len(sh.m) >= maxShapers {
+		sh.m = map[string]*rate.Limiter{}
+	}
+	l, ok := sh.m[key]
+	if !ok {
+		l = rate.NewLimiter(rate.Limit(bps), int(max(bps, tunnelspec.MaxFrame)))
+		sh.m[key] = l
+	}
+	return l
+}
+
+// shape waits until every limiter allows n bytes.
+func shape(ctx context.Context, n int, ls ...*rate.Limiter) error {
+	for _, l := range ls {
+		if l == nil {
+			continue
+		}
+		if err := l.WaitN(ctx, n); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Bounds of tunnels.open.
@@ -289,6 +335,7 @@ type relaySet struct {
 	mu    sync.Mutex
 	m     map[string]*relay
 	watch sync.Once
+	rates shapers
 }
 
 func (rs *relaySet) get(id string) *relay {
@@ -436,6 +483,11 @@ func (s *Server) serveTunnel(ctx context.Context, token string, peer tunnelPeer)
 func (s *Server) relayTunnel(ctx context.Context, r *relay, peer tunnelPeer) (why, actor string) {
 	c := r.conn
 	tpb := tunnelPB(r.t)
+	lim := s.tunnelLimits
+	inRates := []*rate.Limiter{s.relays.rates.get("in/node/"+r.t.NodeID, lim.NodeBytesPerSecond), s.relays.rates.get("in/tenant/"+r.t.TenantID, lim.TenantBytesPerSecond)}
+	outRates := []*rate.Limiter{s.relays.rates.get("out/node/"+r.t.NodeID, lim.NodeBytesPerSecond), s.relays.rates.get("out/tenant/"+r.t.TenantID, lim.TenantBytesPerSecond)}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	if err := peer.Opened(tpb); err != nil {
 		c.Close(errors.New("the caller went away"))
 		return tunnels.ClosedByCaller, r.t.OpenedBy
@@ -464,6 +516,9 @@ func (s *Server) relayTunnel(ctx context.Context, r *relay, peer tunnelPeer) (wh
 				return
 			}
 			if len(data) > 0 {
+				if shape(rctx, len(data), inRates...) != nil {
+					return // the relay ended
+				}
 				n, err := c.Write(data)
 				r.in.Add(int64(n))
 				if err != nil {
@@ -488,6 +543,9 @@ func (s *Server) relayTunnel(ctx context.Context, r *relay, peer tunnelPeer) (wh
 		for {
 			n, err := c.Read(buf)
 			if n > 0 {
+				if shape(rctx, n, outRates...) != nil {
+					return // the relay ended
+				}
 				if serr := peer.Send(buf[:n], false); serr != nil {
 					ended <- tunnels.ClosedByCaller
 					return
@@ -531,6 +589,7 @@ func (s *Server) relayTunnel(ctx context.Context, r *relay, peer tunnelPeer) (wh
 		actor = ""
 	}
 	c.Close(errors.New(why))
+	cancel() // a shaped direction stops waiting
 	select { // the last bytes the node sent, counted
 	case <-down:
 	case <-time.After(tunnelDrain):

@@ -529,6 +529,8 @@ func (a *App) buildHandler(ctx context.Context) (http.Handler, error) {
 			AuditKey: a.auditKey(), Registerer: a.reg, Secrets: keyring,
 			MaxRepairClearsPerNode: a.cfg.Health.MaxRepairClearsPerNode,
 			Tunnels:                tunnelDialer{a},
+			TunnelLimits: api.TunnelLimits{PerNode: a.cfg.Tunnels.PerNode, PerTenant: a.cfg.Tunnels.PerTenant,
+				NodeBytesPerSecond: a.cfg.Tunnels.NodeBytesPerSecond, TenantBytesPerSecond: a.cfg.Tunnels.TenantBytesPerSecond},
 			Watch: api.WatchLimits{
 				MaxLifetime: a.cfg.Events.MaxStreamLifetime.Std(), PerIdentity: a.cfg.Events.MaxWatchesPerIdentity, Total: a.cfg.Events.MaxWatches,
 			},

@@ -23,8 +23,11 @@ import (
 	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/bettercompute/bettercompute/pkg/config"
+	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/api"
+	"github.com/bettercompute/bettercompute/services/app"
 	"github.com/bettercompute/bettercompute/services/cli"
 	"github.com/bettercompute/bettercompute/services/dev"
 )
@@ -32,9 +35,34 @@ import (
 // tunnelEnv starts a control plane with one simulated node whose pool
 // allows loopback ports 1024-65535, converged, and returns it, its
 // database and the node.
-func tunnelEnv(t testing.TB) (*dev.Env, *pgxpool.Pool, string) {
+func tunnelEnv(t testing.TB, mods ...func(*config.Config)) (*dev.Env, *pgxpool.Pool, string) {
 	t.Helper()
-	env, db := commandEnv(t, "")
+	var env *dev.Env
+	var db *pgxpool.Pool
+	if len(mods) == 0 {
+		env, db = commandEnv(t, "")
+	} else {
+		dbURL := pgtest.NewDB(t)
+		port, none := 0, 0
+		cfg := &config.Config{
+			Database: config.Database{URL: dbURL},
+			Server:   config.Server{Host: "127.0.0.1", Port: &port},
+			Dev:      config.Dev{DataDir: t.TempDir(), SimNodes: &none},
+			Gateway:  config.Gateway{Listen: "127.0.0.1:0", HeartbeatInterval: config.Duration(100 * time.Millisecond), LivenessInterval: config.Duration(100 * time.Millisecond)},
+		}
+		for _, m := range mods {
+			m(cfg)
+		}
+		cfg.Defaults()
+		var err error
+		if env, err = dev.StartWith(context.Background(), cfg, app.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		if db, err = pgxpool.New(context.Background(), dbURL); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(db.Close)
+	}
 	t.Cleanup(func() { env.Stop(context.Background()) })
 	f := simFleet(t, env, db, "tun", 1, nil)
 	node := f.Nodes()[0]
@@ -458,4 +486,34 @@ func TestTunnelCLILocal(t *testing.T) {
 		err := db.QueryRow(context.Background(), `SELECT count(*) FROM tunnels WHERE node_id = $1 AND target = $2 AND close_reason = 'closed'`, node, target).Scan(&n)
 		return err == nil && n == 2
 	})
+}
+
+// tunnels.nodeBytesPerSecond shapes a node's tunnels: 192 KiB echoed at
+// 64 KiB/s each way (a 64 KiB burst) cannot take less than two seconds —
+// a lower bound the token bucket guarantees, whatever the machine's load.
+func TestTunnelBandwidthShaped(t *testing.T) {
+	t.Parallel()
+	const rate = 64 << 10
+	env, _, node := tunnelEnv(t, func(c *config.Config) { c.Tunnels.NodeBytesPerSecond = rate })
+	o := openTunnel(t, env, node, "127.0.0.1:"+strconv.Itoa(echo(t)), 0)
+	c, err := dialTunnel(t, env, o.ConnectToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := bytes.Repeat([]byte{'s'}, 3*rate)
+	start := time.Now()
+	go func() {
+		for i := 0; i < len(payload); i += 16 << 10 {
+			_ = c.Write(t.Context(), websocket.MessageBinary, payload[i:i+16<<10])
+		}
+		_ = c.Write(t.Context(), websocket.MessageBinary, nil)
+	}()
+	got, err := readUntilClosed(t.Context(), c)
+	took := time.Since(start)
+	if !bytes.Equal(got, payload) || websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+		t.Fatalf("echoed %d bytes (%v)", len(got), err)
+	}
+	if took < 2*time.Second {
+		t.Errorf("%d bytes at %d B/s took %s: not shaped", len(payload), rate, took)
+	}
 }
