@@ -22,6 +22,10 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/config"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
@@ -219,6 +223,45 @@ func TestTunnelEndToEnd(t *testing.T) {
 		want := strconv.Itoa(len(payload))
 		if ev["bytesIn"] != want || ev["bytesOut"] != want || ev["closeReason"] != "closed" {
 			t.Errorf("tunnel.closed %v, want %s bytes each way, closed", ev, want)
+		}
+	})
+
+	t.Run("the gRPC Connect stream carries a tunnel too", func(t *testing.T) {
+		o := openTunnel(t, env, node, target, 0)
+		conn, err := grpc.NewClient(env.App.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = conn.Close() }()
+		st, err := computev1.NewTunnelsServiceClient(conn).Connect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&computev1.TunnelsServiceConnectRequest{ConnectToken: o.ConnectToken}); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := st.Recv(); err != nil || m.GetTunnel().GetId() != o.Tunnel.ID {
+			t.Fatalf("first message %v %v", m, err)
+		}
+		if err := st.Send(&computev1.TunnelsServiceConnectRequest{Data: []byte("over gRPC"), CloseWrite: true}); err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("stream ended with %v", err)
+				}
+				break
+			}
+			got = append(got, m.GetData()...)
+		}
+		if string(got) != "over gRPC" {
+			t.Errorf("echoed %q", got)
+		}
+		if ev := closedEvent(t, db, o.Tunnel.ID); ev["bytesIn"] != "9" || ev["bytesOut"] != "9" {
+			t.Errorf("tunnel.closed %v", ev)
 		}
 	})
 
