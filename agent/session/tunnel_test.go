@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/bettercompute/bettercompute/agent/command"
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 )
 
@@ -107,5 +108,35 @@ func TestTunnel_AllowlistEnforcedOnTheNode(t *testing.T) {
 	close(ts.Done)
 	if deniedAccepts.Load() != 0 {
 		t.Errorf("the node connected to the denied target %d times", deniedAccepts.Load())
+	}
+}
+
+// noRamdisk is a command.Ramdisk that is never asked anything: its
+// presence makes the daemon bcd ramdisk.
+type noRamdisk struct{ command.Ramdisk }
+
+// bcd ramdisk refuses every tunnel, even one its allowlist would allow
+// and a gateway forwards anyway.
+func TestTunnel_RamdiskOpensNone(t *testing.T) {
+	t.Parallel()
+	f := setup(t, nil)
+	allowed, accepts := echoServer(t)
+	f.cfg.Ramdisk = noRamdisk{}
+	f.cp.SetDesired(&agentv1.DesiredState{Generation: 1, Spec: &agentv1.NodeSpec{
+		Tunnels: &agentv1.TunnelSettings{Allow: []*agentv1.TunnelRule{{Cidr: "127.0.0.1/32", PortMin: uint32(allowed)}}},
+	}})
+	f.start(t)
+	recv(t, f.cp.Hellos, "Hello")
+	for o := recv(t, f.cp.Observed, "Observed"); o.GetObservedGeneration() < 1; o = recv(t, f.cp.Observed, "Observed") {
+	}
+	f.cp.SendOpenTunnel(&agentv1.OpenTunnel{TunnelId: "tun_rd", Target: "127.0.0.1:" + strconv.Itoa(allowed)})
+	ts := recv(t, f.cp.Tunnels, "the ramdisk's tunnel stream")
+	first, err := ts.Recv()
+	if err != nil || !strings.Contains(first.GetError(), "ramdisk") {
+		t.Fatalf("ramdisk tunnel: %v, %v", first, err)
+	}
+	close(ts.Done)
+	if accepts.Load() != 0 {
+		t.Errorf("the ramdisk connected to the target")
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/bettercompute/bettercompute/proto/resultsig"
 
 	"github.com/bettercompute/bettercompute/pkg/commands"
+	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/jointoken"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
@@ -221,6 +222,13 @@ func TestRamdiskSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, ag := f.agent(t, f.token(t, nodeX, jointoken.RoleRamdisk), key, rd)
+
+	t.Run("a ramdisk session is never asked to open a tunnel", func(t *testing.T) {
+		poll.Until(t, 30*time.Second, "the ramdisk's session", func() bool { return f.gw.Ready(nodeX) })
+		if _, err := f.gw.OpenTunnel(t.Context(), nodeX, "tun_ramdisk", "127.0.0.1:2222"); fault.CodeOf(err) != fault.Conflict {
+			t.Fatalf("open a tunnel on a ramdisk: %v, want CONFLICT", err)
+		}
+	})
 
 	t.Run("the ramdisk is node X, commissioning, with a ramdisk certificate of at most 2 h", func(t *testing.T) {
 		if id.NodeID != nodeX || nodeState(t, f.db, nodeX) != nodes.StateCommissioning {
