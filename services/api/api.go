@@ -312,6 +312,8 @@ func New(cfg Config) (*Server, error) {
 		reflection.Register(gs)
 	}
 	s.grpc, s.health = gs, hs
+	s.relays.watched = make(chan struct{})
+	go s.watchTunnels()
 	return s, nil
 }
 
@@ -427,6 +429,7 @@ func AsCaller(ctx context.Context, token, clientHost string) context.Context {
 // closes the gateway's connection. It is safe to call more than once.
 func (s *Server) Stop() {
 	s.CloseStreams()
+	<-s.relays.watched // after CloseStreams, which ends it
 	s.tail.stop()
 	s.health.Shutdown()
 	s.grpc.Stop()

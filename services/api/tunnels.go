@@ -334,8 +334,9 @@ func (r *relay) unflushed() (in, out int64) {
 type relaySet struct {
 	mu    sync.Mutex
 	m     map[string]*relay
-	watch sync.Once
 	rates shapers
+	// watched is closed when watchTunnels returns.
+	watched chan struct{}
 }
 
 func (rs *relaySet) get(id string) *relay {
@@ -356,8 +357,9 @@ func (rs *relaySet) all() []*relay {
 
 // watchTunnels runs until the server stops: every check interval it
 // closes the relays that must end, flushes byte counts, and closes tunnels
-// whose token expired unused.
+// whose token expired unused (any process's: every API process runs it).
 func (s *Server) watchTunnels() {
+	defer close(s.relays.watched)
 	t := time.NewTicker(s.tunnelLimits.CheckInterval)
 	defer t.Stop()
 	for {
@@ -460,7 +462,6 @@ func (s *Server) serveTunnel(ctx context.Context, token string, peer tunnelPeer)
 	}
 	s.relays.m[t.ID] = r
 	s.relays.mu.Unlock()
-	s.relays.watch.Do(func() { go s.watchTunnels() })
 	defer func() {
 		s.relays.mu.Lock()
 		delete(s.relays.m, t.ID)
@@ -653,6 +654,9 @@ type grpcPeer struct {
 
 func (p grpcPeer) Recv() ([]byte, bool, error) {
 	m, err := p.stream.Recv()
+	if errors.Is(err, io.EOF) {
+		return nil, true, nil // CloseSend is the half-close too
+	}
 	if err != nil {
 		return nil, false, err
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"time"
 
 	computev1 "github.com/bettercompute/bettercompute/proto/bettercompute/compute/v1"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
 	"github.com/bettercompute/bettercompute/pkg/nodes"
+	"github.com/bettercompute/bettercompute/pkg/poll"
 	"github.com/bettercompute/bettercompute/services/api"
 )
 
@@ -125,5 +127,18 @@ func TestTunnels_TenantsValidationLimitsAndTokens(t *testing.T) {
 	}
 	if n := h.count(t, `SELECT count(*) FROM outbox WHERE type = 'tunnel.closed' AND payload->>'id' = $1`, id); n != 1 {
 		t.Errorf("tunnel.closed events for one close: %d", n)
+	}
+
+	// Tokens nobody spent expire, and their tunnels close: the node's
+	// limit frees itself.
+	h.clock.Advance(2 * time.Minute)
+	poll.Until(t, time.Minute, "unused tunnels closed", func() bool {
+		return h.count(t, `SELECT count(*) FROM tunnels WHERE node_id = $1 AND closed_at IS NULL`, node) == 0
+	})
+	if n := h.count(t, `SELECT count(*) FROM tunnels WHERE node_id = $1 AND close_reason = 'token_expired'`, node); n != 15 {
+		t.Errorf("%d tunnels closed token_expired, want 15", n)
+	}
+	if _, err := c.Open(as(acme), &computev1.TunnelsServiceOpenRequest{TenantId: "acme", NodeId: node, Target: "127.0.0.1:2222"}); err != nil {
+		t.Errorf("open after the unused ones closed: %v", err)
 	}
 }

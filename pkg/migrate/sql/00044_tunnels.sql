@@ -35,6 +35,7 @@ CREATE TABLE tunnels (
 CREATE INDEX tunnels_live_tenant ON tunnels (tenant_id, id) WHERE closed_at IS NULL;
 CREATE INDEX tunnels_live_node ON tunnels (node_id) WHERE closed_at IS NULL;
 CREATE INDEX tunnels_closed ON tunnels (closed_at) WHERE closed_at IS NOT NULL;
+CREATE INDEX tunnels_unused ON tunnels (token_not_after) WHERE closed_at IS NULL AND connected_at IS NULL;
 
 -- +goose Down
 DROP TABLE tunnels;
