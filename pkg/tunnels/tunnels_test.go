@@ -10,6 +10,7 @@ import (
 	"github.com/bettercompute/bettercompute/pkg/db"
 	"github.com/bettercompute/bettercompute/pkg/fault"
 	"github.com/bettercompute/bettercompute/pkg/fixture"
+	"github.com/bettercompute/bettercompute/pkg/nodes"
 	"github.com/bettercompute/bettercompute/pkg/pgtest"
 	"github.com/bettercompute/bettercompute/pkg/tunnels"
 )
@@ -91,5 +92,36 @@ func TestOpenConnectCloseLimitsPrune(t *testing.T) {
 	}
 	if p, err := tunnels.Prune(ctx, pool, now.Add(time.Second), 10); err != nil || p != 1 {
 		t.Errorf("pruned %d %v", p, err)
+	}
+}
+
+func TestDoomedByRevocationAndRetirement(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.New(t)
+	ctx := context.Background()
+	n := fixture.Node(t, pool, fixture.NodeOpts{})
+	if _, err := pool.Exec(ctx, `INSERT INTO identities (id, tenant_id, kind, name) VALUES ('idn_t', $1, 'user', 't')`, n.TenantID); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	o, err := open(t, pool, tunnels.OpenArgs{TenantID: n.TenantID, NodeID: n.ID, Target: "127.0.0.1:22", OpenedBy: "idn_t", NotAfter: now.Add(time.Hour)}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{o.Tunnel.ID}
+	if d, err := tunnels.Doomed(ctx, pool, ids, now); err != nil || len(d) != 0 {
+		t.Fatalf("doomed %v %v", d, err)
+	}
+	if err := nodes.SetState(ctx, pool, n.ID, nodes.StateRetired, []nodes.Condition{}); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := tunnels.Doomed(ctx, pool, ids, now); d[o.Tunnel.ID] != tunnels.ClosedRetired {
+		t.Errorf("retired node: %v", d)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE identities SET revoked_at = now() WHERE id = 'idn_t'`); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := tunnels.Doomed(ctx, pool, ids, now); d[o.Tunnel.ID] != tunnels.ClosedRevoked {
+		t.Errorf("revoked identity: %v", d)
 	}
 }
