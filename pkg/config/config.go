@@ -189,6 +189,11 @@ type Gateway struct {
 	// Hosts are the DNS names and IPs daemons dial, put in the serving
 	// certificate; default the host name, localhost and 127.0.0.1.
 	Hosts []string `yaml:"hosts"`
+	// Advertise is the host:port API processes in other processes reach
+	// this gateway at to relay tunnels (GatewayService, internal mutual
+	// TLS; docs/tunnels.md); empty means the listener's address, with the
+	// host name in place of an unspecified host.
+	Advertise string `yaml:"advertise"`
 	// HeartbeatInterval is what daemons are asked to heartbeat at; default
 	// 10s.
 	HeartbeatInterval Duration `yaml:"heartbeatInterval"`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
 
 	"github.com/bettercompute/bettercompute/pkg/fault"
+	"github.com/bettercompute/bettercompute/pkg/gateways"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/services/api"
 	"github.com/bettercompute/bettercompute/services/gateway"
@@ -126,6 +128,9 @@ func (a *App) startGateway(ctx context.Context) error {
 	)
 	agentv1.RegisterNodeServiceServer(gs, gw)
 	agentv1.RegisterSiteAgentServiceServer(gs, gw.SiteService())
+	// Tunnels relayed from API processes elsewhere (gateway-class
+	// certificates only).
+	agentv1.RegisterGatewayServiceServer(gs, gw.RelayService())
 	// bettercompute_gateway_sessions, what the gateway's autoscaler reads.
 	if err := a.reg.Register(gw.Collector()); err != nil {
 		closeRelay()
@@ -135,6 +140,11 @@ func (a *App) startGateway(ctx context.Context) error {
 	if err != nil {
 		closeRelay()
 		return fault.Wrap(err, fault.Unavailable, "gateway.listen", "cannot listen on %s: %v", gc.Listen, err)
+	}
+	if err := gateways.Register(ctx, a.pool, gc.ID, advertise(gc.Advertise, ln.Addr().String())); err != nil {
+		_ = ln.Close()
+		closeRelay()
+		return fmt.Errorf("gateway: register its address: %w", err)
 	}
 	g := &gatewayServer{gw: gw, relay: relay, grpc: gs, ln: ln, done: make(chan struct{})}
 	if err := gw.Start(ctx); err != nil {
@@ -207,21 +217,64 @@ func (a *App) GatewaySessions() int {
 	return 0
 }
 
-// tunnelDialer opens tunnels through this process's gateway (the API's
-// api.TunnelDialer). A node held by a gateway in another process is
-// UNSUPPORTED: relaying across processes over internal mutual TLS is not
-// built yet (docs/tunnels.md).
+// advertise is the address other processes reach the gateway at:
+// gateway.advertise, or the listener's with the host name in place of an
+// unspecified host.
+func advertise(configured, listened string) string {
+	if configured != "" {
+		return configured
+	}
+	host, port, err := net.SplitHostPort(listened)
+	if err != nil {
+		return listened
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// tunnelDialer opens tunnels for the API (api.TunnelDialer): through this
+// process's gateway when it holds the node, otherwise through the gateway
+// holding it (nodes.gateway_id, its address in the gateways table) over
+// internal mutual TLS, presenting a gateway-class certificate: gateway.tls,
+// or one this process's joinservice issues.
 type tunnelDialer struct{ a *App }
 
 func (d tunnelDialer) DialTunnel(ctx context.Context, nodeID, gatewayID, tunnelID, target string) (api.TunnelConn, error) {
-	gw := d.a.localGW.Load()
-	if gw == nil || gatewayID != d.a.cfg.Gateway.ID {
-		return nil, fault.New(fault.Unsupported, "nodeId",
-			"not built yet: node %s's session is on gateway %q, not in this API process; relaying a tunnel to another process's gateway (internal mutual TLS) is not built yet", nodeID, gatewayID)
+	if gw := d.a.localGW.Load(); gw != nil && gatewayID == d.a.cfg.Gateway.ID {
+		t, err := gw.OpenTunnel(ctx, nodeID, tunnelID, target)
+		if err != nil {
+			return nil, err
+		}
+		return t, nil
 	}
-	t, err := gw.OpenTunnel(ctx, nodeID, tunnelID, target)
+	addr, err := gateways.Address(ctx, d.a.pool, gatewayID)
 	if err != nil {
 		return nil, err
 	}
-	return t, nil
+	cert, bundle, err := d.identity()
+	if err != nil {
+		return nil, err
+	}
+	return dialRemoteTunnel(ctx, addr, cert, bundle, &agentv1.RelayRequest{TunnelId: tunnelID, NodeId: nodeID, Target: target})
+}
+
+// identity is the certificate this process presents to other gateways.
+func (d tunnelDialer) identity() (tls.Certificate, *x509.CertPool, error) {
+	a := d.a
+	if a.cfg.Gateway.TLS.CertFile != "" {
+		return a.gatewayIdentity()
+	}
+	if js := a.JoinService(); js != nil {
+		cert, err := js.CA().ServingCertificate(a.cfg.Gateway.ID, a.cfg.Gateway.Hosts, 0)
+		if err != nil {
+			return tls.Certificate{}, nil, err
+		}
+		return cert, js.CA().Pool(), nil
+	}
+	return tls.Certificate{}, nil, fault.New(fault.Unsupported, "nodeId",
+		"this API process has no certificate to relay tunnels to another process's gateway: set gateway.tls (better-compute pki gateway-cert)")
 }

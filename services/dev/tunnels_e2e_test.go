@@ -3,7 +3,9 @@ package dev_test
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -558,5 +560,89 @@ func TestTunnelBandwidthShaped(t *testing.T) {
 	}
 	if took < 2*time.Second {
 		t.Errorf("%d bytes at %d B/s took %s: not shaped", len(payload), rate, took)
+	}
+}
+
+// An API process without a gateway relays a tunnel to the gateway holding
+// the node, in another process, over internal mutual TLS (GatewayService,
+// a gateway-class certificate), routed by nodes.gateway_id and the
+// gateways table.
+func TestTunnelAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	env, db, node := tunnelEnv(t) // process G: the gateway holding the node
+	// Process A: the api role alone, presenting a certificate G's CA issued.
+	cert, err := env.App.JoinService().CA().ServingCertificate("api-a", []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var certPEM []byte
+	for _, der := range cert.Certificate {
+		certPEM = append(certPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "api.pem"), filepath.Join(dir, "api.key")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := 0
+	cfg := &config.Config{Roles: []string{"api"}, Database: config.Database{URL: env.Database},
+		Server:  config.Server{Host: "127.0.0.1", Port: &port, NoMigrate: true},
+		Gateway: config.Gateway{ID: "api-a", TLS: config.GatewayTLS{CertFile: certFile, KeyFile: keyFile, CAFile: env.CAFile}}}
+	cfg.Defaults()
+	a, err := app.New(cfg, app.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Stop(context.Background()) })
+	if a.GatewayAddr() != "" {
+		t.Fatal("process A runs a gateway")
+	}
+	viaA := *env
+	viaA.App = a
+
+	target := "127.0.0.1:" + strconv.Itoa(echo(t))
+	o := openTunnel(t, &viaA, node, target, 0)
+	c, err := dialTunnel(t, &viaA, o.ConnectToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := bytes.Repeat([]byte("across "), 20000)
+	go func() {
+		for i := 0; i < len(payload); i += 30000 {
+			_ = c.Write(t.Context(), websocket.MessageBinary, payload[i:min(i+30000, len(payload))])
+		}
+		_ = c.Write(t.Context(), websocket.MessageBinary, nil)
+	}()
+	got, err := readUntilClosed(t.Context(), c)
+	if !bytes.Equal(got, payload) || websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+		t.Fatalf("echoed %d bytes of %d (%v)", len(got), len(payload), err)
+	}
+	ev := closedEvent(t, db, o.Tunnel.ID)
+	if want := strconv.Itoa(len(payload)); ev["bytesIn"] != want || ev["bytesOut"] != want {
+		t.Errorf("tunnel.closed %v", ev)
+	}
+	var relayedBy string
+	if err := db.QueryRow(t.Context(), `SELECT relay_process FROM tunnels WHERE id = $1`, o.Tunnel.ID).Scan(&relayedBy); err != nil || relayedBy == "" {
+		t.Errorf("relay_process %q %v", relayedBy, err)
+	}
+
+	// The node still decides: a target outside its allowlist is refused
+	// through the other process too.
+	o = openTunnel(t, &viaA, node, "127.0.0.1:22", 0)
+	if _, err := dialTunnel(t, &viaA, o.ConnectToken); err == nil {
+		t.Fatal("a refused target was reached through the other process")
+	}
+	if ev := closedEvent(t, db, o.Tunnel.ID); ev["closeReason"] != "refused" {
+		t.Errorf("tunnel.closed %v, want refused", ev)
 	}
 }

@@ -167,6 +167,7 @@ func (f *harness) serve(t testing.TB, id string) (*gateway.Gateway, string) {
 	})
 	gs := grpc.NewServer(grpc.Creds(creds))
 	agentv1.RegisterNodeServiceServer(gs, gw)
+	agentv1.RegisterGatewayServiceServer(gs, gw.RelayService())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

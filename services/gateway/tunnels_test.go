@@ -2,11 +2,14 @@ package gateway_test
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/bettercompute/bettercompute/proto/bettercompute/agent/v1"
@@ -166,5 +169,70 @@ func TestTunnel_RefusalAndForgedStreams(t *testing.T) {
 	// No session: UNAVAILABLE.
 	if _, err := f.gw.OpenTunnel(t.Context(), "node_none", "tun_n", "127.0.0.1:2222"); fault.CodeOf(err) != fault.Unavailable {
 		t.Errorf("no session: %v", err)
+	}
+}
+
+// relayClient is GatewayService as a caller holding cert sees it.
+func (f *harness) relayClient(t *testing.T, cert tls.Certificate) agentv1.GatewayServiceClient {
+	t.Helper()
+	cfg := &tls.Config{RootCAs: f.ca.pool, ServerName: "gateway.test", MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}}
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return agentv1.NewGatewayServiceClient(conn)
+}
+
+// GatewayService.Relay takes gateway-class certificates only, and relays
+// to the node the gateway holds.
+func TestRelay_ControlPlaneOnly(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	c, sess := readySession(t, f, "node_rl")
+	node := f.ca.node(t, "node_rl")
+	st, err := f.relayClient(t, node).Relay(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = st.Send(&agentv1.RelayRequest{TunnelId: "tun_x", NodeId: "node_rl", Target: "127.0.0.1:2222"})
+	if _, err := st.Recv(); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a node's certificate: %v, want PERMISSION_DENIED", err)
+	}
+
+	api := f.ca.issue(t, "spiffe://"+trustDomain+"/gateway/api-1", "", time.Now().Add(time.Hour))
+	st, err = f.relayClient(t, api).Relay(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&agentv1.RelayRequest{TunnelId: "tun_rl", NodeId: "node_rl", Target: "127.0.0.1:2222"}); err != nil {
+		t.Fatal(err)
+	}
+	nextOpen(t, sess)
+	ts, err := c.Tunnel(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = ts.Send(&agentv1.TunnelRequest{TunnelId: "tun_rl"})
+	if m, err := st.Recv(); err != nil || !m.GetOpened() {
+		t.Fatalf("opened %v %v", m, err)
+	}
+	_ = st.Send(&agentv1.RelayRequest{Data: []byte("hi")})
+	if fr, err := ts.Recv(); err != nil || string(fr.GetData()) != "hi" {
+		t.Fatalf("node got %v %v", fr, err)
+	}
+	_ = ts.Send(&agentv1.TunnelRequest{Data: []byte("yo"), CloseWrite: true})
+	if m, err := st.Recv(); err != nil || string(m.GetData()) != "yo" {
+		t.Fatalf("caller got %v %v", m, err)
+	}
+
+	// The node's refusal comes back as its code.
+	st, _ = f.relayClient(t, api).Relay(t.Context())
+	_ = st.Send(&agentv1.RelayRequest{TunnelId: "tun_no", NodeId: "node_rl", Target: "10.0.0.1:22"})
+	nextOpen(t, sess)
+	ts, _ = c.Tunnel(t.Context())
+	_ = ts.Send(&agentv1.TunnelRequest{TunnelId: "tun_no", Error: "not in the allowlist"})
+	if m, err := st.Recv(); err != nil || m.GetOpened() || m.GetErrorCode() != string(fault.AccessDenied) {
+		t.Fatalf("refusal %v %v", m, err)
 	}
 }

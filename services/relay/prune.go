@@ -9,6 +9,7 @@ import (
 
 	"github.com/bettercompute/bettercompute/pkg/admission"
 	"github.com/bettercompute/bettercompute/pkg/events"
+	"github.com/bettercompute/bettercompute/pkg/gateways"
 	"github.com/bettercompute/bettercompute/pkg/lease"
 	"github.com/bettercompute/bettercompute/pkg/nodeca"
 	"github.com/bettercompute/bettercompute/pkg/reconcile"
@@ -76,7 +77,10 @@ func (s *Service) PruneOnce(ctx context.Context) (Pruned, error) {
 			if toks, err = sites.PruneTokens(ctx, tx, pruneBatch); err != nil {
 				return err
 			}
-			tuns, err = tunnels.Prune(ctx, tx, time.Now().Add(-tunnels.Retention), pruneBatch)
+			if tuns, err = tunnels.Prune(ctx, tx, time.Now().Add(-tunnels.Retention), pruneBatch); err != nil {
+				return err
+			}
+			_, err = gateways.Prune(ctx, tx, time.Now().Add(-gateways.Retention))
 			return err
 		})
 		if err != nil {
