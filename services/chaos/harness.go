@@ -292,7 +292,12 @@ func Start(t testing.TB, o Options) *Topology {
 		"BC_AUDIT_SIGNING_KEY_FILE=" + filepath.Join(top.PKI, "audit.key")}
 	secretsKey := "BC_SECRETS_KEY_FILE=" + filepath.Join(top.PKI, "secrets.key")
 	envOf := map[string][]string{
-		"api":         append(slices.Clone(signing), secretsKey),
+		// The api process presents the gateway's certificate to relay
+		// tunnels to the gateway process (GatewayService).
+		"api": append(slices.Clone(signing), secretsKey,
+			"BC_GATEWAY_TLS_CERT_FILE="+filepath.Join(gwTLS, "gateway.crt"),
+			"BC_GATEWAY_TLS_KEY_FILE="+filepath.Join(gwTLS, "gateway.key"),
+			"BC_GATEWAY_TLS_CA_FILE="+filepath.Join(gwTLS, "ca.pem")),
 		"controllers": append(slices.Clone(signing), secretsKey),
 		"metal":       append(slices.Clone(signing), secretsKey),
 		"vps":         {secretsKey},
