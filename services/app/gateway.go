@@ -259,7 +259,7 @@ func (d tunnelDialer) DialTunnel(ctx context.Context, nodeID, gatewayID, tunnelI
 	if err != nil {
 		return nil, err
 	}
-	return dialRemoteTunnel(ctx, addr, cert, bundle, &agentv1.RelayRequest{TunnelId: tunnelID, NodeId: nodeID, Target: target})
+	return dialRemoteTunnel(ctx, addr, d.a.cfg.JoinService.TrustDomain, cert, bundle, &agentv1.RelayRequest{TunnelId: tunnelID, NodeId: nodeID, Target: target})
 }
 
 // identity is the certificate this process presents to other gateways.
