@@ -197,6 +197,9 @@ type Topology struct {
 	PKI, Public string
 	// GatewayAddr is where daemons reach the gateway.
 	GatewayAddr string
+	// ExtraGateways are where daemons reach the extra gateways of
+	// Options.Extra (roles "gateway"), by name; each is also its gateway id.
+	ExtraGateways map[string]string
 	// NATSPort is nats-server's port, kept across restarts.
 	NATSPort int
 
@@ -324,6 +327,15 @@ func Start(t testing.TB, o Options) *Topology {
 		env := envOf[s.roles]
 		if s.roles == "worker" {
 			env = envOf["controllers"]
+		}
+		if _, extra := o.Extra[s.name]; extra && s.roles == "gateway" {
+			// Its own listener and id (the last value of a variable wins).
+			addr := Addr(Port(t))
+			if top.ExtraGateways == nil {
+				top.ExtraGateways = map[string]string{}
+			}
+			top.ExtraGateways[s.name] = addr
+			env = append(slices.Clone(env), "BC_GATEWAY_LISTEN="+addr, "BC_GATEWAY_ID="+s.name)
 		}
 		port := Port(t)
 		p := &Proc{Name: s.name, Port: port, bin: o.Bin, log: &logBuffer{},
