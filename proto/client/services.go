@@ -36,6 +36,7 @@ type Client struct {
 	Sites        computev1.SitesServiceClient
 	System       computev1.SystemServiceClient
 	Tenants      computev1.TenantsServiceClient
+	Tunnels      computev1.TunnelsServiceClient
 	Webhooks     computev1.WebhooksServiceClient
 
 	// PollInterval is how long the Wait methods pause between reads; zero
@@ -68,6 +69,7 @@ func NewClient(cc grpc.ClientConnInterface) *Client {
 		Sites:        computev1.NewSitesServiceClient(cc),
 		System:       computev1.NewSystemServiceClient(cc),
 		Tenants:      computev1.NewTenantsServiceClient(cc),
+		Tunnels:      computev1.NewTunnelsServiceClient(cc),
 		Webhooks:     computev1.NewWebhooksServiceClient(cc),
 	}
 }
