@@ -178,7 +178,7 @@ func TestNodeJoinsEndToEnd(t *testing.T) {
 		})
 		return n
 	}
-	first := waitConverged(t, "the node applying generation 1", func(n specNode) bool { return n.Schedulable && len(n.Sections) == 8 })
+	first := waitConverged(t, "the node applying generation 1", func(n specNode) bool { return n.Schedulable && len(n.Sections) == 9 }) // identity, site, runtime, mig, devices, instances, health, agent, tunnels
 	var upd struct{ Pool struct{ Generation string } }
 	call(t, env, "pools/update", map[string]any{"tenantId": "root", "poolId": pool.Pool.ID, "site": map[string]any{"logLevel": "debug"}, "updateMask": "site"}, &upd)
 	changed := waitConverged(t, "the node converging on the pool's new site settings", func(n specNode) bool { return n.Generation != first.Generation })
