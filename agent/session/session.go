@@ -347,10 +347,10 @@ type runner struct {
 	// reconverge asks the converge loop for a pass over the newest
 	// desired state now (kickConverge).
 	reconverge chan struct{}
-	slotMu                    sync.Mutex
-	desired                   *agentv1.DesiredState
-	highestGen                int64 // highest generation received this run
-	result                    *agentv1.Observed
+	slotMu     sync.Mutex
+	desired    *agentv1.DesiredState
+	highestGen int64 // highest generation received this run
+	result     *agentv1.Observed
 
 	cmds *command.Executor
 	// health is the GPU health last reported (see healthLoop).

@@ -295,4 +295,3 @@ func TestJobsRunWithoutTheBus(t *testing.T) {
 		t.Errorf("singleton lease of iam.keys: %q %v", holder, err)
 	}
 }
-

@@ -180,4 +180,3 @@ func TestMigResetPolicyNodeReboot(t *testing.T) {
 		t.Fatalf("after the step: %s needsRepair=%v", n.State, n.NeedsRepair)
 	}
 }
-

@@ -149,7 +149,7 @@ func New(t testing.TB, opts ...Option) *Server {
 		Hellos: make(chan Hello, 100), Reports: make(chan *agentv1.InventoryReport, 100), Renewed: make(chan *x509.Certificate, 100),
 		Observed: make(chan *agentv1.Observed, 100), Updates: make(chan *agentv1.CommandUpdate, 100),
 		Outputs: make(chan *agentv1.CommandUpdate, 1000), Tunnels: make(chan TunnelStream, 16),
-		caKey:   caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.SessionResponse{},
+		caKey: caKey, hpkeKey: hk, heartbeatMS: 20, sessions: map[chan struct{}]chan *agentv1.SessionResponse{},
 	}
 
 	s.serve(t, o)
