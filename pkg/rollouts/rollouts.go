@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -604,6 +605,39 @@ func Touched(ctx context.Context, q Querier, rollout string) ([]string, error) {
 // rollout of the pool that succeeded names (its change is the pool's
 // settings now). One statement.
 func Layers(ctx context.Context, q Querier, nodes []string) (map[string][]Change, error) {
+	memo, _ := ctx.Value(layersKey{}).(*layersMemo)
+	key := strings.Join(nodes, ",")
+	if memo != nil {
+		if m, ok := memo.byNodes[key]; ok {
+			return m, nil
+		}
+	}
+	out, err := layers(ctx, q, nodes)
+	if err == nil && memo != nil {
+		memo.byNodes[key] = out
+	}
+	return out, err
+}
+
+// layersKey holds a *layersMemo in a context.
+type layersKey struct{}
+
+// layersMemo keeps Layers' answers for one computation of a batch of
+// nodes' desired state, where two contributors (the pool's sections and
+// capacity.mig) ask for the same nodes in the same transaction.
+type layersMemo struct {
+	byNodes map[string]map[string][]Change
+}
+
+// WithLayersMemo returns ctx in which Layers answers a second call for
+// the same nodes from the first: for one desired-state computation (one
+// transaction), never across them. The maps returned are shared: callers
+// only read them.
+func WithLayersMemo(ctx context.Context) context.Context {
+	return context.WithValue(ctx, layersKey{}, &layersMemo{byNodes: map[string]map[string][]Change{}})
+}
+
+func layers(ctx context.Context, q Querier, nodes []string) (map[string][]Change, error) {
 	rows, err := q.Query(ctx, `SELECT rn.node_id, r.change,
 			CASE WHEN r.state = 'succeeded' THEN coalesce((SELECT jsonb_agg(DISTINCT m) FROM rollouts l,
 			    jsonb_array_elements_text(l.change->'mask') m

@@ -86,6 +86,25 @@ func TestStore(t *testing.T) {
 	if got := layers(); !slices.Equal(got, []string{"node_1"}) {
 		t.Fatalf("layers while progressing: %v", got)
 	}
+	// Within one desired-state computation the answer is read once: a
+	// memoized context answers a second call for the same nodes from the
+	// first, even after the table changed (a fresh context reads it).
+	memo := rollouts.WithLayersMemo(ctx)
+	if l, err := rollouts.Layers(memo, pool, all); err != nil || len(l["node_1"]) != 1 {
+		t.Fatalf("memoized layers %+v %v", l, err)
+	}
+	if err := rollouts.SetNodes(ctx, pool, "rol_1", []string{"node_1"}, rollouts.NodeWaiting, ""); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := rollouts.Layers(memo, pool, all); err != nil || len(l["node_1"]) != 1 {
+		t.Fatalf("second memoized call %+v %v, want the first answer", l, err)
+	}
+	if got := layers(); len(got) != 0 {
+		t.Fatalf("a fresh context still sees node_1's layer after it went back to waiting: %v", got)
+	}
+	if err := rollouts.SetNodes(ctx, pool, "rol_1", []string{"node_1"}, rollouts.NodeUpdating, ""); err != nil {
+		t.Fatal(err)
+	}
 	m, ok, err := rollouts.MembershipOf(ctx, pool, "node_2")
 	if err != nil || !ok || m.Batch != 1 || m.Released || m.RolloutID != "rol_1" {
 		t.Fatalf("membership of node_2: %+v %v %v", m, ok, err)

@@ -139,7 +139,9 @@ func (c *controller) recompute(ctx context.Context, tx pgx.Tx, q *reconcile.Queu
 	for i, n := range locked {
 		nodes[i] = desired.Node{ID: n.ID, TenantID: n.TenantID, PoolID: n.PoolID, State: n.State, Labels: n.Labels}
 	}
-	computed, err := c.reg.ComputeBatch(ctx, tx, nodes)
+	// The pool's part and capacity.mig both read the nodes' rollout
+	// layers: once for the batch.
+	computed, err := c.reg.ComputeBatch(rollouts.WithLayersMemo(ctx), tx, nodes)
 	if err != nil {
 		return nil, err
 	}
